@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs every build/test dependency by Debian package name. Idempotent: does
+# nothing (and needs no network) when everything is already present.
+# Usage: tools/install-deps.sh [--full]   (--full adds the heavy test oracles:
+# python3-torch, numpy, chromium, node for tokenizer goldens).
+set -euo pipefail
+core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev clang-format
+      libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
+      libcpp-httplib-dev libssl-dev libhwy-dev libpcre2-dev libutf8proc-dev
+      libgtest-dev libgmock-dev libbenchmark-dev python3 python3-numpy)
+full=(python3-torch chromium chromium-driver fonts-dejavu-core)
+want=("${core[@]}")
+[[ "${1:-}" == "--full" ]] && want+=("${full[@]}")
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then exit 0; fi
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
