@@ -1,0 +1,176 @@
+// checkpoint: reads what a Hugging Face checkpoint says about itself without
+// reading its weights: config.json (text_config wrappers too), quantization
+// configs, safetensors headers (validated), and the values of small tensors such
+// as KV scales. Produces ModelFacts. Knows architectures, not engines.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kvaudit::checkpoint {
+
+// ---------------------------------------------------------------- safetensors
+
+enum class TensorDType {
+  F64, F32, F16, BF16, F8_E4M3, F8_E5M2, F8_E8M0, F4, I64, I32, I16, I8, U64, U32, U16, U8, BOOL
+};
+std::string_view dtype_name(TensorDType dtype);             // "F32", "F8_E4M3", ...
+std::optional<TensorDType> parse_dtype(std::string_view);  // safetensors spelling
+uint32_t dtype_bits(TensorDType dtype);                     // 4 for F4, 8 for F8/U8, ...
+
+struct TensorInfo {
+  std::string name;
+  TensorDType dtype = TensorDType::F32;
+  std::vector<uint64_t> shape;
+  uint64_t data_begin = 0;  // offsets relative to the start of the data section
+  uint64_t data_end = 0;
+  uint64_t element_count() const;
+};
+
+struct SafetensorsHeader {
+  std::filesystem::path file;
+  uint64_t file_bytes = 0;
+  uint64_t header_bytes = 0;  // the JSON header length (after the 8-byte prefix)
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;  // "__metadata__"
+  uint64_t data_offset() const { return 8 + header_bytes; }
+};
+
+// Parses and validates a header's JSON given the size of the data section that
+// follows it: dtype x shape must equal the byte span, spans must lie inside the
+// data section and must not overlap. Throws InputError(label, problem).
+SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
+                                           const std::string& label);
+
+// Reads only the 8-byte length prefix and the header of a .safetensors file.
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& file);
+
+// Reads and converts a small tensor's values to float (F32/F16/BF16/F8/F64/int).
+// Refuses tensors over max_elements: this reader never loads weights.
+std::vector<float> read_tensor_values(const SafetensorsHeader& header, const TensorInfo& tensor,
+                                      uint64_t max_elements = 1 << 16);
+
+// ---------------------------------------------------------------- model facts
+
+enum class LayerKind { full_attention, sliding_attention, linear_attention, mla };
+std::string_view layer_kind_name(LayerKind kind);
+
+struct LayerFacts {
+  int index = 0;
+  LayerKind kind = LayerKind::full_attention;
+  int kv_heads = 0;        // KV heads of this layer (0 for linear attention)
+  int k_head_dim = 0;      // K width per head (MLA: kv_lora_rank + qk_rope_head_dim)
+  int v_head_dim = 0;      // V width per head (MLA: 0, V is rebuilt from the latent)
+  int sliding_window = 0;  // tokens, 0 when the layer attends to everything
+};
+
+struct MlaFacts {
+  int kv_lora_rank = 0;
+  int qk_rope_head_dim = 0;
+  int qk_nope_head_dim = 0;
+  int v_head_dim = 0;
+  int q_lora_rank = 0;
+};
+
+// Gated DeltaNet / Mamba-style linear attention (Qwen3-Next, Qwen3.5).
+struct LinearAttentionFacts {
+  int num_key_heads = 0;
+  int num_value_heads = 0;
+  int key_head_dim = 0;
+  int value_head_dim = 0;
+  int conv_kernel = 0;
+  std::string ssm_dtype;  // config's mamba_ssm_dtype ("float32"), empty if absent
+};
+
+// What the checkpoint declares about quantization, and where it says it.
+struct QuantFacts {
+  std::string source_file;          // hf_quant_config.json or config.json
+  std::string source_key;           // "quantization" or "quantization_config"
+  std::string method;               // "modelopt", "compressed-tensors", "fp8", ...
+  std::string producer;             // "modelopt 0.29.0", ...
+  std::string weight_algo;          // "NVFP4", "FP8", ...
+  std::string kv_cache_quant_algo;  // as declared ("FP8", "NVFP4"); empty when absent or null
+  std::string kv_algo_key;          // key it came from: "kv_cache_quant_algo", "kv_cache_quant_method"
+  bool has_kv_cache_scheme = false;       // compressed-tensors kv_cache_scheme present and non-null
+  nlohmann::json kv_cache_scheme;         // as declared
+  std::string kv_scheme_strategy;         // "tensor", "attn_head", "channel", ...
+  int kv_scheme_bits = 0;                 // num_bits
+  std::string kv_scheme_type;             // "float" or "int"
+};
+
+enum class ScaleRole { k, v, kv_shared };
+std::string_view scale_role_name(ScaleRole role);
+
+// A KV-cache scale tensor found in the checkpoint, with its values.
+struct ScaleTensor {
+  std::string name;        // full tensor name
+  std::string shard_file;  // file it lives in (relative to the checkpoint dir)
+  ScaleRole role = ScaleRole::k;
+  int layer = -1;
+  std::string convention;  // naming convention id (see kScaleConventions)
+  TensorDType dtype = TensorDType::F32;
+  std::vector<uint64_t> shape;
+  std::vector<float> values;
+};
+
+struct ScaleConvention {
+  std::string_view id;           // "modelopt_proj", "ct_attn", ...
+  std::string_view pattern;      // ECMAScript regex over the tensor name
+  std::string_view description;  // who produces it
+};
+// The naming conventions the reader recognises (ENGINE-FACTS §3).
+const std::vector<ScaleConvention>& scale_conventions();
+
+struct ModelFacts {
+  std::filesystem::path dir;      // checkpoint folder
+  std::string config_file;        // path of config.json
+  std::string model_type;         // of the language model ("qwen3_5_moe_text" -> as written)
+  std::string outer_model_type;   // wrapper's model_type when nested under text_config
+  std::string architecture;       // architectures[0]
+  bool architecture_known = false;
+  std::string torch_dtype;        // "bfloat16", "float16", ...
+  int num_layers = 0;
+  int num_attention_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  nlohmann::json rope_scaling;  // null when absent
+  bool attention_sinks = false;
+  int num_experts = 0;
+  std::vector<LayerFacts> layers;
+  std::optional<MlaFacts> mla;
+  std::optional<LinearAttentionFacts> linear_attention;
+  std::optional<QuantFacts> quant;
+  std::vector<ScaleTensor> kv_scales;
+  // From the safetensors headers:
+  std::vector<std::string> shard_files;  // relative to dir
+  uint64_t tensor_count = 0;
+  uint64_t weight_bytes = 0;  // sum of all tensor byte spans
+  bool has_weights = false;   // false for a bare config.json
+  std::vector<std::string> notes;  // e.g. "unknown architecture ..."
+
+  int attention_layer_count() const;  // layers that hold a KV cache
+};
+
+struct ReadOptions {
+  bool read_safetensors = true;  // false: config files only
+};
+
+// Reads a checkpoint folder (or a bare config.json). Throws InputError naming the
+// file and the problem for anything malformed.
+ModelFacts read_checkpoint(const std::filesystem::path& dir_or_config,
+                           const ReadOptions& options = {});
+
+// Builds per-layer facts from a (language-model) config object. Exposed for tests.
+void fill_architecture(const nlohmann::json& text_config, ModelFacts& facts);
+
+}  // namespace kvaudit::checkpoint

@@ -1,0 +1,35 @@
+// cli: thin front end. Each command file parses its flags into plain structs,
+// calls the modules, and hands a report::Report to emit(). Exit codes:
+// 0 success, 1 the report fails its gate (--fail-on, --expect, ...), 2 bad input.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "report/report.h"
+
+namespace kvaudit::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitGateFailed = 1;
+inline constexpr int kExitInputError = 2;
+
+struct OutputOptions {
+  bool json = false;
+  std::string html_path;
+  bool quiet = false;
+  bool no_color = false;
+};
+void add_output_options(CLI::App& command, OutputOptions& options);
+
+// Prints the report (terminal or --json) on stdout and writes --html atomically.
+void emit(const report::Report& report, const OutputOptions& options);
+
+// A command registers its flags on `app` and sets `run` to what executes it once
+// the command line is parsed. run returns the exit code.
+using Runner = std::function<int()>;
+void add_check_command(CLI::App& app, Runner& run);
+
+}  // namespace kvaudit::cli

@@ -1,0 +1,37 @@
+// kvaudit entry point: registers every command and turns errors into one line.
+#include <exception>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "util/util.h"
+
+int main(int argc, char** argv) {
+  using namespace kvaudit;
+  CLI::App app{
+      "kvaudit: catch silent accuracy loss in LLM serving (KV cache first).\n"
+      "Try: make demo   or   kvaudit check examples/qwen3.5-397b-a17b-nvfp4/generated "
+      "--engine sglang --tp 8"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", "kvaudit 0.1.0");
+  cli::Runner run;
+  cli::add_check_command(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? cli::kExitOk : cli::kExitInputError;
+  }
+  if (!run) {
+    std::cout << app.help();
+    return cli::kExitOk;
+  }
+  try {
+    return run();
+  } catch (const InputError& error) {
+    std::cerr << "kvaudit: " << error.what() << '\n';
+    return cli::kExitInputError;
+  } catch (const std::exception& error) {
+    std::cerr << "kvaudit: internal error: " << error.what() << '\n';
+    return cli::kExitInputError;
+  }
+}

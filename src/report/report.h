@@ -1,0 +1,119 @@
+// report: the one place that turns a command's result into words, JSON or HTML.
+// Commands build a Report value (facts, tables, charts, findings, a machine payload)
+// and call a renderer; no command formats its own output. Renderers never print:
+// they return strings, the CLI writes them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kvaudit::report {
+
+// Version of the JSON schema shared by every command (docs/json-schema.md).
+inline constexpr int kSchemaVersion = 1;
+
+enum class Severity { info, warning, critical };
+std::string_view severity_name(Severity severity);  // "info" | "warning" | "critical"
+
+// One piece of evidence: where it was seen, what it is, and the value seen there.
+struct Evidence {
+  std::string file;   // path of the file (or "launch", "log:LINE", "server:URL")
+  std::string key;    // JSON key, tensor name, flag or log line label
+  std::string value;  // the value seen, as text
+};
+
+struct Finding {
+  std::string id;  // stable rule id, e.g. "fp8-unit-scale"
+  Severity severity = Severity::info;
+  std::string title;        // one line: what is wrong
+  std::string consequence;  // one sentence: what it does to accuracy or capacity
+  std::vector<Evidence> evidence;
+  std::string fix;        // the exact change (flag, file, command)
+  std::string reference;  // engine source path, issue or PR
+};
+
+// A cell value. Integers stay integers (bytes, token counts are exact); doubles
+// carry their display precision in the column.
+using Value = std::variant<std::monostate, bool, int64_t, double, std::string>;
+
+struct Column {
+  std::string key;    // JSON key for this column
+  std::string label;  // header shown to people
+  std::string unit;   // "B", "GiB", "tokens", "%", "" ...
+  int precision = 3;  // significant decimals for doubles
+};
+
+struct Table {
+  std::string id;
+  std::string title;
+  std::vector<Column> columns;
+  std::vector<std::vector<Value>> rows;  // rows[i].size() == columns.size()
+  std::string note;                      // shown under the table
+};
+
+enum class ChartKind { bars, lines, heatmap };
+
+// A named series of y values over the chart's x axis (categories or numbers).
+// For a heatmap each series is one row (named by y category) and y holds the cells.
+struct Series {
+  std::string name;
+  std::vector<double> y;
+};
+
+struct Chart {
+  std::string id;
+  std::string title;
+  ChartKind kind = ChartKind::bars;
+  std::string x_label;
+  std::string y_label;
+  std::vector<std::string> x_categories;  // bars and heatmap columns; or
+  std::vector<double> x_values;           // numeric x for lines
+  bool log_x = false;
+  bool log_y = false;
+  std::vector<Series> series;
+};
+
+// A labelled value shown at the top of a report ("Resolved KV dtype: fp8_e4m3").
+struct Fact {
+  std::string key;    // JSON key
+  std::string label;  // shown to people
+  Value value;
+  std::string unit;
+};
+
+struct Report {
+  std::string command;  // "check", "plan", "logs", "quant", "eval", "probe", ...
+  std::string title;    // e.g. "kvaudit check: examples/qwen3.5-397b-nvfp4 on sglang 0.5.9"
+  std::string verdict;  // one line, printed last (and alone with --quiet)
+  Severity verdict_severity = Severity::info;
+  std::vector<Fact> facts;
+  std::vector<Table> tables;
+  std::vector<Chart> charts;
+  std::vector<Finding> findings;
+  std::vector<std::string> notes;
+  // Command-specific machine fields merged at the top level of the JSON output
+  // (check: engine, resolved_kv; plan: rows; logs: launches ...).
+  nlohmann::json payload = nlohmann::json::object();
+};
+
+struct TerminalOptions {
+  bool color = false;  // ANSI colours
+  bool quiet = false;  // verdict line only
+  int width = 100;     // wrap long text at this many columns
+};
+
+std::string render_terminal(const Report& report, const TerminalOptions& options);
+nlohmann::json render_json(const Report& report);
+std::string render_html(const Report& report);  // one self-contained file, inline SVG
+
+// Formats a value as the terminal and HTML show it (same digits in both).
+std::string format_value(const Value& value, const Column& column);
+
+// True when stdout should get colour: a tty and NO_COLOR unset or empty.
+bool stdout_wants_color();
+
+}  // namespace kvaudit::report

@@ -1,0 +1,124 @@
+#include "util/util.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <system_error>
+
+namespace kvaudit {
+
+namespace fs = std::filesystem;
+
+InputError::InputError(std::string where, std::string problem)
+    : std::runtime_error(where.empty() ? problem : where + ": " + problem),
+      where_(std::move(where)),
+      problem_(std::move(problem)) {}
+
+std::string read_text_file(const fs::path& path, uint64_t max_bytes) {
+  std::error_code ec;
+  auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) throw InputError(path.string(), "no such file");
+  if (fs::is_directory(status)) throw InputError(path.string(), "is a directory, expected a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path.string(), fmt::format("cannot open: {}", std::strerror(errno)));
+  uint64_t size = fs::file_size(path, ec);
+  if (ec) throw InputError(path.string(), "cannot read file size");
+  if (size > max_bytes)
+    throw InputError(path.string(),
+                     fmt::format("file is {} bytes, more than the {} this reader accepts", size,
+                                 max_bytes));
+  std::string content(size, '\0');
+  in.read(content.data(), static_cast<std::streamsize>(size));
+  if (static_cast<uint64_t>(in.gcount()) != size)
+    throw InputError(path.string(), "short read (file changed or unreadable)");
+  return content;
+}
+
+void write_file_atomically(const fs::path& path, std::string_view content) {
+  fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::random_device entropy;
+  fs::path temp = dir / fmt::format(".{}.tmp{}", path.filename().string(), entropy());
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    if (!out) throw InputError(path.string(), fmt::format("cannot write: {}", std::strerror(errno)));
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    out.flush();
+    if (!out) {
+      std::error_code ignored;
+      fs::remove(temp, ignored);
+      throw InputError(path.string(), "write failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(temp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw InputError(path.string(), "cannot replace file: " + ec.message());
+  }
+}
+
+fs::path data_dir() {
+  if (const char* env = std::getenv("KVAUDIT_DATA_DIR"); env && *env) return fs::path(env);
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path installed = self.parent_path().parent_path() / "share" / "kvaudit";
+    if (fs::exists(installed / "engines", ec)) return installed;
+  }
+  return fs::path(KVAUDIT_SOURCE_DIR) / "data";
+}
+
+std::optional<int64_t> parse_token_count(std::string_view text) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  if (text.empty()) return std::nullopt;
+  int64_t multiplier = 1;
+  char last = text.back();
+  if (last == 'k' || last == 'K') multiplier = 1024;
+  if (last == 'm' || last == 'M') multiplier = 1024 * 1024;
+  if (multiplier != 1) text.remove_suffix(1);
+  if (text.empty() || text.size() > 12) return std::nullopt;
+  int64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + (c - '0');
+  }
+  return value * multiplier;
+}
+
+std::vector<std::string> split_list(std::string_view text, char separator) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(separator, start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view part = text.substr(start, end - start);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front())))
+      part.remove_prefix(1);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back())))
+      part.remove_suffix(1);
+    if (!part.empty()) parts.emplace_back(part);
+    start = end + 1;
+  }
+  return parts;
+}
+
+std::string with_thousands(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out;
+  int count = 0;
+  for (auto it = digits.rbegin(); it != digits.rend(); ++it) {
+    if (count > 0 && count % 3 == 0) out.push_back(',');
+    out.push_back(*it);
+    ++count;
+  }
+  if (value < 0) out.push_back('-');
+  return {out.rbegin(), out.rend()};
+}
+
+}  // namespace kvaudit

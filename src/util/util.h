@@ -1,0 +1,51 @@
+// util: small shared pieces every module needs: the input-error type that the CLI
+// turns into a one-line message, bounded file reading, atomic output files, and
+// locating the data/ folder. Not a grab bag: anything module-specific lives there.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvaudit {
+
+// A problem with something the user gave us (a file, a flag, a server). The CLI
+// prints "kvaudit: <where>: <problem>" on one line and exits non-zero.
+class InputError : public std::runtime_error {
+ public:
+  InputError(std::string where, std::string problem);
+  const std::string& where() const { return where_; }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  std::string where_;
+  std::string problem_;
+};
+
+// Reads a whole file, refusing (InputError) files larger than max_bytes, missing or
+// unreadable files, and directories.
+std::string read_text_file(const std::filesystem::path& path, uint64_t max_bytes = 64ull << 20);
+
+// Writes content to path via a temporary file in the same folder and a rename, so
+// a failure never leaves a partial file behind.
+void write_file_atomically(const std::filesystem::path& path, std::string_view content);
+
+// The folder holding engines/ and gpus.json: $KVAUDIT_DATA_DIR, then ../share/kvaudit
+// next to the binary, then the source tree's data/.
+std::filesystem::path data_dir();
+
+// "8k" -> 8192, "128K" -> 131072, "1m" -> 1048576, "4096" -> 4096. Binary multipliers,
+// as context lengths are quoted (128K context = 131072 tokens).
+std::optional<int64_t> parse_token_count(std::string_view text);
+
+// Splits "a,b,,c" on commas, trimming blanks and dropping empty parts.
+std::vector<std::string> split_list(std::string_view text, char separator = ',');
+
+// Formats 1234567 as "1,234,567".
+std::string with_thousands(int64_t value);
+
+}  // namespace kvaudit
