@@ -1,0 +1,291 @@
+// numerics: bit-exact number formats for KV caches and the statistics of the error they cause.
+// Scalar conversions for every element type (FP8 E4M3 / E4M3 FNUZ / E5M2, FP4 E2M1, E8M0,
+// BF16, FP16, INT8/INT4), one traits table, KV formats with their scale strategies (static
+// per-tensor / per-head / per-channel, dynamic per-token / per-token-head / groups, KIVI,
+// NVFP4, MXFP4, optional Hadamard rotation), a streaming per-(layer, K|V) cache codec, bulk
+// SIMD kernels (Highway dynamic dispatch) and mergeable error accumulators.
+// Not here: attention-level analysis and file input (quant/), engine behaviour (engines/).
+// Nothing in this module prints, exits or starts threads behind the caller's back: parallel
+// work runs on a ThreadPool the caller owns, with reductions in a fixed order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvaudit::numerics {
+
+// ---------------------------------------------------------------- scalar conversions
+// Decoders are exact (every code maps to one float; NaN codes give a quiet NaN).
+float bf16_to_float(uint16_t bits);
+float fp16_to_float(uint16_t bits);
+float fp8_e4m3_to_float(uint8_t code);      // OCP "e4m3fn": bias 7, max 448, NaN 0x7F/0xFF
+float fp8_e4m3fnuz_to_float(uint8_t code);  // bias 8, max 240, NaN 0x80 only, no -0
+float fp8_e5m2_to_float(uint8_t code);      // bias 15, max 57344, inf and NaN
+float fp4_e2m1_to_float(uint8_t nibble);    // low 4 bits: S.EE.M, magnitudes {0,.5,1,1.5,2,3,4,6}
+float e8m0_to_float(uint8_t code);          // 2^(code-127); 0xFF is NaN
+
+// What an encoder does with a finite value beyond the largest finite code.
+//   saturate: clamp to +-max finite (CUDA __NV_SATFINITE, ModelOpt, most kernels).
+//   nan_inf:  PyTorch's .to(float8_*) cast: E4M3 |x| >= 480 -> NaN (no inf exists), FNUZ
+//             -> NaN, E5M2 -> +-inf, FP16 -> +-inf. Infinite inputs follow the same rule.
+enum class Overflow { saturate, nan_inf };
+
+// Encoders round to nearest, ties to even. NaN input gives the format's NaN (or, for
+// formats without NaN such as FP4, zero: see element_traits().nan_encodes_as_zero).
+uint16_t float_to_bf16(float value);  // overflow to inf as IEEE rounding does
+uint16_t float_to_fp16(float value, Overflow overflow = Overflow::nan_inf);
+uint8_t float_to_fp8_e4m3(float value, Overflow overflow);
+uint8_t float_to_fp8_e4m3fnuz(float value, Overflow overflow);
+uint8_t float_to_fp8_e5m2(float value, Overflow overflow);
+uint8_t float_to_fp4_e2m1(float value);  // always saturates to +-6 (the format has no NaN/inf)
+// E8M0 scale for an MX block whose largest magnitude is amax (OCP MX v1.0 section 6.3):
+// 2^(floor(log2(amax)) - emax_element), clamped to [2^-127, 2^127]; amax 0 gives 2^-127.
+uint8_t e8m0_for_block_amax(float amax, int emax_element);
+
+// ---------------------------------------------------------------- element traits
+enum class ElementType { f32, bf16, f16, fp8_e4m3, fp8_e4m3fnuz, fp8_e5m2, fp4_e2m1, int8, int4 };
+
+// How one encoded element relates to its input (used for the error accounting).
+enum class CodeClass { zero, subnormal, normal, max_finite, inf, nan };
+
+struct ElementTraits {
+  ElementType type;
+  std::string_view name;  // "fp8_e4m3", "int4", ...
+  int bits;               // storage bits per element
+  bool is_float;          // false for int8 / int4
+  double max_finite;      // largest finite magnitude (int: 127 / 7)
+  double min_normal;      // smallest normal magnitude (int: 1)
+  double min_subnormal;   // smallest nonzero magnitude (int: 1)
+  bool has_inf;
+  bool has_nan;
+  bool nan_encodes_as_zero;  // FP4: NaN input cannot be represented
+};
+const ElementTraits& element_traits(ElementType type);
+const std::vector<ElementTraits>& all_element_traits();
+
+// Scalar reference encode/decode of one element (codes in the low `bits` bits; int codes
+// are two's complement). For ints the value is rounded half-to-even and clamped to
+// [-max, max] (symmetric) by encode_element; asymmetric ints are handled by the format codec.
+uint32_t encode_element(ElementType type, float value, Overflow overflow);
+float decode_element(ElementType type, uint32_t code);
+CodeClass classify_code(ElementType type, uint32_t code);
+
+// ---------------------------------------------------------------- KV formats
+// How scales are chosen. "static" scales come from calibrated amax supplied by the caller
+// (scale = amax * margin / max_finite); without calibration a static scale is 1.0.
+enum class ScaleStrategy {
+  none,        // scale 1.0 (what an engine does when it found no scales)
+  tensor,      // static, one per (layer, K|V)
+  head,        // static, one per KV head
+  channel,     // static, one per channel (kv_heads * head_dim)
+  token,       // dynamic, one per token row
+  token_head,  // dynamic, one per token per head
+  group,       // dynamic, one per group_size consecutive elements of a row
+  kivi,        // keys: per channel over groups of group_tokens tokens; values: per token in
+               // groups of group_size channels; the newest residual_tokens stay full precision
+  block,       // fixed by the element layout: NVFP4 (16, E4M3 scale, FP32 tensor scale) and
+               // MXFP4 (32, E8M0 scale)
+};
+std::string_view scale_strategy_name(ScaleStrategy strategy);
+
+enum class KvFormatKind { plain, nvfp4, mxfp4 };
+
+// A parsed KV format: "bf16", "fp8_e4m3:none", "fp8_e4m3:tensor", "fp8_e4m3:head",
+// "fp8_e4m3:channel", "fp8_e5m2", "fp8_e4m3fnuz:tensor", "nvfp4", "mxfp4", "int8:token",
+// "int8:token_head", "int4:kivi", "int4:g32" (group of 32), "int8:g64", with modifiers after
+// '+': "hadamard" (rotate each head by the normalised Walsh-Hadamard matrix before
+// quantising), "sat" / "nan" (overflow mode; default sat), "asym" / "sym" (ints; default
+// sym, kivi asym). FP8 without a strategy means ":none"; ints without one mean ":token".
+struct KvFormat {
+  std::string spec;  // canonical spelling, e.g. "fp8_e4m3:tensor+nan"
+  KvFormatKind kind = KvFormatKind::plain;
+  ElementType element = ElementType::bf16;
+  ScaleStrategy strategy = ScaleStrategy::none;
+  Overflow overflow = Overflow::saturate;
+  bool asymmetric = false;  // ints only: scale + zero point (min/max)
+  bool hadamard = false;
+  int group_size = 0;       // group (elements along a row) or KIVI value group / block size
+  int group_tokens = 0;     // KIVI: tokens per key group
+  int residual_tokens = 0;  // KIVI: newest tokens kept in full precision
+  float margin = 1.0f;      // static scales: scale = amax * margin / max_finite
+};
+// Throws InputError("--formats", ...) on an unknown or inconsistent spec.
+KvFormat parse_kv_format(std::string_view spec);
+std::vector<KvFormat> parse_kv_formats(std::string_view comma_separated);
+
+enum class KvRole { key, value };
+std::string_view kv_role_name(KvRole role);  // "K" | "V"
+
+// One token's row for one layer and role is [kv_heads * head_dim] floats, head-major.
+struct KvLayout {
+  int kv_heads = 1;
+  int head_dim = 128;
+  int row_elements() const { return kv_heads * head_dim; }
+};
+
+// Calibrated absolute maxima for static scales of one (layer, role), measured on what is
+// quantised (after the Hadamard rotation when the format has one; calibrate_amax does this).
+// Shape: 1 (tensor), kv_heads (head), kv_heads*head_dim (channel); empty = not calibrated.
+struct StaticAmax {
+  std::vector<float> amax;
+};
+// Computes the amax a format's static strategy needs from sample rows [tokens, row_elements].
+StaticAmax calibrate_amax(const KvFormat& format, const KvLayout& layout,
+                          std::span<const float> rows);
+// The static scale per element group the codec will use (size 1, kv_heads or row_elements;
+// [1.0] for strategies that are not static). For NVFP4 this is the FP32 tensor scale.
+std::vector<float> static_scales(const KvFormat& format, const KvLayout& layout,
+                                 const StaticAmax& calibration);
+
+// Storage cost. Static scales are per layer, not per token, and are excluded from
+// row_bytes; stored_bits_per_element includes every per-token / per-block / per-group
+// scale (FP32 scales counted as 32 bits, E4M3/E8M0 as 8) and, for KIVI, amortised per-channel
+// scale and zero point rows (FP16 each) but not the full-precision residual window.
+int64_t row_bytes(const KvFormat& format, const KvLayout& layout);
+double stored_bits_per_element(const KvFormat& format, const KvLayout& layout);
+
+// ---------------------------------------------------------------- error accounting
+// Counts of what happened to individual elements during encoding, by the element's scaled
+// value and the code it got. "saturated": finite input beyond max finite clamped to max;
+// "became_nan"/"became_inf": finite input that encoded to NaN/inf; "flushed_to_zero":
+// nonzero input that encoded to zero; "subnormal": nonzero input that encoded to a
+// subnormal code (lost relative precision). Inputs that already were NaN/inf are counted in
+// "nonfinite_input" only.
+struct EncodeCounts {
+  int64_t elements = 0;
+  int64_t saturated = 0;
+  int64_t became_nan = 0;
+  int64_t became_inf = 0;
+  int64_t flushed_to_zero = 0;
+  int64_t subnormal = 0;
+  int64_t nonfinite_input = 0;
+  void merge(const EncodeCounts& other);
+};
+
+// Neumaier-compensated sum: exact enough for 10^9 squared errors of mixed magnitude.
+struct CompensatedSum {
+  double sum = 0.0;
+  double compensation = 0.0;
+  void add(double value);
+  void merge(const CompensatedSum& other);
+  double value() const { return sum + compensation; }
+};
+
+// Error of decoded vs reference values. Pairs where either side is NaN/inf are counted in
+// `nonfinite` and kept out of the sums (so one NaN does not hide the rest of the statistics).
+struct ErrorStats {
+  int64_t count = 0;      // finite pairs
+  int64_t nonfinite = 0;  // pairs with a NaN or inf on either side
+  CompensatedSum sum_squared_error;
+  CompensatedSum sum_squared_reference;
+  double max_abs_error = 0.0;
+  void add(std::span<const float> reference, std::span<const float> decoded);
+  void merge(const ErrorStats& other);
+  double rmse() const;           // sqrt(sum (d - r)^2 / count)
+  double relative_rmse() const;  // sqrt(sum (d - r)^2 / sum r^2); 0 when both are 0
+  double snr_db() const;         // 10 log10(sum r^2 / sum (d - r)^2); +inf when exact
+};
+
+// ---------------------------------------------------------------- threads
+// A fixed pool of worker threads owned by the caller. parallel_for splits [0, count) into
+// `tasks` contiguous chunks (independent of the thread count) and runs body(task, begin,
+// end); callers reduce per-task results in task order, so results never depend on threads.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads <= 1: everything runs on the caller
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  int threads() const { return thread_count_; }
+  void parallel_for(int64_t count, int tasks,
+                    const std::function<void(int task, int64_t begin, int64_t end)>& body);
+
+ private:
+  struct State;
+  int thread_count_ = 1;
+  std::unique_ptr<State> state_;
+};
+
+// ---------------------------------------------------------------- bulk kernels
+// Names the SIMD target chosen at run time ("AVX2", "AVX3", "EMU128", ...).
+std::string simd_target_name();
+
+// Bulk conversions (Highway dynamic dispatch; bit-identical to the scalar encoders).
+// `inverse_scale` multiplies before encoding (x * inverse_scale), `scale` after decoding.
+void encode_fp8(ElementType type, Overflow overflow, float inverse_scale,
+                std::span<const float> input, std::span<uint8_t> codes);
+void encode_fp8_from_bf16(ElementType type, Overflow overflow, float inverse_scale,
+                          std::span<const uint16_t> input, std::span<uint8_t> codes);
+void decode_fp8(ElementType type, float scale, std::span<const uint8_t> codes,
+                std::span<float> output);
+void decode_fp8_to_bf16(ElementType type, float scale, std::span<const uint8_t> codes,
+                        std::span<uint16_t> output);
+void bf16_to_float_bulk(std::span<const uint16_t> input, std::span<float> output);
+void float_to_bf16_bulk(std::span<const float> input, std::span<uint16_t> output);
+
+// NVFP4 blocks of 16: packed nibbles (low nibble = even element) [n/2] and one E4M3 block
+// scale per block [n/16]; tensor_scale is the FP32 second-level scale. n % 16 == 0.
+void encode_nvfp4(float tensor_scale, std::span<const float> input, std::span<uint8_t> packed,
+                  std::span<uint8_t> block_scales);
+void decode_nvfp4(float tensor_scale, std::span<const uint8_t> packed,
+                  std::span<const uint8_t> block_scales, std::span<float> output);
+// Scalar references of the two above (the fast path is tested against these).
+void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,
+                            std::span<uint8_t> packed, std::span<uint8_t> block_scales);
+void decode_nvfp4_reference(float tensor_scale, std::span<const uint8_t> packed,
+                            std::span<const uint8_t> block_scales, std::span<float> output);
+
+// In-place orthonormal Walsh-Hadamard transform of each `width`-element segment (width a
+// power of two); applying it twice restores the input (up to rounding).
+void hadamard_rows(std::span<float> data, int width);
+
+// Round trip of whole rows [tokens, row_elements] through a format, as a cache stores and
+// reads them, with the per-element counts: the analysis entry point. For KIVI the last
+// residual window is left full precision exactly as KvStream does. Parallel over tokens.
+struct RoundTripResult {
+  std::vector<float> decoded;  // [tokens, row_elements]
+  EncodeCounts counts;
+};
+RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRole role,
+                           const StaticAmax& calibration, std::span<const float> rows,
+                           ThreadPool* pool = nullptr);
+
+// ---------------------------------------------------------------- streaming cache codec
+// The KV cache of one (layer, role) in a given format: append encoded rows as tokens arrive,
+// decode any token range back to floats. Keeps bytes exactly as the format stores them.
+// KIVI keys are quantised per channel over groups of tokens, so the newest tokens stay full
+// precision until a group is complete and has left the residual window.
+class KvStream {
+ public:
+  KvStream(KvFormat format, KvLayout layout, KvRole role, StaticAmax calibration = {});
+  ~KvStream();
+  KvStream(KvStream&&) noexcept;
+  KvStream& operator=(KvStream&&) noexcept;
+  KvStream Copy() const;  // explicit: caches are large
+
+  // row: [row_elements]. counts (optional) receives what happened to its elements (for KIVI
+  // the elements are counted when their group is quantised).
+  void append(std::span<const float> row, EncodeCounts* counts = nullptr);
+  // output: [count, row_elements] for tokens [first_token, first_token + count).
+  void decode(int64_t first_token, int64_t count, std::span<float> output) const;
+  // Drops tokens at and after `tokens` (speculative rollback, prompt reuse).
+  void truncate(int64_t tokens);
+
+  int64_t tokens() const;
+  int64_t stored_bytes() const;  // bytes held now, residual window included
+  const KvFormat& format() const;
+  const KvLayout& layout() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvaudit::numerics
