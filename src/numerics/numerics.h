@@ -148,8 +148,10 @@ std::vector<float> static_scales(const KvFormat& format, const KvLayout& layout,
 // row_bytes; stored_bits_per_element includes every per-token / per-block / per-group
 // scale (FP32 scales counted as 32 bits, E4M3/E8M0 as 8) and, for KIVI, amortised per-channel
 // scale and zero point rows (FP16 each) but not the full-precision residual window.
-int64_t row_bytes(const KvFormat& format, const KvLayout& layout);
-double stored_bits_per_element(const KvFormat& format, const KvLayout& layout);
+// KIVI keys keep their per-channel scales per token group, so the role matters.
+int64_t row_bytes(const KvFormat& format, const KvLayout& layout, KvRole role = KvRole::value);
+double stored_bits_per_element(const KvFormat& format, const KvLayout& layout,
+                               KvRole role = KvRole::value);
 
 // ---------------------------------------------------------------- error accounting
 // Counts of what happened to individual elements during encoding, by the element's scaled
@@ -218,10 +220,11 @@ class ThreadPool {
 std::string simd_target_name();
 
 // Bulk conversions (Highway dynamic dispatch; bit-identical to the scalar encoders).
-// `inverse_scale` multiplies before encoding (x * inverse_scale), `scale` after decoding.
-void encode_fp8(ElementType type, Overflow overflow, float inverse_scale,
-                std::span<const float> input, std::span<uint8_t> codes);
-void encode_fp8_from_bf16(ElementType type, Overflow overflow, float inverse_scale,
+// Encoding divides by `scale` first (x / scale, as the engines' kernels do; scale must be
+// > 0), decoding multiplies by it. `type` is one of the three FP8 element types.
+void encode_fp8(ElementType type, Overflow overflow, float scale, std::span<const float> input,
+                std::span<uint8_t> codes);
+void encode_fp8_from_bf16(ElementType type, Overflow overflow, float scale,
                           std::span<const uint16_t> input, std::span<uint8_t> codes);
 void decode_fp8(ElementType type, float scale, std::span<const uint8_t> codes,
                 std::span<float> output);

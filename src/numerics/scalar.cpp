@@ -1,0 +1,294 @@
+// Scalar reference conversions for every element type, and the traits table. These are the
+// definitions the SIMD kernels are tested against, so they favour obviously-correct
+// arithmetic (exact power-of-two scaling and rint) over bit tricks.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "numerics/numerics.h"
+
+namespace kvaudit::numerics {
+namespace {
+
+// A small IEEE-like binary float: sign, exponent_bits, mantissa_bits, bias, and which top
+// codes are special. Covers FP16, FP8 E4M3 / E4M3 FNUZ / E5M2 and FP4 E2M1.
+struct MiniFloat {
+  int exponent_bits;
+  int mantissa_bits;
+  int bias;
+  enum class Top { ieee, e4m3fn, none } top;  // ieee: exp all-ones = inf/NaN; e4m3fn: S.1111.111
+  bool fnuz;                                  // 0x80 is the only NaN, no -0, no inf
+};
+
+constexpr MiniFloat kFp16{5, 10, 15, MiniFloat::Top::ieee, false};
+constexpr MiniFloat kE4M3{4, 3, 7, MiniFloat::Top::e4m3fn, false};
+constexpr MiniFloat kE4M3Fnuz{4, 3, 8, MiniFloat::Top::none, true};
+constexpr MiniFloat kE5M2{5, 2, 15, MiniFloat::Top::ieee, false};
+constexpr MiniFloat kE2M1{2, 1, 1, MiniFloat::Top::none, false};
+
+int sign_shift(const MiniFloat& f) {
+  return f.exponent_bits + f.mantissa_bits;
+}
+
+double max_finite_of(const MiniFloat& f) {
+  int max_exponent_field = (1 << f.exponent_bits) - 1;
+  int max_mantissa = (1 << f.mantissa_bits) - 1;
+  if (f.top == MiniFloat::Top::ieee) max_exponent_field -= 1;
+  if (f.top == MiniFloat::Top::e4m3fn) max_mantissa -= 1;
+  return std::ldexp(1.0 + max_mantissa / double(1 << f.mantissa_bits), max_exponent_field - f.bias);
+}
+
+float decode_mini(const MiniFloat& f, uint32_t code) {
+  uint32_t sign = (code >> sign_shift(f)) & 1u;
+  uint32_t exponent = (code >> f.mantissa_bits) & ((1u << f.exponent_bits) - 1);
+  uint32_t mantissa = code & ((1u << f.mantissa_bits) - 1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (f.fnuz && sign == 1 && exponent == 0 && mantissa == 0) return nan;
+  if (f.top == MiniFloat::Top::e4m3fn && exponent == (1u << f.exponent_bits) - 1 &&
+      mantissa == (1u << f.mantissa_bits) - 1)
+    return nan;
+  if (f.top == MiniFloat::Top::ieee && exponent == (1u << f.exponent_bits) - 1) {
+    if (mantissa != 0) return nan;
+    return sign ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  }
+  double magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(double(mantissa), 1 - f.bias - f.mantissa_bits);
+  } else {
+    magnitude = std::ldexp(double(mantissa + (1u << f.mantissa_bits)),
+                           int(exponent) - f.bias - f.mantissa_bits);
+  }
+  return float(sign ? -magnitude : magnitude);
+}
+
+uint32_t nan_code(const MiniFloat& f) {
+  if (f.fnuz) return 1u << sign_shift(f);
+  if (f.top == MiniFloat::Top::e4m3fn) return (1u << sign_shift(f)) - 1;  // 0x7F
+  if (f.top == MiniFloat::Top::ieee)  // exponent all ones, top mantissa bit set (quiet)
+    return (((1u << f.exponent_bits) - 1) << f.mantissa_bits) | (1u << (f.mantissa_bits - 1));
+  return 0;  // no NaN: FP4
+}
+
+// Encodes |value| (finite, already rounded onto the format's grid and <= max finite).
+uint32_t pack_magnitude(const MiniFloat& f, double magnitude) {
+  if (magnitude == 0.0) return 0;
+  const int min_exponent = 1 - f.bias;
+  int exponent = std::ilogb(magnitude);
+  if (exponent < min_exponent) {
+    return uint32_t(std::ldexp(magnitude, f.mantissa_bits - min_exponent));
+  }
+  uint32_t mantissa =
+      uint32_t(std::ldexp(magnitude, f.mantissa_bits - exponent)) - (1u << f.mantissa_bits);
+  return (uint32_t(exponent + f.bias) << f.mantissa_bits) | mantissa;
+}
+
+uint32_t encode_mini(const MiniFloat& f, float value, Overflow overflow) {
+  const uint32_t sign = std::signbit(value) ? 1u << sign_shift(f) : 0u;
+  const double max_finite = max_finite_of(f);
+  const bool has_inf = f.top == MiniFloat::Top::ieee;
+  const uint32_t inf_code = ((1u << f.exponent_bits) - 1) << f.mantissa_bits;
+  // NaN input: PyTorch's casts give 0x7F | sign for E4M3 and E5M2, 0x80 for FNUZ.
+  if (std::isnan(value)) {
+    if (f.fnuz) return nan_code(f);
+    if (f.top == MiniFloat::Top::none) return 0;
+    return sign | ((1u << sign_shift(f)) - 1);
+  }
+  auto overflowed = [&]() -> uint32_t {
+    if (overflow == Overflow::saturate || (f.top == MiniFloat::Top::none && !f.fnuz)) {
+      return sign | pack_magnitude(f, max_finite);
+    }
+    if (has_inf) return sign | inf_code;
+    return nan_code(f);  // e4m3fn keeps the sign of the input NaN code: 0x7F / 0xFF
+  };
+  if (std::isinf(value)) {
+    if (overflow == Overflow::nan_inf && f.top == MiniFloat::Top::e4m3fn) return sign | 0x7Fu;
+    return overflowed();
+  }
+  double magnitude = std::fabs(double(value));
+  // The spacing of representable values around `magnitude` (subnormal spacing below the
+  // smallest normal); rint on the scaled value rounds to nearest, ties to even.
+  const int min_exponent = 1 - f.bias;
+  int exponent = magnitude == 0.0 ? min_exponent : std::max(std::ilogb(magnitude), min_exponent);
+  double quantum_exponent = exponent - f.mantissa_bits;
+  double rounded = std::ldexp(std::nearbyint(std::ldexp(magnitude, -int(quantum_exponent))),
+                              int(quantum_exponent));
+  if (rounded > max_finite) {
+    if (overflow == Overflow::nan_inf && f.top == MiniFloat::Top::e4m3fn) return sign | 0x7Fu;
+    return overflowed();
+  }
+  uint32_t code = pack_magnitude(f, rounded);
+  if (f.fnuz && code == 0) return 0;  // FNUZ has no -0: 0x80 is NaN
+  return sign | code;
+}
+
+// Decode tables for the 8-bit formats, built once.
+struct Fp8Tables {
+  std::array<float, 256> e4m3, e4m3fnuz, e5m2;
+  std::array<float, 16> e2m1;
+  Fp8Tables() {
+    for (uint32_t c = 0; c < 256; ++c) {
+      e4m3[c] = decode_mini(kE4M3, c);
+      e4m3fnuz[c] = decode_mini(kE4M3Fnuz, c);
+      e5m2[c] = decode_mini(kE5M2, c);
+    }
+    for (uint32_t c = 0; c < 16; ++c) e2m1[c] = decode_mini(kE2M1, c);
+  }
+};
+const Fp8Tables& tables() {
+  static const Fp8Tables instance;
+  return instance;
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t(bits) << 16);
+}
+float fp16_to_float(uint16_t bits) {
+  return decode_mini(kFp16, bits);
+}
+float fp8_e4m3_to_float(uint8_t code) {
+  return tables().e4m3[code];
+}
+float fp8_e4m3fnuz_to_float(uint8_t code) {
+  return tables().e4m3fnuz[code];
+}
+float fp8_e5m2_to_float(uint8_t code) {
+  return tables().e5m2[code];
+}
+float fp4_e2m1_to_float(uint8_t nibble) {
+  return tables().e2m1[nibble & 0xF];
+}
+float e8m0_to_float(uint8_t code) {
+  if (code == 0xFF) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, int(code) - 127);  // 2^-127 is a float subnormal, still exact
+}
+
+uint16_t float_to_bf16(float value) {
+  // PyTorch c10::BFloat16 round_to_nearest_even: NaN becomes 0x7FC0.
+  if (std::isnan(value)) return 0x7FC0;
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  uint32_t rounding_bias = 0x7FFFu + ((bits >> 16) & 1u);
+  return uint16_t((bits + rounding_bias) >> 16);
+}
+uint16_t float_to_fp16(float value, Overflow overflow) {
+  // numpy and torch keep the sign of a NaN and make it quiet: 0x7E00 | sign.
+  if (std::isnan(value)) return std::signbit(value) ? 0xFE00 : 0x7E00;
+  return uint16_t(encode_mini(kFp16, value, overflow));
+}
+uint8_t float_to_fp8_e4m3(float value, Overflow overflow) {
+  return uint8_t(encode_mini(kE4M3, value, overflow));
+}
+uint8_t float_to_fp8_e4m3fnuz(float value, Overflow overflow) {
+  return uint8_t(encode_mini(kE4M3Fnuz, value, overflow));
+}
+uint8_t float_to_fp8_e5m2(float value, Overflow overflow) {
+  return uint8_t(encode_mini(kE5M2, value, overflow));
+}
+uint8_t float_to_fp4_e2m1(float value) {
+  if (std::isnan(value)) return 0;
+  return uint8_t(encode_mini(kE2M1, value, Overflow::saturate));
+}
+
+uint8_t e8m0_for_block_amax(float amax, int emax_element) {
+  if (!(amax > 0.0f) || std::isnan(amax)) return 0;  // 2^-127: the block is all zeros
+  if (std::isinf(amax)) return 0xFE;
+  int shared_exponent = std::ilogb(amax) - emax_element;
+  shared_exponent = std::clamp(shared_exponent, -127, 127);
+  return uint8_t(shared_exponent + 127);
+}
+
+const std::vector<ElementTraits>& all_element_traits() {
+  static const std::vector<ElementTraits> table = {
+      {ElementType::f32, "f32", 32, true, 3.4028234663852886e38, 1.1754943508222875e-38,
+       1.401298464324817e-45, true, true, false},
+      {ElementType::bf16, "bf16", 16, true, 3.3895313892515355e38, 1.1754943508222875e-38,
+       9.183549615799121e-41, true, true, false},
+      {ElementType::f16, "f16", 16, true, 65504.0, std::ldexp(1.0, -14), std::ldexp(1.0, -24), true,
+       true, false},
+      {ElementType::fp8_e4m3, "fp8_e4m3", 8, true, 448.0, std::ldexp(1.0, -6), std::ldexp(1.0, -9),
+       false, true, false},
+      {ElementType::fp8_e4m3fnuz, "fp8_e4m3fnuz", 8, true, 240.0, std::ldexp(1.0, -7),
+       std::ldexp(1.0, -10), false, true, false},
+      {ElementType::fp8_e5m2, "fp8_e5m2", 8, true, 57344.0, std::ldexp(1.0, -14),
+       std::ldexp(1.0, -16), true, true, false},
+      {ElementType::fp4_e2m1, "fp4_e2m1", 4, true, 6.0, 1.0, 0.5, false, false, true},
+      {ElementType::int8, "int8", 8, false, 127.0, 1.0, 1.0, false, false, true},
+      {ElementType::int4, "int4", 4, false, 7.0, 1.0, 1.0, false, false, true},
+  };
+  return table;
+}
+
+const ElementTraits& element_traits(ElementType type) {
+  return all_element_traits()[static_cast<size_t>(type)];
+}
+
+uint32_t encode_element(ElementType type, float value, Overflow overflow) {
+  switch (type) {
+    case ElementType::f32:
+      return std::bit_cast<uint32_t>(value);
+    case ElementType::bf16:
+      return float_to_bf16(value);
+    case ElementType::f16:
+      return float_to_fp16(value, overflow);
+    case ElementType::fp8_e4m3:
+      return float_to_fp8_e4m3(value, overflow);
+    case ElementType::fp8_e4m3fnuz:
+      return float_to_fp8_e4m3fnuz(value, overflow);
+    case ElementType::fp8_e5m2:
+      return float_to_fp8_e5m2(value, overflow);
+    case ElementType::fp4_e2m1:
+      return float_to_fp4_e2m1(value);
+    case ElementType::int8:
+    case ElementType::int4: {
+      const float max = type == ElementType::int8 ? 127.0f : 7.0f;
+      const uint32_t mask = type == ElementType::int8 ? 0xFFu : 0xFu;
+      if (std::isnan(value)) return 0;
+      float rounded = std::clamp(std::nearbyint(value), -max, max);
+      return uint32_t(int32_t(rounded)) & mask;
+    }
+  }
+  return 0;
+}
+
+float decode_element(ElementType type, uint32_t code) {
+  switch (type) {
+    case ElementType::f32:
+      return std::bit_cast<float>(code);
+    case ElementType::bf16:
+      return bf16_to_float(uint16_t(code));
+    case ElementType::f16:
+      return fp16_to_float(uint16_t(code));
+    case ElementType::fp8_e4m3:
+      return fp8_e4m3_to_float(uint8_t(code));
+    case ElementType::fp8_e4m3fnuz:
+      return fp8_e4m3fnuz_to_float(uint8_t(code));
+    case ElementType::fp8_e5m2:
+      return fp8_e5m2_to_float(uint8_t(code));
+    case ElementType::fp4_e2m1:
+      return fp4_e2m1_to_float(uint8_t(code));
+    case ElementType::int8:
+      return float(int8_t(uint8_t(code)));
+    case ElementType::int4:
+      return float(int32_t(code << 28) >> 28);
+  }
+  return 0.0f;
+}
+
+CodeClass classify_code(ElementType type, uint32_t code) {
+  const ElementTraits& traits = element_traits(type);
+  double value = decode_element(type, code);
+  if (std::isnan(value)) return CodeClass::nan;
+  if (std::isinf(value)) return CodeClass::inf;
+  double magnitude = std::fabs(value);
+  if (magnitude == 0.0) return CodeClass::zero;
+  if (magnitude >= traits.max_finite && magnitude != kInf) return CodeClass::max_finite;
+  if (magnitude < traits.min_normal) return CodeClass::subnormal;
+  return CodeClass::normal;
+}
+
+}  // namespace kvaudit::numerics
