@@ -127,6 +127,8 @@ struct ScaleConvention {
 };
 // The naming conventions the reader recognises (ENGINE-FACTS §3).
 const std::vector<ScaleConvention>& scale_conventions();
+// Classifies a tensor name as a KV-cache scale (values left empty), or nullopt.
+std::optional<ScaleTensor> classify_scale_tensor(std::string_view name);
 
 struct ModelFacts {
   std::filesystem::path dir;      // checkpoint folder

@@ -1,0 +1,149 @@
+// The `check` report: facts about model, launch and resolution; the scale table;
+// findings; and the machine payload (engine, resolved_kv, model).
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "audit/audit.h"
+
+namespace kvaudit::audit {
+
+namespace {
+
+using checkpoint::LayerKind;
+using nlohmann::json;
+using report::Fact;
+using report::Severity;
+
+std::string layer_summary(const checkpoint::ModelFacts& model) {
+  std::map<LayerKind, int> counts;
+  for (const auto& layer : model.layers) ++counts[layer.kind];
+  std::string text = fmt::format("{} layers", model.layers.size());
+  for (const auto& [kind, count] : counts)
+    text += fmt::format(", {} {}", count, checkpoint::layer_kind_name(kind));
+  return text;
+}
+
+std::string scale_source_text(const engines::ResolvedKv& resolved) {
+  if (resolved.scale_source == "unit_default") return "none: scale 1.0 (engine default)";
+  if (resolved.scale_source == "checkpoint")
+    return fmt::format("checkpoint ({} tensors)", resolved.loaded_scale_names.size());
+  if (resolved.scale_source == "dynamic") return "dynamic (computed from the first batch)";
+  if (resolved.scale_source == "quantization_param_path") return "--quantization-param-path JSON";
+  return "not applicable (16-bit cache)";
+}
+
+}  // namespace
+
+report::Report build_check_report(const CheckInput& input, const CheckResult& result) {
+  const auto& model = input.model;
+  const auto& resolved = result.resolved;
+  report::Report out;
+  out.command = "check";
+  std::string version = input.version_given ? input.flags.engine_version
+                                            : "latest known (" + input.engine.latest_known_version + ")";
+  out.title = fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine.engine, version);
+
+  out.facts.push_back(Fact{"architecture", "Architecture",
+                           fmt::format("{} ({})", model.architecture.empty() ? "?" : model.architecture,
+                                       model.model_type),
+                           ""});
+  out.facts.push_back(Fact{"layers", "Layers", layer_summary(model), ""});
+  if (model.mla)
+    out.facts.push_back(Fact{"mla_latent", "MLA latent per token per layer",
+                             int64_t{model.mla->kv_lora_rank + model.mla->qk_rope_head_dim}, "values"});
+  else
+    out.facts.push_back(Fact{"kv_heads", "KV heads x head dim",
+                             fmt::format("{} x {}", model.num_kv_heads, model.head_dim), ""});
+  out.facts.push_back(Fact{"model_dtype", "Model dtype", model.torch_dtype, ""});
+  if (model.quant)
+    out.facts.push_back(Fact{
+        "quantization", "Quantization",
+        fmt::format("{} {} (KV: {}) from {}", model.quant->method, model.quant->weight_algo,
+                    model.quant->kv_cache_quant_algo.empty()
+                        ? (model.quant->has_kv_cache_scheme ? model.quant->kv_cache_scheme.dump() : "not declared")
+                        : model.quant->kv_cache_quant_algo,
+                    model.quant->source_file),
+        ""});
+  if (model.has_weights) {
+    out.facts.push_back(Fact{"tensors", "Safetensors", fmt::format("{} tensors in {} shard(s), headers only",
+                                                                    model.tensor_count, model.shard_files.size()),
+                             ""});
+    out.facts.push_back(Fact{"kv_scale_tensors", "KV scale tensors", int64_t(model.kv_scales.size()), ""});
+  }
+  out.facts.push_back(Fact{"launch", "Launch", fmt::format("{} tp={} pp={} dp={}{} ({})", input.engine.engine,
+                                                           input.flags.tp, input.flags.pp, input.flags.dp,
+                                                           input.flags.dp_attention ? " dp-attention" : "",
+                                                           input.flags.source.empty() ? "flags" : input.flags.source),
+                           ""});
+  out.facts.push_back(Fact{"kv_cache_dtype_requested", "Requested --kv-cache-dtype",
+                           input.flags.kv_cache_dtype_flag.empty() ? "auto (default)" : input.flags.kv_cache_dtype,
+                           ""});
+  out.facts.push_back(Fact{"kv_cache_dtype", "Resolved KV cache dtype", resolved.kv_cache_dtype, ""});
+  out.facts.push_back(Fact{"scale_source", "KV scales", scale_source_text(resolved), ""});
+  out.facts.push_back(Fact{"read_ms", "Checkpoint read", input.read_seconds * 1000.0, "ms"});
+
+  if (!model.kv_scales.empty()) {
+    report::Table table;
+    table.id = "kv_scales";
+    table.title = "KV scale tensors in the checkpoint";
+    table.columns = {{"layer", "Layer", "", 0}, {"role", "Role", "", 0}, {"name", "Tensor", "", 0},
+                     {"values", "Values", "", 0}, {"max", "Max", "", 6}, {"loaded", "Loaded", "", 0}};
+    std::set<std::string> loaded(resolved.loaded_scale_names.begin(), resolved.loaded_scale_names.end());
+    for (const auto& scale : model.kv_scales) {
+      float max_value = scale.values.empty() ? 0.0f : scale.values[0];
+      for (float value : scale.values) max_value = std::max(max_value, value);
+      table.rows.push_back({int64_t{scale.layer}, std::string(checkpoint::scale_role_name(scale.role)), scale.name,
+                            int64_t(scale.values.size()), double(max_value),
+                            resolved.quantized ? report::Value(loaded.count(scale.name) > 0)
+                                               : report::Value(std::string("n/a"))});
+    }
+    out.tables.push_back(std::move(table));
+  }
+  out.findings = result.findings;
+  out.notes = model.notes;
+
+  int critical = 0, warning = 0;
+  for (const auto& finding : result.findings) {
+    critical += finding.severity == Severity::critical;
+    warning += finding.severity == Severity::warning;
+  }
+  out.verdict_severity = critical ? Severity::critical : warning ? Severity::warning : Severity::info;
+  out.verdict = critical ? fmt::format("FAIL: {} critical, {} warning finding(s): the KV cache loses precision "
+                                       "silently with this launch",
+                                       critical, warning)
+                : warning ? fmt::format("WARN: no critical finding, {} warning(s)", warning)
+                          : fmt::format("OK: KV cache {} with scales from {}", resolved.kv_cache_dtype,
+                                        resolved.scale_source);
+
+  json dropped = json::array();
+  for (const auto& drop : resolved.dropped)
+    dropped.push_back({{"rule", drop.rule_id}, {"reference", drop.reference}, {"status", drop.status},
+                       {"tensors", drop.tensor_names}});
+  out.payload["engine"] = {{"name", input.engine.engine},
+                           {"version", input.version_given ? input.flags.engine_version : input.engine.latest_known_version},
+                           {"version_assumed", !input.version_given},
+                           {"data_file", input.engine.file.string()}};
+  out.payload["resolved_kv"] = {{"kv_cache_dtype", resolved.kv_cache_dtype},
+                                {"requested", resolved.requested},
+                                {"scale_source", resolved.scale_source},
+                                {"rule", resolved.rule_id},
+                                {"reason", resolved.reason},
+                                {"reference", resolved.rule_reference},
+                                {"loaded_scale_tensors", resolved.loaded_scale_names.size()},
+                                {"dropped_scales", dropped},
+                                {"engine_logs_scale_warning", resolved.scale_warning_logged}};
+  out.payload["model"] = {{"dir", model.dir.string()},
+                          {"architecture", model.architecture},
+                          {"model_type", model.model_type},
+                          {"num_layers", model.num_layers},
+                          {"attention_layers", model.attention_layer_count()},
+                          {"num_kv_heads", model.num_kv_heads},
+                          {"head_dim", model.head_dim},
+                          {"tensor_count", model.tensor_count},
+                          {"kv_scale_tensors", model.kv_scales.size()}};
+  return out;
+}
+
+}  // namespace kvaudit::audit

@@ -1,0 +1,243 @@
+// Per-layer attention facts for the architectures kvaudit knows. This is model
+// knowledge (what the published config keys mean), not engine knowledge.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "checkpoint/checkpoint.h"
+#include "util/util.h"
+
+namespace kvaudit::checkpoint {
+
+namespace {
+
+using nlohmann::json;
+
+int64_t int_or(const json& config, const char* key, int64_t fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer() && !it->is_number_unsigned())
+    throw InputError("config.json", fmt::format("'{}' must be an integer", key));
+  return it->get<int64_t>();
+}
+
+std::string string_or(const json& config, const char* key, std::string fallback = {}) {
+  auto it = config.find(key);
+  if (it == config.end() || !it->is_string()) return fallback;
+  return it->get<std::string>();
+}
+
+enum class Family { dense, mistral, qwen2, hybrid_gdn, mla, gemma2, gemma3, gpt_oss };
+
+struct KnownArchitecture {
+  std::string_view model_type;
+  Family family;
+};
+
+// model_type values as written in config.json (text_config's for wrappers).
+constexpr std::array kKnownArchitectures = {
+    KnownArchitecture{"llama", Family::dense},
+    KnownArchitecture{"mistral", Family::mistral},
+    KnownArchitecture{"mixtral", Family::mistral},
+    KnownArchitecture{"qwen2", Family::qwen2},
+    KnownArchitecture{"qwen2_moe", Family::qwen2},
+    KnownArchitecture{"qwen3", Family::dense},
+    KnownArchitecture{"qwen3_moe", Family::dense},
+    KnownArchitecture{"qwen3_next", Family::hybrid_gdn},
+    KnownArchitecture{"qwen3_5", Family::hybrid_gdn},
+    KnownArchitecture{"qwen3_5_text", Family::hybrid_gdn},
+    KnownArchitecture{"qwen3_5_moe", Family::hybrid_gdn},
+    KnownArchitecture{"qwen3_5_moe_text", Family::hybrid_gdn},
+    KnownArchitecture{"deepseek_v3", Family::mla},
+    KnownArchitecture{"deepseek_v2", Family::mla},
+    KnownArchitecture{"gemma2", Family::gemma2},
+    KnownArchitecture{"gemma3", Family::gemma3},
+    KnownArchitecture{"gemma3_text", Family::gemma3},
+    KnownArchitecture{"gpt_oss", Family::gpt_oss},
+};
+
+std::optional<Family> find_family(std::string_view model_type) {
+  for (const auto& known : kKnownArchitectures)
+    if (known.model_type == model_type) return known.family;
+  return std::nullopt;
+}
+
+std::optional<LayerKind> parse_layer_type(std::string_view text) {
+  if (text == "full_attention" || text == "attention") return LayerKind::full_attention;
+  if (text == "sliding_attention") return LayerKind::sliding_attention;
+  if (text == "linear_attention") return LayerKind::linear_attention;
+  return std::nullopt;
+}
+
+// Layer kind by family when the config has no explicit layer_types list.
+LayerKind default_layer_kind(Family family, const json& config, int layer) {
+  switch (family) {
+    case Family::mla:
+      return LayerKind::mla;
+    case Family::mistral:
+      return int_or(config, "sliding_window", 0) > 0 ? LayerKind::sliding_attention
+                                                     : LayerKind::full_attention;
+    case Family::qwen2: {
+      // HF Qwen2: sliding only when use_sliding_window, from max_window_layers on.
+      bool sliding = config.value("use_sliding_window", false) &&
+                     layer >= int_or(config, "max_window_layers", 0) &&
+                     int_or(config, "sliding_window", 0) > 0;
+      return sliding ? LayerKind::sliding_attention : LayerKind::full_attention;
+    }
+    case Family::hybrid_gdn: {
+      int64_t interval = int_or(config, "full_attention_interval", 4);
+      if (interval <= 0) interval = 4;
+      return (layer + 1) % interval == 0 ? LayerKind::full_attention
+                                         : LayerKind::linear_attention;
+    }
+    case Family::gemma2:  // even layers slide, odd layers are global
+      return layer % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention;
+    case Family::gemma3: {
+      int64_t pattern = int_or(config, "sliding_window_pattern", 6);
+      if (pattern <= 0) pattern = 6;
+      return (layer + 1) % pattern == 0 ? LayerKind::full_attention
+                                        : LayerKind::sliding_attention;
+    }
+    case Family::gpt_oss:  // alternates, sliding first
+      return layer % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention;
+    case Family::dense:
+      break;
+  }
+  return LayerKind::full_attention;
+}
+
+int positive_int(const json& config, const char* key, int64_t fallback, int64_t max) {
+  int64_t value = int_or(config, key, fallback);
+  if (value < 0 || value > max)
+    throw InputError("config.json", fmt::format("'{}' = {} is out of range", key, value));
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+std::string_view layer_kind_name(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::full_attention:
+      return "full_attention";
+    case LayerKind::sliding_attention:
+      return "sliding_attention";
+    case LayerKind::linear_attention:
+      return "linear_attention";
+    case LayerKind::mla:
+      return "mla";
+  }
+  return "?";
+}
+
+int ModelFacts::attention_layer_count() const {
+  return static_cast<int>(std::count_if(layers.begin(), layers.end(), [](const LayerFacts& layer) {
+    return layer.kind != LayerKind::linear_attention;
+  }));
+}
+
+void fill_architecture(const json& config, ModelFacts& facts) {
+  facts.model_type = string_or(config, "model_type");
+  auto family = find_family(facts.model_type);
+  if (!family && !facts.outer_model_type.empty()) family = find_family(facts.outer_model_type);
+  facts.architecture_known = family.has_value();
+
+  facts.num_layers = positive_int(config, "num_hidden_layers", 0, 100000);
+  facts.hidden_size = positive_int(config, "hidden_size", 0, 1 << 24);
+  facts.num_attention_heads = positive_int(config, "num_attention_heads", 0, 1 << 16);
+  facts.num_kv_heads =
+      positive_int(config, "num_key_value_heads", facts.num_attention_heads, 1 << 16);
+  int default_head_dim =
+      facts.num_attention_heads > 0 ? facts.hidden_size / facts.num_attention_heads : 0;
+  facts.head_dim = positive_int(config, "head_dim", default_head_dim, 1 << 16);
+  facts.vocab_size = int_or(config, "vocab_size", 0);
+  facts.max_position_embeddings = int_or(config, "max_position_embeddings", 0);
+  if (auto it = config.find("rope_scaling"); it != config.end() && it->is_object())
+    facts.rope_scaling = *it;
+  else if (auto params = config.find("rope_parameters");
+           params != config.end() && params->is_object() && params->contains("rope_type") &&
+           (*params)["rope_type"] != "default")
+    facts.rope_scaling = *params;
+  facts.num_experts = positive_int(
+      config, config.contains("num_local_experts") ? "num_local_experts" : "n_routed_experts",
+      int_or(config, "num_experts", 0), 1 << 20);
+  std::string dtype = string_or(config, "torch_dtype", string_or(config, "dtype"));
+  if (!dtype.empty()) facts.torch_dtype = dtype;
+  facts.attention_sinks = family == Family::gpt_oss;
+
+  if (facts.num_layers == 0)
+    throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
+                     "num_hidden_layers is missing or 0");
+
+  if (family == Family::mla) {
+    MlaFacts mla;
+    mla.kv_lora_rank = positive_int(config, "kv_lora_rank", 512, 1 << 16);
+    mla.qk_rope_head_dim = positive_int(config, "qk_rope_head_dim", 64, 1 << 16);
+    mla.qk_nope_head_dim = positive_int(config, "qk_nope_head_dim", 128, 1 << 16);
+    mla.v_head_dim = positive_int(config, "v_head_dim", 128, 1 << 16);
+    mla.q_lora_rank = positive_int(config, "q_lora_rank", 0, 1 << 16);
+    facts.mla = mla;
+  }
+  if (family == Family::hybrid_gdn) {
+    LinearAttentionFacts linear;
+    linear.num_key_heads = positive_int(config, "linear_num_key_heads", 16, 1 << 16);
+    linear.num_value_heads = positive_int(config, "linear_num_value_heads", 32, 1 << 16);
+    linear.key_head_dim = positive_int(config, "linear_key_head_dim", 128, 1 << 16);
+    linear.value_head_dim = positive_int(config, "linear_value_head_dim", 128, 1 << 16);
+    linear.conv_kernel = positive_int(config, "linear_conv_kernel_dim", 4, 1 << 10);
+    linear.ssm_dtype = string_or(config, "mamba_ssm_dtype");
+    facts.linear_attention = linear;
+  }
+
+  const json* layer_types = nullptr;
+  if (auto it = config.find("layer_types"); it != config.end() && it->is_array()) {
+    if (static_cast<int>(it->size()) != facts.num_layers)
+      throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
+                       fmt::format("layer_types has {} entries but num_hidden_layers is {}",
+                                   it->size(), facts.num_layers));
+    layer_types = &*it;
+  }
+  int sliding_window = positive_int(config, "sliding_window", 0, 1 << 30);
+  facts.layers.clear();
+  facts.layers.reserve(facts.num_layers);
+  for (int i = 0; i < facts.num_layers; ++i) {
+    LayerFacts layer;
+    layer.index = i;
+    layer.kind = default_layer_kind(family.value_or(Family::dense), config, i);
+    if (layer_types && family != Family::mla) {
+      const json& entry = (*layer_types)[i];
+      auto kind = entry.is_string() ? parse_layer_type(entry.get<std::string>()) : std::nullopt;
+      if (!kind)
+        throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
+                         fmt::format("layer_types[{}] = {} is not a known layer type", i,
+                                     entry.dump()));
+      layer.kind = *kind;
+    }
+    switch (layer.kind) {
+      case LayerKind::mla:
+        layer.kv_heads = 1;  // one shared latent per token
+        layer.k_head_dim = facts.mla->kv_lora_rank + facts.mla->qk_rope_head_dim;
+        layer.v_head_dim = 0;
+        break;
+      case LayerKind::linear_attention:
+        break;
+      case LayerKind::sliding_attention:
+        layer.sliding_window = sliding_window;
+        [[fallthrough]];
+      case LayerKind::full_attention:
+        layer.kv_heads = facts.num_kv_heads;
+        layer.k_head_dim = facts.head_dim;
+        layer.v_head_dim = facts.head_dim;
+        break;
+    }
+    facts.layers.push_back(layer);
+  }
+  if (!facts.architecture_known)
+    facts.notes.push_back(fmt::format(
+        "unknown architecture '{}' ({}): layer facts assume plain full attention with the "
+        "config's head counts; architecture-specific checks are skipped",
+        facts.model_type.empty() ? "no model_type" : facts.model_type,
+        facts.architecture.empty() ? "no architectures entry" : facts.architecture));
+}
+
+}  // namespace kvaudit::checkpoint

@@ -1,0 +1,202 @@
+// read_checkpoint: configs, quantization declarations, safetensors headers, KV scales.
+#include "checkpoint/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "util/util.h"
+
+namespace kvaudit::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json read_json_file(const fs::path& path) {
+  std::string text = read_text_file(path, 256ull << 20);
+  if (text.empty()) throw InputError(path.string(), "file is empty, expected JSON");
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& error) {
+    // nlohmann's message carries the byte position; drop its "[json.exception...]" prefix.
+    std::string message = error.what();
+    if (auto pos = message.find("] "); pos != std::string::npos) message = message.substr(pos + 2);
+    throw InputError(path.string(), "invalid JSON: " + message);
+  }
+}
+
+std::string text_of(const json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  return it->dump();
+}
+
+// Fills the KV-relevant parts of a quantization declaration (ModelOpt's
+// "quantization" block, or any quantization_config).
+void read_quant_block(const json& block, QuantFacts& quant) {
+  if (!block.is_object()) return;
+  if (quant.method.empty()) quant.method = text_of(block, "quant_method");
+  if (quant.weight_algo.empty()) quant.weight_algo = text_of(block, "quant_algo");
+  for (const char* key : {"kv_cache_quant_algo", "kv_cache_quant_method"}) {
+    std::string value = text_of(block, key);
+    if (!value.empty() && quant.kv_cache_quant_algo.empty()) {
+      quant.kv_cache_quant_algo = value;
+      quant.kv_algo_key = key;
+    }
+  }
+  if (auto it = block.find("kv_cache_scheme"); it != block.end() && it->is_object()) {
+    quant.has_kv_cache_scheme = true;
+    quant.kv_cache_scheme = *it;
+    quant.kv_scheme_strategy = text_of(*it, "strategy");
+    quant.kv_scheme_type = text_of(*it, "type");
+    if (auto bits = it->find("num_bits"); bits != it->end() && bits->is_number_integer())
+      quant.kv_scheme_bits = bits->get<int>();
+  }
+  // Newer ModelOpt exports nest the same block again under "quantization".
+  if (auto it = block.find("quantization"); it != block.end() && it->is_object())
+    read_quant_block(*it, quant);
+}
+
+std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& config,
+                                           const json& text_config) {
+  fs::path hf_quant = dir / "hf_quant_config.json";
+  std::error_code ec;
+  if (fs::exists(hf_quant, ec)) {
+    json doc = read_json_file(hf_quant);
+    if (!doc.is_object()) throw InputError(hf_quant.string(), "expected a JSON object");
+    QuantFacts quant;
+    quant.source_file = hf_quant.string();
+    quant.source_key = "quantization";
+    quant.method = "modelopt";
+    if (auto producer = doc.find("producer"); producer != doc.end() && producer->is_object())
+      quant.producer = fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
+    auto block = doc.find("quantization");
+    if (block == doc.end() || !block->is_object())
+      throw InputError(hf_quant.string(), "has no \"quantization\" object");
+    read_quant_block(*block, quant);
+    return quant;
+  }
+  for (const json* source : {&config, &text_config}) {
+    auto it = source->find("quantization_config");
+    if (it == source->end() || it->is_null()) continue;
+    if (!it->is_object())
+      throw InputError((dir / "config.json").string(), "quantization_config is not an object");
+    QuantFacts quant;
+    quant.source_file = (dir / "config.json").string();
+    quant.source_key = source == &config ? "quantization_config" : "text_config.quantization_config";
+    read_quant_block(*it, quant);
+    if (auto producer = it->find("producer"); producer != it->end() && producer->is_object())
+      quant.producer = fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
+    return quant;
+  }
+  return std::nullopt;
+}
+
+// Shard files named by the index (each must exist), or every *.safetensors.
+std::vector<std::string> find_shards(const fs::path& dir) {
+  fs::path index = dir / "model.safetensors.index.json";
+  std::error_code ec;
+  std::vector<std::string> shards;
+  if (fs::exists(index, ec)) {
+    json doc = read_json_file(index);
+    auto map = doc.find("weight_map");
+    if (!doc.is_object() || map == doc.end() || !map->is_object())
+      throw InputError(index.string(), "has no \"weight_map\" object");
+    std::set<std::string> unique;
+    for (const auto& [tensor, file] : map->items()) {
+      if (!file.is_string())
+        throw InputError(index.string(), fmt::format("weight_map['{}'] is not a file name", tensor));
+      std::string name = file.get<std::string>();
+      if (name.find('/') != std::string::npos || name == ".." || name.empty())
+        throw InputError(index.string(), fmt::format("weight_map names shard '{}' outside the "
+                                                     "checkpoint folder", name));
+      unique.insert(name);
+    }
+    for (const auto& name : unique) {
+      if (!fs::exists(dir / name, ec))
+        throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));
+      shards.push_back(name);
+    }
+    return shards;
+  }
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".safetensors") shards.push_back(entry.path().filename().string());
+  std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
+}  // namespace
+
+ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& options) {
+  ModelFacts facts;
+  std::error_code ec;
+  fs::path config_path;
+  bool bare_config = false;
+  if (!fs::exists(dir_or_config, ec))
+    throw InputError(dir_or_config.string(), "no such file or folder");
+  if (fs::is_directory(dir_or_config, ec)) {
+    facts.dir = dir_or_config;
+    config_path = dir_or_config / "config.json";
+    if (!fs::exists(config_path, ec)) {
+      bool empty = fs::is_empty(dir_or_config, ec);
+      throw InputError(dir_or_config.string(),
+                       empty ? "folder is empty (expected a Hugging Face checkpoint with config.json)"
+                             : "no config.json (not a Hugging Face checkpoint folder?)");
+    }
+  } else {
+    config_path = dir_or_config;
+    facts.dir = dir_or_config.parent_path().empty() ? fs::path(".") : dir_or_config.parent_path();
+    bare_config = true;
+  }
+  facts.config_file = config_path.string();
+  json config = read_json_file(config_path);
+  if (!config.is_object()) throw InputError(facts.config_file, "expected a JSON object");
+
+  const json* text_config = &config;
+  if (auto it = config.find("text_config"); it != config.end() && it->is_object()) {
+    text_config = &*it;
+    facts.outer_model_type = text_of(config, "model_type");
+  }
+  if (auto it = config.find("architectures"); it != config.end() && it->is_array() && !it->empty() &&
+                                              (*it)[0].is_string())
+    facts.architecture = (*it)[0].get<std::string>();
+  try {
+    fill_architecture(*text_config, facts);
+  } catch (const InputError& error) {
+    throw InputError(facts.config_file, error.problem());
+  } catch (const json::exception& error) {
+    throw InputError(facts.config_file, std::string("unexpected value: ") + error.what());
+  }
+  if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "torch_dtype");
+  if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "dtype");
+  facts.quant = read_quant_facts(facts.dir, config, *text_config);
+
+  if (bare_config || !options.read_safetensors) return facts;
+  facts.shard_files = find_shards(facts.dir);
+  for (const auto& shard : facts.shard_files) {
+    SafetensorsHeader header = read_safetensors_header(facts.dir / shard);
+    facts.tensor_count += header.tensors.size();
+    for (const auto& tensor : header.tensors) {
+      facts.weight_bytes += tensor.data_end - tensor.data_begin;
+      auto scale = classify_scale_tensor(tensor.name);
+      if (!scale) continue;
+      scale->shard_file = shard;
+      scale->dtype = tensor.dtype;
+      scale->shape = tensor.shape;
+      scale->values = read_tensor_values(header, tensor);
+      facts.kv_scales.push_back(std::move(*scale));
+    }
+  }
+  facts.has_weights = !facts.shard_files.empty();
+  std::sort(facts.kv_scales.begin(), facts.kv_scales.end(),
+            [](const ScaleTensor& a, const ScaleTensor& b) {
+              return a.layer != b.layer ? a.layer < b.layer : a.name < b.name;
+            });
+  return facts;
+}
+
+}  // namespace kvaudit::checkpoint

@@ -1,0 +1,305 @@
+// Safetensors header parsing and validation, and reading of small tensors.
+// The header is parsed with simdjson: a 400B MoE checkpoint carries ~400K entries.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "checkpoint/checkpoint.h"
+#include "numerics/numerics.h"
+#include "util/util.h"
+
+namespace kvaudit::checkpoint {
+
+namespace {
+
+struct DTypeRow {
+  TensorDType dtype;
+  std::string_view name;
+  uint32_t bits;
+};
+constexpr DTypeRow kDTypes[] = {
+    {TensorDType::F64, "F64", 64},         {TensorDType::F32, "F32", 32},
+    {TensorDType::F16, "F16", 16},         {TensorDType::BF16, "BF16", 16},
+    {TensorDType::F8_E4M3, "F8_E4M3", 8},  {TensorDType::F8_E5M2, "F8_E5M2", 8},
+    {TensorDType::F8_E8M0, "F8_E8M0", 8},  {TensorDType::F4, "F4", 4},
+    {TensorDType::I64, "I64", 64},         {TensorDType::I32, "I32", 32},
+    {TensorDType::I16, "I16", 16},         {TensorDType::I8, "I8", 8},
+    {TensorDType::U64, "U64", 64},         {TensorDType::U32, "U32", 32},
+    {TensorDType::U16, "U16", 16},         {TensorDType::U8, "U8", 8},
+    {TensorDType::BOOL, "BOOL", 8},
+};
+
+// The safetensors format caps the header at 100 MB (MAX_HEADER_SIZE in the reference crate).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+class FileHandle {
+ public:
+  explicit FileHandle(const std::filesystem::path& path) : fd_(::open(path.c_str(), O_RDONLY)) {}
+  ~FileHandle() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileHandle(const FileHandle&) = delete;
+  FileHandle& operator=(const FileHandle&) = delete;
+  int fd() const { return fd_; }
+
+  // Reads exactly size bytes at offset or returns false.
+  bool read_at(uint64_t offset, char* out, uint64_t size) const {
+    uint64_t done = 0;
+    while (done < size) {
+      ssize_t got = ::pread(fd_, out + done, size - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      done += static_cast<uint64_t>(got);
+    }
+    return true;
+  }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void fail(const std::string& label, const std::string& problem) {
+  throw InputError(label, problem);
+}
+
+}  // namespace
+
+std::string_view dtype_name(TensorDType dtype) {
+  for (const auto& row : kDTypes)
+    if (row.dtype == dtype) return row.name;
+  return "?";
+}
+
+std::optional<TensorDType> parse_dtype(std::string_view name) {
+  for (const auto& row : kDTypes)
+    if (row.name == name) return row.dtype;
+  return std::nullopt;
+}
+
+uint32_t dtype_bits(TensorDType dtype) {
+  for (const auto& row : kDTypes)
+    if (row.dtype == dtype) return row.bits;
+  return 0;
+}
+
+uint64_t TensorInfo::element_count() const {
+  uint64_t count = 1;
+  for (uint64_t dim : shape) count *= dim;
+  return count;
+}
+
+SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
+                                           const std::string& label) {
+  SafetensorsHeader header;
+  header.header_bytes = header_json.size();
+  // The DOM parser picks the best SIMD kernel at run time (AVX2/AVX-512 here).
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(header_json);
+  simdjson::dom::element root_element;
+  if (auto error = parser.parse(padded).get(root_element))
+    fail(label, fmt::format("safetensors header is not valid JSON ({})",
+                            simdjson::error_message(error)));
+  simdjson::dom::object root;
+  if (root_element.get_object().get(root) != simdjson::SUCCESS)
+    fail(label, "safetensors header is not a JSON object");
+
+  auto bad = [&](std::string_view tensor, std::string_view what) {
+    fail(label, fmt::format("safetensors header: tensor '{}': {}", tensor, what));
+  };
+  header.tensors.reserve(root.size());
+  for (auto [key, value] : root) {
+    simdjson::dom::object entry;
+    if (value.get_object().get(entry) != simdjson::SUCCESS) {
+      if (key == "__metadata__") fail(label, "safetensors __metadata__ is not an object");
+      bad(key, "entry is not an object");
+    }
+    if (key == "__metadata__") {
+      for (auto [meta_key, meta_value] : entry) {
+        std::string_view text;
+        if (meta_value.get_string().get(text) != simdjson::SUCCESS)
+          fail(label, "safetensors __metadata__ values must be strings");
+        header.metadata.emplace(std::string(meta_key), std::string(text));
+      }
+      continue;
+    }
+    TensorInfo tensor;
+    tensor.name = std::string(key);
+    bool have_dtype = false, have_shape = false, have_offsets = false;
+    for (auto [member_key, member] : entry) {
+      if (member_key == "dtype") {
+        std::string_view dtype_text;
+        if (member.get_string().get(dtype_text) != simdjson::SUCCESS)
+          bad(tensor.name, "dtype is not a string");
+        auto dtype = parse_dtype(dtype_text);
+        if (!dtype) bad(tensor.name, fmt::format("unknown dtype '{}'", dtype_text));
+        tensor.dtype = *dtype;
+        have_dtype = true;
+      } else if (member_key == "shape") {
+        simdjson::dom::array dims;
+        if (member.get_array().get(dims) != simdjson::SUCCESS)
+          bad(tensor.name, "shape is not an array");
+        for (auto dim_element : dims) {
+          uint64_t dim;
+          if (dim_element.get_uint64().get(dim) != simdjson::SUCCESS)
+            bad(tensor.name, "shape holds a value that is not a non-negative integer");
+          tensor.shape.push_back(dim);
+        }
+        have_shape = true;
+      } else if (member_key == "data_offsets") {
+        simdjson::dom::array offsets;
+        if (member.get_array().get(offsets) != simdjson::SUCCESS || offsets.size() != 2)
+          bad(tensor.name, "data_offsets must be two non-negative integers");
+        if (offsets.at(0).get_uint64().get(tensor.data_begin) != simdjson::SUCCESS ||
+            offsets.at(1).get_uint64().get(tensor.data_end) != simdjson::SUCCESS)
+          bad(tensor.name, "data_offsets must be two non-negative integers");
+        have_offsets = true;
+      } else {
+        bad(tensor.name, fmt::format("unexpected key '{}'", member_key));
+      }
+    }
+    if (!have_dtype || !have_shape || !have_offsets)
+      bad(tensor.name, "entry needs dtype, shape and data_offsets");
+    if (tensor.data_begin > tensor.data_end)
+      bad(tensor.name, fmt::format("data_offsets [{}, {}] run backwards", tensor.data_begin,
+                                   tensor.data_end));
+    if (tensor.data_end > data_bytes)
+      bad(tensor.name, fmt::format("data_offsets end {} lies beyond the data section ({} bytes)",
+                                   tensor.data_end, data_bytes));
+    uint64_t elements = 1;
+    for (uint64_t dim : tensor.shape)
+      if (__builtin_mul_overflow(elements, dim, &elements))
+        bad(tensor.name, "shape overflows 64 bits");
+    uint64_t bits;
+    if (__builtin_mul_overflow(elements, uint64_t{dtype_bits(tensor.dtype)}, &bits))
+      bad(tensor.name, "shape overflows 64 bits");
+    if (bits % 8 != 0) bad(tensor.name, "element count does not fill whole bytes");
+    if (bits / 8 != tensor.data_end - tensor.data_begin)
+      bad(tensor.name,
+          fmt::format("{} x [{}] needs {} bytes but data_offsets span {}", dtype_name(tensor.dtype),
+                      fmt::join(tensor.shape, ","), bits / 8, tensor.data_end - tensor.data_begin));
+    header.tensors.push_back(std::move(tensor));
+  }
+
+  // Spans must not overlap: sort a view by start and compare neighbours.
+  std::vector<const TensorInfo*> by_start;
+  by_start.reserve(header.tensors.size());
+  for (const auto& tensor : header.tensors) by_start.push_back(&tensor);
+  std::sort(by_start.begin(), by_start.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->data_begin != b->data_begin ? a->data_begin < b->data_begin
+                                          : a->data_end < b->data_end;
+  });
+  for (size_t i = 1; i < by_start.size(); ++i) {
+    const TensorInfo* previous = by_start[i - 1];
+    const TensorInfo* current = by_start[i];
+    if (current->data_begin < previous->data_end && current->data_end > current->data_begin)
+      fail(label, fmt::format("safetensors header: tensors '{}' and '{}' overlap ([{}, {}) and "
+                              "[{}, {}))",
+                              previous->name, current->name, previous->data_begin,
+                              previous->data_end, current->data_begin, current->data_end));
+  }
+  return header;
+}
+
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
+  const std::string label = file.string();
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) fail(label, "no such file");
+  if (std::filesystem::is_directory(file, ec)) fail(label, "is a directory, expected a file");
+  FileHandle handle(file);
+  if (handle.fd() < 0) fail(label, fmt::format("cannot open: {}", std::strerror(errno)));
+  uint64_t file_bytes = std::filesystem::file_size(file, ec);
+  if (ec) fail(label, "cannot read file size");
+  if (file_bytes < 8)
+    fail(label, fmt::format("truncated: {} bytes, a safetensors file starts with an 8-byte "
+                            "header length",
+                            file_bytes));
+  unsigned char prefix[8];
+  if (!handle.read_at(0, reinterpret_cast<char*>(prefix), 8)) fail(label, "cannot read header length");
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | prefix[i];  // little-endian
+  if (header_bytes == 0) fail(label, "safetensors header length is 0");
+  if (header_bytes > kMaxHeaderBytes)
+    fail(label, fmt::format("safetensors header length {} exceeds the format's 100 MB limit "
+                            "(not a safetensors file?)",
+                            header_bytes));
+  if (header_bytes > file_bytes - 8)
+    fail(label, fmt::format("truncated: header length {} runs past the end of the {}-byte file",
+                            header_bytes, file_bytes));
+  std::string header_json(header_bytes, '\0');
+  if (!handle.read_at(8, header_json.data(), header_bytes)) fail(label, "cannot read header");
+  SafetensorsHeader header =
+      parse_safetensors_header(header_json, file_bytes - 8 - header_bytes, label);
+  header.file = file;
+  header.file_bytes = file_bytes;
+  return header;
+}
+
+std::vector<float> read_tensor_values(const SafetensorsHeader& header, const TensorInfo& tensor,
+                                      uint64_t max_elements) {
+  const std::string label = header.file.string();
+  uint64_t count = tensor.element_count();
+  if (count > max_elements)
+    fail(label, fmt::format("tensor '{}' has {} elements; refusing to read weights", tensor.name,
+                            count));
+  uint64_t bytes = tensor.data_end - tensor.data_begin;
+  std::string raw(bytes, '\0');
+  FileHandle handle(header.file);
+  if (handle.fd() < 0) fail(label, fmt::format("cannot open: {}", std::strerror(errno)));
+  if (!handle.read_at(header.data_offset() + tensor.data_begin, raw.data(), bytes))
+    fail(label, fmt::format("cannot read tensor '{}' (file truncated?)", tensor.name));
+  const auto* data = reinterpret_cast<const unsigned char*>(raw.data());
+  auto load = [&](uint64_t i, int width) {
+    uint64_t value = 0;
+    for (int b = width - 1; b >= 0; --b) value = (value << 8) | data[i * width + b];
+    return value;
+  };
+  std::vector<float> values(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    switch (tensor.dtype) {
+      case TensorDType::F32: {
+        uint32_t bits = static_cast<uint32_t>(load(i, 4));
+        std::memcpy(&values[i], &bits, 4);
+        break;
+      }
+      case TensorDType::F64: {
+        uint64_t bits = load(i, 8);
+        double value;
+        std::memcpy(&value, &bits, 8);
+        values[i] = static_cast<float>(value);
+        break;
+      }
+      case TensorDType::BF16:
+        values[i] = numerics::bf16_to_float(static_cast<uint16_t>(load(i, 2)));
+        break;
+      case TensorDType::F16:
+        values[i] = numerics::fp16_to_float(static_cast<uint16_t>(load(i, 2)));
+        break;
+      case TensorDType::F8_E4M3:
+        values[i] = numerics::fp8_e4m3_to_float(data[i]);
+        break;
+      case TensorDType::F8_E5M2:
+        values[i] = numerics::fp8_e5m2_to_float(data[i]);
+        break;
+      case TensorDType::I8:
+        values[i] = static_cast<float>(static_cast<int8_t>(data[i]));
+        break;
+      case TensorDType::U8:
+        values[i] = static_cast<float>(data[i]);
+        break;
+      case TensorDType::I32:
+        values[i] = static_cast<float>(static_cast<int32_t>(load(i, 4)));
+        break;
+      default:
+        fail(label, fmt::format("tensor '{}': cannot read values of dtype {}", tensor.name,
+                                dtype_name(tensor.dtype)));
+    }
+  }
+  return values;
+}
+
+}  // namespace kvaudit::checkpoint

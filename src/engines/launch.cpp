@@ -1,0 +1,275 @@
+// Launch commands and systemd units -> LaunchFlags. Flag spellings are engine
+// data (launch.flags in data/engines/<engine>.json); this file only tokenises.
+#include <fmt/format.h>
+
+#include <map>
+#include <sstream>
+
+#include "engines/engines.h"
+#include "util/util.h"
+
+namespace kvaudit::engines {
+
+namespace {
+
+using nlohmann::json;
+
+bool is_wrapper_shell(const std::string& word) {
+  return word == "bash" || word == "sh" || word == "/bin/bash" || word == "/bin/sh" ||
+         word == "/usr/bin/bash" || word == "/usr/bin/env";
+}
+
+// Finds which engine a word list starts and where its arguments begin.
+std::optional<std::pair<std::string, size_t>> find_entry_point(const std::vector<std::string>& words) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
+    auto base = word.substr(word.find_last_of('/') == std::string::npos ? 0 : word.find_last_of('/') + 1);
+    if ((base == "sglang" || base == "vllm") && i + 1 < words.size() && words[i + 1] == "serve")
+      return std::pair{base, i + 2};
+    if (word == "-m" && i + 1 < words.size()) {
+      const std::string& module = words[i + 1];
+      if (module.rfind("sglang.launch_server", 0) == 0) return std::pair{std::string("sglang"), i + 2};
+      if (module.rfind("vllm.entrypoints", 0) == 0) return std::pair{std::string("vllm"), i + 2};
+    }
+    if (base == "launch_server.py") return std::pair{std::string("sglang"), i + 1};
+  }
+  return std::nullopt;
+}
+
+int to_int(const std::string& flag, const std::string& value, const std::string& label) {
+  try {
+    size_t used = 0;
+    long parsed = std::stol(value, &used);
+    if (used != value.size() || parsed < 0 || parsed > (1 << 30)) throw std::invalid_argument("");
+    return static_cast<int>(parsed);
+  } catch (const std::exception&) {
+    throw InputError(label, fmt::format("{} expects a non-negative integer, got '{}'", flag, value));
+  }
+}
+
+LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::string& label) {
+  auto entry = find_entry_point(words);
+  if (!entry) {
+    // `bash -c '...'` wrappers: look inside the quoted command.
+    for (size_t i = 0; i + 2 < words.size(); ++i)
+      if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
+        return parse_launch_command(words[i + 2], label);
+    throw InputError(label, "launch command starts neither SGLang (python -m sglang.launch_server, "
+                            "sglang serve) nor vLLM (vllm serve, python -m vllm.entrypoints...)");
+  }
+  LaunchFlags flags;
+  flags.engine = entry->first;
+  flags.source = label;
+  EngineData data = load_engine_data(flags.engine);
+  const json& launch = data.document["launch"];
+  std::map<std::string, std::string> field_by_flag;
+  for (const auto& [field, spellings] : launch["flags"].items())
+    for (const auto& spelling : spellings) field_by_flag[spelling.get<std::string>()] = field;
+  std::vector<std::string> booleans = launch.value("boolean_flags", std::vector<std::string>{});
+  auto is_boolean = [&](const std::string& flag) {
+    return std::find(booleans.begin(), booleans.end(), flag) != booleans.end();
+  };
+
+  size_t i = entry->second;
+  if (launch.value("positional_model", false) && i < words.size() && words[i].rfind("-", 0) != 0)
+    flags.model_path = words[i++];
+  for (; i < words.size(); ++i) {
+    std::string word = words[i];
+    if (word.rfind("-", 0) != 0) {
+      flags.ignored_arguments.push_back(word);
+      continue;
+    }
+    std::string value;
+    bool has_inline_value = false;
+    if (auto eq = word.find('='); eq != std::string::npos) {
+      value = word.substr(eq + 1);
+      word = word.substr(0, eq);
+      has_inline_value = true;
+    }
+    auto field_it = field_by_flag.find(word);
+    bool boolean = is_boolean(word);
+    if (!has_inline_value && !boolean) {
+      if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) value = words[++i];
+    }
+    if (field_it == field_by_flag.end()) {
+      flags.ignored_arguments.push_back(has_inline_value || !value.empty() ? word + "=" + value : word);
+      continue;
+    }
+    const std::string& field = field_it->second;
+    bool on = !has_inline_value || (value != "false" && value != "False" && value != "0");
+    if (field == "kv_cache_dtype") {
+      if (value.empty()) throw InputError(label, word + " needs a value");
+      flags.kv_cache_dtype = value;
+      flags.kv_cache_dtype_flag = word;
+    } else if (field == "model_path") {
+      flags.model_path = value;
+    } else if (field == "tp") {
+      flags.tp = to_int(word, value, label);
+    } else if (field == "pp") {
+      flags.pp = to_int(word, value, label);
+    } else if (field == "dp") {
+      flags.dp = to_int(word, value, label);
+    } else if (field == "dp_attention") {
+      flags.dp_attention = on;
+    } else if (field == "quantization_param_path") {
+      flags.quantization_param_path = value;
+    } else if (field == "quantization") {
+      flags.quantization = value;
+    } else if (field == "dtype") {
+      flags.dtype = value;
+    } else if (field == "context_length") {
+      auto tokens = parse_token_count(value);
+      if (!tokens) throw InputError(label, fmt::format("{} expects a token count, got '{}'", word, value));
+      flags.context_length = *tokens;
+    } else if (field == "memory_fraction") {
+      try {
+        flags.memory_fraction = std::stod(value);
+      } catch (const std::exception&) {
+        throw InputError(label, fmt::format("{} expects a fraction, got '{}'", word, value));
+      }
+    } else if (field == "mamba_ssm_dtype") {
+      flags.mamba_ssm_dtype = value;
+    } else if (field == "calculate_kv_scales") {
+      flags.calculate_kv_scales = on;
+    } else if (field == "max_total_tokens") {
+      flags.max_total_tokens = to_int(word, value, label);
+    } else if (field == "page_size") {
+      flags.page_size = to_int(word, value, label);
+    }
+  }
+  if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0)
+    throw InputError(label, "parallel sizes must be at least 1");
+  return flags;
+}
+
+}  // namespace
+
+std::vector<std::string> split_shell_words(std::string_view line, const std::string& label) {
+  std::vector<std::string> words;
+  std::string current;
+  bool in_word = false;
+  char quote = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (quote == '\'') {
+      if (c == '\'') quote = 0;
+      else current.push_back(c);
+      continue;
+    }
+    if (c == '\\') {
+      if (i + 1 < line.size() && (line[i + 1] == '\n' || line[i + 1] == '\r')) {
+        ++i;  // line continuation
+        if (line[i] == '\r' && i + 1 < line.size() && line[i + 1] == '\n') ++i;
+        continue;
+      }
+      if (i + 1 < line.size()) {
+        current.push_back(line[++i]);
+        in_word = true;
+      }
+      continue;
+    }
+    if (quote == '"') {
+      if (c == '"') quote = 0;
+      else current.push_back(c);
+      continue;
+    }
+    if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      if (in_word) words.push_back(std::move(current));
+      current.clear();
+      in_word = false;
+      continue;
+    }
+    current.push_back(c);
+    in_word = true;
+  }
+  if (quote) throw InputError(label, fmt::format("unterminated {} quote in command line", quote));
+  if (in_word) words.push_back(std::move(current));
+  return words;
+}
+
+LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label) {
+  return flags_from_words(split_shell_words(command_line, label), label);
+}
+
+LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
+  const std::string label = unit_file.string();
+  std::string text = read_text_file(unit_file, 1 << 20);
+  // Join continuation lines first, as systemd does.
+  std::string joined;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == '\n' || text[i + 1] == '\r')) {
+      ++i;
+      if (text[i] == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      joined.push_back(' ');
+      continue;
+    }
+    joined.push_back(text[i]);
+  }
+  std::map<std::string, std::string> environment;
+  std::string exec_start;
+  std::string section;
+  std::istringstream lines(joined);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#' || line[start] == ';') continue;
+    line = line.substr(start);
+    if (line.front() == '[') {
+      section = line;
+      continue;
+    }
+    if (section != "[Service]") continue;
+    auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = line.substr(0, eq);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    std::string value = line.substr(eq + 1);
+    if (key == "Environment") {
+      for (const auto& assignment : split_shell_words(value, label)) {
+        auto pos = assignment.find('=');
+        if (pos != std::string::npos) environment[assignment.substr(0, pos)] = assignment.substr(pos + 1);
+      }
+    } else if (key == "ExecStart") {
+      exec_start = value;  // the last ExecStart= wins for Type=simple
+    }
+  }
+  if (exec_start.empty()) throw InputError(label, "no ExecStart= in a [Service] section");
+  size_t first = exec_start.find_first_not_of(" \t");
+  while (first != std::string::npos && std::string("-@+!:").find(exec_start[first]) != std::string::npos)
+    ++first;  // systemd's ExecStart prefixes
+  exec_start = first == std::string::npos ? "" : exec_start.substr(first);
+  // Expand $VAR and ${VAR} from Environment= as systemd does in ExecStart.
+  std::string expanded;
+  for (size_t i = 0; i < exec_start.size(); ++i) {
+    if (exec_start[i] != '$' || i + 1 >= exec_start.size()) {
+      expanded.push_back(exec_start[i]);
+      continue;
+    }
+    size_t name_start = i + 1;
+    bool braced = exec_start[name_start] == '{';
+    if (braced) ++name_start;
+    size_t name_end = name_start;
+    while (name_end < exec_start.size() &&
+           (std::isalnum(static_cast<unsigned char>(exec_start[name_end])) || exec_start[name_end] == '_'))
+      ++name_end;
+    std::string name = exec_start.substr(name_start, name_end - name_start);
+    if (name.empty()) {
+      expanded.push_back('$');
+      continue;
+    }
+    auto it = environment.find(name);
+    expanded += it == environment.end() ? "" : it->second;
+    i = braced && name_end < exec_start.size() && exec_start[name_end] == '}' ? name_end : name_end - 1;
+  }
+  LaunchFlags flags = parse_launch_command(expanded, label);
+  flags.source = "unit " + label;
+  return flags;
+}
+
+}  // namespace kvaudit::engines
