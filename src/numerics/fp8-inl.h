@@ -1,0 +1,152 @@
+// SIMD kernels for the KV codecs, compiled once per target by Highway's foreach_target
+// (see kernels.cpp). Each kernel is bit-identical to the scalar reference in scalar.cpp:
+// FP8 rounding uses the same integer round-to-nearest-even PyTorch's c10 casts use
+// (add half-ulp-minus-one plus the odd bit, shift), and the float add against a magic
+// constant for subnormals. Tails shorter than one vector go through the scalar reference.
+#if defined(KVAUDIT_NUMERICS_FP8_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVAUDIT_NUMERICS_FP8_INL_H_
+#undef KVAUDIT_NUMERICS_FP8_INL_H_
+#else
+#define KVAUDIT_NUMERICS_FP8_INL_H_
+#endif
+
+#include <cmath>
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "numerics/numerics.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvaudit::numerics::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Constants describing one FP8 flavour and overflow mode, as 32-bit lane values.
+struct Fp8Constants {
+  int mantissa_bits;        // 3 or 2
+  int32_t normal_add;       // ((bias - 127) << 23) + (1 << (22 - M)) - 1
+  int32_t min_normal_bits;  // float bits of the smallest normal
+  float denormal_magic;     // 2^(emin - M + 23): adding it rounds to the subnormal grid
+  int32_t denormal_magic_bits;
+  int32_t max_code;       // largest finite magnitude code (0x7E, 0x7B, 0x7F)
+  int32_t overflow_code;  // magnitude code given to overflows (max, NaN or inf)
+  int32_t nan_code;       // magnitude code given to NaN input
+  bool fnuz;              // no -0; 0x80 is NaN and carries no sign
+  // Decode side.
+  int32_t exponent_rebias_bits;  // (127 - bias) << 23
+  float subnormal_step;          // 2^(1 - bias - M)
+  int32_t special_from;          // magnitude codes >= this are NaN / inf (0x7F / 0x7C), else 256
+  bool ieee_specials;            // E5M2: 0x7C inf, 0x7D..0x7F NaN
+};
+
+inline Fp8Constants fp8_constants(ElementType type, Overflow overflow) {
+  Fp8Constants k{};
+  int bias = 7;
+  if (type == ElementType::fp8_e5m2) bias = 15;
+  if (type == ElementType::fp8_e4m3fnuz) bias = 8;
+  const int m = type == ElementType::fp8_e5m2 ? 2 : 3;
+  k.mantissa_bits = m;
+  k.normal_add = int32_t(uint32_t(bias - 127) << 23) + (1 << (22 - m)) - 1;
+  k.min_normal_bits = (1 - bias + 127) << 23;
+  k.denormal_magic = std::ldexp(1.0f, 1 - bias - m + 23);
+  k.denormal_magic_bits = (1 - bias - m + 23 + 127) << 23;
+  k.exponent_rebias_bits = (127 - bias) << 23;
+  k.subnormal_step = std::ldexp(1.0f, 1 - bias - m);
+  const bool saturate = overflow == Overflow::saturate;
+  switch (type) {
+    case ElementType::fp8_e5m2:
+      k.max_code = 0x7B;
+      k.overflow_code = saturate ? 0x7B : 0x7C;
+      k.nan_code = 0x7F;
+      k.special_from = 0x7C;
+      k.ieee_specials = true;
+      break;
+    case ElementType::fp8_e4m3fnuz:
+      k.max_code = 0x7F;
+      k.overflow_code = saturate ? 0x7F : 0x80;
+      k.nan_code = 0x80;
+      k.special_from = 256;
+      k.fnuz = true;
+      break;
+    default:
+      k.max_code = 0x7E;
+      k.overflow_code = saturate ? 0x7E : 0x7F;
+      k.nan_code = 0x7F;
+      k.special_from = 0x7F;
+      break;
+  }
+  return k;
+}
+
+// Encodes float lanes (already divided by the scale) into FP8 codes held in int32 lanes.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> EncodeFp8Lanes(D d, hn::Vec<D> y, const Fp8Constants& k) {
+  const hn::RebindToSigned<D> di;
+  const auto bits = hn::BitCast(di, y);
+  const auto sign_bit = hn::And(bits, hn::Set(di, int32_t(0x80000000u)));
+  const auto magnitude_bits = hn::Xor(bits, sign_bit);
+  // Normal range: integer round to nearest even on the float bits.
+  const auto odd =
+      hn::And(hn::ShiftRightSame(magnitude_bits, 23 - k.mantissa_bits), hn::Set(di, 1));
+  const auto normal = hn::ShiftRightSame(
+      hn::Add(hn::Add(magnitude_bits, hn::Set(di, k.normal_add)), odd), 23 - k.mantissa_bits);
+  // Subnormal range: the float adder rounds onto the subnormal grid for us.
+  const auto shifted = hn::Add(hn::BitCast(d, magnitude_bits), hn::Set(d, k.denormal_magic));
+  const auto subnormal = hn::Sub(hn::BitCast(di, shifted), hn::Set(di, k.denormal_magic_bits));
+  auto code = hn::IfThenElse(magnitude_bits < hn::Set(di, k.min_normal_bits), subnormal, normal);
+  code = hn::IfThenElse(code > hn::Set(di, k.max_code), hn::Set(di, k.overflow_code), code);
+  const auto is_nan = magnitude_bits > hn::Set(di, 0x7F800000);
+  code = hn::IfThenElse(is_nan, hn::Set(di, k.nan_code), code);
+  const auto sign = hn::ShiftRight<24>(hn::BitCast(hn::RebindToUnsigned<D>(), sign_bit));
+  auto with_sign = hn::Or(code, hn::BitCast(di, sign));
+  if (k.fnuz) {
+    // FNUZ: zero has no sign, and 0x80 (NaN) already is the whole code.
+    const auto unsigned_code = hn::Or(code == hn::Zero(di), code == hn::Set(di, 0x80));
+    with_sign = hn::IfThenElse(unsigned_code, code, with_sign);
+  }
+  return with_sign;
+}
+
+// Decodes FP8 codes held in int32 lanes to floats (unscaled).
+template <class D>
+HWY_INLINE hn::Vec<D> DecodeFp8Lanes(D d, hn::Vec<hn::RebindToSigned<D>> code,
+                                     const Fp8Constants& k) {
+  const hn::RebindToSigned<D> di;
+  const auto magnitude = hn::And(code, hn::Set(di, 0x7F));
+  const auto sign = hn::ShiftLeft<24>(hn::And(code, hn::Set(di, 0x80)));
+  const auto normal = hn::BitCast(d, hn::Add(hn::ShiftLeftSame(magnitude, 23 - k.mantissa_bits),
+                                             hn::Set(di, k.exponent_rebias_bits)));
+  const auto subnormal = hn::Mul(hn::ConvertTo(d, magnitude), hn::Set(d, k.subnormal_step));
+  auto value = hn::IfThenElse(hn::RebindMask(d, magnitude < hn::Set(di, 1 << k.mantissa_bits)),
+                              subnormal, normal);
+  value = hn::BitCast(d, hn::Or(hn::BitCast(di, value), sign));
+  const auto nan = hn::Set(d, std::numeric_limits<float>::quiet_NaN());
+  if (k.ieee_specials) {
+    const auto special_bits =
+        hn::Or(hn::BitCast(di, hn::Set(d, std::numeric_limits<float>::infinity())),
+               hn::Or(sign, hn::ShiftLeftSame(hn::And(magnitude, hn::Set(di, 3)), 21)));
+    value = hn::IfThenElse(hn::RebindMask(d, magnitude > hn::Set(di, k.special_from - 1)),
+                           hn::BitCast(d, special_bits), value);
+  } else if (k.fnuz) {
+    value = hn::IfThenElse(hn::RebindMask(d, code == hn::Set(di, 0x80)), nan, value);
+  } else {
+    value = hn::IfThenElse(hn::RebindMask(d, magnitude == hn::Set(di, 0x7F)), nan, value);
+  }
+  return value;
+}
+
+// float bits -> bf16 bits (round to nearest even, NaN -> 0x7FC0) in int32 lanes.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> FloatToBf16Lanes(D /*d*/, hn::Vec<D> value) {
+  const hn::RebindToSigned<D> di;
+  const hn::RebindToUnsigned<D> du;
+  const auto bits = hn::BitCast(du, value);
+  const auto rounding =
+      hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u)));
+  const auto rounded = hn::BitCast(di, hn::ShiftRight<16>(hn::Add(bits, rounding)));
+  return hn::IfThenElse(hn::RebindMask(di, hn::IsNaN(value)), hn::Set(di, 0x7FC0), rounded);
+}
+
+}  // namespace kvaudit::numerics::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard toggle

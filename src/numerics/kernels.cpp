@@ -1,0 +1,362 @@
+// Bulk codec kernels: FP8 (from float or BF16, to float or BF16), BF16, NVFP4 and the
+// Walsh-Hadamard rotation. Compiled for every Highway target and dispatched at run time;
+// the scalar references in scalar.cpp (and encode_nvfp4_reference below) define the
+// results, and tests/numerics compare every path against them bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "numerics/kernels.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/highway.h"
+#include "numerics/fp8-inl.h"
+#include "numerics/numerics.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvaudit::numerics::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void EncodeFp8Float(ElementType type, Overflow overflow, float scale, const float* input,
+                    uint8_t* codes, size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const Fp8Constants k = fp8_constants(type, overflow);
+  const auto scale_v = hn::Set(d, scale);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto y = hn::Div(hn::LoadU(d, input + i), scale_v);
+    hn::StoreU(hn::DemoteTo(d8, EncodeFp8Lanes(d, y, k)), d8, codes + i);
+  }
+  for (; i < count; ++i) codes[i] = uint8_t(encode_element(type, input[i] / scale, overflow));
+}
+
+void EncodeFp8Bf16(ElementType type, Overflow overflow, float scale, const uint16_t* input,
+                   uint8_t* codes, size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::Rebind<uint16_t, decltype(d)> d16;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const Fp8Constants k = fp8_constants(type, overflow);
+  const auto scale_v = hn::Set(d, scale);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto x = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + i))));
+    hn::StoreU(hn::DemoteTo(d8, EncodeFp8Lanes(d, hn::Div(x, scale_v), k)), d8, codes + i);
+  }
+  for (; i < count; ++i) {
+    codes[i] = uint8_t(encode_element(type, bf16_to_float(input[i]) / scale, overflow));
+  }
+}
+
+void DecodeFp8Float(ElementType type, float scale, const uint8_t* codes, float* output,
+                    size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const Fp8Constants k = fp8_constants(type, Overflow::saturate);
+  const auto scale_v = hn::Set(d, scale);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+    hn::StoreU(hn::Mul(DecodeFp8Lanes(d, code, k), scale_v), d, output + i);
+  }
+  for (; i < count; ++i) output[i] = decode_element(type, codes[i]) * scale;
+}
+
+void DecodeFp8Bf16(ElementType type, float scale, const uint8_t* codes, uint16_t* output,
+                   size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const hn::Rebind<uint16_t, decltype(d)> d16;
+  const size_t lanes = hn::Lanes(d);
+  const Fp8Constants k = fp8_constants(type, Overflow::saturate);
+  const auto scale_v = hn::Set(d, scale);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+    const auto value = hn::Mul(DecodeFp8Lanes(d, code, k), scale_v);
+    hn::StoreU(hn::DemoteTo(d16, FloatToBf16Lanes(d, value)), d16, output + i);
+  }
+  for (; i < count; ++i) output[i] = float_to_bf16(decode_element(type, codes[i]) * scale);
+}
+
+void Bf16ToFloat(const uint16_t* input, float* output, size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::Rebind<uint16_t, decltype(d)> d16;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + i)));
+    hn::StoreU(hn::BitCast(d, bits), d, output + i);
+  }
+  for (; i < count; ++i) output[i] = bf16_to_float(input[i]);
+}
+
+void FloatToBf16(const float* input, uint16_t* output, size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<uint16_t, decltype(d)> d16;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    hn::StoreU(hn::DemoteTo(d16, FloatToBf16Lanes(d, hn::LoadU(d, input + i))), d16, output + i);
+  }
+  for (; i < count; ++i) output[i] = float_to_bf16(input[i]);
+}
+
+// ------------------------------------------------------------------ NVFP4
+// At most 8 lanes, so one LoadInterleaved2 covers exactly one 16-element block (or half of
+// one on 4-lane targets).
+using Nvfp4Tag = hn::CappedTag<float, 8>;
+
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> EncodeFp4Lanes(D d, hn::Vec<D> y) {
+  const hn::RebindToSigned<D> di;
+  const auto magnitude = hn::Abs(y);
+  const auto one = hn::Set(di, 1);
+  auto code = hn::Zero(di);
+  // Midpoints between neighbouring magnitudes {0,.5,1,1.5,2,3,4,6}; at a tie the even code
+  // wins, hence > or >= per boundary.
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 0.25f)), one));
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude >= hn::Set(d, 0.75f)), one));
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 1.25f)), one));
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude >= hn::Set(d, 1.75f)), one));
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 2.5f)), one));
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude >= hn::Set(d, 3.5f)), one));
+  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 5.0f)), one));
+  const auto negative =
+      hn::AndNot(hn::IsNaN(y), hn::RebindMask(d, hn::BitCast(di, y) < hn::Zero(di)));
+  return hn::IfThenElse(hn::RebindMask(di, negative), hn::Or(code, hn::Set(di, 8)), code);
+}
+
+template <class D>
+HWY_INLINE hn::Vec<D> DecodeFp4Lanes(D d, hn::Vec<hn::RebindToSigned<D>> nibble) {
+  const hn::RebindToSigned<D> di;
+  const auto magnitude = hn::And(nibble, hn::Set(di, 7));
+  const auto small = hn::Mul(hn::ConvertTo(d, magnitude), hn::Set(d, 0.5f));
+  const auto exponent = hn::Add(hn::ShiftRight<1>(magnitude), hn::Set(di, 126));
+  const auto large_bits =
+      hn::Or(hn::ShiftLeft<23>(exponent), hn::ShiftLeft<22>(hn::And(magnitude, hn::Set(di, 1))));
+  auto value = hn::IfThenElse(hn::RebindMask(d, magnitude < hn::Set(di, 2)), small,
+                              hn::BitCast(d, large_bits));
+  const auto sign = hn::ShiftLeft<28>(hn::And(nibble, hn::Set(di, 8)));
+  return hn::BitCast(d, hn::Or(hn::BitCast(di, value), sign));
+}
+
+void EncodeNvfp4(float tensor_scale, const float* input, uint8_t* packed, uint8_t* block_scales,
+                 size_t count) {
+  const Nvfp4Tag d;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t block = 0; block * 16 < count; ++block) {
+    const float* x = input + block * 16;
+    auto amax_v = hn::Zero(d);
+    for (size_t j = 0; j < 16; j += lanes) {
+      // NaN lanes are left out of the block maximum, as std::max in the reference does.
+      const auto v = hn::LoadU(d, x + j);
+      amax_v = hn::Max(amax_v, hn::IfThenZeroElse(hn::IsNaN(v), hn::Abs(v)));
+    }
+    const float amax = hn::GetLane(hn::MaxOfLanes(d, amax_v));
+    const uint8_t scale_code = float_to_fp8_e4m3(amax / 6.0f / tensor_scale, Overflow::saturate);
+    block_scales[block] = scale_code;
+    const float effective = fp8_e4m3_to_float(scale_code) * tensor_scale;
+    uint8_t* out = packed + block * 8;
+    if (!(effective > 0.0f) || !std::isfinite(effective)) {
+      std::fill(out, out + 8, uint8_t(0));
+      continue;
+    }
+    const auto scale_v = hn::Set(d, effective);
+    for (size_t j = 0; j < 16; j += 2 * lanes) {
+      hn::Vec<decltype(d)> even, odd;
+      hn::LoadInterleaved2(d, x + j, even, odd);
+      const auto low = EncodeFp4Lanes(d, hn::Div(even, scale_v));
+      const auto high = EncodeFp4Lanes(d, hn::Div(odd, scale_v));
+      hn::StoreU(hn::DemoteTo(d8, hn::Or(low, hn::ShiftLeft<4>(high))), d8, out + j / 2);
+    }
+  }
+}
+
+void DecodeNvfp4(float tensor_scale, const uint8_t* packed, const uint8_t* block_scales,
+                 float* output, size_t count) {
+  const Nvfp4Tag d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t block = 0; block * 16 < count; ++block) {
+    const float effective = fp8_e4m3_to_float(block_scales[block]) * tensor_scale;
+    const auto scale_v = hn::Set(d, effective);
+    for (size_t j = 0; j < 16; j += 2 * lanes) {
+      const auto bytes = hn::PromoteTo(di, hn::LoadU(d8, packed + block * 8 + j / 2));
+      const auto low = hn::Mul(DecodeFp4Lanes(d, hn::And(bytes, hn::Set(di, 15))), scale_v);
+      const auto high = hn::Mul(DecodeFp4Lanes(d, hn::ShiftRight<4>(bytes)), scale_v);
+      hn::StoreInterleaved2(low, high, d, output + block * 16 + j);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Hadamard
+void HadamardRows(float* data, size_t count, size_t width) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const float normaliser = float(1.0 / std::sqrt(double(width)));
+  for (size_t base = 0; base + width <= count; base += width) {
+    float* x = data + base;
+    for (size_t half = 1; half < width; half *= 2) {
+      for (size_t i = 0; i < width; i += 2 * half) {
+        size_t j = i;
+        if (half >= lanes) {
+          for (; j + lanes <= i + half; j += lanes) {
+            const auto a = hn::LoadU(d, x + j), b = hn::LoadU(d, x + j + half);
+            hn::StoreU(hn::Add(a, b), d, x + j);
+            hn::StoreU(hn::Sub(a, b), d, x + j + half);
+          }
+        }
+        for (; j < i + half; ++j) {
+          const float a = x[j], b = x[j + half];
+          x[j] = a + b;
+          x[j + half] = a - b;
+        }
+      }
+    }
+    size_t j = 0;
+    for (; j + lanes <= width; j += lanes) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, x + j), hn::Set(d, normaliser)), d, x + j);
+    }
+    for (; j < width; ++j) x[j] *= normaliser;
+  }
+}
+
+const char* TargetName() {
+  return hwy::TargetName(HWY_TARGET);
+}
+
+}  // namespace kvaudit::numerics::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "util/util.h"
+
+namespace kvaudit::numerics {
+
+HWY_EXPORT(EncodeFp8Float);
+HWY_EXPORT(EncodeFp8Bf16);
+HWY_EXPORT(DecodeFp8Float);
+HWY_EXPORT(DecodeFp8Bf16);
+HWY_EXPORT(Bf16ToFloat);
+HWY_EXPORT(FloatToBf16);
+HWY_EXPORT(EncodeNvfp4);
+HWY_EXPORT(DecodeNvfp4);
+HWY_EXPORT(HadamardRows);
+HWY_EXPORT(TargetName);
+
+namespace {
+void require(bool condition, const char* what) {
+  if (!condition) throw std::invalid_argument(std::string("numerics: ") + what);
+}
+bool is_fp8(ElementType type) {
+  return type == ElementType::fp8_e4m3 || type == ElementType::fp8_e4m3fnuz ||
+         type == ElementType::fp8_e5m2;
+}
+}  // namespace
+
+std::string simd_target_name() {
+  return HWY_DYNAMIC_DISPATCH(TargetName)();
+}
+
+void encode_fp8(ElementType type, Overflow overflow, float scale, std::span<const float> input,
+                std::span<uint8_t> codes) {
+  require(is_fp8(type) && codes.size() >= input.size(), "encode_fp8: bad type or size");
+  HWY_DYNAMIC_DISPATCH(EncodeFp8Float)
+  (type, overflow, scale, input.data(), codes.data(), input.size());
+}
+void encode_fp8_from_bf16(ElementType type, Overflow overflow, float scale,
+                          std::span<const uint16_t> input, std::span<uint8_t> codes) {
+  require(is_fp8(type) && codes.size() >= input.size(), "encode_fp8_from_bf16: bad type or size");
+  HWY_DYNAMIC_DISPATCH(EncodeFp8Bf16)
+  (type, overflow, scale, input.data(), codes.data(), input.size());
+}
+void decode_fp8(ElementType type, float scale, std::span<const uint8_t> codes,
+                std::span<float> output) {
+  require(is_fp8(type) && output.size() >= codes.size(), "decode_fp8: bad type or size");
+  HWY_DYNAMIC_DISPATCH(DecodeFp8Float)(type, scale, codes.data(), output.data(), codes.size());
+}
+void decode_fp8_to_bf16(ElementType type, float scale, std::span<const uint8_t> codes,
+                        std::span<uint16_t> output) {
+  require(is_fp8(type) && output.size() >= codes.size(), "decode_fp8_to_bf16: bad type or size");
+  HWY_DYNAMIC_DISPATCH(DecodeFp8Bf16)(type, scale, codes.data(), output.data(), codes.size());
+}
+void bf16_to_float_bulk(std::span<const uint16_t> input, std::span<float> output) {
+  require(output.size() >= input.size(), "bf16_to_float_bulk: output too small");
+  HWY_DYNAMIC_DISPATCH(Bf16ToFloat)(input.data(), output.data(), input.size());
+}
+void float_to_bf16_bulk(std::span<const float> input, std::span<uint16_t> output) {
+  require(output.size() >= input.size(), "float_to_bf16_bulk: output too small");
+  HWY_DYNAMIC_DISPATCH(FloatToBf16)(input.data(), output.data(), input.size());
+}
+
+void encode_nvfp4(float tensor_scale, std::span<const float> input, std::span<uint8_t> packed,
+                  std::span<uint8_t> block_scales) {
+  const size_t n = input.size();
+  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
+          "encode_nvfp4: n must be a multiple of 16 and outputs large enough");
+  HWY_DYNAMIC_DISPATCH(EncodeNvfp4)
+  (tensor_scale, input.data(), packed.data(), block_scales.data(), n);
+}
+void decode_nvfp4(float tensor_scale, std::span<const uint8_t> packed,
+                  std::span<const uint8_t> block_scales, std::span<float> output) {
+  const size_t n = output.size();
+  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
+          "decode_nvfp4: n must be a multiple of 16 and inputs large enough");
+  HWY_DYNAMIC_DISPATCH(DecodeNvfp4)
+  (tensor_scale, packed.data(), block_scales.data(), output.data(), n);
+}
+
+void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,
+                            std::span<uint8_t> packed, std::span<uint8_t> block_scales) {
+  const size_t n = input.size();
+  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
+          "encode_nvfp4_reference: bad sizes");
+  for (size_t block = 0; block < n / 16; ++block) {
+    float amax = 0.0f;
+    for (size_t j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(input[block * 16 + j]));
+    // Block scale: the block's amax maps onto FP4's largest magnitude (6), stored as E4M3
+    // relative to the FP32 tensor scale (NVIDIA's two-level NVFP4 recipe).
+    const uint8_t scale_code = float_to_fp8_e4m3(amax / 6.0f / tensor_scale, Overflow::saturate);
+    block_scales[block] = scale_code;
+    const float effective = fp8_e4m3_to_float(scale_code) * tensor_scale;
+    for (size_t j = 0; j < 16; j += 2) {
+      uint8_t low = 0, high = 0;
+      if (effective > 0.0f && std::isfinite(effective)) {
+        low = float_to_fp4_e2m1(input[block * 16 + j] / effective);
+        high = float_to_fp4_e2m1(input[block * 16 + j + 1] / effective);
+      }
+      packed[(block * 16 + j) / 2] = uint8_t(low | (high << 4));
+    }
+  }
+}
+
+void decode_nvfp4_reference(float tensor_scale, std::span<const uint8_t> packed,
+                            std::span<const uint8_t> block_scales, std::span<float> output) {
+  const size_t n = output.size();
+  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
+          "decode_nvfp4_reference: bad sizes");
+  for (size_t i = 0; i < n; ++i) {
+    const float effective = fp8_e4m3_to_float(block_scales[i / 16]) * tensor_scale;
+    const uint8_t byte = packed[i / 2];
+    output[i] = fp4_e2m1_to_float(i % 2 == 0 ? byte & 0xF : byte >> 4) * effective;
+  }
+}
+
+void hadamard_rows(std::span<float> data, int width) {
+  require(width > 0 && (width & (width - 1)) == 0, "hadamard_rows: width must be a power of two");
+  HWY_DYNAMIC_DISPATCH(HadamardRows)(data.data(), data.size(), size_t(width));
+}
+
+}  // namespace kvaudit::numerics
+#endif  // HWY_ONCE

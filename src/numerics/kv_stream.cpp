@@ -1,0 +1,268 @@
+// KvStream (the cache of one layer's K or V in some format) and round_trip (the same thing
+// for a whole tensor at once, in parallel). Both store exactly the bytes RowCodec produces;
+// KIVI keeps its newest tokens as BF16 (the model dtype) until a whole group of
+// group_tokens has left the residual window of residual_tokens.
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "numerics/row_codec.h"
+#include "util/util.h"
+
+namespace kvaudit::numerics {
+namespace {
+
+void validate(const KvFormat& format, const KvLayout& layout) {
+  if (layout.kv_heads < 1 || layout.head_dim < 1)
+    throw InputError("kv layout", "kv_heads and head_dim must be positive");
+  const int n = layout.row_elements();
+  if (format.hadamard && (layout.head_dim & (layout.head_dim - 1)) != 0)
+    throw InputError(format.spec, fmt::format("+hadamard needs a power-of-two head_dim, got {}",
+                                              layout.head_dim));
+  if (format.kind == KvFormatKind::nvfp4 && n % 16 != 0)
+    throw InputError(format.spec, fmt::format("nvfp4 needs rows of a multiple of 16, got {}", n));
+}
+
+bool is_kivi(const KvFormat& format) {
+  return format.strategy == ScaleStrategy::kivi;
+}
+
+// Tokens a KIVI cache holds quantised after `tokens` appends.
+int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
+  if (tokens < format.residual_tokens) return 0;
+  return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
+}
+
+}  // namespace
+
+struct KvStream::Impl {
+  KvFormat format;
+  KvLayout layout;
+  KvRole role;
+  StaticAmax calibration;
+  RowCodec codec;
+  int64_t n;
+  int64_t quantized_tokens = 0;
+  std::vector<uint8_t> bytes;        // [quantized_tokens, row_bytes]
+  std::vector<float> group_scale;    // KIVI keys: [groups, n]
+  std::vector<float> group_minimum;  // KIVI keys: [groups, n]
+  std::vector<uint16_t> residual;    // KIVI: BF16 [tokens - quantized_tokens, n]
+  std::vector<float> scratch;
+
+  Impl(KvFormat f, KvLayout l, KvRole r, StaticAmax c)
+      : format(std::move(f)),
+        layout(l),
+        role(r),
+        calibration(std::move(c)),
+        codec(format, layout, role, calibration),
+        n(layout.row_elements()) {}
+
+  int64_t residual_count() const { return int64_t(residual.size()) / n; }
+
+  // Quantises the oldest `count` residual rows.
+  void flush_residual(int64_t count, EncodeCounts* counts) {
+    scratch.resize(size_t(count * n));
+    bf16_to_float_bulk({residual.data(), size_t(count * n)}, scratch);
+    if (format.hadamard) hadamard_rows(scratch, layout.head_dim);
+    const int64_t row_bytes = codec.row_bytes();
+    const size_t offset = bytes.size();
+    bytes.resize(offset + size_t(count * row_bytes));
+    if (codec.key_groups()) {
+      const size_t scale_offset = group_scale.size();
+      group_scale.resize(scale_offset + size_t(n));
+      group_minimum.resize(scale_offset + size_t(n));
+      codec.encode_key_group(scratch.data(), int(count), bytes.data() + offset,
+                             group_scale.data() + scale_offset, group_minimum.data() + scale_offset,
+                             counts);
+    } else {
+      for (int64_t t = 0; t < count; ++t) {
+        codec.encode_row(scratch.data() + t * n, bytes.data() + offset + t * row_bytes, counts);
+      }
+    }
+    residual.erase(residual.begin(), residual.begin() + count * n);
+    quantized_tokens += count;
+  }
+};
+
+KvStream::KvStream(KvFormat format, KvLayout layout, KvRole role, StaticAmax calibration) {
+  validate(format, layout);
+  impl_ = std::make_unique<Impl>(std::move(format), layout, role, std::move(calibration));
+}
+KvStream::~KvStream() = default;
+KvStream::KvStream(KvStream&&) noexcept = default;
+KvStream& KvStream::operator=(KvStream&&) noexcept = default;
+
+KvStream KvStream::Copy() const {
+  KvStream copy(impl_->format, impl_->layout, impl_->role, impl_->calibration);
+  *copy.impl_ = *impl_;
+  return copy;
+}
+
+void KvStream::append(std::span<const float> row, EncodeCounts* counts) {
+  Impl& s = *impl_;
+  if (int64_t(row.size()) != s.n) {
+    throw std::invalid_argument(
+        fmt::format("KvStream::append: row has {} values, layout needs {}", row.size(), s.n));
+  }
+  if (is_kivi(s.format)) {
+    const size_t offset = s.residual.size();
+    s.residual.resize(offset + size_t(s.n));
+    float_to_bf16_bulk(row, {s.residual.data() + offset, size_t(s.n)});
+    if (s.residual_count() >= s.format.residual_tokens + s.format.group_tokens) {
+      s.flush_residual(s.format.group_tokens, counts);
+    }
+    return;
+  }
+  s.scratch.assign(row.begin(), row.end());
+  if (s.format.hadamard) hadamard_rows(s.scratch, s.layout.head_dim);
+  const size_t offset = s.bytes.size();
+  s.bytes.resize(offset + size_t(s.codec.row_bytes()));
+  s.codec.encode_row(s.scratch.data(), s.bytes.data() + offset, counts);
+  ++s.quantized_tokens;
+}
+
+void KvStream::decode(int64_t first_token, int64_t count, std::span<float> output) const {
+  const Impl& s = *impl_;
+  if (first_token < 0 || count < 0 || first_token + count > tokens() ||
+      int64_t(output.size()) < count * s.n) {
+    throw std::out_of_range(fmt::format("KvStream::decode: tokens [{}, {}) of {}", first_token,
+                                        first_token + count, tokens()));
+  }
+  const int64_t row_bytes = s.codec.row_bytes();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t t = first_token + i;
+    float* out = output.data() + i * s.n;
+    if (t < s.quantized_tokens) {
+      const uint8_t* codes = s.bytes.data() + t * row_bytes;
+      if (s.codec.key_groups()) {
+        const int64_t group = t / s.format.group_tokens;
+        s.codec.decode_key_row(codes, s.group_scale.data() + group * s.n,
+                               s.group_minimum.data() + group * s.n, out);
+      } else {
+        s.codec.decode_row(codes, out);
+      }
+      if (s.format.hadamard) hadamard_rows({out, size_t(s.n)}, s.layout.head_dim);
+    } else {
+      const int64_t r = t - s.quantized_tokens;
+      bf16_to_float_bulk({s.residual.data() + r * s.n, size_t(s.n)}, {out, size_t(s.n)});
+    }
+  }
+}
+
+void KvStream::truncate(int64_t keep_tokens) {
+  Impl& s = *impl_;
+  if (keep_tokens < 0) throw std::out_of_range("KvStream::truncate: negative token count");
+  if (keep_tokens >= tokens()) return;
+  if (keep_tokens >= s.quantized_tokens) {
+    s.residual.resize(size_t((keep_tokens - s.quantized_tokens) * s.n));
+    return;
+  }
+  if (!is_kivi(s.format)) {
+    s.bytes.resize(size_t(keep_tokens * s.codec.row_bytes()));
+    s.quantized_tokens = keep_tokens;
+    return;
+  }
+  // KIVI: whole groups stay quantised; the kept part of a cut group returns to the residual
+  // window as its decoded values (its full-precision originals are gone).
+  const int64_t group_tokens = s.format.group_tokens;
+  const int64_t kept_quantized = keep_tokens / group_tokens * group_tokens;
+  std::vector<float> reopened(size_t((keep_tokens - kept_quantized) * s.n));
+  decode(kept_quantized, keep_tokens - kept_quantized, reopened);
+  s.bytes.resize(size_t(kept_quantized * s.codec.row_bytes()));
+  if (s.codec.key_groups()) {
+    s.group_scale.resize(size_t(kept_quantized / group_tokens * s.n));
+    s.group_minimum.resize(s.group_scale.size());
+  }
+  s.quantized_tokens = kept_quantized;
+  s.residual.resize(reopened.size());
+  float_to_bf16_bulk(reopened, s.residual);
+}
+
+int64_t KvStream::tokens() const {
+  return impl_->quantized_tokens + impl_->residual_count();
+}
+int64_t KvStream::stored_bytes() const {
+  const Impl& s = *impl_;
+  return int64_t(s.bytes.size() + (s.group_scale.size() + s.group_minimum.size()) * 4 +
+                 s.residual.size() * 2);
+}
+const KvFormat& KvStream::format() const {
+  return impl_->format;
+}
+const KvLayout& KvStream::layout() const {
+  return impl_->layout;
+}
+
+RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRole role,
+                           const StaticAmax& calibration, std::span<const float> rows,
+                           ThreadPool* pool) {
+  validate(format, layout);
+  const int64_t n = layout.row_elements();
+  if (int64_t(rows.size()) % n != 0) {
+    throw std::invalid_argument(
+        fmt::format("round_trip: {} values is not a whole number of "
+                    "rows of {}",
+                    rows.size(), n));
+  }
+  const int64_t tokens = int64_t(rows.size()) / n;
+  RoundTripResult result;
+  result.decoded.resize(rows.size());
+  const RowCodec codec(format, layout, role, calibration);
+  const bool kivi = is_kivi(format);
+  const int64_t quantized = kivi ? kivi_quantized_tokens(format, tokens) : tokens;
+  // Work units: single tokens, or whole token groups for KIVI.
+  const int64_t unit_tokens = kivi ? format.group_tokens : 1;
+  const int64_t units = quantized / unit_tokens;
+  const int tasks = int(std::clamp<int64_t>(units / 16, 1, 256));
+  std::vector<EncodeCounts> task_counts(static_cast<size_t>(tasks));
+  auto body = [&](int task, int64_t begin, int64_t end) {
+    std::vector<float> input(size_t(unit_tokens * n));
+    std::vector<uint8_t> codes(size_t(unit_tokens * codec.row_bytes()));
+    std::vector<float> group_scale(static_cast<size_t>(n)), group_minimum(static_cast<size_t>(n));
+    EncodeCounts& counts = task_counts[size_t(task)];
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t first = unit * unit_tokens;
+      const float* source = rows.data() + first * n;
+      if (kivi) {  // KIVI quantises the BF16 values the residual window held
+        std::vector<uint16_t> as_bf16(input.size());
+        float_to_bf16_bulk({source, input.size()}, as_bf16);
+        bf16_to_float_bulk(as_bf16, input);
+      } else {
+        std::copy_n(source, input.size(), input.begin());
+      }
+      if (format.hadamard) hadamard_rows(input, layout.head_dim);
+      float* out = result.decoded.data() + first * n;
+      if (codec.key_groups()) {
+        codec.encode_key_group(input.data(), int(unit_tokens), codes.data(), group_scale.data(),
+                               group_minimum.data(), &counts);
+        for (int64_t t = 0; t < unit_tokens; ++t) {
+          codec.decode_key_row(codes.data() + t * codec.row_bytes(), group_scale.data(),
+                               group_minimum.data(), out + t * n);
+        }
+      } else {
+        for (int64_t t = 0; t < unit_tokens; ++t) {
+          codec.encode_row(input.data() + t * n, codes.data() + t * codec.row_bytes(), &counts);
+          codec.decode_row(codes.data() + t * codec.row_bytes(), out + t * n);
+        }
+      }
+      if (format.hadamard) hadamard_rows({out, size_t(unit_tokens * n)}, layout.head_dim);
+    }
+  };
+  if (pool) {
+    pool->parallel_for(units, tasks, body);
+  } else {
+    for (int task = 0; task < tasks; ++task)
+      body(task, units * task / tasks, units * (task + 1) / tasks);
+  }
+  for (const EncodeCounts& counts : task_counts) result.counts.merge(counts);
+  // The residual window (KIVI only) stays BF16.
+  const size_t residual_begin = size_t(quantized * n);
+  std::vector<uint16_t> as_bf16(rows.size() - residual_begin);
+  float_to_bf16_bulk(rows.subspan(residual_begin), as_bf16);
+  bf16_to_float_bulk(as_bf16, std::span<float>(result.decoded).subspan(residual_begin));
+  return result;
+}
+
+}  // namespace kvaudit::numerics
