@@ -4,8 +4,10 @@
 // they return strings, the CLI writes them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -41,10 +43,11 @@ struct Finding {
 using Value = std::variant<std::monostate, bool, int64_t, double, std::string>;
 
 struct Column {
-  std::string key;    // JSON key for this column
-  std::string label;  // header shown to people
-  std::string unit;   // "B", "GiB", "tokens", "%", "" ...
-  int precision = 3;  // significant decimals for doubles
+  std::string key;           // JSON key for this column
+  std::string label;         // header shown to people
+  std::string unit;          // "B", "GiB", "tokens", "%", "" ...
+  int precision = 3;         // decimals for doubles (see format_value)
+  bool group_digits = true;  // "1,234,567"; false for ids, ports, years
 };
 
 struct Table {
@@ -75,6 +78,11 @@ struct Chart {
   bool log_x = false;
   bool log_y = false;
   std::vector<Series> series;
+  // Heatmap colour scale: diverging (red below 0, blue above, white at 0) for an A/B
+  // difference; otherwise sequential from the smallest to the largest value.
+  bool diverging = false;
+  int precision = 3;            // decimals for values shown in tooltips and heatmap cells
+  std::string value_unit = {};  // unit of y (lines, bars) or of the cells (heatmap)
 };
 
 // A labelled value shown at the top of a report ("Resolved KV dtype: fp8_e4m3").
@@ -83,6 +91,8 @@ struct Fact {
   std::string label;  // shown to people
   Value value;
   std::string unit;
+  int precision = 3;  // decimals for a double value
+  bool group_digits = true;
 };
 
 struct Report {
@@ -115,5 +125,23 @@ std::string format_value(const Value& value, const Column& column);
 
 // True when stdout should get colour: a tty and NO_COLOR unset or empty.
 bool stdout_wants_color();
+
+// Formats a fact's value with its unit ("71.250 GiB", "12.5%"), as both renderers show it.
+std::string format_fact(const Fact& fact);
+
+// Columns a string takes in a terminal: wide East Asian characters and emoji count 2,
+// combining marks and zero-width joiners 0, one grapheme cluster at most 2.
+size_t display_width(std::string_view text);
+
+// The text with every invalid UTF-8 sequence replaced by U+FFFD (JSON and HTML must
+// be valid UTF-8; log lines and file names may not be).
+std::string to_valid_utf8(std::string_view text);
+
+// Escapes &, <, >, " and ' for HTML text and attribute values (after to_valid_utf8).
+std::string escape_html(std::string_view text);
+
+// One chart as a standalone inline <svg> element (render_html uses it). Elements carry
+// data-chart-id / data-series attributes so tests and scripts can find them.
+std::string render_chart_svg(const Chart& chart);
 
 }  // namespace kvaudit::report
