@@ -1,0 +1,217 @@
+// SIMD kernels against the scalar references, bit for bit: sizes 0..2N+, misaligned
+// pointers, zeros, +-0, subnormals, inf, NaN, every FP8 code, for each type, mode and scale.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "hwy/targets.h"
+#include "numerics/numerics.h"
+
+namespace kvaudit::numerics {
+namespace {
+
+const ElementType kFp8Types[] = {ElementType::fp8_e4m3, ElementType::fp8_e4m3fnuz,
+                                 ElementType::fp8_e5m2};
+
+// Inputs that exercise every branch: specials, boundaries, every decoded FP8 value times a
+// few scales, and random values over many binades.
+std::vector<float> nasty_values(size_t count, uint32_t seed) {
+  std::vector<float> values = {0.0f,   -0.0f,   INFINITY,      -INFINITY,   NAN,    -NAN,
+                               1e-45f, -1e-45f, 1e-40f,        448.0f,      464.0f, 465.0f,
+                               480.0f, -480.0f, 57344.0f,      61440.0f,    240.0f, 248.0f,
+                               1e38f,  3.4e38f, 0.0009765625f, 0.001953125f};
+  for (ElementType type : kFp8Types) {
+    for (uint32_t code = 0; code < 256; ++code) values.push_back(decode_element(type, code));
+  }
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> exponent(-30.0f, 20.0f);
+  std::normal_distribution<float> normal;
+  while (values.size() < count) values.push_back(normal(rng) * std::exp2(exponent(rng)));
+  values.resize(count);
+  std::shuffle(values.begin(), values.end(), rng);
+  return values;
+}
+
+// Runs body once for every SIMD target compiled in and supported here (AVX3, AVX2, SSE4,
+// ..., EMU128), so each dispatch path is compared with the scalar reference.
+template <class Body>
+void ForEachTarget(const Body& body) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(simd_target_name());
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+bool same_bits(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  return std::memcmp(&a, &b, 4) == 0;
+}
+
+TEST(Kernels, ReportsATarget) {
+  EXPECT_FALSE(simd_target_name().empty());
+  EXPECT_GE(hwy::SupportedAndGeneratedTargets().size(), 2u);
+  // The per-target loop really switches the dispatched code.
+  std::set<std::string> names;
+  ForEachTarget([&] { names.insert(simd_target_name()); });
+  EXPECT_EQ(names.size(), hwy::SupportedAndGeneratedTargets().size());
+}
+
+TEST(Kernels, Fp8EncodeDecodeMatchScalarForAllSizesAndOffsets) {
+  ForEachTarget([&] {
+    const std::vector<float> values = nasty_values(4096, 1);
+    for (ElementType type : kFp8Types) {
+      for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
+        for (float scale : {1.0f, 0.37f, 3.0f}) {
+          // Sizes 0..40 (beyond 2 x 16 lanes) at every offset 0..3, then one long run.
+          for (size_t size = 0; size <= 41; ++size) {
+            for (size_t offset = 0; offset < 4; ++offset) {
+              std::span<const float> input(values.data() + offset * 13 + size, size);
+              std::vector<uint8_t> codes(size + 1, 0xAA);
+              encode_fp8(type, overflow, scale, input, std::span<uint8_t>(codes).subspan(1, size));
+              for (size_t i = 0; i < size; ++i) {
+                ASSERT_EQ(codes[i + 1], encode_element(type, input[i] / scale, overflow))
+                    << element_traits(type).name << " x=" << input[i] << " scale=" << scale;
+              }
+              EXPECT_EQ(codes[0], 0xAA);  // nothing written outside
+              std::vector<float> decoded(size);
+              decode_fp8(type, scale, std::span<const uint8_t>(codes).subspan(1, size), decoded);
+              for (size_t i = 0; i < size; ++i) {
+                ASSERT_TRUE(same_bits(decoded[i], decode_element(type, codes[i + 1]) * scale));
+              }
+            }
+          }
+          std::vector<uint8_t> codes(values.size());
+          encode_fp8(type, overflow, scale, values, codes);
+          for (size_t i = 0; i < values.size(); ++i) {
+            ASSERT_EQ(codes[i], encode_element(type, values[i] / scale, overflow))
+                << element_traits(type).name << " x=" << values[i] << " scale=" << scale;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(Kernels, Fp8DecodeEveryCode) {
+  ForEachTarget([&] {
+    std::vector<uint8_t> codes(256 + 3);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i);
+    for (ElementType type : kFp8Types) {
+      std::vector<float> out(codes.size());
+      decode_fp8(type, 1.0f, codes, out);
+      std::vector<uint16_t> out16(codes.size());
+      decode_fp8_to_bf16(type, 2.0f, codes, out16);
+      for (size_t i = 0; i < codes.size(); ++i) {
+        EXPECT_TRUE(same_bits(out[i], decode_element(type, codes[i]))) << int(codes[i]);
+        EXPECT_EQ(out16[i], float_to_bf16(decode_element(type, codes[i]) * 2.0f)) << int(codes[i]);
+      }
+    }
+  });
+}
+
+TEST(Kernels, Fp8FromBf16MatchesScalar) {
+  ForEachTarget([&] {
+    std::vector<uint16_t> input(65536 + 5);
+    for (size_t i = 0; i < input.size(); ++i) input[i] = uint16_t(i * 40503u);  // all patterns
+    for (ElementType type : kFp8Types) {
+      for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
+        std::vector<uint8_t> codes(input.size());
+        encode_fp8_from_bf16(type, overflow, 0.5f, input, codes);
+        for (size_t i = 0; i < input.size(); ++i) {
+          ASSERT_EQ(codes[i], encode_element(type, bf16_to_float(input[i]) / 0.5f, overflow)) << i;
+        }
+      }
+    }
+  });
+}
+
+TEST(Kernels, Bf16BulkMatchesScalar) {
+  ForEachTarget([&] {
+    const std::vector<float> values = nasty_values(1031, 2);
+    std::vector<uint16_t> bf16(values.size());
+    float_to_bf16_bulk(values, bf16);
+    std::vector<float> back(values.size());
+    bf16_to_float_bulk(bf16, back);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(bf16[i], float_to_bf16(values[i])) << values[i];
+      ASSERT_TRUE(same_bits(back[i], bf16_to_float(bf16[i])));
+    }
+  });
+}
+
+TEST(Kernels, Nvfp4MatchesReference) {
+  ForEachTarget([&] {
+    std::vector<float> values = nasty_values(16 * 64, 3);
+    // Add ordinary blocks too: Gaussian, an all-zero block, a block with one huge outlier.
+    std::mt19937 rng(4);
+    std::normal_distribution<float> normal;
+    for (int i = 0; i < 16 * 32; ++i) values.push_back(normal(rng));
+    for (int i = 0; i < 16; ++i) values.push_back(0.0f);
+    for (int i = 0; i < 16; ++i) values.push_back(i == 5 ? 1e4f : normal(rng) * 0.01f);
+    for (float tensor_scale : {1.0f, 0.01f, 37.0f}) {
+      const size_t n = values.size();
+      std::vector<uint8_t> packed(n / 2), scales(n / 16), packed_ref(n / 2), scales_ref(n / 16);
+      encode_nvfp4(tensor_scale, values, packed, scales);
+      encode_nvfp4_reference(tensor_scale, values, packed_ref, scales_ref);
+      ASSERT_EQ(packed, packed_ref);
+      ASSERT_EQ(scales, scales_ref);
+      std::vector<float> out(n), out_ref(n);
+      decode_nvfp4(tensor_scale, packed, scales, out);
+      decode_nvfp4_reference(tensor_scale, packed_ref, scales_ref, out_ref);
+      for (size_t i = 0; i < n; ++i) ASSERT_TRUE(same_bits(out[i], out_ref[i])) << i;
+    }
+    // A plain Gaussian block comes back within NVFP4's resolution.
+    std::vector<float> block(16);
+    for (float& v : block) v = normal(rng);
+    std::vector<uint8_t> packed(8), scales(1);
+    encode_nvfp4(1.0f, block, packed, scales);
+    std::vector<float> out(16);
+    decode_nvfp4(1.0f, packed, scales, out);
+    float amax = 0;
+    for (float v : block) amax = std::max(amax, std::fabs(v));
+    for (size_t i = 0; i < 16; ++i) EXPECT_NEAR(out[i], block[i], amax / 6.0f * 1.01f);
+  });
+}
+
+TEST(Kernels, HadamardIsOrthonormalAndSelfInverse) {
+  ForEachTarget([&] {
+    for (int width : {1, 2, 4, 8, 16, 64, 128, 256}) {
+      std::mt19937 rng{static_cast<uint32_t>(width)};
+      std::normal_distribution<float> normal;
+      std::vector<float> x(size_t(width) * 3);
+      for (float& v : x) v = normal(rng);
+      std::vector<float> y = x;
+      hadamard_rows(y, width);
+      // Against the explicit matrix H[i][j] = (-1)^popcount(i & j) / sqrt(width).
+      for (int row = 0; row < 3; ++row) {
+        double norm_x = 0, norm_y = 0;
+        for (int i = 0; i < width; ++i) {
+          double expected = 0;
+          for (int j = 0; j < width; ++j) {
+            expected +=
+                (__builtin_popcount(unsigned(i & j)) % 2 ? -1.0 : 1.0) * x[size_t(row * width + j)];
+          }
+          expected /= std::sqrt(double(width));
+          EXPECT_NEAR(y[size_t(row * width + i)], expected, 1e-4);
+          norm_x += double(x[size_t(row * width + i)]) * x[size_t(row * width + i)];
+          norm_y += double(y[size_t(row * width + i)]) * y[size_t(row * width + i)];
+        }
+        EXPECT_NEAR(norm_x, norm_y, 1e-4 * norm_x);
+      }
+      hadamard_rows(y, width);
+      for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-5);
+    }
+    std::vector<float> bad(12);
+    EXPECT_THROW(hadamard_rows(bad, 12), std::invalid_argument);
+  });
+}
+
+}  // namespace
+}  // namespace kvaudit::numerics
