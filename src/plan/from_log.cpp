@@ -1,0 +1,282 @@
+// plan from a log: run the engines' arithmetic on the memory figures a launch
+// printed. Logs round GiB to two decimals, so every printed figure stands for an
+// interval of +-0.005 GiB; the predicted token count is the exact image of those
+// intervals under the engine's (monotone, piecewise) formula, never a fudge factor.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan/plan.h"
+#include "util/util.h"
+
+namespace kvaudit::plan {
+
+namespace {
+
+constexpr long double kHalfCent = 0.005L;  // half the last printed decimal, in GiB
+
+long double to_bytes(long double gib_value) {
+  return gib_value * static_cast<long double>(kGiB);
+}
+
+struct SglangSetup {
+  CellSize cell;
+  std::optional<MambaState> mamba;
+  double mamba_ratio = 0.9;
+  int page_size = 1;
+  std::optional<int64_t> cap;
+  std::optional<int64_t> fixed_slots;
+  double swa_ratio = 0.8;
+};
+
+int64_t sglang_tokens(long double rest_bytes, const SglangSetup& s, std::optional<int64_t> slots) {
+  int64_t rest = static_cast<int64_t>(std::floor(rest_bytes));
+  auto pools = sglang_pools(rest, s.cell, s.mamba, s.mamba_ratio, s.page_size, s.cap,
+                            slots ? slots : s.fixed_slots, s.swa_ratio);
+  return pools.max_total_tokens;
+}
+
+// Exact range of SGLang's token count for rest memory anywhere in [lo, hi] bytes.
+// Without a printed slot count the Mamba reservation is a staircase, so the extremes
+// sit at the interval ends and on either side of each step.
+TokenInterval sglang_interval(long double lo, long double hi, const SglangSetup& s) {
+  TokenInterval out{sglang_tokens(lo, s, std::nullopt), sglang_tokens(hi, s, std::nullopt)};
+  if (s.mamba && !s.fixed_slots && s.mamba->bytes_per_request > 0) {
+    const long double c = s.mamba_ratio / (1.0L + s.mamba_ratio);
+    const long double per = static_cast<long double>(s.mamba->bytes_per_request);
+    int64_t first = static_cast<int64_t>(std::floor(lo * c / per)) + 1;
+    int64_t last = static_cast<int64_t>(std::floor(hi * c / per));
+    for (int64_t k = first; k <= last && k - first < 100000; ++k) {
+      long double step = k * per / c;
+      out.lo = std::min(out.lo, sglang_tokens(step, s, k));
+      out.hi = std::max(out.hi, sglang_tokens(step, s, k - 1));
+    }
+  }
+  if (out.lo > out.hi) std::swap(out.lo, out.hi);
+  return out;
+}
+
+// Token counts whose printed GiB size rounds to `printed` (two decimals), given
+// bytes_per_token and the engine's `padding_tokens` extra rows.
+TokenInterval tokens_from_printed_size(double printed, int64_t bytes_per_token,
+                                       int64_t padding_tokens) {
+  long double lo = to_bytes(printed - kHalfCent) / bytes_per_token;
+  long double hi = to_bytes(printed + kHalfCent) / bytes_per_token;
+  return {static_cast<int64_t>(std::ceil(lo)) - padding_tokens,
+          static_cast<int64_t>(std::floor(hi)) - padding_tokens};
+}
+
+void add_check(LogPrediction& out, std::string id, std::string what, int64_t printed,
+               TokenInterval predicted, std::string derivation) {
+  LogCheck check;
+  check.id = std::move(id);
+  check.what = std::move(what);
+  check.printed = printed;
+  check.predicted = predicted;
+  check.inside = predicted.contains(printed);
+  check.derivation = std::move(derivation);
+  out.checks.push_back(std::move(check));
+}
+
+void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+                    const PlanOptions& options, const EngineCapacityData& data,
+                    LogPrediction& out) {
+  Parallelism parallel = options.parallel;
+  parallel.tp = logged.tp > 0 ? logged.tp : parallel.tp;
+  parallel.pp = logged.pp > 0 ? logged.pp : parallel.pp;
+  const KvDtypeSpec& launch_dtype = find_dtype(data, logged.kv_cache_dtype);
+  SglangSetup setup;
+  setup.mamba = sglang_mamba_state(model, parallel);
+  setup.mamba_ratio =
+      logged.mamba_full_memory_ratio.value_or(options.mamba_full_memory_ratio.value_or(
+          data.document.value("mamba_full_memory_ratio_default", 0.9)));
+  setup.page_size = logged.page_size.value_or(options.page_size.value_or(1));
+  setup.cap = logged.max_total_tokens_arg;
+  setup.fixed_slots = logged.mamba_slots;
+  setup.swa_ratio = data.document.value("swa_full_tokens_ratio_default", 0.8);
+  setup.cell = sglang_cell_size(model, launch_dtype, parallel);
+
+  std::optional<double> fraction = logged.mem_fraction_static;
+  if (!fraction) fraction = options.memory_fraction;
+  const bool have_memory =
+      logged.total_before_load_gib && logged.avail_after_weights_gib && fraction;
+  long double rest_lo = 0, rest_hi = 0;
+  if (have_memory) {
+    const long double T = *logged.total_before_load_gib, A = *logged.avail_after_weights_gib;
+    const long double keep = 1.0L - *fraction;
+    rest_lo = to_bytes((A - kHalfCent) - (T + kHalfCent) * keep);
+    rest_hi = to_bytes((A + kHalfCent) - (T - kHalfCent) * keep);
+    TokenInterval predicted = sglang_interval(rest_lo, rest_hi, setup);
+    std::string derivation = fmt::format(
+        "rest = {:.2f} (+-0.005) - {:.2f} (+-0.005) x (1 - {}) = [{:.4f}, {:.4f}] GiB; cell {} "
+        "B/token ({}){}; tokens in [{}, {}]",
+        *logged.avail_after_weights_gib, *logged.total_before_load_gib, *fraction, rest_lo / kGiB,
+        rest_hi / kGiB, setup.cell.bytes_per_token, launch_dtype.name,
+        setup.mamba ? fmt::format(", Mamba {} B/request{}", setup.mamba->bytes_per_request,
+                                  logged.mamba_slots
+                                      ? fmt::format(" x {} printed slots", *logged.mamba_slots)
+                                      : std::string(" (slots from the ratio)"))
+                    : std::string(),
+        predicted.lo, predicted.hi);
+    std::optional<int64_t> printed =
+        logged.max_total_num_tokens ? logged.max_total_num_tokens : logged.pool_tokens;
+    if (printed)
+      add_check(out, "sglang_max_total_num_tokens",
+                "max_total_num_tokens from the printed memory figures", *printed, predicted,
+                derivation);
+    if (!logged.mem_fraction_static)
+      out.notes.push_back(fmt::format("mem_fraction_static not printed: used {}", *fraction));
+  } else {
+    out.notes.push_back(
+        "the log lacks 'Load weight begin/end' memory or mem_fraction_static: token count not "
+        "reproduced from memory, only the pool sizes are checked");
+  }
+
+  // The pool line: per-token K (or MLA KV) bytes checked against the printed size.
+  if (logged.pool_tokens && setup.cell.swa_layers == 0) {
+    const int64_t n = *logged.pool_tokens;
+    int64_t k_bytes_per_token = 0;
+    std::optional<double> printed_gib;
+    std::string label;
+    if (model.mla && logged.kv_gib) {
+      k_bytes_per_token = setup.cell.bytes_per_token, printed_gib = logged.kv_gib,
+      label = "KV size";
+    } else if (logged.k_gib && !launch_dtype.fp4_block_scales) {
+      int64_t k_dim = 0;
+      for (const auto& layer : model.layers)
+        if (layer.kind != checkpoint::LayerKind::linear_attention) k_dim = layer.k_head_dim;
+      k_bytes_per_token = static_cast<int64_t>(setup.cell.kv_heads_per_rank) * k_dim *
+                          std::max(1, launch_dtype.element_bits / 8) * setup.cell.full_layers;
+      printed_gib = logged.k_gib, label = "K size";
+    }
+    if (printed_gib && k_bytes_per_token > 0) {
+      TokenInterval from_size =
+          tokens_from_printed_size(*printed_gib, k_bytes_per_token, setup.page_size);
+      add_check(
+          out, "sglang_pool_size", fmt::format("#tokens against the printed {}", label), n,
+          from_size,
+          fmt::format("{} {:.2f} GiB = (#tokens + page {}) x {} B/token ({} layers); tokens in "
+                      "[{}, {}]",
+                      label, *printed_gib, setup.page_size, k_bytes_per_token,
+                      setup.cell.full_layers, from_size.lo, from_size.hi));
+    }
+  }
+  if (setup.mamba && logged.mamba_slots && logged.ssm_gib) {
+    // MambaPool allocates max_mamba_cache_size + 1 slots (slot 0 pads).
+    const int64_t per_slot = setup.mamba->ssm_bytes_per_layer * setup.mamba->linear_layers;
+    TokenInterval slots = tokens_from_printed_size(*logged.ssm_gib, per_slot, 1);
+    add_check(
+        out, "sglang_mamba_ssm_size", "max_mamba_cache_size against the printed ssm_state size",
+        *logged.mamba_slots, slots,
+        fmt::format("ssm_state {:.2f} GiB = (slots + 1) x {} B x {} layers; slots in [{}, {}]",
+                    *logged.ssm_gib, setup.mamba->ssm_bytes_per_layer, setup.mamba->linear_layers,
+                    slots.lo, slots.hi));
+  }
+
+  // Every dtype from the same budget.
+  for (const auto& spec : data.kv_dtypes) {
+    if (spec.name == "fp16" && launch_dtype.name != "fp16") continue;
+    SglangSetup other = setup;
+    other.cell = sglang_cell_size(model, spec, parallel);
+    LogPredictionRow row;
+    row.kv_cache_dtype = spec.name;
+    row.cell_bytes_per_token_per_gpu = other.cell.bytes_per_token;
+    row.launch_dtype = spec.name == launch_dtype.name;
+    if (have_memory) {
+      row.max_total_tokens = sglang_interval(rest_lo, rest_hi, other);
+    } else if (logged.pool_tokens) {
+      // The pool that held N tokens of the launch dtype: [N, N + page) cells.
+      const int64_t n = *logged.pool_tokens;
+      const int64_t lo = n * setup.cell.bytes_per_token;
+      const int64_t hi = (n + setup.page_size) * setup.cell.bytes_per_token - 1;
+      row.max_total_tokens = {lo / other.cell.bytes_per_token / setup.page_size * setup.page_size,
+                              hi / other.cell.bytes_per_token / setup.page_size * setup.page_size};
+    } else {
+      continue;
+    }
+    out.rows.push_back(row);
+  }
+}
+
+void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+                  const PlanOptions& options, const EngineCapacityData& data, LogPrediction& out) {
+  Parallelism parallel = options.parallel;
+  parallel.tp = logged.tp > 0 ? logged.tp : parallel.tp;
+  parallel.pp = logged.pp > 0 ? logged.pp : parallel.pp;
+  const int block = logged.block_size.value_or(options.page_size.value_or(16));
+  const KvDtypeSpec& launch_dtype = find_dtype(data, logged.kv_cache_dtype);
+  VllmLayout layout = vllm_layout(model, launch_dtype, parallel, block);
+  auto blocks_at = [&](long double bytes, const VllmLayout& l) {
+    return static_cast<int64_t>(std::floor(bytes / l.page_bytes_per_layer / l.group_size));
+  };
+  std::optional<int64_t> blocks = logged.num_gpu_blocks;
+  if (logged.available_kv_gib) {
+    const long double lo = to_bytes(*logged.available_kv_gib - kHalfCent);
+    const long double hi = to_bytes(*logged.available_kv_gib + kHalfCent);
+    TokenInterval block_range{blocks_at(lo, layout), blocks_at(hi, layout)};
+    std::string derivation =
+        fmt::format("num_blocks = {:.2f} (+-0.005) GiB // {} B page // {} layers in [{}, {}]",
+                    *logged.available_kv_gib, layout.page_bytes_per_layer, layout.group_size,
+                    block_range.lo, block_range.hi);
+    if (logged.num_gpu_blocks)
+      add_check(out, "vllm_num_gpu_blocks", "GPU blocks from the printed KV memory",
+                *logged.num_gpu_blocks, block_range, derivation);
+    if (logged.gpu_kv_cache_tokens) {
+      TokenInterval tokens{block_range.lo / layout.num_groups * block,
+                           block_range.hi / layout.num_groups * block};
+      add_check(out, "vllm_gpu_kv_cache_size", "GPU KV cache size from the printed KV memory",
+                *logged.gpu_kv_cache_tokens, tokens,
+                derivation + fmt::format("; tokens = blocks // {} x {} in [{}, {}]",
+                                         layout.num_groups, block, tokens.lo, tokens.hi));
+      if (!blocks && tokens.lo == tokens.hi)
+        blocks = *logged.gpu_kv_cache_tokens / block * layout.num_groups;
+    }
+    for (const auto& spec : data.kv_dtypes) {
+      if (spec.name == "fp16" && launch_dtype.name != "fp16") continue;
+      VllmLayout other = vllm_layout(model, spec, parallel, block);
+      LogPredictionRow row;
+      row.kv_cache_dtype = spec.name;
+      row.cell_bytes_per_token_per_gpu = other.bytes_per_token;
+      row.launch_dtype = spec.name == launch_dtype.name;
+      row.max_total_tokens = {blocks_at(lo, other) / other.num_groups * block,
+                              blocks_at(hi, other) / other.num_groups * block};
+      out.rows.push_back(row);
+    }
+  }
+  if (!blocks && logged.gpu_kv_cache_tokens)
+    blocks = *logged.gpu_kv_cache_tokens / block * layout.num_groups;
+  if (blocks && logged.concurrency_context && logged.concurrency_x) {
+    const int64_t per_request = (*logged.concurrency_context + block - 1) / block;
+    const long double exact = static_cast<long double>(*blocks) / per_request * 100.0L;
+    TokenInterval predicted{static_cast<int64_t>(std::floor(exact)),
+                            static_cast<int64_t>(std::ceil(exact))};
+    add_check(out, "vllm_max_concurrency", "printed maximum concurrency (x100) from the blocks",
+              std::llround(*logged.concurrency_x * 100.0), predicted,
+              fmt::format("{} blocks / cdiv({}, {}) = {:.4f}x", *blocks,
+                          *logged.concurrency_context, block, static_cast<double>(exact / 100.0L)));
+  }
+  if (logged.available_kv_gib && out.checks.empty())
+    out.notes.push_back("the log prints the KV memory but no block or token count to compare");
+}
+
+}  // namespace
+
+LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+                               const PlanOptions& options) {
+  if (logged.engine != "sglang" && logged.engine != "vllm")
+    throw InputError("--from-log", "the log is neither an SGLang nor a vLLM start-up log");
+  if (logged.kv_cache_dtype.empty())
+    throw InputError("--from-log", "the log does not say which KV cache dtype the launch used");
+  EngineCapacityData data = load_capacity_data(logged.engine);
+  LogPrediction out;
+  if (logged.engine == "sglang")
+    predict_sglang(model, logged, options, data, out);
+  else
+    predict_vllm(model, logged, options, data, out);
+  if (out.checks.empty() && out.rows.empty())
+    throw InputError("--from-log", "the log has no memory or capacity figures plan can check");
+  return out;
+}
+
+}  // namespace kvaudit::plan

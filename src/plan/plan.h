@@ -1,0 +1,261 @@
+// plan: KV-cache capacity as SGLang and vLLM compute it. Bytes per token per GPU
+// (head replication when kv_heads < TP, MLA latent, FP4 block scales, sliding-window
+// pools, hybrid GDN/Mamba state), the pool each engine carves out of GPU memory, the
+// tokens and concurrent requests that pool holds, and the same arithmetic run
+// backwards from the memory figures a real launch printed (with the printed figures'
+// rounding carried as an interval). Every number comes with its derivation.
+// Not a simulator of the engines' memory profiler: where an input is unknown (CUDA
+// context, activations), plan says what it assumed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "report/report.h"
+
+namespace kvaudit::plan {
+
+inline constexpr int64_t kGiB = int64_t{1} << 30;
+inline constexpr int64_t kMiB = int64_t{1} << 20;
+
+// ---------------------------------------------------------------- data
+
+struct KvDtypeSpec {
+  std::string name;  // normalised: bf16, fp16, fp8_e4m3, fp8_e5m2, fp4_e2m1
+  int element_bits = 16;
+  bool fp4_block_scales = false;  // SGLang FP4: one scale byte per 16 values
+  std::vector<std::string> cli;   // spellings the engine accepts
+};
+
+// data/engines/capacity/<engine>.json: the engine's sizing constants.
+struct EngineCapacityData {
+  std::string engine;  // "sglang" | "vllm"
+  nlohmann::json document;
+  std::vector<KvDtypeSpec> kv_dtypes;
+  std::vector<std::string> plan_default_dtypes;
+};
+EngineCapacityData load_capacity_data(std::string_view engine);
+// Throws InputError naming the accepted dtypes when `name` is not one of them.
+const KvDtypeSpec& find_dtype(const EngineCapacityData& data, std::string_view name);
+
+// "bfloat16", "torch.bfloat16", "bf16" -> "bf16"; "fp8", "torch.float8_e4m3fn" ->
+// "fp8_e4m3"; "" when the spelling is unknown. "auto" stays "auto".
+std::string normalise_dtype_name(std::string_view text);
+
+struct GpuPreset {
+  std::string name;
+  std::vector<std::string> aliases;
+  double memory_gb = 0;    // as the vendor states it
+  int64_t memory_mib = 0;  // as the driver reports it (what the engines read)
+  std::string mib_source;
+};
+std::vector<GpuPreset> load_gpu_presets();  // data_dir()/gpus.json
+GpuPreset find_gpu(std::string_view name);  // by name or alias, case-insensitive
+
+// SGLang's default --mem-fraction-static for a GPU of gpu_mem_mib (server_args.py
+// _handle_gpu_memory_settings), with the reserved-memory sum spelled out.
+struct MemFractionDefault {
+  double mem_fraction_static = 0.88;
+  double reserved_mib = 0;
+  std::string derivation;
+};
+MemFractionDefault sglang_default_mem_fraction(const EngineCapacityData& data, int64_t gpu_mem_mib,
+                                               int tp, int pp, bool dp_attention, int dp);
+
+// ---------------------------------------------------------------- per-token sizes
+
+struct Parallelism {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  bool dp_attention = false;
+  int attention_tp() const { return dp_attention && dp > 0 ? tp / dp : tp; }
+};
+
+// SGLang get_cell_size_per_token, for the KV layers one GPU holds.
+struct CellSize {
+  int64_t bytes_per_token = 0;  // per GPU, every KV layer on the rank
+  int full_layers = 0;          // layers with a full-length pool (full attention or MLA)
+  int swa_layers = 0;           // sliding-window layers (separate SGLang pool)
+  int kv_heads_per_rank = 0;    // max(1, kv_heads // attention_tp); 1 for MLA
+  int64_t full_bytes_per_token_per_layer = 0;
+  int64_t swa_bytes_per_token_per_layer = 0;
+  int swa_window = 0;
+  std::vector<std::string> derivation;
+};
+CellSize sglang_cell_size(const checkpoint::ModelFacts& model, const KvDtypeSpec& dtype,
+                          const Parallelism& parallel);
+
+// Per-request recurrent state of hybrid GDN/Mamba models (SGLang Mamba2StateShape).
+struct MambaState {
+  int linear_layers = 0;
+  int64_t conv_bytes_per_layer = 0;
+  int64_t ssm_bytes_per_layer = 0;
+  int64_t bytes_per_request = 0;  // (conv + ssm) x linear layers
+  std::vector<std::string> derivation;
+};
+std::optional<MambaState> sglang_mamba_state(const checkpoint::ModelFacts& model,
+                                             const Parallelism& parallel);
+
+// vLLM V1 KV cache groups for one GPU: every group has the same page size per
+// layer and group_size layers; num_blocks = available // page // group_size.
+struct VllmLayout {
+  int block_size = 16;
+  int64_t page_bytes_per_layer = 0;  // block_size x heads x (k+v dim) x bytes
+  int group_size = 0;                // layers per group (tensors sharing a block id)
+  int num_groups = 0;
+  int sliding_window = 0;       // tokens, when a group is sliding-window
+  int64_t bytes_per_token = 0;  // all KV layers of the rank
+  std::vector<std::string> derivation;
+};
+VllmLayout vllm_layout(const checkpoint::ModelFacts& model, const KvDtypeSpec& dtype,
+                       const Parallelism& parallel, int block_size);
+
+// ---------------------------------------------------------------- plan
+
+struct PlanOptions {
+  std::string engine = "sglang";
+  Parallelism parallel;
+  std::vector<std::string> kv_cache_dtypes;     // empty: every dtype the engine accepts
+  std::optional<int64_t> gpu_memory_bytes;      // per GPU, as the driver reports it
+  std::string gpu_name;                         // preset name, for the report
+  std::optional<double> memory_fraction;        // mem_fraction_static / gpu_memory_utilization
+  std::optional<int64_t> weight_bytes_per_gpu;  // default: checkpoint bytes / (tp x pp)
+  std::vector<int64_t> contexts = {8192, 32768, 131072};
+  std::optional<int64_t> max_running_requests;
+  std::optional<int> page_size;                   // SGLang page size / vLLM block size
+  std::optional<int64_t> max_total_tokens;        // SGLang --max-total-tokens
+  std::optional<double> mamba_full_memory_ratio;  // SGLang, default 0.9
+};
+
+struct ConcurrencyPoint {
+  int64_t context_tokens = 0;
+  int64_t requests = 0;
+  std::string limited_by;  // "kv pool", "mamba slots", "--max-running-requests", ...
+};
+
+struct PlanRow {
+  std::string kv_cache_dtype;
+  int64_t cell_bytes_per_token_per_gpu = 0;
+  int64_t kv_pool_bytes = 0;
+  int64_t max_total_tokens = 0;
+  int64_t swa_tokens = 0;  // SGLang sliding-window pool, 0 if none
+  int64_t mamba_state_bytes_per_request = 0;
+  int64_t mamba_slots = 0;
+  int64_t mamba_pool_bytes = 0;
+  int64_t num_blocks = 0;  // vLLM
+  std::vector<ConcurrencyPoint> concurrency;
+  std::vector<std::string> derivation;
+};
+
+struct CapacityPlan {
+  std::string engine;
+  Parallelism parallel;
+  std::string gpu_name;
+  int64_t gpu_memory_bytes = 0;
+  double memory_fraction = 0;
+  std::string memory_fraction_source;  // "--mem-fraction", "SGLang default for ...", ...
+  int64_t weight_bytes_per_gpu = 0;
+  int64_t budget_bytes = 0;  // SGLang rest memory / vLLM available KV memory
+  std::vector<PlanRow> rows;
+  std::vector<std::string> derivation;  // shared steps (memory budget)
+  std::vector<std::string> notes;       // assumptions
+};
+
+CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOptions& options);
+
+// SGLang: from the rest memory (bytes left for KV + Mamba after the fraction is
+// applied) to the pools. Mamba slots are set aside first (mamba_full_memory_ratio),
+// then tokens = rest // cell, --max-total-tokens cap, page-size floor, SWA split.
+struct SglangPools {
+  int64_t rest_bytes = 0;
+  int64_t mamba_slots = 0;
+  int64_t mamba_pool_bytes = 0;
+  int64_t kv_budget_bytes = 0;  // rest - mamba
+  int64_t max_total_tokens = 0;
+  int64_t swa_tokens = 0;
+  std::vector<std::string> derivation;
+};
+SglangPools sglang_pools(int64_t rest_bytes, const CellSize& cell,
+                         const std::optional<MambaState>& mamba, double mamba_full_memory_ratio,
+                         int page_size, std::optional<int64_t> max_total_tokens,
+                         std::optional<int64_t> fixed_mamba_slots, double swa_full_tokens_ratio);
+
+// ---------------------------------------------------------------- from a log
+
+// The memory figures one launch printed. GiB values carry the log's decimals
+// (two, as both engines print them); intervals widen each by half a unit.
+struct LoggedMemory {
+  std::string engine;          // "sglang" | "vllm"
+  std::string kv_cache_dtype;  // normalised dtype the launch used
+  int tp = 1;
+  int pp = 1;
+  // SGLang
+  std::optional<double> total_before_load_gib;  // min over ranks, "Load weight begin. avail mem="
+  std::optional<double>
+      avail_after_weights_gib;                // min over ranks, "Load weight end. ... avail mem="
+  std::optional<double> mem_fraction_static;  // server_args
+  std::optional<int> page_size;
+  std::optional<double> mamba_full_memory_ratio;
+  std::optional<int64_t> max_total_tokens_arg;
+  std::optional<int64_t> pool_tokens;          // "KV Cache is allocated. #tokens: N"
+  std::optional<double> k_gib, v_gib, kv_gib;  // "K size", "V size", "KV size"
+  std::optional<int64_t> mamba_slots;          // "max_mamba_cache_size: N"
+  std::optional<double> conv_gib, ssm_gib;
+  std::optional<int64_t> max_total_num_tokens;  // "max_total_num_tokens=N"
+  // vLLM
+  bool vllm_v0 = false;
+  std::optional<double> available_kv_gib;      // min over ranks
+  std::optional<int64_t> gpu_kv_cache_tokens;  // V1 "GPU KV cache size: N tokens"
+  std::optional<int64_t> num_gpu_blocks;       // "# GPU blocks: N" / "# cuda blocks: N"
+  std::optional<int> block_size;
+  std::optional<int64_t> concurrency_context;  // "Maximum concurrency for L tokens ..."
+  std::optional<double> concurrency_x;
+};
+
+struct TokenInterval {
+  int64_t lo = 0;
+  int64_t hi = 0;
+  bool contains(int64_t value) const { return lo <= value && value <= hi; }
+};
+
+struct LogCheck {
+  std::string id;    // "sglang_max_total_num_tokens", "sglang_k_size", ...
+  std::string what;  // one line for people
+  int64_t printed = 0;
+  TokenInterval predicted;
+  bool inside = false;
+  std::string derivation;
+};
+
+struct LogPredictionRow {
+  std::string kv_cache_dtype;
+  int64_t cell_bytes_per_token_per_gpu = 0;
+  TokenInterval max_total_tokens;
+  bool launch_dtype = false;
+};
+
+struct LogPrediction {
+  std::vector<LogCheck> checks;
+  std::vector<LogPredictionRow> rows;  // every dtype, from the same memory budget
+  std::vector<std::string> notes;
+};
+
+// Reproduces the engine's token count from the printed memory figures, checks the
+// printed per-token sizes exactly, and predicts the other dtypes. Throws InputError
+// when the log has no memory figures plan can use.
+LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+                               const PlanOptions& options);
+
+// ---------------------------------------------------------------- report
+
+report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
+                           const LogPrediction* from_log, bool explain);
+
+}  // namespace kvaudit::plan

@@ -1,0 +1,243 @@
+// plan report: turns a CapacityPlan (and an optional from-log prediction) into a
+// report::Report: facts, the capacity table, the two charts, the explain table and
+// the JSON rows[] payload.
+#include <fmt/format.h>
+
+#include "plan/plan.h"
+#include "util/util.h"
+
+namespace kvaudit::plan {
+
+namespace {
+
+using report::Column;
+using report::Value;
+
+std::string context_label(int64_t tokens) {
+  if (tokens % 1024 == 0) return fmt::format("{}k", tokens / 1024);
+  return std::to_string(tokens);
+}
+
+nlohmann::json interval_json(const TokenInterval& interval) {
+  return {{"lo", interval.lo}, {"hi", interval.hi}};
+}
+
+void add_from_log(report::Report& out, const LogPrediction& prediction) {
+  report::Table checks;
+  checks.id = "from_log_checks";
+  checks.title = "Checked against the log";
+  checks.columns = {{"check", "check", "", 0},
+                    {"printed", "printed", "", 0},
+                    {"lo", "predicted from", "", 0},
+                    {"hi", "predicted to", "", 0},
+                    {"inside", "inside", "", 0}};
+  nlohmann::json checks_json = nlohmann::json::array();
+  int outside = 0;
+  for (const auto& check : prediction.checks) {
+    checks.rows.push_back({Value{check.what}, Value{check.printed}, Value{check.predicted.lo},
+                           Value{check.predicted.hi}, Value{check.inside}});
+    checks_json.push_back({{"id", check.id},
+                           {"what", check.what},
+                           {"printed", check.printed},
+                           {"predicted", interval_json(check.predicted)},
+                           {"inside", check.inside},
+                           {"derivation", check.derivation}});
+    outside += !check.inside;
+    out.notes.push_back(check.derivation);
+  }
+  if (!prediction.checks.empty()) out.tables.push_back(std::move(checks));
+
+  report::Table rows;
+  rows.id = "from_log_dtypes";
+  rows.title = "What each KV dtype would have given with this launch's memory";
+  rows.columns = {{"kv_cache_dtype", "KV dtype", "", 0},
+                  {"cell", "bytes/token/GPU", "B", 0},
+                  {"lo", "max tokens from", "tokens", 0},
+                  {"hi", "max tokens to", "tokens", 0},
+                  {"launch", "this launch", "", 0}};
+  nlohmann::json rows_json = nlohmann::json::array();
+  report::Chart bars;
+  bars.id = "from_log_capacity";
+  bars.title = "Tokens the launch's KV budget holds, by dtype";
+  bars.kind = report::ChartKind::bars;
+  bars.x_label = "KV dtype";
+  bars.y_label = "max tokens";
+  report::Series series{"max tokens (low end)", {}};
+  for (const auto& row : prediction.rows) {
+    rows.rows.push_back({Value{row.kv_cache_dtype}, Value{row.cell_bytes_per_token_per_gpu},
+                         Value{row.max_total_tokens.lo}, Value{row.max_total_tokens.hi},
+                         Value{row.launch_dtype}});
+    rows_json.push_back({{"kv_cache_dtype", row.kv_cache_dtype},
+                         {"cell_bytes_per_token_per_gpu", row.cell_bytes_per_token_per_gpu},
+                         {"max_total_tokens", interval_json(row.max_total_tokens)},
+                         {"launch_dtype", row.launch_dtype}});
+    bars.x_categories.push_back(row.kv_cache_dtype);
+    series.y.push_back(static_cast<double>(row.max_total_tokens.lo));
+  }
+  bars.series.push_back(series);
+  if (!prediction.rows.empty()) {
+    out.tables.push_back(std::move(rows));
+    out.charts.push_back(std::move(bars));
+  }
+  for (const auto& note : prediction.notes) out.notes.push_back(note);
+  out.payload["from_log"] = {{"checks", checks_json}, {"rows", rows_json}};
+  if (!prediction.checks.empty()) {
+    out.verdict =
+        outside == 0
+            ? fmt::format("all {} printed figures fall inside the engine's predicted range",
+                          prediction.checks.size())
+            : fmt::format("{} of {} printed figures fall outside the predicted range", outside,
+                          prediction.checks.size());
+    out.verdict_severity = outside == 0 ? report::Severity::info : report::Severity::warning;
+  }
+}
+
+}  // namespace
+
+report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
+                           const LogPrediction* from_log, bool explain) {
+  report::Report out;
+  out.command = "plan";
+  std::string model_name = model.dir.empty() ? model.config_file : model.dir.filename().string();
+  out.title =
+      fmt::format("kvaudit plan: {} on {} (TP {}{})", model_name, plan.engine, plan.parallel.tp,
+                  plan.parallel.pp > 1 ? fmt::format(", PP {}", plan.parallel.pp) : "");
+  out.facts.push_back({"engine", "Engine", Value{plan.engine}, ""});
+  out.facts.push_back({"tp", "Tensor parallel", Value{int64_t{plan.parallel.tp}}, ""});
+  out.facts.push_back({"attention_tp", "Attention TP (KV heads split over)",
+                       Value{int64_t{plan.parallel.attention_tp()}}, ""});
+  if (!plan.gpu_name.empty()) out.facts.push_back({"gpu", "GPU", Value{plan.gpu_name}, ""});
+  if (plan.gpu_memory_bytes > 0) {
+    out.facts.push_back({"gpu_memory_bytes", "GPU memory", Value{plan.gpu_memory_bytes}, "B"});
+    out.facts.push_back({"memory_fraction", "Memory fraction (" + plan.memory_fraction_source + ")",
+                         Value{plan.memory_fraction}, ""});
+    out.facts.push_back(
+        {"weight_bytes_per_gpu", "Weights per GPU", Value{plan.weight_bytes_per_gpu}, "B"});
+    out.facts.push_back(
+        {"budget_bytes",
+         plan.engine == "sglang" ? "Rest memory (KV + state)" : "Available KV memory",
+         Value{plan.budget_bytes}, "B"});
+  }
+
+  report::Table table;
+  table.id = "capacity";
+  table.title = "Capacity per KV dtype (per GPU)";
+  table.columns = {{"kv_cache_dtype", "KV dtype", "", 0},
+                   {"cell_bytes_per_token_per_gpu", "bytes/token/GPU", "B", 0},
+                   {"kv_pool_bytes", "KV pool", "B", 0},
+                   {"max_total_tokens", "max tokens", "tokens", 0}};
+  bool any_mamba = false;
+  for (const auto& row : plan.rows) any_mamba |= row.mamba_state_bytes_per_request > 0;
+  if (any_mamba) {
+    table.columns.push_back({"mamba_state_bytes_per_request", "state/request", "B", 0});
+    table.columns.push_back({"mamba_slots", "state slots", "", 0});
+  }
+  std::vector<int64_t> contexts;
+  if (!plan.rows.empty())
+    for (const auto& point : plan.rows.front().concurrency)
+      contexts.push_back(point.context_tokens);
+  for (int64_t context : contexts)
+    table.columns.push_back(
+        {"concurrency_" + context_label(context), "requests @" + context_label(context), "", 0});
+
+  nlohmann::json rows_json = nlohmann::json::array();
+  report::Chart bars{"capacity_by_dtype",
+                     "Max tokens in the KV pool, by dtype",
+                     report::ChartKind::bars,
+                     "KV dtype",
+                     "max tokens",
+                     {},
+                     {},
+                     false,
+                     false,
+                     {}};
+  report::Series bar_series{"max tokens", {}};
+  report::Chart lines{"concurrency_vs_context",
+                      "Concurrent requests vs context length",
+                      report::ChartKind::lines,
+                      "context (tokens)",
+                      "concurrent requests",
+                      {},
+                      {},
+                      true,
+                      true,
+                      {}};
+  for (int64_t context : contexts) lines.x_values.push_back(static_cast<double>(context));
+
+  report::Table derivation;
+  derivation.id = "explain";
+  derivation.title = "Derivation";
+  derivation.columns = {{"kv_cache_dtype", "KV dtype", "", 0}, {"step", "step", "", 0}};
+  for (const auto& step : plan.derivation) derivation.rows.push_back({Value{"all"}, Value{step}});
+
+  for (const auto& row : plan.rows) {
+    std::vector<Value> cells = {Value{row.kv_cache_dtype}, Value{row.cell_bytes_per_token_per_gpu},
+                                Value{row.kv_pool_bytes}, Value{row.max_total_tokens}};
+    if (any_mamba) {
+      cells.push_back(Value{row.mamba_state_bytes_per_request});
+      cells.push_back(Value{row.mamba_slots});
+    }
+    nlohmann::json concurrency = nlohmann::json::object();
+    report::Series line{row.kv_cache_dtype, {}};
+    for (const auto& point : row.concurrency) {
+      cells.push_back(Value{point.requests});
+      concurrency[std::to_string(point.context_tokens)] = point.requests;
+      line.y.push_back(static_cast<double>(point.requests));
+    }
+    table.rows.push_back(std::move(cells));
+    nlohmann::json j = {{"kv_cache_dtype", row.kv_cache_dtype},
+                        {"cell_bytes_per_token_per_gpu", row.cell_bytes_per_token_per_gpu},
+                        {"kv_pool_bytes", row.kv_pool_bytes},
+                        {"max_total_tokens", row.max_total_tokens},
+                        {"concurrency", concurrency}};
+    if (row.swa_tokens > 0) j["swa_tokens"] = row.swa_tokens;
+    if (row.mamba_state_bytes_per_request > 0) {
+      j["mamba_state_bytes_per_request"] = row.mamba_state_bytes_per_request;
+      j["mamba_slots"] = row.mamba_slots;
+      j["mamba_pool_bytes"] = row.mamba_pool_bytes;
+    }
+    if (row.num_blocks > 0) j["num_blocks"] = row.num_blocks;
+    nlohmann::json limits = nlohmann::json::object();
+    for (const auto& point : row.concurrency)
+      limits[std::to_string(point.context_tokens)] = point.limited_by;
+    j["concurrency_limited_by"] = limits;
+    if (explain) j["derivation"] = row.derivation;
+    rows_json.push_back(j);
+    bars.x_categories.push_back(row.kv_cache_dtype);
+    bar_series.y.push_back(static_cast<double>(row.max_total_tokens));
+    if (!line.y.empty()) lines.series.push_back(line);
+    for (const auto& step : row.derivation)
+      derivation.rows.push_back({Value{row.kv_cache_dtype}, Value{step}});
+  }
+  bars.series.push_back(bar_series);
+  out.tables.push_back(std::move(table));
+  if (plan.gpu_memory_bytes > 0) {
+    out.charts.push_back(std::move(bars));
+    if (!lines.series.empty()) out.charts.push_back(std::move(lines));
+  }
+  if (explain) out.tables.push_back(std::move(derivation));
+  for (const auto& note : plan.notes) out.notes.push_back(note);
+  out.payload["engine"] = plan.engine;
+  out.payload["tp"] = plan.parallel.tp;
+  out.payload["rows"] = rows_json;
+
+  if (!plan.rows.empty()) {
+    const PlanRow& first = plan.rows.front();
+    std::string verdict;
+    for (const auto& row : plan.rows) {
+      if (!verdict.empty()) verdict += "; ";
+      verdict += plan.gpu_memory_bytes > 0
+                     ? fmt::format("{} {} B/token, {} tokens", row.kv_cache_dtype,
+                                   with_thousands(row.cell_bytes_per_token_per_gpu),
+                                   with_thousands(row.max_total_tokens))
+                     : fmt::format("{} {} B/token", row.kv_cache_dtype,
+                                   with_thousands(row.cell_bytes_per_token_per_gpu));
+    }
+    (void)first;
+    out.verdict = verdict + " per GPU";
+  }
+  if (from_log) add_from_log(out, *from_log);
+  return out;
+}
+
+}  // namespace kvaudit::plan
