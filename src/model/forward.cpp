@@ -1,0 +1,305 @@
+// The forward pass, top to bottom in data-flow order (llama2.c style): embedding, then per
+// layer RMSNorm -> Q/K/V projections (+bias) -> QK-norm -> RoPE -> KV cache append (encoded
+// in the session's KV format) -> attention over the decoded cache -> output projection ->
+// residual -> RMSNorm -> SwiGLU MLP -> residual; final RMSNorm and the LM head.
+// Every token, prefill or decode, reads K/V back from the cache, so the KV format acts on
+// the whole attention exactly as a cache that stores the format does (llama.cpp semantics).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "model/model.h"
+#include "util/util.h"
+
+namespace kvaudit::model {
+
+struct Session::Scratch {
+  std::vector<float> x;             // [n, hidden] residual stream
+  std::vector<float> xb;            // [n, hidden] normalised input of a sub-block
+  std::vector<float> q;             // [n, heads * head_dim]
+  std::vector<float> k, v;          // [n, kv_heads * head_dim]
+  std::vector<float> att;           // [n, heads * head_dim] attention output
+  std::vector<float> gate, up;      // [n, intermediate]
+  std::vector<float> proj;          // [n, hidden] output of o_proj / down_proj
+  std::vector<float> keys, values;  // [cache tokens, kv_heads * head_dim] decoded cache
+  std::vector<float> scores;        // [tasks, cache tokens]
+  std::vector<float> norm_weight;   // [max(hidden, head_dim)] widened norm weights
+};
+
+namespace {
+
+void rms_norm(const float* in, const Matrix& weight, float eps, int64_t width, float* out) {
+  double sum_squares = 0.0;
+  for (int64_t i = 0; i < width; ++i) sum_squares += static_cast<double>(in[i]) * in[i];
+  const float inverse = static_cast<float>(1.0 / std::sqrt(sum_squares / width + eps));
+  for (int64_t i = 0; i < width; ++i) out[i] = in[i] * inverse * weight_at(weight, i);
+}
+
+void add_bias(float* rows, int64_t tokens, const Matrix& bias) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < bias.cols; ++i) rows[t * bias.cols + i] += weight_at(bias, i);
+}
+
+// Rotates the first rotary_dim dimensions of one head in place: pairs (i, i + rotary_dim/2)
+// as Hugging Face's rotate_half does, at angle position * inverse_frequency[i].
+void apply_rope(float* head, int64_t position, const std::vector<double>& inverse_frequencies,
+                double attention_factor) {
+  const size_t half = inverse_frequencies.size();
+  for (size_t i = 0; i < half; ++i) {
+    double angle = static_cast<double>(position) * inverse_frequencies[i];
+    float c = static_cast<float>(std::cos(angle) * attention_factor);
+    float s = static_cast<float>(std::sin(angle) * attention_factor);
+    float a = head[i], b = head[i + half];
+    head[i] = a * c - b * s;
+    head[i + half] = b * c + a * s;
+  }
+}
+
+void channel_amax(const float* rows, int64_t tokens, int64_t width, std::vector<float>& amax) {
+  if (amax.empty()) amax.assign(width, 0.0f);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < width; ++i) {
+      float a = std::fabs(rows[t * width + i]);
+      if (a > amax[i]) amax[i] = a;  // NaN never compares greater: ignored
+    }
+}
+
+}  // namespace
+
+Session::Session(const Model& model, const numerics::KvFormat& kv_format, ThreadPool& pool,
+                 std::vector<std::array<numerics::StaticAmax, 2>> calibration)
+    : model_(model), kv_format_(kv_format), pool_(pool), scratch_(std::make_unique<Scratch>()) {
+  const ModelConfig& c = model.config();
+  if (!calibration.empty() && static_cast<int>(calibration.size()) != c.num_layers)
+    throw InputError("calibration",
+                     fmt::format("has {} layers, the model {}", calibration.size(), c.num_layers));
+  numerics::KvLayout layout{c.num_kv_heads, c.head_dim};
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    numerics::StaticAmax k_amax, v_amax;
+    if (!calibration.empty()) {
+      k_amax = calibration[layer][0];
+      v_amax = calibration[layer][1];
+    }
+    k_streams_.emplace_back(kv_format, layout, numerics::KvRole::key, k_amax);
+    v_streams_.emplace_back(kv_format, layout, numerics::KvRole::value, v_amax);
+  }
+  inverse_frequencies_ = rope_inverse_frequencies(c.rope);
+  amax_.resize(c.num_layers);
+}
+
+Session::~Session() = default;
+
+void Session::reset() {
+  truncate(0);
+}
+
+void Session::truncate(int64_t tokens) {
+  if (tokens < 0 || tokens > position_)
+    throw InputError("session", fmt::format("cannot truncate {} tokens to {}", position_, tokens));
+  for (auto& s : k_streams_) s.truncate(tokens);
+  for (auto& s : v_streams_) s.truncate(tokens);
+  position_ = tokens;
+}
+
+int64_t Session::kv_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& s : k_streams_) bytes += s.stored_bytes();
+  for (const auto& s : v_streams_) bytes += s.stored_bytes();
+  return bytes;
+}
+
+void Session::capture_amax(bool enabled) {
+  capture_ = enabled;
+}
+
+void Session::decode(int32_t token, std::vector<float>& logits) {
+  forward(std::span<const int32_t>(&token, 1), 0, logits);
+}
+
+void Session::forward(std::span<const int32_t> tokens, int64_t logits_from,
+                      std::vector<float>& logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t vocab = model_.config().vocab_size;
+  for (int32_t token : tokens)
+    if (token < 0 || token >= vocab)
+      throw InputError("tokens",
+                       fmt::format("token id {} is outside the vocabulary [0, {})", token, vocab));
+  logits_from = std::clamp<int64_t>(logits_from, 0, n);
+  logits.assign(static_cast<size_t>((n - logits_from) * vocab), 0.0f);
+  const int64_t batch = std::max<int64_t>(1, max_batch_tokens);
+  for (int64_t begin = 0; begin < n; begin += batch) {
+    const int64_t count = std::min(batch, n - begin);
+    const int64_t local_from = std::clamp<int64_t>(logits_from - begin, 0, count);
+    float* out =
+        local_from < count ? logits.data() + (begin + local_from - logits_from) * vocab : nullptr;
+    forward_batch(tokens.subspan(begin, count), local_from, out);
+  }
+}
+
+void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from, float* logits) {
+  const ModelConfig& c = model_.config();
+  Scratch& s = *scratch_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t hidden = c.hidden_size, hd = c.head_dim;
+  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  s.x.resize(n * hidden);
+  s.xb.resize(n * hidden);
+  s.q.resize(n * q_width);
+  s.k.resize(n * kv_width);
+  s.v.resize(n * kv_width);
+  s.att.resize(n * q_width);
+  s.gate.resize(n * c.intermediate_size);
+  s.up.resize(n * c.intermediate_size);
+  s.proj.resize(n * hidden);
+
+  for (int64_t t = 0; t < n; ++t) weight_row(model_.embedding(), tokens[t], &s.x[t * hidden]);
+
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& w = model_.layers()[layer];
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(&s.x[t * hidden], w.attn_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden]);
+    matmul(s.xb.data(), n, w.q, s.q.data(), pool_);
+    matmul(s.xb.data(), n, w.k, s.k.data(), pool_);
+    matmul(s.xb.data(), n, w.v, s.v.data(), pool_);
+    if (c.attention_bias) {
+      add_bias(s.q.data(), n, w.q_bias);
+      add_bias(s.k.data(), n, w.k_bias);
+      add_bias(s.v.data(), n, w.v_bias);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t position = position_ + t;
+      for (int h = 0; h < c.num_heads; ++h) {
+        float* head = &s.q[t * q_width + h * hd];
+        if (c.qk_norm) rms_norm(head, w.q_norm, c.rms_norm_eps, hd, head);
+        apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
+      }
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        float* head = &s.k[t * kv_width + h * hd];
+        if (c.qk_norm) rms_norm(head, w.k_norm, c.rms_norm_eps, hd, head);
+        apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
+      }
+    }
+    if (capture_) record_amax(layer, n);
+    for (int64_t t = 0; t < n; ++t) {
+      k_streams_[layer].append(std::span<const float>(&s.k[t * kv_width], kv_width), &counts_);
+      v_streams_[layer].append(std::span<const float>(&s.v[t * kv_width], kv_width), &counts_);
+    }
+    attention(layer, n, position_);
+    matmul(s.att.data(), n, w.o, s.proj.data(), pool_);
+    for (int64_t i = 0; i < n * hidden; ++i) s.x[i] += s.proj[i];
+
+    for (int64_t t = 0; t < n; ++t)
+      rms_norm(&s.x[t * hidden], w.mlp_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden]);
+    matmul(s.xb.data(), n, w.gate, s.gate.data(), pool_);
+    matmul(s.xb.data(), n, w.up, s.up.data(), pool_);
+    for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
+      float g = s.gate[i];
+      s.gate[i] = g / (1.0f + std::exp(-g)) * s.up[i];  // SiLU(gate) * up
+    }
+    matmul(s.gate.data(), n, w.down, s.proj.data(), pool_);
+    for (int64_t i = 0; i < n * hidden; ++i) s.x[i] += s.proj[i];
+  }
+  position_ += n;
+
+  if (logits == nullptr || logits_from >= n) return;
+  const int64_t scored = n - logits_from;
+  for (int64_t t = logits_from; t < n; ++t)
+    rms_norm(&s.x[t * hidden], model_.final_norm(), c.rms_norm_eps, hidden,
+             &s.xb[(t - logits_from) * hidden]);
+  matmul(s.xb.data(), scored, model_.lm_head(), logits, pool_);
+}
+
+// Causal (optionally sliding-window) attention of the batch's queries over the cache, which
+// already holds the batch's own K/V. The cache is decoded once per layer and batch.
+void Session::attention(int layer, int64_t tokens, int64_t first_position) {
+  const ModelConfig& c = model_.config();
+  Scratch& s = *scratch_;
+  const int64_t hd = c.head_dim;
+  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  const int64_t cached = first_position + tokens;
+  const int window = c.sliding_window[layer];
+  // Only positions some query of this batch can see need decoding.
+  const int64_t first_visible = window > 0 ? std::max<int64_t>(0, first_position - window + 1) : 0;
+  const int64_t visible = cached - first_visible;
+  s.keys.resize(visible * kv_width);
+  s.values.resize(visible * kv_width);
+  k_streams_[layer].decode(first_visible, visible, s.keys);
+  v_streams_[layer].decode(first_visible, visible, s.values);
+
+  const int tasks = pool_.threads();
+  s.scores.resize(static_cast<size_t>(tasks) * visible);
+  const int group = c.num_heads / c.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  pool_.parallel_for(tokens * c.num_heads, tasks, [&](int task, int64_t begin, int64_t end) {
+    float* scores = &s.scores[static_cast<size_t>(task) * visible];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / c.num_heads;
+      const int h = static_cast<int>(item % c.num_heads);
+      const int kv_head = h / group;
+      const int64_t position = first_position + t;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+      const float* query = &s.q[t * q_width + h * hd];
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t j = lo; j <= position; ++j) {
+        const float* key = &s.keys[(j - first_visible) * kv_width + kv_head * hd];
+        float score = dot(query, key, hd) * scale;
+        scores[j - lo] = score;
+        if (score > max_score) max_score = score;
+      }
+      double sum = 0.0;
+      for (int64_t j = lo; j <= position; ++j) {
+        float e = std::exp(scores[j - lo] - max_score);
+        scores[j - lo] = e;
+        sum += e;
+      }
+      const float inverse_sum = static_cast<float>(1.0 / sum);
+      float* out = &s.att[t * q_width + h * hd];
+      std::fill(out, out + hd, 0.0f);
+      for (int64_t j = lo; j <= position; ++j) {
+        const float* value = &s.values[(j - first_visible) * kv_width + kv_head * hd];
+        axpy(scores[j - lo] * inverse_sum, value, out, hd);
+      }
+    }
+  });
+}
+
+void Session::record_amax(int layer, int64_t tokens) {
+  const ModelConfig& c = model_.config();
+  const int64_t width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  KvLayerAmax& stats = amax_[layer];
+  channel_amax(scratch_->k.data(), tokens, width, stats.k_channel_amax);
+  channel_amax(scratch_->v.data(), tokens, width, stats.v_channel_amax);
+  stats.tokens += tokens;
+  if ((c.head_dim & (c.head_dim - 1)) != 0) return;  // Hadamard needs a power-of-two width
+  std::vector<float> rotated(scratch_->k.begin(), scratch_->k.begin() + tokens * width);
+  numerics::hadamard_rows(rotated, c.head_dim);
+  channel_amax(rotated.data(), tokens, width, stats.k_rotated_amax);
+  rotated.assign(scratch_->v.begin(), scratch_->v.begin() + tokens * width);
+  numerics::hadamard_rows(rotated, c.head_dim);
+  channel_amax(rotated.data(), tokens, width, stats.v_rotated_amax);
+}
+
+numerics::StaticAmax static_amax_for(const numerics::KvFormat& format, const KvLayerAmax& stats,
+                                     numerics::KvRole role, int kv_heads) {
+  const bool key = role == numerics::KvRole::key;
+  const std::vector<float>& channels = format.hadamard
+                                           ? (key ? stats.k_rotated_amax : stats.v_rotated_amax)
+                                           : (key ? stats.k_channel_amax : stats.v_channel_amax);
+  numerics::StaticAmax result;
+  if (channels.empty()) return result;
+  const size_t per_head = channels.size() / static_cast<size_t>(kv_heads);
+  using numerics::ScaleStrategy;
+  if (format.strategy == ScaleStrategy::tensor || format.kind == numerics::KvFormatKind::nvfp4) {
+    result.amax.push_back(*std::max_element(channels.begin(), channels.end()));
+  } else if (format.strategy == ScaleStrategy::head) {
+    for (int h = 0; h < kv_heads; ++h)
+      result.amax.push_back(*std::max_element(channels.begin() + h * per_head,
+                                              channels.begin() + (h + 1) * per_head));
+  } else if (format.strategy == ScaleStrategy::channel) {
+    result.amax = channels;
+  }
+  return result;
+}
+
+}  // namespace kvaudit::model

@@ -1,0 +1,203 @@
+// Loading a checkpoint: config.json, then every *.safetensors shard memory-mapped read-only,
+// then the tensors each layer needs bound by their Hugging Face names with shapes checked.
+// Weights are never copied or converted here; kernels read them in their stored type.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "checkpoint/checkpoint.h"
+#include "model/model.h"
+#include "util/util.h"
+
+namespace kvaudit::model {
+
+namespace fs = std::filesystem;
+
+std::string_view weight_type_name(WeightType type) {
+  switch (type) {
+    case WeightType::f32:
+      return "F32";
+    case WeightType::bf16:
+      return "BF16";
+    case WeightType::f16:
+      return "F16";
+  }
+  return "?";
+}
+
+// One read-only mapping of a whole shard file.
+struct Model::Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+};
+
+namespace {
+
+struct BoundTensor {
+  const uint8_t* data = nullptr;
+  checkpoint::TensorInfo info;
+  std::string file;
+};
+
+Matrix to_matrix(const BoundTensor& tensor, int64_t rows, int64_t cols) {
+  Matrix m;
+  m.data = tensor.data;
+  m.rows = rows;
+  m.cols = cols;
+  switch (tensor.info.dtype) {
+    case checkpoint::TensorDType::F32:
+      m.type = WeightType::f32;
+      break;
+    case checkpoint::TensorDType::BF16:
+      m.type = WeightType::bf16;
+      break;
+    case checkpoint::TensorDType::F16:
+      m.type = WeightType::f16;
+      break;
+    default:
+      throw InputError(tensor.file,
+                       fmt::format("tensor {} has dtype {}; the reference engine reads F32, BF16 "
+                                   "and F16 weights only",
+                                   tensor.info.name, checkpoint::dtype_name(tensor.info.dtype)));
+  }
+  return m;
+}
+
+}  // namespace
+
+namespace {
+
+std::unique_ptr<Model::Mapping> map_file(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(path.string(), fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw InputError(path.string(), "cannot stat");
+  }
+  auto mapping = std::make_unique<Model::Mapping>();
+  mapping->bytes = static_cast<size_t>(st.st_size);
+  if (mapping->bytes > 0) {
+    void* base = ::mmap(nullptr, mapping->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (base == MAP_FAILED) {
+      ::close(fd);
+      throw InputError(path.string(), fmt::format("cannot map: {}", std::strerror(errno)));
+    }
+    mapping->base = base;
+  }
+  ::close(fd);
+  return mapping;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const fs::path& dir) {
+  fs::path config_path = dir / "config.json";
+  std::string label = config_path.string();
+  nlohmann::json config_json;
+  try {
+    config_json = nlohmann::json::parse(read_text_file(config_path, 16 << 20));
+  } catch (const nlohmann::json::parse_error& error) {
+    throw InputError(label, fmt::format("not valid JSON: {}", error.what()));
+  }
+  std::unique_ptr<Model> model(new Model());
+  model->dir_ = dir;
+  model->config_ = parse_model_config(config_json, label);
+  const ModelConfig& c = model->config_;
+
+  std::vector<fs::path> shards;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".safetensors") shards.push_back(entry.path());
+  if (ec) throw InputError(dir.string(), "cannot list the checkpoint folder");
+  std::sort(shards.begin(), shards.end());
+  if (shards.empty()) throw InputError(dir.string(), "no *.safetensors files (weights) found");
+
+  std::map<std::string, BoundTensor> tensors;
+  for (const fs::path& shard : shards) {
+    checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(shard);
+    model->mappings_.push_back(map_file(shard));
+    const Mapping& mapping = *model->mappings_.back();
+    if (mapping.bytes != header.file_bytes)
+      throw InputError(shard.string(), "file size changed while reading");
+    const auto* base = static_cast<const uint8_t*>(mapping.base) + header.data_offset();
+    for (const checkpoint::TensorInfo& info : header.tensors) {
+      BoundTensor bound{base + info.data_begin, info, shard.string()};
+      if (!tensors.emplace(info.name, bound).second)
+        throw InputError(shard.string(), fmt::format("tensor {} appears in two shards", info.name));
+    }
+  }
+
+  auto bind = [&](const std::string& name, std::vector<int64_t> shape) -> Matrix {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) throw InputError(dir.string(), fmt::format("missing tensor {}", name));
+    const auto& info = it->second.info;
+    bool same = info.shape.size() == shape.size();
+    for (size_t i = 0; same && i < shape.size(); ++i)
+      same = static_cast<int64_t>(info.shape[i]) == shape[i];
+    if (!same) {
+      std::vector<std::string> want, got;
+      for (int64_t v : shape) want.push_back(std::to_string(v));
+      for (uint64_t v : info.shape) got.push_back(std::to_string(v));
+      throw InputError(it->second.file,
+                       fmt::format("tensor {} has shape [{}], the config implies [{}]", name,
+                                   fmt::join(got, ", "), fmt::join(want, ", ")));
+    }
+    model->weight_bytes_ += info.data_end - info.data_begin;
+    int64_t rows = shape.size() == 2 ? shape[0] : 1;
+    return to_matrix(it->second, rows, shape.back());
+  };
+
+  const int64_t hidden = c.hidden_size, hd = c.head_dim;
+  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  model->embedding_ = bind("model.embed_tokens.weight", {c.vocab_size, hidden});
+  model->final_norm_ = bind("model.norm.weight", {hidden});
+  if (tensors.count("lm_head.weight") != 0 && !c.tie_word_embeddings) {
+    model->lm_head_ = bind("lm_head.weight", {c.vocab_size, hidden});
+  } else {
+    model->lm_head_ = model->embedding_;  // tied (or the checkpoint omits the head)
+  }
+  model->weight_type_ = model->embedding_.type;
+  for (int i = 0; i < c.num_layers; ++i) {
+    std::string p = fmt::format("model.layers.{}.", i);
+    LayerWeights w;
+    w.attn_norm = bind(p + "input_layernorm.weight", {hidden});
+    w.q = bind(p + "self_attn.q_proj.weight", {q_width, hidden});
+    w.k = bind(p + "self_attn.k_proj.weight", {kv_width, hidden});
+    w.v = bind(p + "self_attn.v_proj.weight", {kv_width, hidden});
+    w.o = bind(p + "self_attn.o_proj.weight", {hidden, q_width});
+    if (c.attention_bias) {
+      w.q_bias = bind(p + "self_attn.q_proj.bias", {q_width});
+      w.k_bias = bind(p + "self_attn.k_proj.bias", {kv_width});
+      w.v_bias = bind(p + "self_attn.v_proj.bias", {kv_width});
+    }
+    if (tensors.count(p + "self_attn.o_proj.bias") != 0)
+      throw InputError(dir.string(), "o_proj bias is not supported");
+    if (c.qk_norm) {
+      w.q_norm = bind(p + "self_attn.q_norm.weight", {hd});
+      w.k_norm = bind(p + "self_attn.k_norm.weight", {hd});
+    }
+    w.mlp_norm = bind(p + "post_attention_layernorm.weight", {hidden});
+    w.gate = bind(p + "mlp.gate_proj.weight", {c.intermediate_size, hidden});
+    w.up = bind(p + "mlp.up_proj.weight", {c.intermediate_size, hidden});
+    w.down = bind(p + "mlp.down_proj.weight", {hidden, c.intermediate_size});
+    model->weight_type_ = w.q.type;
+    model->layers_.push_back(w);
+  }
+  return model;
+}
+
+Model::~Model() = default;
+
+}  // namespace kvaudit::model

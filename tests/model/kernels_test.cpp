@@ -1,0 +1,133 @@
+// SIMD kernels against their scalar references, for every stored weight type, on sizes around
+// the vector width (tails), token counts around the 4-token tile, and odd row counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "model/model.h"
+
+namespace kvaudit::model {
+namespace {
+
+uint16_t to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+struct Weights {
+  std::vector<float> f32;
+  std::vector<uint16_t> bits16;
+  Matrix matrix;
+};
+
+Weights make_weights(WeightType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Weights w;
+  w.f32.resize(rows * cols + 1);
+  for (float& v : w.f32) v = normal(rng);
+  w.matrix = {w.f32.data(), WeightType::f32, rows, cols};
+  if (type == WeightType::bf16) {
+    for (float v : w.f32) w.bits16.push_back(to_bf16(v));
+    w.matrix = {w.bits16.data(), type, rows, cols};
+  } else if (type == WeightType::f16) {
+    // F16 codes of small integers and halves are exact: build them directly.
+    for (size_t i = 0; i < w.f32.size(); ++i) {
+      int q = static_cast<int>(std::lround(w.f32[i] * 8.0f));  // |q| small, value q/8
+      float value = q / 8.0f;
+      w.f32[i] = value;
+      uint16_t code = 0;
+      if (q != 0) {
+        int magnitude = std::abs(q);
+        int exponent = 0;
+        while ((magnitude >> (exponent + 1)) != 0) ++exponent;
+        // value = magnitude * 2^-3 = 1.m * 2^(exponent - 3)
+        uint16_t mantissa = static_cast<uint16_t>(((magnitude << 10) >> exponent) & 0x3FF);
+        code = static_cast<uint16_t>(((exponent - 3 + 15) << 10) | mantissa);
+        if (q < 0) code |= 0x8000;
+      }
+      w.bits16.push_back(code);
+    }
+    w.matrix = {w.bits16.data(), type, rows, cols};
+  }
+  return w;
+}
+
+class MatmulVsReference : public ::testing::TestWithParam<WeightType> {};
+
+TEST_P(MatmulVsReference, AllShapesAroundTheTiles) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (int64_t cols : {1, 7, 8, 9, 16, 17, 33, 64, 100}) {
+    for (int64_t rows : {1, 3, 5, 16, 17, 37}) {
+      for (int64_t tokens : {1, 2, 4, 5, 9}) {
+        Weights w = make_weights(GetParam(), rows, cols, rng);
+        // Misaligned activations: start one float into the buffer.
+        std::vector<float> buffer(tokens * cols + 1);
+        for (float& v : buffer) v = normal(rng);
+        const float* x = buffer.data() + 1;
+        std::vector<float> fast(tokens * rows), slow(tokens * rows);
+        matmul(x, tokens, w.matrix, fast.data(), pool);
+        matmul_reference(x, tokens, w.matrix, slow.data());
+        for (size_t i = 0; i < fast.size(); ++i)
+          ASSERT_NEAR(fast[i], slow[i], 1e-5 * (1.0 + std::sqrt(static_cast<double>(cols))))
+              << "cols " << cols << " rows " << rows << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatmulVsReference,
+                         ::testing::Values(WeightType::f32, WeightType::bf16, WeightType::f16));
+
+TEST(Kernels, WidenedWeightsAreExact) {
+  std::mt19937 rng(3);
+  for (WeightType type : {WeightType::bf16, WeightType::f16}) {
+    Weights w = make_weights(type, 4, 9, rng);
+    for (int64_t i = 0; i < 36; ++i) {
+      if (type == WeightType::f16) {
+        EXPECT_EQ(weight_at(w.matrix, i), w.f32[i]);
+      } else {
+        uint32_t bits = static_cast<uint32_t>(w.bits16[i]) << 16;
+        float expected;
+        std::memcpy(&expected, &bits, sizeof(expected));
+        EXPECT_EQ(weight_at(w.matrix, i), expected);
+      }
+    }
+  }
+  // F16 specials: subnormal, max, infinity, negative zero.
+  uint16_t codes[] = {0x0001, 0x7BFF, 0x7C00, 0x8000};
+  Matrix m{codes, WeightType::f16, 1, 4};
+  EXPECT_EQ(weight_at(m, 0), std::ldexp(1.0f, -24));
+  EXPECT_EQ(weight_at(m, 1), 65504.0f);
+  EXPECT_TRUE(std::isinf(weight_at(m, 2)));
+  EXPECT_TRUE(std::signbit(weight_at(m, 3)));
+}
+
+TEST(Kernels, DotAndAxpyMatchScalar) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n = 0; n <= 40; ++n) {
+    std::vector<float> a(n + 1), b(n + 1), y(n + 1);
+    for (int64_t i = 0; i <= n; ++i) {
+      a[i] = normal(rng);
+      b[i] = normal(rng);
+      y[i] = normal(rng);
+    }
+    double expected = 0.0;
+    for (int64_t i = 0; i < n; ++i) expected += static_cast<double>(a[i + 1]) * b[i + 1];
+    EXPECT_NEAR(dot(a.data() + 1, b.data() + 1, n), expected, 1e-5 * (1 + n));
+    std::vector<float> want = y;
+    for (int64_t i = 0; i < n; ++i) want[i] += 0.5f * a[i];
+    axpy(0.5f, a.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[i], want[i]);
+    EXPECT_EQ(y[n], want[n]);  // untouched past n
+  }
+  EXPECT_FALSE(kernel_target_name().empty());
+}
+
+}  // namespace
+}  // namespace kvaudit::model
