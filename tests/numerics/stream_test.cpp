@@ -161,43 +161,43 @@ TEST(KvStream, QualityBandsOnGaussianData) {
   };
   // Measured on this seed; theory agrees: E4M3 (3 mantissa bits) ~31 dB, E5M2 ~25 dB, BF16
   // ~55 dB, int8 per token ~42 dB, 4-bit block formats 18-21 dB.
-  for (Band band : {Band{"bf16", 55.4, 55.8}, Band{"fp8_e4m3:tensor", 31.3, 31.8},
-                    Band{"fp8_e5m2", 25.3, 25.8}, Band{"int8:token", 41.8, 42.3},
-                    Band{"nvfp4", 20.2, 20.7}, Band{"mxfp4", 18.5, 19.0},
-                    Band{"int4:g32", 20.0, 20.5}) {
-      const KvFormat format = parse_kv_format(band.spec);
-      const RoundTripResult result =
-          round_trip(format, layout, KvRole::value, calibrate_amax(format, layout, rows), rows);
-      ErrorStats stats;
-      stats.add(rows, result.decoded);
-      EXPECT_GE(stats.snr_db(), band.min_snr_db) << band.spec;
-      EXPECT_LE(stats.snr_db(), band.max_snr_db) << band.spec;
-    }
+  for (Band band :
+       {Band{"bf16", 55.4, 55.8}, Band{"fp8_e4m3:tensor", 31.3, 31.8}, Band{"fp8_e5m2", 25.3, 25.8},
+        Band{"int8:token", 41.8, 42.3}, Band{"nvfp4", 20.2, 20.7}, Band{"mxfp4", 18.5, 19.0},
+        Band{"int4:g32", 20.0, 20.5}}) {
+    const KvFormat format = parse_kv_format(band.spec);
+    const RoundTripResult result =
+        round_trip(format, layout, KvRole::value, calibrate_amax(format, layout, rows), rows);
+    ErrorStats stats;
+    stats.add(rows, result.decoded);
+    EXPECT_GE(stats.snr_db(), band.min_snr_db) << band.spec;
+    EXPECT_LE(stats.snr_db(), band.max_snr_db) << band.spec;
+  }
 }
 
 TEST(KvStream, CountsSaturationNanAndFlushAtUnitScale) {
-    const KvLayout layout{1, 16};
-    // Outlier keys past E4M3's range and tiny values below its smallest subnormal.
-    std::vector<float> rows = {1000,   -600,    470,     448,    1,     0.5f, 0, -0.0f,
-                               0.001f, 0.0009f, 0.0005f, 0.003f, 0.01f, NAN,  2, 3};
-    for (auto [spec, saturated, nan] :
-         {std::tuple{"fp8_e4m3:none", 3, 0}, std::tuple{"fp8_e4m3:none+nan", 0, 3}}) {
-      const RoundTripResult r = round_trip(parse_kv_format(spec), layout, KvRole::key, {}, rows);
-      EXPECT_EQ(r.counts.elements, 16);
-      EXPECT_EQ(r.counts.saturated, saturated) << spec;
-      EXPECT_EQ(r.counts.became_nan, nan) << spec;
-      EXPECT_EQ(r.counts.nonfinite_input, 1);
-      // 0.0009 and 0.0005 are below half of 2^-9 = 0.00195: flushed. 0.001 rounds up.
-      EXPECT_EQ(r.counts.flushed_to_zero, 2) << spec;
-      EXPECT_EQ(r.counts.subnormal, 3) << spec;  // 0.001, 0.003, 0.01 land on subnormal codes
-    }
-    // Calibrated per-tensor scale: nothing saturates; tiny values now flush instead (the
-    // range moved up by 1000 / 448).
-    const KvFormat tensor = parse_kv_format("fp8_e4m3:tensor");
-    const RoundTripResult calibrated =
-        round_trip(tensor, layout, KvRole::key, calibrate_amax(tensor, layout, rows), rows);
-    EXPECT_EQ(calibrated.counts.saturated, 0);
-    EXPECT_EQ(calibrated.counts.became_nan, 0);
+  const KvLayout layout{1, 16};
+  // Outlier keys past E4M3's range and tiny values below its smallest subnormal.
+  std::vector<float> rows = {1000,   -600,    470,     448,    1,     0.5f, 0, -0.0f,
+                             0.001f, 0.0009f, 0.0005f, 0.003f, 0.01f, NAN,  2, 3};
+  for (auto [spec, saturated, nan] :
+       {std::tuple{"fp8_e4m3:none", 3, 0}, std::tuple{"fp8_e4m3:none+nan", 0, 3}}) {
+    const RoundTripResult r = round_trip(parse_kv_format(spec), layout, KvRole::key, {}, rows);
+    EXPECT_EQ(r.counts.elements, 16);
+    EXPECT_EQ(r.counts.saturated, saturated) << spec;
+    EXPECT_EQ(r.counts.became_nan, nan) << spec;
+    EXPECT_EQ(r.counts.nonfinite_input, 1);
+    // 0.0009 and 0.0005 are below half of 2^-9 = 0.00195: flushed. 0.001 rounds up.
+    EXPECT_EQ(r.counts.flushed_to_zero, 2) << spec;
+    EXPECT_EQ(r.counts.subnormal, 3) << spec;  // 0.001, 0.003, 0.01 land on subnormal codes
+  }
+  // Calibrated per-tensor scale: nothing saturates; tiny values now flush instead (the
+  // range moved up by 1000 / 448).
+  const KvFormat tensor = parse_kv_format("fp8_e4m3:tensor");
+  const RoundTripResult calibrated =
+      round_trip(tensor, layout, KvRole::key, calibrate_amax(tensor, layout, rows), rows);
+  EXPECT_EQ(calibrated.counts.saturated, 0);
+  EXPECT_EQ(calibrated.counts.became_nan, 0);
 }
 
 }  // namespace
