@@ -49,7 +49,7 @@ code { font: 12px ui-monospace, "DejaVu Sans Mono", monospace; background: var(-
 figure { margin: 12px 0 20px; padding: 12px; border: 1px solid var(--line); border-radius: 8px;
   break-inside: avoid; }
 figcaption { font-weight: 600; margin-bottom: 6px; }
-svg.kv-chart { width: 100%; height: auto; display: block; color: var(--fg); }
+svg.kv-chart { width: 100%; max-width: 860px; height: auto; display: block; color: var(--fg); }
 .note { color: var(--muted); font-size: 12px; margin: 2px 0 10px; }
 footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
 @media print {
@@ -146,7 +146,7 @@ std::string render_findings(const std::vector<Finding>& findings) {
       out += "</td><td><ul class=\"evidence\">";
       for (const Evidence& evidence : finding.evidence) out += evidence_item(evidence);
       out += "</ul></td><td>";
-      if (!finding.fix.empty()) out += "<div>" + escape_html(finding.fix) + "</div>";
+      if (!finding.fix.empty()) out += "<div><code>" + escape_html(finding.fix) + "</code></div>";
       if (!finding.reference.empty()) {
         out += "<div class=\"note\">Reference: " + escape_html(finding.reference) + "</div>";
       }

@@ -370,11 +370,15 @@ std::string heatmap_chart(const Chart& chart) {
   double left = std::min(220.0, 16 + 7.0 * static_cast<double>(longest_row)) + 24;
   double top = 16, legend_width = 110;
   double cell_width = std::min(
-      72.0, (kWidth - left - legend_width) / static_cast<double>(std::max<size_t>(columns, 1)));
+      96.0, (kWidth - left - legend_width) / static_cast<double>(std::max<size_t>(columns, 1)));
   double cell_height =
-      std::clamp(260.0 / static_cast<double>(std::max<size_t>(rows, 1)), 16.0, 30.0);
+      std::clamp(300.0 / static_cast<double>(std::max<size_t>(rows, 1)), 16.0, 36.0);
   double bottom = top + cell_height * static_cast<double>(rows);
-  double height = std::max(bottom + 56, top + 200);
+  double key_height = std::max(bottom - top, 100.0);
+  bool rotate = false;
+  for (const std::string& category : chart.x_categories)
+    rotate |= static_cast<double>(display_width(category)) * 7 > cell_width;
+  double height = std::max(bottom + (rotate ? 76 : 56), top + key_height + 30);
   std::string out = svg_open(chart, height);
   double lo = INFINITY, hi = -INFINITY;
   for (const Series& series : chart.series) {
@@ -419,9 +423,6 @@ std::string heatmap_chart(const Chart& chart) {
     out += "</g>\n";
   }
   out += "<g class=\"kv-axis kv-axis-x\">\n";
-  bool rotate = false;
-  for (const std::string& category : chart.x_categories)
-    rotate |= static_cast<double>(display_width(category)) * 7 > cell_width;
   for (size_t c = 0; c < columns; ++c) {
     double center = left + cell_width * (static_cast<double>(c) + 0.5);
     out += rotate ? fmt::format(
@@ -439,11 +440,10 @@ std::string heatmap_chart(const Chart& chart) {
       "class=\"kv-axis-label\">{}</text>\n"
       "<text transform=\"translate(14 {:.1f}) rotate(-90)\" text-anchor=\"middle\" "
       "fill=\"currentColor\" class=\"kv-axis-label\">{}</text>\n</g>\n",
-      (left + right) / 2, height - 10, escape_html(chart.x_label), (top + bottom) / 2,
-      escape_html(chart.y_label));
+      (left + right) / 2, bottom + (rotate ? 60 : 40), escape_html(chart.x_label),
+      (top + bottom) / 2, escape_html(chart.y_label));
   // Colour key: ten steps from the lowest to the highest value (or -max..max).
-  double key_x = right + 28, key_top = top,
-         key_height = std::max(cell_height * static_cast<double>(rows), 120.0);
+  double key_x = right + 28, key_top = top;
   double key_lo = chart.diverging ? -std::max(std::fabs(lo), std::fabs(hi)) : lo;
   double key_hi = chart.diverging ? std::max(std::fabs(lo), std::fabs(hi)) : hi;
   out += "<g class=\"kv-color-key\">\n";
