@@ -260,6 +260,22 @@ RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRol
                            const StaticAmax& calibration, std::span<const float> rows,
                            ThreadPool* pool = nullptr);
 
+// ---------------------------------------------------------------- attention kernels
+// Blocked SIMD GEMMs for attention-error analysis (fixed reduction order; deterministic).
+// scores[q * key_count + j] = scale * dot(queries[q * query_stride ...], keys[j * key_stride ...])
+void score_block(const float* queries, int64_t query_count, int64_t query_stride, const float* keys,
+                 int64_t key_count, int64_t key_stride, int64_t dim, float scale, float* scores);
+// out[q * out_stride + c] += sum_j weights[q * key_count + j] * values[j * value_stride + c]
+void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_count,
+                         const float* values, int64_t value_stride, int64_t dim, float* out,
+                         int64_t out_stride);
+// values[i] = exp(values[i] - shift), returns their sum.
+float exp_and_sum(std::span<float> values, float shift);
+// Peak-FMA probe for benchmarks: runs `iterations` rounds of independent FMA chains;
+// fma_probe_flops says how many floating-point operations that was on this target.
+float fma_probe(int64_t iterations);
+int64_t fma_probe_flops(int64_t iterations);
+
 // ---------------------------------------------------------------- streaming cache codec
 // The KV cache of one (layer, role) in a given format: append encoded rows as tokens arrive,
 // decode any token range back to floats. Keeps bytes exactly as the format stores them.

@@ -1,0 +1,234 @@
+// Blocked SIMD kernels for attention-error analysis: scores = Q K^T, out += P V, and a
+// vectorised exp-and-sum. Register tiles of 4 queries x 2 vectors keep the FMA units busy
+// (8 accumulators, 6 loads per 8 FMAs); K is transposed per block so both GEMMs stream
+// contiguous rows. Results are deterministic: the reduction order over the head dimension
+// and over keys is fixed and independent of the thread count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "numerics/attention_kernels.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "numerics/numerics.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvaudit::numerics::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// scores[q * nk + j] = scale * sum_d queries[q * d_stride + d] * keys[j * key_stride + d]
+void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* keys, size_t nk,
+                size_t key_stride, size_t dim, float scale, float* scores) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t key_tile = 2 * lanes;
+  const size_t nk_tiled = nk / key_tile * key_tile;
+  // keys^T for the tiled part: [dim][nk_tiled].
+  thread_local std::vector<float> transposed;
+  transposed.resize(dim * nk_tiled);
+  for (size_t j = 0; j < nk_tiled; ++j) {
+    for (size_t k = 0; k < dim; ++k) transposed[k * nk_tiled + j] = keys[j * key_stride + k];
+  }
+  const auto scale_v = hn::Set(d, scale);
+  size_t q = 0;
+  for (; q + 4 <= nq; q += 4) {
+    const float* q0 = queries + (q + 0) * q_stride;
+    const float* q1 = queries + (q + 1) * q_stride;
+    const float* q2 = queries + (q + 2) * q_stride;
+    const float* q3 = queries + (q + 3) * q_stride;
+    for (size_t j = 0; j < nk_tiled; j += key_tile) {
+      auto a00 = hn::Zero(d), a01 = hn::Zero(d), a10 = hn::Zero(d), a11 = hn::Zero(d);
+      auto a20 = hn::Zero(d), a21 = hn::Zero(d), a30 = hn::Zero(d), a31 = hn::Zero(d);
+      const float* kt = transposed.data() + j;
+      for (size_t k = 0; k < dim; ++k) {
+        const auto k0 = hn::LoadU(d, kt + k * nk_tiled);
+        const auto k1 = hn::LoadU(d, kt + k * nk_tiled + lanes);
+        const auto b0 = hn::Set(d, q0[k]), b1 = hn::Set(d, q1[k]);
+        const auto b2 = hn::Set(d, q2[k]), b3 = hn::Set(d, q3[k]);
+        a00 = hn::MulAdd(b0, k0, a00);
+        a01 = hn::MulAdd(b0, k1, a01);
+        a10 = hn::MulAdd(b1, k0, a10);
+        a11 = hn::MulAdd(b1, k1, a11);
+        a20 = hn::MulAdd(b2, k0, a20);
+        a21 = hn::MulAdd(b2, k1, a21);
+        a30 = hn::MulAdd(b3, k0, a30);
+        a31 = hn::MulAdd(b3, k1, a31);
+      }
+      float* s = scores + q * nk + j;
+      hn::StoreU(hn::Mul(a00, scale_v), d, s);
+      hn::StoreU(hn::Mul(a01, scale_v), d, s + lanes);
+      hn::StoreU(hn::Mul(a10, scale_v), d, s + nk);
+      hn::StoreU(hn::Mul(a11, scale_v), d, s + nk + lanes);
+      hn::StoreU(hn::Mul(a20, scale_v), d, s + 2 * nk);
+      hn::StoreU(hn::Mul(a21, scale_v), d, s + 2 * nk + lanes);
+      hn::StoreU(hn::Mul(a30, scale_v), d, s + 3 * nk);
+      hn::StoreU(hn::Mul(a31, scale_v), d, s + 3 * nk + lanes);
+    }
+  }
+  // Leftover queries (tiled keys) and leftover keys (all queries): plain dot products in
+  // the same k order as the tiles.
+  auto dot = [&](size_t qi, size_t j) {
+    float sum = 0.0f;
+    for (size_t k = 0; k < dim; ++k) sum += queries[qi * q_stride + k] * keys[j * key_stride + k];
+    return sum * scale;
+  };
+  for (size_t qi = q; qi < nq; ++qi) {
+    for (size_t j = 0; j < nk_tiled; ++j) scores[qi * nk + j] = dot(qi, j);
+  }
+  for (size_t qi = 0; qi < nq; ++qi) {
+    for (size_t j = nk_tiled; j < nk; ++j) scores[qi * nk + j] = dot(qi, j);
+  }
+}
+
+// out[q * out_stride + c] += sum_j weights[q * nk + j] * values[j * value_stride + c]
+void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float* values,
+                        size_t value_stride, size_t dim, float* out, size_t out_stride) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t tile = 2 * lanes;
+  const size_t dim_tiled = dim / tile * tile;
+  size_t q = 0;
+  for (; q + 4 <= nq; q += 4) {
+    const float* w0 = weights + (q + 0) * nk;
+    const float* w1 = weights + (q + 1) * nk;
+    const float* w2 = weights + (q + 2) * nk;
+    const float* w3 = weights + (q + 3) * nk;
+    for (size_t c = 0; c < dim_tiled; c += tile) {
+      float* o0 = out + (q + 0) * out_stride + c;
+      float* o1 = out + (q + 1) * out_stride + c;
+      float* o2 = out + (q + 2) * out_stride + c;
+      float* o3 = out + (q + 3) * out_stride + c;
+      auto a00 = hn::LoadU(d, o0), a01 = hn::LoadU(d, o0 + lanes);
+      auto a10 = hn::LoadU(d, o1), a11 = hn::LoadU(d, o1 + lanes);
+      auto a20 = hn::LoadU(d, o2), a21 = hn::LoadU(d, o2 + lanes);
+      auto a30 = hn::LoadU(d, o3), a31 = hn::LoadU(d, o3 + lanes);
+      for (size_t j = 0; j < nk; ++j) {
+        const float* v = values + j * value_stride + c;
+        const auto v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + lanes);
+        const auto b0 = hn::Set(d, w0[j]), b1 = hn::Set(d, w1[j]);
+        const auto b2 = hn::Set(d, w2[j]), b3 = hn::Set(d, w3[j]);
+        a00 = hn::MulAdd(b0, v0, a00);
+        a01 = hn::MulAdd(b0, v1, a01);
+        a10 = hn::MulAdd(b1, v0, a10);
+        a11 = hn::MulAdd(b1, v1, a11);
+        a20 = hn::MulAdd(b2, v0, a20);
+        a21 = hn::MulAdd(b2, v1, a21);
+        a30 = hn::MulAdd(b3, v0, a30);
+        a31 = hn::MulAdd(b3, v1, a31);
+      }
+      hn::StoreU(a00, d, o0);
+      hn::StoreU(a01, d, o0 + lanes);
+      hn::StoreU(a10, d, o1);
+      hn::StoreU(a11, d, o1 + lanes);
+      hn::StoreU(a20, d, o2);
+      hn::StoreU(a21, d, o2 + lanes);
+      hn::StoreU(a30, d, o3);
+      hn::StoreU(a31, d, o3 + lanes);
+    }
+  }
+  for (size_t qi = 0; qi < nq; ++qi) {
+    const size_t c_begin = qi < q ? dim_tiled : 0;
+    for (size_t c = c_begin; c < dim; ++c) {
+      float sum = out[qi * out_stride + c];
+      for (size_t j = 0; j < nk; ++j) sum += weights[qi * nk + j] * values[j * value_stride + c];
+      out[qi * out_stride + c] = sum;
+    }
+  }
+}
+
+// x[i] = exp(x[i] - shift); returns the sum (in a fixed lane-then-tail order).
+float ExpAndSum(float* x, size_t n, float shift) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const auto shift_v = hn::Set(d, shift);
+  auto sum_v = hn::Zero(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), shift_v));
+    hn::StoreU(e, d, x + i);
+    sum_v = hn::Add(sum_v, e);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+// Peak FMA throughput probe: 12 independent accumulator chains, `iterations` rounds.
+// Returns a value that depends on every lane so the work cannot be optimised away.
+float FmaProbe(size_t iterations) {
+  const hn::ScalableTag<float> d;
+  auto a0 = hn::Set(d, 1.0f), a1 = hn::Set(d, 1.1f), a2 = hn::Set(d, 1.2f), a3 = hn::Set(d, 1.3f);
+  auto a4 = hn::Set(d, 1.4f), a5 = hn::Set(d, 1.5f), a6 = hn::Set(d, 1.6f), a7 = hn::Set(d, 1.7f);
+  auto a8 = hn::Set(d, 1.8f), a9 = hn::Set(d, 1.9f), a10 = hn::Set(d, 2.0f), a11 = hn::Set(d, 2.1f);
+  const auto m = hn::Set(d, 0.999999f), c = hn::Set(d, 1e-7f);
+  for (size_t i = 0; i < iterations; ++i) {
+    a0 = hn::MulAdd(a0, m, c);
+    a1 = hn::MulAdd(a1, m, c);
+    a2 = hn::MulAdd(a2, m, c);
+    a3 = hn::MulAdd(a3, m, c);
+    a4 = hn::MulAdd(a4, m, c);
+    a5 = hn::MulAdd(a5, m, c);
+    a6 = hn::MulAdd(a6, m, c);
+    a7 = hn::MulAdd(a7, m, c);
+    a8 = hn::MulAdd(a8, m, c);
+    a9 = hn::MulAdd(a9, m, c);
+    a10 = hn::MulAdd(a10, m, c);
+    a11 = hn::MulAdd(a11, m, c);
+  }
+  auto sum =
+      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  sum = hn::Add(sum, hn::Add(hn::Add(a8, a9), hn::Add(a10, a11)));
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+size_t FloatLanes() {
+  return hn::Lanes(hn::ScalableTag<float>());
+}
+
+}  // namespace kvaudit::numerics::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvaudit::numerics {
+
+HWY_EXPORT(ScoreBlock);
+HWY_EXPORT(AccumulateWeighted);
+HWY_EXPORT(ExpAndSum);
+HWY_EXPORT(FmaProbe);
+HWY_EXPORT(FloatLanes);
+
+void score_block(const float* queries, int64_t query_count, int64_t query_stride, const float* keys,
+                 int64_t key_count, int64_t key_stride, int64_t dim, float scale, float* scores) {
+  HWY_DYNAMIC_DISPATCH(ScoreBlock)
+  (queries, size_t(query_count), size_t(query_stride), keys, size_t(key_count), size_t(key_stride),
+   size_t(dim), scale, scores);
+}
+
+void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_count,
+                         const float* values, int64_t value_stride, int64_t dim, float* out,
+                         int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(AccumulateWeighted)
+  (weights, size_t(query_count), size_t(key_count), values, size_t(value_stride), size_t(dim), out,
+   size_t(out_stride));
+}
+
+float exp_and_sum(std::span<float> values, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpAndSum)(values.data(), values.size(), shift);
+}
+
+float fma_probe(int64_t iterations) {
+  return HWY_DYNAMIC_DISPATCH(FmaProbe)(size_t(iterations));
+}
+int64_t fma_probe_flops(int64_t iterations) {
+  return iterations * 12 * 2 * int64_t(HWY_DYNAMIC_DISPATCH(FloatLanes)());
+}
+
+}  // namespace kvaudit::numerics
+#endif  // HWY_ONCE
