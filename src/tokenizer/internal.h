@@ -1,0 +1,197 @@
+// tokenizer internals shared by the module's .cpp files; not part of its interface
+// (other modules include tokenizer.h only). Each stage of the Hugging Face pipeline is a
+// small value type: AddedTokenMatcher -> Normalizer -> PreTokenizer -> BpeModel.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace kvaudit::tokenizer::detail {
+
+// ---- Unicode helpers (unicode.cpp) -------------------------------------------------------
+
+bool is_valid_utf8(std::string_view bytes);
+// Decodes the code point at `pos` of valid UTF-8 and advances pos past it.
+char32_t next_code_point(std::string_view text, size_t& pos);
+// The code point that ends `text` (valid UTF-8, non-empty).
+char32_t last_code_point(std::string_view text);
+// Unicode White_Space: what \s means in Oniguruma and Rust's regex crate (unlike PCRE2's
+// \s, it includes U+0085; unlike JavaScript's, it excludes U+FEFF).
+bool is_white_space(char32_t cp);
+// Rust regex's Unicode \w: Alphabetic, marks, decimal digits, connector punctuation and
+// the joiners (Other_Alphabetic symbols are limited to the circled/squared letters).
+bool is_word_char(char32_t cp);
+// The White_Space set as PCRE2 class items, to put inside [...].
+extern const char* const kWhiteSpaceClassItems;
+
+// GPT-2's bytes_to_unicode: each byte's stand-in character, UTF-8 encoded.
+const std::array<std::string, 256>& byte_level_chars();
+// The inverse: the byte a stand-in character means, or -1 for other characters.
+int byte_level_byte(char32_t cp);
+// What the ByteLevel decoder emits for one vocabulary string: the bytes its characters
+// stand for, or the string itself when any character is not a stand-in (as HF does).
+std::string byte_level_decode(std::string_view token);
+
+enum class NormalForm { nfc, nfd, nfkc, nfkd };
+
+// A sequence of Unicode normal forms (tokenizer.json "normalizer"). Empty: identity.
+struct Normalizer {
+  std::vector<NormalForm> forms;
+  // Returns `text` unchanged (as a view into it) or a view into `storage`.
+  std::string_view apply(std::string_view text, std::string& storage) const;
+};
+
+// ---- Pre-tokenization (pretokenize.cpp) -------------------------------------------------
+
+// A compiled PCRE2 pattern (UTF + UCP + JIT), Hugging Face (Oniguruma) flavour.
+class Regex {
+ public:
+  // `pattern` is in tokenizer.json syntax; `literal` compiles it as a plain string.
+  Regex(std::string_view pattern, bool literal, std::string_view where);
+  Regex(Regex&&) noexcept;
+  Regex& operator=(Regex&&) noexcept;
+  ~Regex();
+  // Appends the [begin, end) byte ranges of every non-empty match of `text` to `matches`.
+  void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const;
+
+ private:
+  void* code_ = nullptr;  // pcre2_code_8*
+};
+
+// Rewrites \s and \S to the White_Space set so PCRE2 matches as Oniguruma does.
+std::string oniguruma_to_pcre2(std::string_view pattern, std::string_view where);
+
+enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+struct PreTokenizerStep {
+  enum class Kind { split, byte_level } kind = Kind::split;
+  std::shared_ptr<const Regex> regex;  // split, or byte_level with use_regex
+  SplitBehavior behavior = SplitBehavior::isolated;
+  bool invert = false;
+  bool add_prefix_space = false;  // byte_level only
+};
+
+// The pieces BPE sees. Views point into the text given to run() or into owned storage.
+struct PreTokenizer {
+  std::vector<PreTokenizerStep> steps;
+  void run(std::string_view text, std::vector<std::string_view>& pieces,
+           std::deque<std::string>& storage) const;
+};
+
+// GPT-2's pattern, which ByteLevel{use_regex: true} splits with.
+extern const char* const kGpt2SplitPattern;
+
+// ---- BPE model (bpe.cpp) -----------------------------------------------------------------
+
+// Lets unordered_map<std::string, ...> be searched with a string_view without a copy.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+};
+
+using Vocab = std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>>;
+
+class BpeModel {
+ public:
+  // vocab: vocabulary string -> id; merges: pairs in rank order (first = merged first).
+  BpeModel(Vocab vocab, const std::vector<std::pair<std::string_view, std::string_view>>& merges,
+           bool ignore_merges, std::string_view where);
+
+  // Appends the ids of one pre-tokenized piece (raw bytes, byte-level BPE).
+  void encode_piece(std::string_view piece_bytes, std::vector<TokenId>& ids) const;
+
+  const Vocab& vocab() const { return vocab_; }
+  const std::vector<std::string>& id_to_token() const { return id_to_token_; }
+
+ private:
+  struct MergeTarget {
+    uint32_t rank;
+    TokenId id;
+  };
+  static uint64_t pair_key(TokenId left, TokenId right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+  void merge(std::string_view piece_bytes, std::vector<TokenId>& ids) const;
+
+  Vocab vocab_;
+  std::vector<std::string> id_to_token_;  // [max id + 1], "" where the id is unused
+  std::array<TokenId, 256> byte_ids_{};   // id of each byte's one-character token, -1 if none
+  std::unordered_map<uint64_t, MergeTarget> merges_;
+  bool ignore_merges_ = false;
+
+  // Pieces repeat (keywords, indentation); their ids are cached, as HF does, up to a bound.
+  static constexpr size_t kCacheMaxEntries = 1 << 17;
+  static constexpr size_t kCacheMaxPieceBytes = 256;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>> cache_;
+};
+
+// ---- Added tokens (added_tokens.cpp) -----------------------------------------------------
+
+struct Segment {
+  std::string_view text;
+  int added_index = -1;  // index into the token list, or -1 for ordinary text
+};
+
+// Finds added tokens the way HF's AddedVocabulary does: leftmost-longest matches,
+// non-overlapping, then the single_word / lstrip / rstrip adjustments.
+class AddedTokenMatcher {
+ public:
+  // patterns[i] is what token i is matched as (its content, normalized for normalized
+  // tokens); `indices` are the token-list indices this matcher covers.
+  AddedTokenMatcher(const std::vector<AddedToken>& tokens, const std::vector<std::string>& patterns,
+                    const std::vector<int>& indices);
+  bool empty() const { return nodes_.size() <= 1; }
+  void split(std::string_view text, std::vector<Segment>& segments) const;
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, int32_t>> children;  // sorted by byte
+    int32_t token_index = -1;                                 // token ending here
+  };
+  std::vector<AddedToken> tokens_;      // the flags of every token (copied: small)
+  std::vector<Node> nodes_;             // nodes_[0] is the root
+  std::array<bool, 256> first_byte_{};  // bytes that can start a match
+};
+
+// ---- The whole tokenizer (load.cpp builds it, tokenizer.cpp runs it) ----------------------
+
+// One element of a TemplateProcessing "single" template: the text's ids, or fixed ids.
+struct TemplateItem {
+  bool is_sequence = false;
+  std::vector<TokenId> ids;
+};
+
+}  // namespace kvaudit::tokenizer::detail
+
+namespace kvaudit::tokenizer {
+
+struct Tokenizer::Impl {
+  std::string where;  // the tokenizer's path, for messages
+  std::unique_ptr<detail::BpeModel> model;
+  std::vector<AddedToken> added;  // in tokenizer.json order, ids as HF assigns them
+  std::unordered_map<std::string, int, detail::StringHash, std::equal_to<>> added_by_content;
+  std::unordered_map<TokenId, int> added_by_id;
+  detail::Normalizer normalizer;
+  std::unique_ptr<detail::AddedTokenMatcher> raw_matcher;         // normalized == false
+  std::unique_ptr<detail::AddedTokenMatcher> normalized_matcher;  // normalized == true
+  detail::PreTokenizer pre_tokenizer;
+  std::vector<detail::TemplateItem> single_template;  // empty: the post-processor adds nothing
+  std::vector<std::string> token_bytes;               // [vocab_size] what decode emits per id
+  std::vector<bool> token_known;                      // [vocab_size] false for ids no token has
+  std::vector<bool> token_special;                    // [vocab_size] skipped by skip_special_tokens
+  TokenizerConfig config;
+};
+
+}  // namespace kvaudit::tokenizer
