@@ -11,7 +11,6 @@
 #include <utf8proc.h>
 
 #include "report/report.h"
-#include "util/util.h"
 
 namespace kvaudit::report {
 
@@ -85,7 +84,8 @@ std::string format_any(const Value& value, int precision, bool group_digits) {
     std::string operator()(std::monostate) const { return "-"; }
     std::string operator()(bool flag) const { return flag ? "yes" : "no"; }
     std::string operator()(int64_t number) const {
-      return group_digits ? with_thousands(number) : std::to_string(number);
+      // Not util's with_thousands: it negates, which overflows for INT64_MIN.
+      return group_digits ? group_integer_part(std::to_string(number)) : std::to_string(number);
     }
     std::string operator()(double number) const {
       return format_double(number, precision, group_digits);
