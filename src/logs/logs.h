@@ -1,0 +1,149 @@
+// logs: reads SGLang and vLLM start-up logs (plain, journalctl-prefixed, docker
+// compose, with ANSI colours, CRLF and interleaved TP-rank lines), streams them with
+// bounded memory, splits them into launches and says what each launch really
+// resolved: engine, version, model, TP, requested and resolved KV dtype, scale
+// messages (and whether they prove a scale-1.0 fallback), pool sizes, token
+// capacity, memory figures and failures. Not a general log viewer: lines that carry
+// none of these facts are skipped without being parsed.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <istream>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "plan/plan.h"
+#include "report/report.h"
+
+namespace kvaudit::logs {
+
+// ---------------------------------------------------------------- Python repr
+
+// The result of reading a Python repr (`ServerArgs(a=1, b='x', c=[1, None])`):
+// calls become objects of their keyword arguments, None null, True/False booleans,
+// tuples and sets arrays, `<Enum.X: 'x'>` and bare names strings. Never throws:
+// truncated or malformed input gives what was read so far and complete=false.
+struct ReprResult {
+  nlohmann::json value;
+  bool complete = false;
+  std::string error;  // empty when complete
+  size_t consumed = 0;
+};
+ReprResult parse_python_repr(std::string_view text);
+
+// ---------------------------------------------------------------- lines
+
+// One log line with its wrappers removed.
+struct LogLine {
+  std::string message;        // the engine's text, without journal/docker/engine prefixes
+  std::string timestamp;      // journal timestamp when present, else the engine's
+  std::string journal_ident;  // "sglang", "systemd" ... (journal lines only)
+  std::string rank;           // "TP0", "PP1 TP3", "rank=2", ...
+};
+// Strips CR, ANSI escape sequences and the known prefixes.
+LogLine normalise_line(std::string_view raw);
+
+// ---------------------------------------------------------------- launches
+
+struct LogEvent {
+  int64_t line = 0;  // 1-based line number in the input
+  std::string kind;  // "traceback", "oom", "exception", "not_enough_memory", "exited", ...
+  std::string text;  // the message (first 300 characters)
+  bool after_ready = false;
+};
+
+struct Launch {
+  int index = 0;  // 0-based, in file order
+  int64_t first_line = 0, last_line = 0;
+  std::string start_time, end_time;
+  std::string engine;  // "sglang" | "vllm" | "" (unknown)
+  std::string engine_version;
+  std::string model_path;
+  nlohmann::json server_args;  // SGLang ServerArgs or vLLM non-default args; null if absent
+  bool server_args_complete = true;
+  int tp = 0;  // 0: not printed
+  int pp = 0;
+  std::set<std::string> ranks_seen;
+  std::string kv_cache_dtype_requested;  // as written ("auto", "fp8_e4m3", "bf16"); "" unknown
+  std::string kv_cache_dtype_resolved;   // normalised (bf16, fp16, fp8_e4m3, ...); "" unknown
+  std::string resolved_evidence;         // the line that decided it
+  std::string model_dtype;               // "bf16" ... from the engine's config line
+  std::string quantization_param_path;
+  std::vector<LogEvent> scale_messages;  // kind: sglang_no_scale_warning, vllm_unit_scale, ...
+  std::optional<bool> scale_fallback;    // null when the log cannot tell
+  std::string scale_fallback_reason;
+  plan::LoggedMemory memory;
+  std::optional<int64_t> max_total_tokens;
+  std::optional<int64_t> max_running_requests;
+  std::optional<int64_t> context_length;
+  std::optional<double> weights_gib;  // per GPU, as the engine printed it
+  bool ready = false;
+  int64_t ready_line = 0;
+  std::vector<LogEvent> failures;
+  int64_t failures_dropped = 0;
+  std::vector<report::Finding> findings;
+  int stage = -1;  // internal: how far start-up got
+};
+
+struct LogScan {
+  std::string source;
+  std::vector<Launch> launches;  // file order, latest last
+  int64_t launches_dropped = 0;  // oldest launches beyond the kept window
+  uint64_t bytes = 0;
+  int64_t lines = 0;
+  int64_t matched_lines = 0;
+  int64_t truncated_lines = 0;  // lines longer than the line cap, read in part
+};
+
+struct ScanOptions {
+  size_t max_line_bytes = 1 << 20;  // longer lines are kept in part
+  size_t max_launches = 256;        // older launches are dropped (counted)
+};
+
+// Streams a log from `in` with memory bounded by the options, whatever its size.
+// Throws InputError for input that is not a text log (NUL bytes in the first block).
+LogScan scan_log(std::istream& in, const std::string& label, const ScanOptions& options = {});
+LogScan scan_log_file(const std::filesystem::path& path, const ScanOptions& options = {});
+LogScan scan_log_text(std::string_view text, const std::string& label = "log");
+
+// The literal patterns the scanner looks for; a line matching none is skipped.
+// (The benchmark hands the same list to grep -c -E.)
+const std::vector<std::string>& scan_patterns();
+
+// ---------------------------------------------------------------- verification
+
+struct Expectation {
+  std::string key;  // kv_cache_dtype, scale_fallback, engine, tp, ready, max_total_tokens
+  std::string value;
+};
+// "kv_cache_dtype=bf16" -> {key, value}; throws InputError for unknown keys.
+Expectation parse_expectation(std::string_view text);
+
+struct ExpectationResult {
+  Expectation expected;
+  std::string actual;  // "" when the log does not say
+  bool met = false;
+};
+std::vector<ExpectationResult> check_expectations(const Launch& launch,
+                                                  const std::vector<Expectation>& expectations);
+
+// With the checkpoint the launch served: decides the scale fallback the log alone
+// cannot (no k/v scales in the checkpoint and no --quantization-param-path under an
+// FP8 cache means SGLang uses 1.0), and compares the printed capacity with plan's.
+// Recomputes the launch's findings.
+void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model, bool is_latest);
+
+// Adds the per-launch findings (silent FP8, unit scales, failures, not ready).
+void add_findings(Launch& launch, bool is_latest);
+
+report::Report logs_report(const LogScan& scan, bool all_launches,
+                           const std::vector<ExpectationResult>& expectations);
+
+}  // namespace kvaudit::logs

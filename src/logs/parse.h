@@ -1,0 +1,37 @@
+// logs internals: turns candidate lines into launches. Private to src/logs/.
+#pragma once
+
+#include <deque>
+#include <string_view>
+
+#include "logs/logs.h"
+
+namespace kvaudit::logs {
+
+class LaunchBuilder {
+ public:
+  explicit LaunchBuilder(size_t max_launches) : max_launches_(std::max<size_t>(1, max_launches)) {}
+
+  // One line that matched a scan pattern (raw, with its prefixes), 1-based number.
+  void handle(std::string_view raw_line, int64_t line_no);
+  // Moves the launches into `out`, resolving what needs the whole launch.
+  void finish(LogScan& out);
+
+ private:
+  Launch& current(int64_t line_no, const std::string& timestamp);
+  // A line that starts a launch at `stage`: opens a new launch when the current
+  // one already got that far.
+  Launch& start_marker(int stage, int64_t line_no, const std::string& timestamp);
+  void record_failure(Launch& launch, const std::string& kind, const std::string& message,
+                      int64_t line_no);
+  void apply_server_args(Launch& launch, const nlohmann::json& args, bool complete);
+  void apply_vllm_args(Launch& launch, const nlohmann::json& args);
+  void apply_vllm_engine_config(Launch& launch, std::string_view message);
+
+  std::deque<Launch> launches_;
+  size_t max_launches_;
+  int64_t dropped_ = 0;
+  int next_index_ = 0;
+};
+
+}  // namespace kvaudit::logs

@@ -1,0 +1,273 @@
+// logs scan: streams a log in blocks and finds the few lines that matter with a
+// sampled 4-gram filter (every pattern is at least kMinPattern bytes long, so one
+// 4-gram of any occurrence falls on a sampled position; a 64 Kbit table rejects
+// almost every sample). Only candidate lines are normalised and parsed. Memory is
+// one block plus one line cap, whatever the size of the log.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "logs/logs.h"
+#include "logs/parse.h"
+#include "util/util.h"
+
+namespace kvaudit::logs {
+
+const std::vector<std::string>& scan_patterns() {
+  static const std::vector<std::string> patterns = {
+      // SGLang
+      "server_args=ServerArgs(", "Load weight begin", "Load weight end", "KV Cache is allocated",
+      "Mamba Cache is allocated", "max_total_num_tokens=", "Using KV cache dtype",
+      "Using FP8 KV cache but no scaling factors", "fired up and ready to roll", "Memory pool end",
+      "sliding window memory pool",
+      // vLLM
+      "LLM engine (v", "vLLM API server version", "non-default args:", "Available KV cache memory",
+      "GPU KV cache size", "Maximum concurrency for",
+      "# GPU blocks:", "# cuda blocks:", "reserved for KV Cache is",
+      "Memory profiling results:", "Using fp8 data type to store kv",
+      "Using KV cache scaling factor", "not found the expected name",
+      "Application startup complete", "Loading model weights took", "Model loading took",
+      // failures, both engines and systemd
+      "Traceback (most recent call last)", "out of memory", "OutOfMemoryError", "Not enough memory",
+      "Scheduler hit an exception", "Error: ", "AssertionError", "Main process exited",
+      "Failed with result", "Started ", "Stopped "};
+  return patterns;
+}
+
+namespace {
+
+constexpr size_t kMinPattern = 7;
+constexpr size_t kStride = kMinPattern - 3;
+constexpr size_t kBlockBytes = 1 << 20;
+
+uint32_t load32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint32_t hash16(uint32_t w) {
+  return (w * 2654435761u) >> 16;
+}
+
+class PatternFilter {
+ public:
+  PatternFilter() : bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
+    const auto& patterns = scan_patterns();
+    std::vector<std::vector<Entry>> buckets(1 << 16);
+    for (size_t p = 0; p < patterns.size(); ++p) {
+      const std::string& text = patterns[p];
+      max_len_ = std::max(max_len_, text.size());
+      for (size_t j = 0; j + 4 <= text.size(); ++j) {
+        uint32_t h = hash16(load32(text.data() + j));
+        bits_[h >> 6] |= uint64_t{1} << (h & 63);
+        buckets[h].push_back({static_cast<uint16_t>(p), static_cast<uint16_t>(j)});
+      }
+    }
+    for (size_t h = 0; h < buckets.size(); ++h) {
+      bucket_begin_[h + 1] = bucket_begin_[h] + static_cast<uint32_t>(buckets[h].size());
+      for (const auto& e : buckets[h]) entries_.push_back(e);
+    }
+  }
+
+  size_t max_len() const { return max_len_; }
+
+  // First sample position >= from where a pattern occurrence starting at or after
+  // `from` verifies; returns {sample, start} or {npos, npos}.
+  std::pair<size_t, size_t> find(const char* data, size_t size, size_t from) const {
+    const auto& patterns = scan_patterns();
+    for (size_t i = from; i + 4 <= size; i += kStride) {
+      uint32_t h = hash16(load32(data + i));
+      if (!(bits_[h >> 6] >> (h & 63) & 1)) continue;
+      for (uint32_t k = bucket_begin_[h]; k < bucket_begin_[h + 1]; ++k) {
+        const Entry& e = entries_[k];
+        if (i < from + e.offset) continue;
+        size_t start = i - e.offset;
+        const std::string& p = patterns[e.pattern];
+        if (start + p.size() <= size && std::memcmp(data + start, p.data(), p.size()) == 0)
+          return {i, start};
+      }
+    }
+    return {std::string::npos, std::string::npos};
+  }
+
+ private:
+  struct Entry {
+    uint16_t pattern;
+    uint16_t offset;
+  };
+  std::vector<uint64_t> bits_;
+  std::vector<uint32_t> bucket_begin_;
+  std::vector<Entry> entries_;
+  size_t max_len_ = 0;
+};
+
+const PatternFilter& filter() {
+  static const PatternFilter f;
+  return f;
+}
+
+bool line_matches(std::string_view line) {
+  for (const auto& p : scan_patterns())
+    if (line.find(p) != std::string_view::npos) return true;
+  return false;
+}
+
+// Scans complete lines in [data, data + size) (size ends after a '\n' or at EOF).
+class BlockScanner {
+ public:
+  explicit BlockScanner(LaunchBuilder& builder) : builder_(builder) {}
+
+  void scan(const char* data, size_t size) {
+    const PatternFilter& f = filter();
+    size_t pos = 0, counted = 0;
+    while (pos < size) {
+      auto [sample, start] = f.find(data, size, pos);
+      if (sample == std::string::npos) break;
+      // Any earlier occurrence would have been caught at an earlier sample unless it
+      // lies within max_len of this one: recheck those lines exactly.
+      size_t back = sample > pos + f.max_len() ? sample - f.max_len() : pos;
+      size_t line_begin = back;
+      while (line_begin > pos && data[line_begin - 1] != '\n') --line_begin;
+      const char* stop_nl = static_cast<const char*>(std::memchr(data + start, '\n', size - start));
+      size_t stop = stop_nl ? static_cast<size_t>(stop_nl - data) : size;
+      while (line_begin <= stop && line_begin < size) {
+        const char* nl =
+            static_cast<const char*>(std::memchr(data + line_begin, '\n', size - line_begin));
+        size_t line_end = nl ? static_cast<size_t>(nl - data) : size;
+        std::string_view line(data + line_begin, line_end - line_begin);
+        if (line_matches(line)) {
+          line_no_ += std::count(data + counted, data + line_begin, '\n');
+          counted = line_begin;
+          builder_.handle(line, line_no_ + 1);
+          ++matched_;
+        }
+        line_begin = line_end + 1;
+      }
+      pos = line_begin;
+    }
+    line_no_ += std::count(data + counted, data + size, '\n');
+  }
+
+  void add_lines(int64_t n) { line_no_ += n; }
+  int64_t lines() const { return line_no_; }
+  int64_t matched() const { return matched_; }
+
+ private:
+  LaunchBuilder& builder_;
+  int64_t line_no_ = 0;
+  int64_t matched_ = 0;
+};
+
+using ReadFn = std::function<size_t(char*, size_t)>;
+
+LogScan scan_stream(const ReadFn& read, const std::string& label, const ScanOptions& options) {
+  LaunchBuilder builder(options.max_launches);
+  BlockScanner scanner(builder);
+  LogScan result;
+  result.source = label;
+  const size_t cap = std::max<size_t>(options.max_line_bytes, 4096);
+  std::vector<char> buffer(kBlockBytes + cap + 1);
+  size_t carry = 0;
+  bool skipping = false;  // inside the tail of an over-long line
+  bool first = true;
+  for (;;) {
+    size_t n = read(buffer.data() + carry, kBlockBytes);
+    if (first) {
+      first = false;
+      size_t probe = std::min<size_t>(n, 65536);
+      if (std::memchr(buffer.data(), '\0', probe) != nullptr)
+        throw InputError(label, "binary data (NUL bytes), not a text log");
+    }
+    result.bytes += n;
+    if (n == 0) break;
+    char* data = buffer.data();
+    size_t size = carry + n;
+    size_t begin = 0;
+    if (skipping) {
+      const char* nl = static_cast<const char*>(std::memchr(data, '\n', size));
+      if (!nl) {
+        carry = 0;
+        continue;
+      }
+      begin = static_cast<size_t>(nl - data) + 1;
+      scanner.add_lines(1);
+      skipping = false;
+    }
+    const char* last_nl = nullptr;
+    for (size_t i = size; i > begin; --i)
+      if (data[i - 1] == '\n') {
+        last_nl = data + i - 1;
+        break;
+      }
+    if (last_nl) {
+      size_t complete = static_cast<size_t>(last_nl - data) + 1;
+      scanner.scan(data + begin, complete - begin);
+      carry = size - complete;
+      std::memmove(data, data + complete, carry);
+    } else {
+      carry = size - begin;
+      if (begin > 0) std::memmove(data, data + begin, carry);
+    }
+    if (carry >= cap) {
+      // A line longer than the cap: read its first `cap` bytes, skip the rest.
+      scanner.scan(data, cap);
+      ++result.truncated_lines;
+      carry = 0;
+      skipping = true;
+    }
+  }
+  if (carry > 0 && !skipping) {
+    scanner.scan(buffer.data(), carry);
+    scanner.add_lines(1);
+  }
+  result.lines = scanner.lines();
+  result.matched_lines = scanner.matched();
+  builder.finish(result);
+  if (result.bytes == 0) throw InputError(label, "empty log");
+  return result;
+}
+
+}  // namespace
+
+LogScan scan_log(std::istream& in, const std::string& label, const ScanOptions& options) {
+  return scan_stream(
+      [&](char* out, size_t n) {
+        in.read(out, static_cast<std::streamsize>(n));
+        return static_cast<size_t>(in.gcount());
+      },
+      label, options);
+}
+
+LogScan scan_log_file(const std::filesystem::path& path, const ScanOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw InputError(path.string(), "no such file");
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(path.string(), "is a directory, expected a log file");
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (!file) throw InputError(path.string(), std::string("cannot open: ") + std::strerror(errno));
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{file};
+  return scan_stream([&](char* out, size_t n) { return std::fread(out, 1, n, file); },
+                     path.string(), options);
+}
+
+LogScan scan_log_text(std::string_view text, const std::string& label) {
+  size_t offset = 0;
+  return scan_stream(
+      [&](char* out, size_t n) {
+        size_t take = std::min(n, text.size() - offset);
+        std::memcpy(out, text.data() + offset, take);
+        offset += take;
+        return take;
+      },
+      label, ScanOptions{});
+}
+
+}  // namespace kvaudit::logs
