@@ -429,7 +429,14 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 
 Tokenizer Tokenizer::load(const fs::path& path) {
   std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw InputError(path.string(), "no such folder (expected a Hugging Face tokenizer folder "
+                                    "holding tokenizer.json)");
+  }
   fs::path tokenizer_path = fs::is_directory(path, ec) ? path / "tokenizer.json" : path;
+  if (!fs::exists(tokenizer_path, ec)) {
+    throw InputError(path.string(), "holds no tokenizer.json");
+  }
   std::string tokenizer_json = read_text_file(tokenizer_path, uint64_t{1} << 30);
   fs::path config_path = tokenizer_path.parent_path() / "tokenizer_config.json";
   std::string config_json;
