@@ -21,7 +21,7 @@
 namespace kvaudit::quant {
 
 struct AttentionShape {
-  int q_heads = 32;   // query heads (GQA: a multiple of kv_heads)
+  int q_heads = 32;  // query heads (GQA: a multiple of kv_heads)
   int kv_heads = 8;
   int head_dim = 128;
   numerics::KvLayout kv_layout() const { return {kv_heads, head_dim}; }
@@ -54,12 +54,11 @@ std::unique_ptr<QkvSource> make_synthetic(std::string_view profile, const Attent
                                           int64_t tokens, uint64_t seed = 1);
 
 // ---------------------------------------------------------------- file inputs
-// A .safetensors file with tensors named q/k/v (or query/key/value, q_proj... not needed),
-// or a folder holding q.npy, k.npy, v.npy. K and V are [tokens, kv_heads, head_dim] (or
-// [kv_heads, tokens, head_dim] when the file says so via layout "hnd" in metadata); Q is
-// [positions, q_heads, head_dim] and optional: without it the queries are the last keys
-// repeated over the query heads. dtypes: F32, F16, BF16. Throws InputError on anything
-// malformed (file, shape, dtype, size).
+// A .safetensors file with tensors named k/v/q (or key/value/query), or a folder holding
+// k.npy, v.npy and optionally q.npy. K and V are [tokens, kv_heads, head_dim]; Q is
+// [positions, q_heads, head_dim] and optional (the queries then are the keys just before
+// each context end). dtypes: F32, F16, BF16 (safetensors) or <f4, <f2 (npy). Throws
+// InputError on anything malformed (file, header, shape, dtype, byte count).
 std::unique_ptr<QkvSource> load_qkv(const std::filesystem::path& path);
 
 // ---------------------------------------------------------------- analysis
@@ -75,18 +74,18 @@ struct TensorMetrics {
 struct AttentionPoint {
   std::string format;
   int64_t context_tokens = 0;
-  int64_t queries = 0;             // query vectors (heads x positions)
-  int64_t nonfinite_queries = 0;   // queries whose output became NaN/inf
-  double score_rel_rmse = 0.0;     // sqrt(sum (s' - s)^2 / sum s^2) over finite scores
-  double kl_mean = 0.0;            // mean over finite queries of KL(p_ref || p_format), nats
+  int64_t queries = 0;            // query vectors (heads x positions)
+  int64_t nonfinite_queries = 0;  // queries whose output became NaN/inf
+  double score_rel_rmse = 0.0;    // sqrt(sum (s' - s)^2 / sum s^2) over finite scores
+  double kl_mean = 0.0;           // mean over finite queries of KL(p_ref || p_format), nats
   double kl_max = 0.0;
-  double topk_agreement = 1.0;     // mean |topk_ref & topk_format| / k
-  double output_rel_error = 0.0;   // sqrt(sum |o' - o|^2 / sum |o|^2) over finite queries
+  double topk_agreement = 1.0;    // mean |topk_ref & topk_format| / k
+  double output_rel_error = 0.0;  // sqrt(sum |o' - o|^2 / sum |o|^2) over finite queries
 };
 
 struct AnalysisOptions {
   std::vector<int64_t> contexts = {1024, 4096, 16384};  // ascending, <= source tokens
-  int query_positions = 16;   // decode steps after each context
+  int query_positions = 16;                             // decode steps after each context
   int top_k = 32;
   int64_t chunk_tokens = 1024;
   // "calibrated" static scales come from the amax over all analysed K (V) tokens.
@@ -97,7 +96,7 @@ struct QuantAnalysis {
   std::string source;
   AttentionShape shape;
   std::vector<numerics::KvFormat> formats;
-  int64_t tokens = 0;  // tokens analysed (the largest context)
+  int64_t tokens = 0;                     // tokens analysed (the largest context)
   std::vector<TensorMetrics> tensors;     // per format, K then V
   std::vector<AttentionPoint> attention;  // per format x context, context ascending
   double attention_flops = 0.0;           // multiply-adds x 2 in the Q K^T and P V products
