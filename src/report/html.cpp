@@ -43,7 +43,11 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 table.facts { width: auto; } table.facts th { background: none; font-weight: 500; color: var(--muted); }
 table.findings tr > td:first-child { border-left: 5px solid var(--sev); white-space: nowrap; }
 .finding-title { font-weight: 600; } .rule-id { color: var(--muted); font-size: 12px; }
-.evidence { margin: 0; padding-left: 16px; } .evidence li { overflow-wrap: anywhere; }
+.evidence { margin: 0; padding: 0; list-style: none; }
+.evidence li { overflow-wrap: anywhere; margin-bottom: 6px; }
+.ev-file { color: var(--muted); font-size: 12px; }
+table.findings col.c-sev { width: 96px; } table.findings col.c-finding { width: 36%; }
+table.findings col.c-evidence { width: 32%; }
 code { font: 12px ui-monospace, "DejaVu Sans Mono", monospace; background: var(--panel);
   padding: 1px 4px; border-radius: 4px; overflow-wrap: anywhere; }
 figure { margin: 12px 0 20px; padding: 12px; border: 1px solid var(--line); border-radius: 8px;
@@ -117,19 +121,23 @@ std::string render_table(const Table& table) {
 
 std::string evidence_item(const Evidence& evidence) {
   std::string item = "<li>";
-  if (!evidence.file.empty()) item += "<code>" + escape_html(evidence.file) + "</code> ";
-  if (!evidence.key.empty()) item += escape_html(evidence.key);
+  if (!evidence.file.empty())
+    item += "<div class=\"ev-file\">" + escape_html(evidence.file) + "</div>";
+  std::string what;
+  if (!evidence.key.empty()) what += "<code>" + escape_html(evidence.key) + "</code>";
   if (!evidence.value.empty()) {
-    item += (evidence.key.empty() ? "" : " = ") + std::string("<code>") +
-            escape_html(evidence.value) + "</code>";
+    what += (evidence.key.empty() ? "" : " = ") + escape_html(evidence.value);
   }
+  if (!what.empty()) item += "<div>" + what + "</div>";
   return item + "</li>";
 }
 
 std::string render_findings(const std::vector<Finding>& findings) {
   std::string out =
       "<section id=\"findings\"><h2>Findings</h2>\n<table class=\"findings\">\n"
-      "<thead><tr><th>Severity</th><th>Finding</th><th>Evidence</th><th>Fix</th></tr></"
+      "<colgroup><col class=\"c-sev\"><col class=\"c-finding\"><col class=\"c-evidence\"><col>"
+      "</colgroup>\n<thead><tr><th>Severity</th><th>Finding</th><th>Evidence</th><th>Fix</th></"
+      "tr></"
       "thead>\n<tbody>\n";
   for (Severity severity : {Severity::critical, Severity::warning, Severity::info}) {
     for (const Finding& finding : findings) {

@@ -70,10 +70,10 @@ TEST(Html, ShowsVerdictFactsFindingsTablesAndNotes) {
   EXPECT_LT(critical, warning);
   EXPECT_LT(warning, info);
   EXPECT_NE(html.find(".sev-critical { --sev: var(--critical); }"), std::string::npos);
-  EXPECT_NE(
-      html.find(
-          "<code>hf_quant_config.json</code> quantization.kv_cache_quant_algo = <code>FP8</code>"),
-      std::string::npos);
+  EXPECT_NE(html.find("<li><div "
+                      "class=\"ev-file\">hf_quant_config.json</"
+                      "div><div><code>quantization.kv_cache_quant_algo</code> = FP8</div></li>"),
+            std::string::npos);
   EXPECT_NE(html.find("data-table-id=\"capacity\""), std::string::npos);
   EXPECT_NE(html.find("<li>Recall numbers come from 20 needles per cell.</li>"), std::string::npos);
 }
