@@ -71,7 +71,7 @@ std::string names_preview(const std::vector<std::string>& names, size_t shown = 
   return text;
 }
 
-std::string fix_flag(const Context& ctx, const std::string& value) {
+std::string fix_flag(const Context& /*ctx*/, const std::string& value) {
   return fmt::format("launch with --kv-cache-dtype {}", value);
 }
 
