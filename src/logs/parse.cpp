@@ -237,6 +237,9 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   Launch& launch = current(line_no, ts);
   if (!line.rank.empty() && launch.ranks_seen.size() < 1024) launch.ranks_seen.insert(line.rank);
   auto loading = [&] { launch.stage = std::max<int>(launch.stage, kLoading); };
+  auto mark_vllm = [&] {
+    if (launch.engine.empty()) launch.engine = "vllm";
+  };
 
   // SGLang start-up.
   if (contains(m, "Load weight begin")) {
@@ -289,52 +292,63 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   }
   // vLLM start-up.
   else if (contains(m, "Available KV cache memory")) {
+    mark_vllm();
     launch.engine = launch.engine.empty() ? "vllm" : launch.engine;
     keep_min(launch.memory.available_kv_gib, number_after(m, "Available KV cache memory:"));
     loading();
   } else if (contains(m, "GPU KV cache size")) {
+    mark_vllm();
     launch.memory.gpu_kv_cache_tokens = int_after(m, "GPU KV cache size:");
     launch.max_total_tokens = launch.memory.gpu_kv_cache_tokens;
     loading();
   } else if (contains(m, "Maximum concurrency for")) {
+    mark_vllm();
     launch.memory.concurrency_context = int_after(m, "Maximum concurrency for");
     launch.memory.concurrency_x = number_after(m, "tokens per request:");
     loading();
   } else if (contains(m, "# GPU blocks:") || contains(m, "# cuda blocks:")) {
+    mark_vllm();
     launch.memory.num_gpu_blocks = contains(m, "# GPU blocks:") ? int_after(m, "# GPU blocks:")
                                                                 : int_after(m, "# cuda blocks:");
     launch.memory.vllm_v0 = contains(m, "CPU blocks") || launch.memory.vllm_v0;
     loading();
   } else if (contains(m, "reserved for KV Cache is")) {
+    mark_vllm();
     keep_min(launch.memory.available_kv_gib, number_after(m, "reserved for KV Cache is"));
     launch.memory.vllm_v0 = true;
     if (auto w = number_after(m, "model weights take")) launch.weights_gib = w;
     loading();
   } else if (contains(m, "Memory profiling results:")) {
+    mark_vllm();
     keep_min(launch.memory.available_kv_gib, number_after(m, "kv_cache_size="));
     launch.memory.vllm_v0 = true;
     loading();
   } else if (contains(m, "Loading model weights took") || contains(m, "Model loading took")) {
+    mark_vllm();
     launch.weights_gib = contains(m, "Model loading took")
                              ? number_after(m, "Model loading took")
                              : number_after(m, "Loading model weights took");
     if (launch.engine.empty()) launch.engine = "vllm";
     loading();
   } else if (contains(m, "Using fp8 data type to store kv")) {
+    mark_vllm();
     if (launch.kv_cache_dtype_resolved.empty())
       launch.kv_cache_dtype_resolved = "fp8_e4m3",
       launch.resolved_evidence = fmt::format("log:{}: {}", line_no, clip(m, 120));
     if (launch.scale_messages.size() < 64)
       launch.scale_messages.push_back({line_no, "vllm_fp8_accuracy_note", clip(m), launch.ready});
   } else if (contains(m, "Using KV cache scaling factor")) {
+    mark_vllm();
     if (launch.scale_messages.size() < 64)
       launch.scale_messages.push_back({line_no,
                                        contains(m, "factor 1.0") ? "vllm_unit_scale" : "vllm_scale",
                                        clip(m), launch.ready});
   } else if (contains(m, "not found the expected name")) {
+    mark_vllm();
     if ((contains(m, "scale") || contains(m, "kv_cache")) && launch.scale_messages.size() < 64)
       launch.scale_messages.push_back({line_no, "vllm_scale_not_loaded", clip(m), launch.ready});
   } else if (contains(m, "Application startup complete")) {
+    mark_vllm();
     launch.ready = true, launch.ready_line = line_no;
     launch.stage = std::max<int>(launch.stage, kReady);
   }
@@ -345,6 +359,8 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
     record_failure(launch, "not_enough_memory", m, line_no);
   } else if (contains(m, "Traceback (most recent call last)") ||
              contains(m, "Scheduler hit an exception")) {
+    if (launch.engine.empty() && contains(m, "Scheduler hit an exception"))
+      launch.engine = "sglang";
     record_failure(launch, "traceback", m, line_no);
   } else if (contains(m, "Error: ") || contains(m, "AssertionError")) {
     // The exception line that ends a traceback: "ValueError: ...". Only lines that

@@ -208,7 +208,9 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
   const KvDtypeSpec& launch_dtype = find_dtype(data, logged.kv_cache_dtype);
   VllmLayout layout = vllm_layout(model, launch_dtype, parallel, block);
   auto blocks_at = [&](long double bytes, const VllmLayout& l) {
-    return static_cast<int64_t>(std::floor(bytes / l.page_bytes_per_layer / l.group_size));
+    // vLLM clamps a negative budget to zero blocks.
+    return std::max<int64_t>(
+        0, static_cast<int64_t>(std::floor(bytes / l.page_bytes_per_layer / l.group_size)));
   };
   std::optional<int64_t> blocks = logged.num_gpu_blocks;
   if (logged.available_kv_gib) {
@@ -266,14 +268,19 @@ LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const Logged
                                const PlanOptions& options) {
   if (logged.engine != "sglang" && logged.engine != "vllm")
     throw InputError("--from-log", "the log is neither an SGLang nor a vLLM start-up log");
-  if (logged.kv_cache_dtype.empty())
-    throw InputError("--from-log", "the log does not say which KV cache dtype the launch used");
-  EngineCapacityData data = load_capacity_data(logged.engine);
+  LoggedMemory filled = logged;
+  if (filled.kv_cache_dtype.empty() && !options.kv_cache_dtypes.empty())
+    filled.kv_cache_dtype = normalise_dtype_name(options.kv_cache_dtypes.front());
+  if (filled.kv_cache_dtype.empty())
+    throw InputError(
+        "--from-log",
+        "the log does not say which KV cache dtype the launch used (pass --kv-cache-dtype)");
+  EngineCapacityData data = load_capacity_data(filled.engine);
   LogPrediction out;
-  if (logged.engine == "sglang")
-    predict_sglang(model, logged, options, data, out);
+  if (filled.engine == "sglang")
+    predict_sglang(model, filled, options, data, out);
   else
-    predict_vllm(model, logged, options, data, out);
+    predict_vllm(model, filled, options, data, out);
   if (out.checks.empty() && out.rows.empty())
     throw InputError("--from-log", "the log has no memory or capacity figures plan can check");
   return out;
