@@ -214,7 +214,10 @@ void RowCodec::encode_segment_int(const float* x, int count, uint8_t* codes, int
       ++counts->elements;
       if (!std::isfinite(x[i])) {
         ++counts->nonfinite_input;
-      } else if (x[i] != 0.0f && decoded == 0.0f) {
+      } else if (!format_.asymmetric && x[i] != 0.0f && decoded == 0.0f) {
+        // Symmetric ints underflow like floats: a value under half a step of its group's
+        // scale becomes 0. Asymmetric grids have no dedicated zero level, so a decoded 0
+        // there is a coincidence of the grid, not an underflow; it is not counted.
         ++counts->flushed_to_zero;
       }
     }
@@ -365,9 +368,7 @@ void RowCodec::encode_key_group(const float* rows, int tokens, uint8_t* codes, f
         ++counts->elements;
         if (!std::isfinite(x)) {
           ++counts->nonfinite_input;
-        } else if (x != 0.0f && q * scale + lo == 0.0f) {
-          ++counts->flushed_to_zero;
-        }
+        }  // asymmetric: no flush-to-zero accounting (see encode_segment_int)
       }
     }
   }

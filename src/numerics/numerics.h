@@ -157,7 +157,8 @@ double stored_bits_per_element(const KvFormat& format, const KvLayout& layout,
 // Counts of what happened to individual elements during encoding, by the element's scaled
 // value and the code it got. "saturated": finite input beyond max finite clamped to max;
 // "became_nan"/"became_inf": finite input that encoded to NaN/inf; "flushed_to_zero":
-// nonzero input that encoded to zero; "subnormal": nonzero input that encoded to a
+// nonzero input that encoded to zero (floats and symmetric ints; asymmetric int grids have
+// no zero level and are not counted); "subnormal": nonzero input that encoded to a
 // subnormal code (lost relative precision). Inputs that already were NaN/inf are counted in
 // "nonfinite_input" only.
 struct EncodeCounts {

@@ -122,8 +122,9 @@ class SyntheticSource final : public QkvSource {
           float q = z[h * d + c];
           if (profile_ == Profile::outlier_keys) {
             q = 0.5f * q + 1.0f * sink_direction_[size_t(kv_head * d + c)];
-            // A small consistent weight on the outlier channels: they shift scores.
-            if (key_mean_[size_t(kv_head * d + c)] != 0.0f) q += 0.02f;
+            // On the outlier channels queries are small and consistent (as in real models,
+            // where those channels act as a per-head bias): 0.03 +- 0.01.
+            if (key_mean_[size_t(kv_head * d + c)] != 0.0f) q = 0.03f + 0.02f * z[h * d + c];
           }
           row[h * d + c] = q;
         }
