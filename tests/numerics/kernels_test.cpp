@@ -215,3 +215,51 @@ TEST(Kernels, HadamardIsOrthonormalAndSelfInverse) {
 
 }  // namespace
 }  // namespace kvaudit::numerics
+
+namespace kvaudit::numerics {
+namespace {
+
+TEST(AttentionKernels, ScoresAndWeightedSumsMatchNaiveLoops) {
+  ForEachTarget([&] {
+    std::mt19937 rng(21);
+    std::normal_distribution<float> normal;
+    for (auto [nq, nk, dim] : {std::tuple{1, 1, 1}, std::tuple{4, 16, 8}, std::tuple{7, 45, 33},
+                               std::tuple{64, 256, 128}, std::tuple{5, 33, 128}}) {
+      const int64_t stride = dim + 3;  // rows not packed, as head slices of a KV row
+      std::vector<float> q(size_t(nq * dim)), k(size_t(nk * stride)), v(size_t(nk * stride));
+      for (float& x : q) x = normal(rng);
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      std::vector<float> scores(size_t(nq * nk));
+      score_block(q.data(), nq, dim, k.data(), nk, stride, dim, 0.5f, scores.data());
+      std::vector<float> out(size_t(nq * dim), 1.0f);
+      accumulate_weighted(scores.data(), nq, nk, v.data(), stride, dim, out.data(), dim);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t j = 0; j < nk; ++j) {
+          double s = 0;
+          for (int64_t c = 0; c < dim; ++c)
+            s += double(q[size_t(i * dim + c)]) * k[size_t(j * stride + c)];
+          ASSERT_NEAR(scores[size_t(i * nk + j)], 0.5 * s, 1e-4 * (1 + std::fabs(s)));
+        }
+        for (int64_t c = 0; c < dim; ++c) {
+          double o = 1.0;
+          for (int64_t j = 0; j < nk; ++j)
+            o += double(scores[size_t(i * nk + j)]) * v[size_t(j * stride + c)];
+          ASSERT_NEAR(out[size_t(i * dim + c)], o, 1e-3 * (1 + std::fabs(o)));
+        }
+      }
+    }
+    std::vector<float> x = {0.0f, 1.0f, -2.0f, 3.5f, 0.25f, -10.0f, 4.0f, 2.0f, 1.0f, 0.5f, -1.0f};
+    std::vector<float> expect(x.size());
+    double sum = 0;
+    for (size_t i = 0; i < x.size(); ++i) sum += expect[i] = std::exp(x[i] - 4.0f);
+    const float got = exp_and_sum(x, 4.0f);
+    EXPECT_NEAR(got, sum, 1e-5 * sum);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], expect[i], 1e-6 * (1 + expect[i]));
+    EXPECT_GT(fma_probe_flops(10), 0);
+    EXPECT_TRUE(std::isfinite(fma_probe(1000)));
+  });
+}
+
+}  // namespace
+}  // namespace kvaudit::numerics
