@@ -4,6 +4,7 @@
 // rescanning all pairs after every merge. Results are cached per piece.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <queue>
 
 #include "tokenizer/internal.h"
@@ -11,43 +12,99 @@
 
 namespace kvaudit::tokenizer::detail {
 
-BpeModel::BpeModel(Vocab vocab,
+namespace {
+
+// Table sizes: a power of two at least twice the entry count keeps probe runs short.
+size_t table_size_for(size_t entries) {
+  size_t size = 16;
+  while (size < entries * 2) size *= 2;
+  return size;
+}
+
+uint64_t mix_key(uint64_t key) {
+  return (key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull;
+}
+
+}  // namespace
+
+Vocabulary::Vocabulary(const std::vector<std::pair<std::string_view, TokenId>>& entries) {
+  TokenId max_id = -1;
+  size_t text_bytes = 0;
+  for (const auto& [token, id] : entries) {
+    max_id = std::max(max_id, id);
+    text_bytes += token.size();
+  }
+  spans_.assign(static_cast<size_t>(max_id + 1), {0, 0});
+  arena_.reserve(text_bytes);
+  slots_.assign(table_size_for(entries.size()), -1);
+  const size_t mask = slots_.size() - 1;
+  for (const auto& [token, id] : entries) {
+    size_t slot = std::hash<std::string_view>{}(token)&mask;
+    while (slots_[slot] >= 0 && text(slots_[slot]) != token) slot = (slot + 1) & mask;
+    if (slots_[slot] >= 0)
+      spans_[static_cast<size_t>(slots_[slot])] = {0, 0};  // re-listed
+    else
+      ++entry_count_;
+    spans_[static_cast<size_t>(id)] = {static_cast<uint32_t>(arena_.size()),
+                                       static_cast<uint32_t>(token.size())};
+    arena_.append(token);
+    slots_[slot] = id;
+  }
+}
+
+std::optional<TokenId> Vocabulary::find(std::string_view token) const {
+  const size_t mask = slots_.size() - 1;
+  for (size_t slot = std::hash<std::string_view>{}(token)&mask; slots_[slot] >= 0;
+       slot = (slot + 1) & mask) {
+    if (text(slots_[slot]) == token) return slots_[slot];
+  }
+  return std::nullopt;
+}
+
+std::string_view Vocabulary::text(TokenId id) const {
+  if (id < 0 || static_cast<size_t>(id) >= spans_.size()) return {};
+  auto [offset, length] = spans_[static_cast<size_t>(id)];
+  return std::string_view(arena_).substr(offset, length);
+}
+
+BpeModel::BpeModel(Vocabulary vocab,
                    const std::vector<std::pair<std::string_view, std::string_view>>& merges,
                    bool ignore_merges, std::string_view where)
     : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
-  TokenId max_id = -1;
-  for (const auto& [token, id] : vocab_) {
-    if (id < 0)
-      throw InputError(std::string(where), fmt::format("token '{}' has a negative id", token));
-    max_id = std::max(max_id, id);
-  }
-  id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
-  for (const auto& [token, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = token;
-
   const auto& chars = byte_level_chars();
-  for (int byte = 0; byte < 256; ++byte) {
-    auto it = vocab_.find(chars[byte]);
-    byte_ids_[byte] = it == vocab_.end() ? -1 : it->second;
-  }
+  for (int byte = 0; byte < 256; ++byte) byte_ids_[byte] = vocab_.find(chars[byte]).value_or(-1);
 
-  merges_.reserve(merges.size());
+  merge_keys_.assign(table_size_for(merges.size()), kNoMerge);
+  merge_targets_.assign(merge_keys_.size(), MergeTarget{0, -1});
+  const size_t mask = merge_keys_.size() - 1;
   std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [left, right] = merges[rank];
     joined.assign(left);
     joined.append(right);
-    auto left_it = vocab_.find(left);
-    auto right_it = vocab_.find(right);
-    auto merged_it = vocab_.find(joined);
-    if (left_it == vocab_.end() || right_it == vocab_.end() || merged_it == vocab_.end()) {
+    auto left_id = vocab_.find(left), right_id = vocab_.find(right),
+         merged_id = vocab_.find(joined);
+    if (!left_id || !right_id || !merged_id) {
       throw InputError(std::string(where),
                        fmt::format("merge #{} ('{} {}') uses a token missing from model.vocab",
                                    rank, left, right));
     }
+    uint64_t key = pair_key(*left_id, *right_id);
+    size_t slot = mix_key(key) & mask;
+    while (merge_keys_[slot] != kNoMerge && merge_keys_[slot] != key) slot = (slot + 1) & mask;
     // A repeated pair keeps its last rank, as tokenizers' HashMap collect does.
-    merges_.insert_or_assign(pair_key(left_it->second, right_it->second),
-                             MergeTarget{static_cast<uint32_t>(rank), merged_it->second});
+    merge_keys_[slot] = key;
+    merge_targets_[slot] = MergeTarget{static_cast<uint32_t>(rank), *merged_id};
   }
+}
+
+const BpeModel::MergeTarget* BpeModel::find_merge(TokenId left, TokenId right) const {
+  const uint64_t key = pair_key(left, right);
+  const size_t mask = merge_keys_.size() - 1;
+  for (size_t slot = mix_key(key) & mask; merge_keys_[slot] != kNoMerge; slot = (slot + 1) & mask) {
+    if (merge_keys_[slot] == key) return &merge_targets_[slot];
+  }
+  return nullptr;
 }
 
 void BpeModel::merge(std::string_view piece_bytes, std::vector<TokenId>& ids) const {
@@ -81,9 +138,9 @@ void BpeModel::merge(std::string_view piece_bytes, std::vector<TokenId>& ids) co
   auto consider = [&](int32_t left) {
     int32_t right = symbols[static_cast<size_t>(left)].next;
     if (right < 0) return;
-    auto it = merges_.find(
-        pair_key(symbols[static_cast<size_t>(left)].id, symbols[static_cast<size_t>(right)].id));
-    if (it != merges_.end()) queue.push({it->second.rank, left, it->second.id});
+    const MergeTarget* target =
+        find_merge(symbols[static_cast<size_t>(left)].id, symbols[static_cast<size_t>(right)].id);
+    if (target != nullptr) queue.push({target->rank, left, target->id});
   };
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) consider(i);
 
@@ -95,8 +152,8 @@ void BpeModel::merge(std::string_view piece_bytes, std::vector<TokenId>& ids) co
     if (left.id == kRemoved || left.next < 0) continue;
     Symbol& right = symbols[static_cast<size_t>(left.next)];
     // Stale candidate: a neighbour merged since. HF compares the resulting id only.
-    auto it = merges_.find(pair_key(left.id, right.id));
-    if (it == merges_.end() || it->second.id != top.merged_id) continue;
+    const MergeTarget* target = find_merge(left.id, right.id);
+    if (target == nullptr || target->id != top.merged_id) continue;
     left.id = top.merged_id;
     right.id = kRemoved;
     left.next = right.next;
@@ -119,9 +176,8 @@ void BpeModel::encode_piece(std::string_view piece_bytes, std::vector<TokenId>& 
   if (ignore_merges_) {
     std::string mapped;
     for (char c : piece_bytes) mapped += byte_level_chars()[static_cast<unsigned char>(c)];
-    auto it = vocab_.find(mapped);
-    if (it != vocab_.end()) {
-      ids.push_back(it->second);
+    if (auto id = vocab_.find(mapped)) {
+      ids.push_back(*id);
       return;
     }
   }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -99,19 +100,36 @@ struct StringHash {
   size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
 };
 
-using Vocab = std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>>;
+// The vocabulary as flat tables (one text buffer, open addressing): 150K-entry maps of
+// strings would cost a heap node each and most of the load time.
+class Vocabulary {
+ public:
+  // Entries in file order; a repeated string keeps its last id, as serde's HashMap does.
+  explicit Vocabulary(const std::vector<std::pair<std::string_view, TokenId>>& entries);
+  std::optional<TokenId> find(std::string_view token) const;
+  // The string of an id; empty when no entry has that id.
+  std::string_view text(TokenId id) const;
+  size_t entry_count() const { return entry_count_; }  // HF's get_vocab_size()
+  size_t id_limit() const { return spans_.size(); }    // largest id + 1
+
+ private:
+  std::string arena_;                                 // every token string, back to back
+  std::vector<std::pair<uint32_t, uint32_t>> spans_;  // [id_limit] offset, length in arena_
+  std::vector<TokenId> slots_;                        // hash slots: id or -1
+  size_t entry_count_ = 0;
+};
 
 class BpeModel {
  public:
-  // vocab: vocabulary string -> id; merges: pairs in rank order (first = merged first).
-  BpeModel(Vocab vocab, const std::vector<std::pair<std::string_view, std::string_view>>& merges,
+  // merges: pairs in rank order (first = merged first).
+  BpeModel(Vocabulary vocab,
+           const std::vector<std::pair<std::string_view, std::string_view>>& merges,
            bool ignore_merges, std::string_view where);
 
   // Appends the ids of one pre-tokenized piece (raw bytes, byte-level BPE).
   void encode_piece(std::string_view piece_bytes, std::vector<TokenId>& ids) const;
 
-  const Vocab& vocab() const { return vocab_; }
-  const std::vector<std::string>& id_to_token() const { return id_to_token_; }
+  const Vocabulary& vocab() const { return vocab_; }
 
  private:
   struct MergeTarget {
@@ -122,12 +140,15 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
            static_cast<uint32_t>(right);
   }
+  const MergeTarget* find_merge(TokenId left, TokenId right) const;
   void merge(std::string_view piece_bytes, std::vector<TokenId>& ids) const;
 
-  Vocab vocab_;
-  std::vector<std::string> id_to_token_;  // [max id + 1], "" where the id is unused
-  std::array<TokenId, 256> byte_ids_{};   // id of each byte's one-character token, -1 if none
-  std::unordered_map<uint64_t, MergeTarget> merges_;
+  Vocabulary vocab_;
+  std::array<TokenId, 256> byte_ids_{};  // id of each byte's one-character token, -1 if none
+  // Open-addressing table of merges: key (left id, right id), kNoMerge where empty.
+  static constexpr uint64_t kNoMerge = ~uint64_t{0};
+  std::vector<uint64_t> merge_keys_;
+  std::vector<MergeTarget> merge_targets_;
   bool ignore_merges_ = false;
 
   // Pieces repeat (keywords, indentation); their ids are cached, as HF does, up to a bound.

@@ -219,14 +219,14 @@ std::unique_ptr<detail::BpeModel> read_model(const JsonReader& json, element mod
   if (json.require(model, "vocab", "model").get_object().get(vocab_object) != simdjson::SUCCESS) {
     throw json.error("model.vocab", "expected an object of token -> id");
   }
-  detail::Vocab vocab;
+  std::vector<std::pair<std::string_view, TokenId>> vocab;
   vocab.reserve(vocab_object.size());
   for (auto [token, id_value] : vocab_object) {
     int64_t id = 0;
     if (id_value.get_int64().get(id) != simdjson::SUCCESS) {
       throw json.error("model.vocab", fmt::format("id of '{}' is not an integer", token));
     }
-    vocab.emplace(std::string(token), checked_id(json, id, "model.vocab"));
+    vocab.emplace_back(token, checked_id(json, id, "model.vocab"));
   }
   // Views into the parsed document, which outlives the model's construction.
   std::vector<std::pair<std::string_view, std::string_view>> merges;
@@ -254,8 +254,9 @@ std::unique_ptr<detail::BpeModel> read_model(const JsonReader& json, element mod
     }
     ++index;
   }
-  return std::make_unique<detail::BpeModel>(
-      std::move(vocab), merges, json.boolean(model, "ignore_merges", "model", false), json.where);
+  return std::make_unique<detail::BpeModel>(detail::Vocabulary(vocab), merges,
+                                            json.boolean(model, "ignore_merges", "model", false),
+                                            json.where);
 }
 
 // tokenizer_config.json token fields: "text", {"content": "text", ...} or null.
@@ -340,7 +341,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   // Added tokens get their ids the way tokenizers' AddedVocabulary::add_tokens assigns them
   // on load: the model's id when the content is in its vocabulary, else the next free id.
   const auto& vocab = impl->model->vocab();
-  const TokenId model_size = static_cast<TokenId>(vocab.size());
+  const TokenId model_size = static_cast<TokenId>(vocab.entry_count());
   TokenId max_added = -1;
   if (auto list = json.find(root, "added_tokens")) {
     size_t index = 0;
@@ -354,8 +355,8 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
       token.single_word = json.boolean(item, "single_word", path, false);
       token.normalized = json.boolean(item, "normalized", path, !token.special);
       if (token.content.empty() || impl->added_by_content.count(token.content)) continue;
-      if (auto in_vocab = vocab.find(token.content); in_vocab != vocab.end()) {
-        token.id = in_vocab->second;
+      if (auto in_vocab = vocab.find(token.content)) {
+        token.id = *in_vocab;
       } else {
         token.id =
             max_added < 0 ? model_size : (max_added >= model_size ? max_added + 1 : model_size);
@@ -388,8 +389,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
       std::make_unique<detail::AddedTokenMatcher>(impl->added, patterns, normalized_indices);
 
   // Per-id decode table: what the ByteLevel decoder emits, and which ids are special.
-  const auto& id_to_token = impl->model->id_to_token();
-  size_t vocab_size = std::max(id_to_token.size(), static_cast<size_t>(max_added + 1));
+  size_t vocab_size = std::max(vocab.id_limit(), static_cast<size_t>(max_added + 1));
   impl->token_bytes.assign(vocab_size, std::string());
   impl->token_known.assign(vocab_size, false);
   impl->token_special.assign(vocab_size, false);
@@ -399,17 +399,15 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   }
   for (size_t id = 0; id < vocab_size; ++id) {
     auto added = impl->added_by_id.find(static_cast<TokenId>(id));
-    const std::string* text = nullptr;
-    if (added != impl->added_by_id.end()) {
-      text = &impl->added[static_cast<size_t>(added->second)].content;
-    } else if (id < id_to_token.size() && !id_to_token[id].empty()) {
-      text = &id_to_token[id];
-    }
-    if (text == nullptr) continue;
+    std::string_view text =
+        added != impl->added_by_id.end()
+            ? std::string_view(impl->added[static_cast<size_t>(added->second)].content)
+            : vocab.text(static_cast<TokenId>(id));
+    if (text.empty()) continue;
     impl->token_known[id] = true;
-    impl->token_bytes[id] = detail::byte_level_decode(*text);
+    impl->token_bytes[id] = detail::byte_level_decode(text);
     // HF skips by content: any id whose text is a special token's content.
-    impl->token_special[id] = special_contents.count(*text) > 0;
+    impl->token_special[id] = special_contents.count(text) > 0;
   }
 
   impl->config = read_config(config_json, fmt::format("{} (tokenizer_config.json)", where));
@@ -418,8 +416,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     if (auto it = impl->added_by_content.find(*token); it != impl->added_by_content.end()) {
       return impl->added[static_cast<size_t>(it->second)].id;
     }
-    if (auto it = vocab.find(*token); it != vocab.end()) return it->second;
-    return std::nullopt;
+    return vocab.find(*token);
   };
   impl->config.bos_token_id = resolve(impl->config.bos_token);
   impl->config.eos_token_id = resolve(impl->config.eos_token);
@@ -430,8 +427,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 Tokenizer Tokenizer::load(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    throw InputError(path.string(), "no such folder (expected a Hugging Face tokenizer folder "
-                                    "holding tokenizer.json)");
+    throw InputError(path.string(),
+                     "no such folder (expected a Hugging Face tokenizer folder "
+                     "holding tokenizer.json)");
   }
   fs::path tokenizer_path = fs::is_directory(path, ec) ? path / "tokenizer.json" : path;
   if (!fs::exists(tokenizer_path, ec)) {

@@ -85,20 +85,16 @@ std::optional<std::string> Tokenizer::id_to_token(TokenId id) const {
   if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
     return impl_->added[static_cast<size_t>(it->second)].content;
   }
-  const auto& tokens = impl_->model->id_to_token();
-  if (id < 0 || static_cast<size_t>(id) >= tokens.size()) return std::nullopt;
-  const std::string& token = tokens[static_cast<size_t>(id)];
+  std::string_view token = impl_->model->vocab().text(id);
   if (token.empty()) return std::nullopt;
-  return token;
+  return std::string(token);
 }
 
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
   if (auto it = impl_->added_by_content.find(token); it != impl_->added_by_content.end()) {
     return impl_->added[static_cast<size_t>(it->second)].id;
   }
-  const auto& vocab = impl_->model->vocab();
-  if (auto it = vocab.find(std::string(token)); it != vocab.end()) return it->second;
-  return std::nullopt;
+  return impl_->model->vocab().find(token);
 }
 
 size_t Tokenizer::vocab_size() const {

@@ -238,45 +238,84 @@ std::string byte_level_decode(std::string_view token) {
   return bytes;
 }
 
+namespace {
+
+std::string normalize_with_utf8proc(std::string_view text, NormalForm form) {
+  int options = UTF8PROC_STABLE;
+  switch (form) {
+    case NormalForm::nfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalForm::nfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalForm::nfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalForm::nfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
+  }
+  utf8proc_uint8_t* mapped = nullptr;
+  utf8proc_ssize_t length = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                         static_cast<utf8proc_ssize_t>(text.size()), &mapped,
+                                         static_cast<utf8proc_option_t>(options));
+  std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(mapped, &std::free);
+  // The input is valid UTF-8 by now, so only memory exhaustion can fail here.
+  if (length < 0) throw std::bad_alloc();
+  return std::string(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+}
+
+size_t next_byte_at_least(std::string_view text, size_t pos, unsigned char threshold) {
+  while (pos < text.size()) {
+    // ASCII runs are never affected: skip eight bytes at a time.
+    if (pos + 8 <= text.size()) {
+      uint64_t word;
+      std::memcpy(&word, text.data() + pos, 8);
+      if ((word & 0x8080808080808080ull) == 0) {
+        pos += 8;
+        continue;
+      }
+    }
+    if (static_cast<unsigned char>(text[pos]) >= threshold) return pos;
+    ++pos;
+  }
+  return text.size();
+}
+
+}  // namespace
+
 std::string_view Normalizer::apply(std::string_view text, std::string& storage) const {
   std::string_view current = text;
   for (NormalForm form : forms) {
     // Below U+0300 (no UTF-8 lead byte >= 0xCC) nothing decomposes or composes canonically;
     // compatibility forms only leave ASCII alone.
-    unsigned char first_affected =
+    const unsigned char first_affected =
         (form == NormalForm::nfc || form == NormalForm::nfd) ? 0xCC : 0x80;
-    bool untouched = true;
-    for (char c : current) {
-      if (static_cast<unsigned char>(c) >= first_affected) {
-        untouched = false;
-        break;
+    size_t pos = next_byte_at_least(current, 0, first_affected);
+    if (pos == current.size()) continue;
+    // Every ASCII character is a starter that never composes with what precedes it, so the
+    // text normalizes chunk by chunk between ASCII bytes; only chunks holding an affected
+    // byte go through utf8proc. Mostly-ASCII text (source code) stays on the fast path.
+    std::string out;
+    out.reserve(current.size() + current.size() / 8);
+    size_t copied = 0;
+    while (pos < current.size()) {
+      size_t chunk_begin = pos;
+      while (chunk_begin > copied && static_cast<unsigned char>(current[chunk_begin]) >= 0x80) {
+        --chunk_begin;
       }
+      size_t chunk_end = pos;
+      while (chunk_end < current.size() && static_cast<unsigned char>(current[chunk_end]) >= 0x80) {
+        ++chunk_end;
+      }
+      out.append(current.substr(copied, chunk_begin - copied));
+      out += normalize_with_utf8proc(current.substr(chunk_begin, chunk_end - chunk_begin), form);
+      copied = chunk_end;
+      pos = next_byte_at_least(current, chunk_end, first_affected);
     }
-    if (untouched) continue;
-    int options = UTF8PROC_STABLE;
-    switch (form) {
-      case NormalForm::nfc:
-        options |= UTF8PROC_COMPOSE;
-        break;
-      case NormalForm::nfd:
-        options |= UTF8PROC_DECOMPOSE;
-        break;
-      case NormalForm::nfkc:
-        options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-        break;
-      case NormalForm::nfkd:
-        options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-        break;
-    }
-    utf8proc_uint8_t* mapped = nullptr;
-    utf8proc_ssize_t length =
-        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(current.data()),
-                     static_cast<utf8proc_ssize_t>(current.size()), &mapped,
-                     static_cast<utf8proc_option_t>(options));
-    std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(mapped, &std::free);
-    // The input is valid UTF-8 by now, so only memory exhaustion can fail here.
-    if (length < 0) throw std::bad_alloc();
-    storage.assign(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+    out.append(current.substr(copied));
+    storage = std::move(out);
     current = storage;
   }
   return current;

@@ -4,8 +4,12 @@
 // pre-tokenizer, the post-processor template, UTF-8 repair and refused inputs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <random>
 #include <string>
 #include <thread>
+
+#include <utf8proc.h>
 
 #include <nlohmann/json.hpp>
 
@@ -249,6 +253,47 @@ TEST(TokenizerRules, Utf8RepairReplacesMaximalSubparts) {
   EXPECT_EQ(to_valid_utf8("\xED\xBF\xBF"), r + r + r);  // surrogate
   EXPECT_EQ(to_valid_utf8("\xF5\x80"), r + r);
   EXPECT_EQ(to_valid_utf8("\xC2"), r);
+}
+
+// The normalizer only sends the chunks between ASCII characters that need it through
+// utf8proc; the result must equal normalizing the whole text at once.
+TEST(TokenizerRules, ChunkedNormalizationEqualsWholeTextNfc) {
+  TinyTokenizer tiny;
+  tiny.normalizer = {{"type", "NFC"}};
+  Tokenizer tokenizer = tiny.build();
+  const std::string pieces[] = {"a",
+                                "e",
+                                " ",
+                                "<",
+                                "=",
+                                "\n",
+                                "\xCC\x81",
+                                "\xCC\xB8",
+                                "\xCC\xA3",
+                                "\xCC\x82",
+                                "\xC3\xA9",
+                                "\xE1\x84\x92",
+                                "\xE1\x85\xA1",
+                                "\xE1\x86\xAB",
+                                "\xEA\xB0\x80",
+                                "\xE2\x84\xAB",
+                                "\xE4\xB8\xAD",
+                                "\xF0\x9F\x91\x8D"};
+  std::mt19937 random(7);
+  std::uniform_int_distribution<size_t> pick(0, std::size(pieces) - 1);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text;
+    for (int i = 0; i < 24; ++i) text += pieces[pick(random)];
+    utf8proc_uint8_t* whole = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(text.c_str()));
+    ASSERT_NE(whole, nullptr);
+    std::string expected(reinterpret_cast<const char*>(whole));
+    std::free(whole);
+    EXPECT_EQ(tokenizer.normalize(text), expected) << "trial " << trial;
+  }
+  EXPECT_EQ(tokenizer.normalize("a<\xCC\xB8"
+                                "b"),
+            "a\xE2\x89\xAE"
+            "b");  // < + U+0338 = U+226E
 }
 
 TEST(TokenizerRules, ConcurrentEncodesAgree) {
