@@ -90,9 +90,9 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
     resolved.reason = fmt::format("--kv-cache-dtype {} was given explicitly", flags.kv_cache_dtype);
   }
   resolved.quantized = is_quantized(resolved.kv_cache_dtype);
-  if (!resolved.quantized) return resolved;
 
-  // Where the scales come from.
+  // Which checkpoint scales the engine would load (reported even for a 16-bit cache:
+  // the drop bites the day FP8 is switched on).
   const json& loading = data.document["scale_loading"];
   std::vector<const ScaleTensor*> candidates;
   for (const auto& scale : model.kv_scales) candidates.push_back(&scale);
@@ -128,6 +128,7 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
     if (!drop.tensor_names.empty()) resolved.dropped.push_back(std::move(drop));
   }
   for (const ScaleTensor* scale : kept) resolved.loaded_scale_names.push_back(scale->name);
+  if (!resolved.quantized) return resolved;
 
   const json dynamic = data.document.value("dynamic_scales", json::object());
   bool hybrid = model.linear_attention.has_value();
