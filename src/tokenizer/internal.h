@@ -34,6 +34,10 @@ bool is_white_space(char32_t cp);
 bool is_word_char(char32_t cp);
 // The White_Space set as PCRE2 class items, to put inside [...].
 extern const char* const kWhiteSpaceClassItems;
+// Letters and numbers that Hugging Face's Oniguruma (Unicode 16) classifies as \p{L} / \p{N}
+// and PCRE2 10.42 (Unicode 14) does not, as class items added to those properties.
+const std::string& extra_letter_class_items();
+const std::string& extra_number_class_items();
 
 // GPT-2's bytes_to_unicode: each byte's stand-in character, UTF-8 encoded.
 const std::array<std::string, 256>& byte_level_chars();

@@ -1,7 +1,8 @@
 // Pre-tokenization: cutting normalized text into the pieces BPE merges within, with
 // Hugging Face's Split and ByteLevel pre-tokenizers. HF compiles Split patterns with
 // Oniguruma; we use PCRE2 (UTF + UCP, JIT) after rewriting the escapes whose meaning
-// differs between the two (\s, \S, \w, \W, \h, \H), so both engines see the same classes.
+// differs between the two (\s, \S, \w, \W, \h, \H), and widening \p{L} and \p{N} by the
+// letters and numbers PCRE2's older Unicode tables lack, so both engines see the same classes.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -23,7 +24,8 @@ std::string oniguruma_to_pcre2(std::string_view pattern, std::string_view where)
   const std::string white_space = kWhiteSpaceClassItems;
   // Oniguruma's Unicode \w is Letter | Mark | Decimal_Number | Connector_Punctuation; PCRE2's
   // (10.42) is \p{L} | \p{N} | '_'. Its \h is a hexadecimal digit, PCRE2's horizontal space.
-  const std::string word = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
+  const std::string word =
+      "\\p{L}" + extra_letter_class_items() + "\\p{M}\\p{Nd}\\p{Pc}" + extra_number_class_items();
   const std::string hex = "0-9a-fA-F";
   std::string out;
   out.reserve(pattern.size() + 64);
@@ -35,6 +37,16 @@ std::string oniguruma_to_pcre2(std::string_view pattern, std::string_view where)
   };
   for (size_t i = 0; i < pattern.size(); ++i) {
     char c = pattern[i];
+    if (c == '\\' && (pattern.substr(i, 5) == "\\p{L}" || pattern.substr(i, 5) == "\\p{N}")) {
+      const std::string& extra =
+          pattern[i + 3] == 'L' ? extra_letter_class_items() : extra_number_class_items();
+      if (!in_class) out += '[';
+      out.append(pattern.substr(i, 5));
+      out += extra;
+      if (!in_class) out += ']';
+      i += 4;
+      continue;
+    }
     if (c == '\\') {
       if (i + 1 >= pattern.size()) throw unsupported("a trailing backslash");
       char escaped = pattern[++i];
