@@ -314,6 +314,51 @@ std::string normalize_with_utf8proc(std::string_view text, NormalForm form) {
   return std::string(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
 }
 
+// Characters whose normalization data Hugging Face's tokenizers lacks (its tables predate
+// them) although utf8proc has it: combining marks added since Unicode 10 and the few new
+// canonical compositions with their parts. HF leaves them as plain starters, so they never
+// reorder, decompose or compose there. Probed from HF itself (tokenizers 0.23.2):
+// "a" U+0345 X keeps its order, and X stays whole, under its NFD normalizer.
+constexpr CodePointRange kUnknownToHfNormalization[] = {
+    {0x7FD, 0x7FD},     {0x898, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},
+    {0xC3C, 0xC3C},     {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},
+    {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0xA82C, 0xA82C},   {0x10D24, 0x10D27},
+    {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85},
+    {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+    {0x11930, 0x11930}, {0x11935, 0x11935}, {0x11938, 0x11938}, {0x1193D, 0x1193E},
+    {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47},
+    {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97},
+    {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136},
+    {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}};
+
+bool unknown_to_hf_normalization(char32_t cp) {
+  for (const CodePointRange& range : kUnknownToHfNormalization) {
+    if (cp < range.first) return false;
+    if (cp <= range.last) return true;
+  }
+  return false;
+}
+
+// Normalizes a chunk as HF does: utf8proc between the characters HF's tables do not know,
+// which are copied as they are (a starter that takes part in nothing is a chunk boundary).
+std::string normalize_like_hf(std::string_view chunk, NormalForm form) {
+  std::string out;
+  size_t segment_begin = 0, pos = 0;
+  while (pos < chunk.size()) {
+    size_t char_begin = pos;
+    if (!unknown_to_hf_normalization(next_code_point(chunk, pos))) continue;
+    if (char_begin > segment_begin) {
+      out += normalize_with_utf8proc(chunk.substr(segment_begin, char_begin - segment_begin), form);
+    }
+    out.append(chunk.substr(char_begin, pos - char_begin));
+    segment_begin = pos;
+  }
+  if (segment_begin == 0) return normalize_with_utf8proc(chunk, form);
+  if (segment_begin < chunk.size())
+    out += normalize_with_utf8proc(chunk.substr(segment_begin), form);
+  return out;
+}
+
 size_t next_byte_at_least(std::string_view text, size_t pos, unsigned char threshold) {
   while (pos < text.size()) {
     // ASCII runs are never affected: skip eight bytes at a time.
@@ -358,7 +403,7 @@ std::string_view Normalizer::apply(std::string_view text, std::string& storage) 
         ++chunk_end;
       }
       out.append(current.substr(copied, chunk_begin - copied));
-      out += normalize_with_utf8proc(current.substr(chunk_begin, chunk_end - chunk_begin), form);
+      out += normalize_like_hf(current.substr(chunk_begin, chunk_end - chunk_begin), form);
       copied = chunk_end;
       pos = next_byte_at_least(current, chunk_end, first_affected);
     }

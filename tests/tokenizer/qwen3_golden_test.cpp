@@ -62,8 +62,9 @@ TEST(Qwen3Tokenizer, EncodesEveryGoldenExactlyAndDecodesAsHuggingFace) {
               entry.at("decoded_skip_special").get<std::string>())
         << name;
   }
-  // The oracles differ only where JavaScript's \s differs from Oniguruma's (U+0085, U+FEFF).
-  EXPECT_EQ(disagreements, 1u);
+  // The oracles differ only where JavaScript's \s differs from Oniguruma's (U+0085, U+FEFF)
+  // and where ICU's NFC knows combining marks that HF's normalization tables predate.
+  EXPECT_EQ(disagreements, 2u);
 }
 
 TEST(Qwen3Tokenizer, ExposesConfigAddedTokensAndVocabulary) {
