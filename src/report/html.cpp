@@ -21,7 +21,7 @@ constexpr const char* kStyle = R"css(
     --panel: #161b22; --critical: #ff6b6b; --warning: #f0b429; --info: #58a6ff; --ok: #3fb950; }
 }
 * { box-sizing: border-box; }
-body { margin: 0 auto; max-width: 1100px; padding: 24px 28px 48px; background: var(--bg);
+body { margin: 0 auto; max-width: 1280px; padding: 24px 28px 48px; background: var(--bg);
   color: var(--fg); font: 14px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; }
 h1 { font-size: 22px; margin: 0 0 4px; overflow-wrap: anywhere; }
 h2 { font-size: 17px; margin: 28px 0 10px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
@@ -53,13 +53,18 @@ code { font: 12px ui-monospace, "DejaVu Sans Mono", monospace; background: var(-
 figure { margin: 12px 0 20px; padding: 12px; border: 1px solid var(--line); border-radius: 8px;
   break-inside: avoid; }
 figcaption { font-weight: 600; margin-bottom: 6px; }
-svg.kv-chart { width: 100%; max-width: 860px; height: auto; display: block; color: var(--fg); }
+svg.kv-chart { width: 100%; max-width: 860px; height: auto; display: block; margin: 0 auto;
+  color: var(--fg); }
+.scroll { overflow-x: auto; }
+table.data td { white-space: nowrap; }
 .note { color: var(--muted); font-size: 12px; margin: 2px 0 10px; }
 footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
 @media print {
   :root { --bg: #fff; --fg: #000; --muted: #444; --line: #bbb; --panel: #f2f2f2;
     --critical: #b00020; --warning: #8a5300; --info: #0b4f9c; --ok: #1a6b30; }
   body { max-width: none; padding: 0; font-size: 11px; }
+  .scroll { overflow: visible; } table.data { font-size: 10px; }
+  table.data td { white-space: normal; }
   figure, table, .verdict, tr { break-inside: avoid; }
   h2 { break-after: avoid; }
   * { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
@@ -100,7 +105,7 @@ std::string render_table(const Table& table) {
   std::string out =
       fmt::format("<section class=\"table\" data-table-id=\"{}\">\n", escape_html(table.id));
   if (!table.title.empty()) out += "<h3>" + escape_html(table.title) + "</h3>\n";
-  out += "<table class=\"data\">\n<thead><tr>";
+  out += "<div class=\"scroll\"><table class=\"data\">\n<thead><tr>";
   for (size_t c = 0; c < table.columns.size(); ++c) {
     out += header_cell(table.columns[c].label, table.columns[c].unit, numeric[c]);
   }
@@ -114,7 +119,7 @@ std::string render_table(const Table& table) {
     }
     out += "</tr>\n";
   }
-  out += "</tbody></table>\n";
+  out += "</tbody></table></div>\n";
   if (!table.note.empty()) out += "<p class=\"note\">" + escape_html(table.note) + "</p>\n";
   return out + "</section>\n";
 }
@@ -154,7 +159,7 @@ std::string render_findings(const std::vector<Finding>& findings) {
       out += "</td><td><ul class=\"evidence\">";
       for (const Evidence& evidence : finding.evidence) out += evidence_item(evidence);
       out += "</ul></td><td>";
-      if (!finding.fix.empty()) out += "<div><code>" + escape_html(finding.fix) + "</code></div>";
+      if (!finding.fix.empty()) out += "<div class=\"fix\">" + escape_html(finding.fix) + "</div>";
       if (!finding.reference.empty()) {
         out += "<div class=\"note\">Reference: " + escape_html(finding.reference) + "</div>";
       }
