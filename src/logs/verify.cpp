@@ -83,9 +83,20 @@ void add_findings(Launch& launch, bool is_latest) {
          "with kvaudit logs --expect kv_cache_dtype=bf16",
          "ENGINE-FACTS §2: ModelOpt kv_cache_quant_algo FP8 under auto resolves to fp8_e4m3"});
   }
+  // One evidence row per distinct message (each TP rank prints the same warning).
   std::vector<Evidence> scale_evidence;
-  for (const auto& msg : launch.scale_messages)
-    scale_evidence.push_back({line_ref(msg.line), msg.kind, msg.text});
+  std::vector<int> repeats;
+  for (const auto& msg : launch.scale_messages) {
+    bool seen = false;
+    for (size_t i = 0; i < scale_evidence.size(); ++i)
+      if (scale_evidence[i].value == msg.text) seen = true, ++repeats[i];
+    if (!seen)
+      scale_evidence.push_back({line_ref(msg.line), msg.kind, msg.text}), repeats.push_back(1);
+  }
+  for (size_t i = 0; i < scale_evidence.size(); ++i)
+    if (repeats[i] > 1) scale_evidence[i].key += fmt::format(" (x{}, once per rank)", repeats[i]);
+  if (!launch.scale_fallback_reason.empty())
+    scale_evidence.push_back({"launch", "scale_fallback", launch.scale_fallback_reason});
   if (launch.scale_fallback.value_or(false)) {
     launch.findings.push_back(
         {"fp8-unit-scale", Severity::critical,

@@ -1,0 +1,171 @@
+// kvaudit plan: checkpoint (or config.json) + engine + GPU -> KV capacity per dtype;
+// with --from-log, the same arithmetic run on the figures a launch printed.
+#include <cctype>
+#include <cmath>
+#include <iostream>
+
+#include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "logs/logs.h"
+#include "plan/plan.h"
+#include "util/util.h"
+
+namespace kvaudit::cli {
+
+namespace {
+
+struct PlanFlags {
+  std::string checkpoint;
+  std::string engine = "sglang";
+  int tp = 1, pp = 1, dp = 1;
+  bool dp_attention = false;
+  std::string kv_cache_dtypes;
+  std::string gpu;
+  std::string gpu_mem;
+  double mem_fraction = -1;
+  std::string weights_per_gpu;
+  std::string contexts = "8k,32k,128k";
+  int64_t max_running_requests = 0;
+  int page_size = 0;
+  int64_t max_total_tokens = 0;
+  std::string from_log;
+  int launch = 0;
+  bool explain = false;
+  OutputOptions output;
+};
+
+// "96GiB", "98304MiB", "80GB" (decimal), "103079215104" (bytes).
+int64_t parse_bytes(const std::string& text, const std::string& flag) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == 0) throw InputError(flag, "expected a size such as 96GiB, 98304MiB or 80GB: " + text);
+  double value = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (unit == "gib" || unit == "g")
+    scale = double(1 << 30);
+  else if (unit == "mib" || unit == "m")
+    scale = double(1 << 20);
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "tib")
+    scale = double(int64_t{1} << 40);
+  else if (!unit.empty() && unit != "b")
+    throw InputError(flag, "unknown unit '" + unit + "' in " + text);
+  return static_cast<int64_t>(std::llround(value * scale));
+}
+
+int run_plan(PlanFlags& f) {
+  if (f.checkpoint.empty()) throw InputError("plan", "give a checkpoint folder or a config.json");
+  checkpoint::ReadOptions read;
+  checkpoint::ModelFacts model = checkpoint::read_checkpoint(f.checkpoint, read);
+
+  plan::PlanOptions options;
+  options.engine = f.engine;
+  options.parallel = {f.tp, f.pp, f.dp, f.dp_attention};
+  options.kv_cache_dtypes = split_list(f.kv_cache_dtypes);
+  if (!f.gpu.empty()) {
+    plan::GpuPreset gpu = plan::find_gpu(f.gpu);
+    options.gpu_memory_bytes = gpu.memory_mib * plan::kMiB;
+    options.gpu_name = gpu.name;
+  }
+  if (!f.gpu_mem.empty()) {
+    options.gpu_memory_bytes = parse_bytes(f.gpu_mem, "--gpu-mem");
+    if (options.gpu_name.empty()) options.gpu_name = f.gpu_mem;
+  }
+  if (f.mem_fraction >= 0) {
+    if (f.mem_fraction <= 0 || f.mem_fraction > 1)
+      throw InputError("--mem-fraction", "must be in (0, 1]");
+    options.memory_fraction = f.mem_fraction;
+  }
+  if (!f.weights_per_gpu.empty())
+    options.weight_bytes_per_gpu = parse_bytes(f.weights_per_gpu, "--weights-per-gpu");
+  options.contexts.clear();
+  for (const auto& part : split_list(f.contexts)) {
+    auto tokens = parse_token_count(part);
+    if (!tokens || *tokens <= 0) throw InputError("--context", "not a token count: " + part);
+    options.contexts.push_back(*tokens);
+  }
+  if (f.max_running_requests > 0) options.max_running_requests = f.max_running_requests;
+  if (f.page_size > 0) options.page_size = f.page_size;
+  if (f.max_total_tokens > 0) options.max_total_tokens = f.max_total_tokens;
+
+  std::optional<plan::LogPrediction> prediction;
+  if (!f.from_log.empty()) {
+    logs::LogScan scan =
+        f.from_log == "-" ? logs::scan_log(std::cin, "stdin") : logs::scan_log_file(f.from_log);
+    if (scan.launches.empty())
+      throw InputError(f.from_log, "no SGLang or vLLM start-up lines found");
+    if (f.launch < 0 || f.launch > static_cast<int>(scan.launches.size()))
+      throw InputError("--launch",
+                       "the log has " + std::to_string(scan.launches.size()) + " launches");
+    const logs::Launch& launch = f.launch > 0 ? scan.launches[f.launch - 1] : scan.launches.back();
+    options.engine = launch.engine.empty() ? options.engine : launch.engine;
+    options.parallel.tp = launch.memory.tp > 0 ? launch.memory.tp : options.parallel.tp;
+    if (options.engine == "sglang" && !launch.memory.mem_fraction_static &&
+        !options.memory_fraction && options.gpu_memory_bytes) {
+      auto data = plan::load_capacity_data("sglang");
+      options.memory_fraction =
+          plan::sglang_default_mem_fraction(data, *options.gpu_memory_bytes / plan::kMiB,
+                                            options.parallel.tp, options.parallel.pp,
+                                            options.parallel.dp_attention, options.parallel.dp)
+              .mem_fraction_static;
+    }
+    prediction = plan::predict_from_log(model, launch.memory, options);
+  }
+  plan::CapacityPlan capacity = plan::plan_capacity(model, options);
+  report::Report report =
+      plan::plan_report(model, capacity, prediction ? &*prediction : nullptr, f.explain);
+  emit(report, f.output);
+  if (prediction)
+    for (const auto& check : prediction->checks)
+      if (!check.inside) return kExitGateFailed;
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, Runner& run) {
+  auto flags = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand("plan",
+                                     "KV-cache capacity per dtype as the engine computes it "
+                                     "(bytes/token/GPU, pool, tokens, concurrency)");
+  cmd->add_option("checkpoint", flags->checkpoint, "Checkpoint folder or config.json")->required();
+  cmd->add_option("--engine", flags->engine, "sglang or vllm")
+      ->check(CLI::IsMember({"sglang", "vllm"}));
+  cmd->add_option("--tp", flags->tp, "Tensor parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--pp", flags->pp, "Pipeline parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--dp", flags->dp, "Data parallel size (with --dp-attention)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--dp-attention", flags->dp_attention, "DP attention: KV heads split over TP/DP");
+  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtypes,
+                  "One or several (comma-separated); default: every dtype the engine accepts");
+  cmd->add_option("--gpu", flags->gpu,
+                  "GPU preset (data/gpus.json): h100, h200, b200, rtx-pro-6000, a100, l40s, 4090, "
+                  "5090, mi300x");
+  cmd->add_option("--gpu-mem", flags->gpu_mem, "GPU memory per device: 96GiB, 98304MiB, 80GB");
+  cmd->add_option(
+      "--mem-fraction", flags->mem_fraction,
+      "SGLang --mem-fraction-static / vLLM --gpu-memory-utilization (default: the engine's)");
+  cmd->add_option("--weights-per-gpu", flags->weights_per_gpu,
+                  "Weight bytes per GPU (default: safetensors bytes / TP / PP)");
+  cmd->add_option("--context", flags->contexts,
+                  "Context lengths for the concurrency columns (8k,32k,128k)");
+  cmd->add_option("--max-running-requests", flags->max_running_requests,
+                  "Cap on concurrent requests");
+  cmd->add_option("--page-size", flags->page_size, "SGLang --page-size / vLLM --block-size");
+  cmd->add_option("--max-total-tokens", flags->max_total_tokens, "SGLang --max-total-tokens cap");
+  cmd->add_option("--from-log", flags->from_log,
+                  "Reproduce a launch's capacity from its start-up log ('-' = stdin)");
+  cmd->add_option("--launch", flags->launch,
+                  "With --from-log: use launch N (1-based) instead of the latest");
+  cmd->add_flag("--explain", flags->explain, "Show each number's derivation");
+  add_output_options(*cmd, flags->output);
+  cmd->callback([flags, &run] { run = [flags] { return run_plan(*flags); }; });
+}
+
+}  // namespace kvaudit::cli
