@@ -31,6 +31,8 @@ void emit(const report::Report& report, const OutputOptions& options);
 // the command line is parsed. run returns the exit code.
 using Runner = std::function<int()>;
 void add_check_command(CLI::App& app, Runner& run);
+void add_plan_command(CLI::App& app, Runner& run);
+void add_logs_command(CLI::App& app, Runner& run);
 void add_quant_command(CLI::App& app, Runner& run);
 void add_tokenize_command(CLI::App& app, Runner& run);
 

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kvaudit 0.1.0");
   cli::Runner run;
   cli::add_check_command(app, run);
+  cli::add_plan_command(app, run);
+  cli::add_logs_command(app, run);
   cli::add_quant_command(app, run);
   cli::add_tokenize_command(app, run);
   try {
