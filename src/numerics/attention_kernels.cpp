@@ -160,6 +160,54 @@ float ExpAndSum(float* x, size_t n, float shift) {
   return sum;
 }
 
+// Largest value, NaN lanes ignored (as std::max(m, x) does); -inf for an empty range.
+float MaxIgnoringNan(const float* x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  const auto lowest = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto m = lowest;
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    m = hn::Max(m, hn::IfThenElse(hn::IsNaN(v), lowest, v));
+  }
+  float result = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  return result;
+}
+
+// sum p (s - t) (NaN propagates), and over finite s - t: sum (s - t)^2 and sum s^2.
+void ScoreDivergence(const float* s, const float* t, const float* p, size_t n,
+                     double* weighted_difference, double* error_squared,
+                     double* reference_squared) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  auto kl = hn::Zero(d), err = hn::Zero(d), ref = hn::Zero(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto sv = hn::LoadU(d, s + i);
+    const auto diff = hn::Sub(sv, hn::LoadU(d, t + i));
+    kl = hn::MulAdd(hn::LoadU(d, p + i), diff, kl);
+    const auto finite = hn::IsFinite(diff);
+    err = hn::MulAdd(hn::IfThenElseZero(finite, diff), hn::IfThenElseZero(finite, diff), err);
+    ref = hn::MulAdd(hn::IfThenElseZero(finite, sv), hn::IfThenElseZero(finite, sv), ref);
+  }
+  double kl_sum = hn::GetLane(hn::SumOfLanes(d, kl));
+  double err_sum = hn::GetLane(hn::SumOfLanes(d, err));
+  double ref_sum = hn::GetLane(hn::SumOfLanes(d, ref));
+  for (; i < n; ++i) {
+    const double diff = double(s[i]) - double(t[i]);
+    kl_sum += double(p[i]) * diff;
+    if (std::isfinite(diff)) {
+      err_sum += diff * diff;
+      ref_sum += double(s[i]) * s[i];
+    }
+  }
+  *weighted_difference += kl_sum;
+  *error_squared += err_sum;
+  *reference_squared += ref_sum;
+}
+
 // Peak FMA throughput probe: 12 independent accumulator chains, `iterations` rounds.
 // Returns a value that depends on every lane so the work cannot be optimised away.
 float FmaProbe(size_t iterations) {
@@ -202,6 +250,8 @@ HWY_EXPORT(ScoreBlock);
 HWY_EXPORT(AccumulateWeighted);
 HWY_EXPORT(ExpAndSum);
 HWY_EXPORT(FmaProbe);
+HWY_EXPORT(MaxIgnoringNan);
+HWY_EXPORT(ScoreDivergence);
 HWY_EXPORT(FloatLanes);
 
 void score_block(const float* queries, int64_t query_count, int64_t query_stride, const float* keys,
@@ -221,6 +271,16 @@ void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_
 
 float exp_and_sum(std::span<float> values, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpAndSum)(values.data(), values.size(), shift);
+}
+
+float max_ignoring_nan(std::span<const float> values) {
+  return HWY_DYNAMIC_DISPATCH(MaxIgnoringNan)(values.data(), values.size());
+}
+void score_divergence(const float* reference, const float* other, const float* weights,
+                      int64_t count, double* weighted_difference, double* error_squared,
+                      double* reference_squared) {
+  HWY_DYNAMIC_DISPATCH(ScoreDivergence)
+  (reference, other, weights, size_t(count), weighted_difference, error_squared, reference_squared);
 }
 
 float fma_probe(int64_t iterations) {

@@ -153,7 +153,30 @@ void RowCodec::encode_segment_scaled(const float* x, int count, float scale, uin
       store_code(codes, code_offset + i, bits, code);
     }
   }
-  if (counts) {
+  if (counts && bits == 8) {
+    // Branch-free tally over the class table (the analysis counts every element).
+    const CodeClass* table = class_tables().by_type[size_t(type)].data();
+    const float limit = float(element_traits(type).max_finite) * scale;
+    int64_t saturated = 0, nan = 0, inf = 0, flushed = 0, subnormal = 0, nonfinite = 0;
+    for (int i = 0; i < count; ++i) {
+      const float v = x[i];
+      const CodeClass c = table[codes[code_offset + i]];
+      const bool finite = std::isfinite(v);
+      nonfinite += !finite;
+      nan += finite & (c == CodeClass::nan);
+      inf += finite & (c == CodeClass::inf);
+      flushed += finite & (c == CodeClass::zero) & (v != 0.0f);
+      subnormal += finite & (c == CodeClass::subnormal);
+      saturated += finite & (c == CodeClass::max_finite) & (std::fabs(v) > limit);
+    }
+    counts->elements += count;
+    counts->saturated += saturated;
+    counts->became_nan += nan;
+    counts->became_inf += inf;
+    counts->flushed_to_zero += flushed;
+    counts->subnormal += subnormal;
+    counts->nonfinite_input += nonfinite;
+  } else if (counts) {
     for (int i = 0; i < count; ++i) {
       const float scaled = scale > 0.0f ? x[i] / scale : 0.0f;
       count_float_element(type, x[i], scaled, load_code(codes, code_offset + i, bits), *counts);

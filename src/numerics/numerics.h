@@ -74,6 +74,9 @@ const std::vector<ElementTraits>& all_element_traits();
 // are two's complement). For ints the value is rounded half-to-even and clamped to
 // [-max, max] (symmetric) by encode_element; asymmetric ints are handled by the format codec.
 uint32_t encode_element(ElementType type, float value, Overflow overflow);
+// A second encoder for the minifloat types written independently (exact scaling and rint
+// instead of bit arithmetic); tests require both to agree on every input they try.
+uint32_t encode_minifloat_reference(ElementType type, float value, Overflow overflow);
 float decode_element(ElementType type, uint32_t code);
 CodeClass classify_code(ElementType type, uint32_t code);
 
@@ -272,6 +275,13 @@ void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_
                          int64_t out_stride);
 // values[i] = exp(values[i] - shift), returns their sum.
 float exp_and_sum(std::span<float> values, float shift);
+// Largest value with NaN ignored; -inf when empty.
+float max_ignoring_nan(std::span<const float> values);
+// Adds sum w (r - o) to *weighted_difference (NaN/inf propagate, on purpose) and, over the
+// pairs where r - o is finite, sum (r - o)^2 and sum r^2 to the other two.
+void score_divergence(const float* reference, const float* other, const float* weights,
+                      int64_t count, double* weighted_difference, double* error_squared,
+                      double* reference_squared);
 // Peak-FMA probe for benchmarks: runs `iterations` rounds of independent FMA chains;
 // fma_probe_flops says how many floating-point operations that was on this target.
 float fma_probe(int64_t iterations);

@@ -180,14 +180,60 @@ uint16_t float_to_fp16(float value, Overflow overflow) {
   if (std::isnan(value)) return std::signbit(value) ? 0xFE00 : 0x7E00;
   return uint16_t(encode_mini(kFp16, value, overflow));
 }
+namespace {
+// The integer round-to-nearest-even of PyTorch's c10 casts, on one float: the same
+// arithmetic as the SIMD lanes in fp8-inl.h, and fast enough for per-block scales. The
+// brute-force tests check it against the decoded code tables.
+uint8_t fp8_from_bits(float value, int mantissa_bits, int bias, uint32_t max_code,
+                      uint32_t overflow_code, uint32_t nan_code, bool fnuz) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = bits & 0x80000000u;
+  const uint32_t magnitude = bits ^ sign;
+  uint32_t code;
+  if (magnitude > 0x7F800000u) {
+    code = nan_code;
+  } else if (magnitude < uint32_t(1 - bias + 127) << 23) {
+    const float magic = std::ldexp(1.0f, 1 - bias - mantissa_bits + 23);
+    code = std::bit_cast<uint32_t>(std::bit_cast<float>(magnitude) + magic) -
+           std::bit_cast<uint32_t>(magic);
+  } else {
+    const uint32_t odd = (magnitude >> (23 - mantissa_bits)) & 1u;
+    code = (magnitude + (uint32_t(bias - 127) << 23) + (1u << (22 - mantissa_bits)) - 1 + odd) >>
+           (23 - mantissa_bits);
+  }
+  if (code > max_code && magnitude <= 0x7F800000u) code = overflow_code;
+  if (fnuz && (code == 0 || code == 0x80)) return uint8_t(code);
+  return uint8_t(code | (sign >> 24));
+}
+}  // namespace
+
 uint8_t float_to_fp8_e4m3(float value, Overflow overflow) {
-  return uint8_t(encode_mini(kE4M3, value, overflow));
+  return fp8_from_bits(value, 3, 7, 0x7E, overflow == Overflow::saturate ? 0x7E : 0x7F, 0x7F,
+                       false);
 }
 uint8_t float_to_fp8_e4m3fnuz(float value, Overflow overflow) {
-  return uint8_t(encode_mini(kE4M3Fnuz, value, overflow));
+  return fp8_from_bits(value, 3, 8, 0x7F, overflow == Overflow::saturate ? 0x7F : 0x80, 0x80, true);
 }
 uint8_t float_to_fp8_e5m2(float value, Overflow overflow) {
-  return uint8_t(encode_mini(kE5M2, value, overflow));
+  return fp8_from_bits(value, 2, 15, 0x7B, overflow == Overflow::saturate ? 0x7B : 0x7C, 0x7F,
+                       false);
+}
+// The generic minifloat encoder stays as a second, independent implementation for tests.
+uint32_t encode_minifloat_reference(ElementType type, float value, Overflow overflow) {
+  switch (type) {
+    case ElementType::fp8_e4m3:
+      return encode_mini(kE4M3, value, overflow);
+    case ElementType::fp8_e4m3fnuz:
+      return encode_mini(kE4M3Fnuz, value, overflow);
+    case ElementType::fp8_e5m2:
+      return encode_mini(kE5M2, value, overflow);
+    case ElementType::f16:
+      return encode_mini(kFp16, value, overflow);
+    case ElementType::fp4_e2m1:
+      return encode_mini(kE2M1, value, Overflow::saturate);
+    default:
+      return encode_element(type, value, overflow);
+  }
 }
 uint8_t float_to_fp4_e2m1(float value) {
   if (std::isnan(value)) return 0;

@@ -105,8 +105,8 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
   std::vector<float> rescale(static_cast<size_t>(nq));
   for (int64_t q = 0; q < nq; ++q) {
     const float* s = ref_scores.data() + q * count;
-    float m = ref.max_logit[size_t(q)];
-    for (int64_t j = 0; j < count; ++j) m = std::max(m, s[j]);
+    const float m =
+        std::max(ref.max_logit[size_t(q)], numerics::max_ignoring_nan({s, size_t(count)}));
     rescale[size_t(q)] = std::exp(ref.max_logit[size_t(q)] - m);
     ref.max_logit[size_t(q)] = m;
     std::copy_n(s, count, probabilities.data() + q * count);
@@ -127,19 +127,12 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
       const float* s = ref_scores.data() + q * count;
       const float* t = scores.data() + q * count;
       const float* p = probabilities.data() + q * count;
-      double kl = 0;
-      for (int64_t j = 0; j < count; ++j) {
-        const double diff = double(s[j]) - double(t[j]);
-        kl += double(p[j]) * diff;  // NaN/inf in t propagate: the query is then non-finite
-        if (std::isfinite(diff)) {
-          error_sq += diff * diff;
-          ref_sq += double(s[j]) * s[j];
-        }
-      }
+      double kl = 0;  // NaN/inf in t propagate: the query is then non-finite
+      numerics::score_divergence(s, t, p, count, &kl, &error_sq, &ref_sq);
       state.kl_partial[size_t(q)] = state.kl_partial[size_t(q)] * rescale[size_t(q)] + kl;
       state.top[size_t(q)].add(t, count, first);
-      float m = state.max_logit[size_t(q)];
-      for (int64_t j = 0; j < count; ++j) m = std::max(m, t[j]);
+      const float m =
+          std::max(state.max_logit[size_t(q)], numerics::max_ignoring_nan({t, size_t(count)}));
       const float r = std::exp(state.max_logit[size_t(q)] - m);
       state.max_logit[size_t(q)] = m;
       const float block_sum = numerics::exp_and_sum({scores.data() + q * count, size_t(count)}, m);

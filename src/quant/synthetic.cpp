@@ -38,6 +38,8 @@ class SyntheticSource final : public QkvSource {
     bank_.resize(kBankSize);
     for (float& z : bank_) z = normal(rng);
     const int d = shape.head_dim, kv = shape.kv_heads;
+    for (int i = 0; i < d / 2; ++i)
+      inverse_frequency_.push_back(std::pow(kRopeTheta, -2.0 * i / d));
     key_mean_.assign(size_t(kv * d), 0.0f);
     key_std_.assign(size_t(kv * d), 1.0f);
     sink_direction_.assign(size_t(kv * d), 0.0f);
@@ -148,7 +150,7 @@ class SyntheticSource final : public QkvSource {
     cosines.resize(size_t(half));
     sines.resize(size_t(half));
     for (int i = 0; i < half; ++i) {
-      const double angle = double(position) * std::pow(kRopeTheta, -2.0 * i / d);
+      const double angle = double(position) * inverse_frequency_[size_t(i)];
       cosines[size_t(i)] = float(std::cos(angle));
       sines[size_t(i)] = float(std::sin(angle));
     }
@@ -169,6 +171,7 @@ class SyntheticSource final : public QkvSource {
   uint64_t seed_;
   std::vector<float> bank_;
   std::vector<float> key_mean_, key_std_, sink_direction_;  // [kv_heads * head_dim]
+  std::vector<double> inverse_frequency_;                   // [head_dim / 2]
 };
 
 }  // namespace

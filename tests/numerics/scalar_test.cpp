@@ -189,6 +189,9 @@ TEST(Scalar, EncodersMatchBruteForceNearestWithTiesToEven) {
   for (const Fp8Case& c : kFp8Cases) {
     for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
       for (float x : probe_values(c.type, 7)) {
+        ASSERT_EQ(encode_minifloat_reference(c.type, x, overflow),
+                  encode_element(c.type, x, overflow))
+            << element_traits(c.type).name << " x=" << x;
         ASSERT_EQ(encode_element(c.type, x, overflow), brute_force_encode(c.type, x, overflow))
             << element_traits(c.type).name << " x=" << x
             << (overflow == Overflow::saturate ? " sat" : " nan");
