@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <set>
 
+#include <simdjson.h>
+
 #include "util/util.h"
 
 namespace kvaudit::checkpoint {
@@ -102,19 +104,28 @@ std::vector<std::string> find_shards(const fs::path& dir) {
   std::error_code ec;
   std::vector<std::string> shards;
   if (fs::exists(index, ec)) {
-    json doc = read_json_file(index);
-    auto map = doc.find("weight_map");
-    if (!doc.is_object() || map == doc.end() || !map->is_object())
+    // The index of a 400B MoE lists ~400K tensors: parse it with simdjson, not nlohmann.
+    std::string text = read_text_file(index, 512ull << 20);
+    simdjson::dom::parser parser;
+    simdjson::padded_string padded(text);
+    simdjson::dom::element doc;
+    if (auto error = parser.parse(padded).get(doc))
+      throw InputError(index.string(), fmt::format("invalid JSON ({})", simdjson::error_message(error)));
+    simdjson::dom::object map;
+    if (doc["weight_map"].get_object().get(map) != simdjson::SUCCESS)
       throw InputError(index.string(), "has no \"weight_map\" object");
-    std::set<std::string> unique;
-    for (const auto& [tensor, file] : map->items()) {
-      if (!file.is_string())
+    std::set<std::string, std::less<>> unique;
+    std::string_view last;
+    for (auto [tensor, file] : map) {
+      std::string_view name;
+      if (file.get_string().get(name) != simdjson::SUCCESS)
         throw InputError(index.string(), fmt::format("weight_map['{}'] is not a file name", tensor));
-      std::string name = file.get<std::string>();
-      if (name.find('/') != std::string::npos || name == ".." || name.empty())
+      if (name == last) continue;  // consecutive entries usually share a shard
+      last = name;
+      if (name.find('/') != std::string_view::npos || name == ".." || name.empty())
         throw InputError(index.string(), fmt::format("weight_map names shard '{}' outside the "
                                                      "checkpoint folder", name));
-      unique.insert(name);
+      unique.emplace(name);
     }
     for (const auto& name : unique) {
       if (!fs::exists(dir / name, ec))
@@ -186,7 +197,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
       if (!scale) continue;
       scale->shard_file = shard;
       scale->dtype = tensor.dtype;
-      scale->shape = tensor.shape;
+      scale->shape = tensor.shape.to_vector();
       scale->values = read_tensor_values(header, tensor);
       facts.kv_scales.push_back(std::move(*scale));
     }

@@ -4,7 +4,9 @@
 // as KV scales. Produces ModelFacts. Knows architectures, not engines.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -25,10 +27,36 @@ std::string_view dtype_name(TensorDType dtype);             // "F32", "F8_E4M3",
 std::optional<TensorDType> parse_dtype(std::string_view);  // safetensors spelling
 uint32_t dtype_bits(TensorDType dtype);                     // 4 for F4, 8 for F8/U8, ...
 
+// A tensor shape stored inline: headers of large checkpoints hold ~400K entries,
+// and a heap allocation per shape would dominate parsing.
+class TensorShape {
+ public:
+  static constexpr size_t kMaxRank = 8;
+  TensorShape() = default;
+  TensorShape(std::initializer_list<uint64_t> dims) {
+    for (uint64_t dim : dims) push_back(dim);
+  }
+  void push_back(uint64_t dim) { dims_[rank_++] = dim; }  // callers check full()
+  bool full() const { return rank_ == kMaxRank; }
+  size_t size() const { return rank_; }
+  bool empty() const { return rank_ == 0; }
+  uint64_t operator[](size_t i) const { return dims_[i]; }
+  const uint64_t* begin() const { return dims_; }
+  const uint64_t* end() const { return dims_ + rank_; }
+  std::vector<uint64_t> to_vector() const { return {begin(), end()}; }
+  bool operator==(const TensorShape& other) const {
+    return rank_ == other.rank_ && std::equal(begin(), end(), other.begin());
+  }
+
+ private:
+  uint64_t dims_[kMaxRank] = {};
+  uint8_t rank_ = 0;
+};
+
 struct TensorInfo {
   std::string name;
   TensorDType dtype = TensorDType::F32;
-  std::vector<uint64_t> shape;
+  TensorShape shape;
   uint64_t data_begin = 0;  // offsets relative to the start of the data section
   uint64_t data_end = 0;
   uint64_t element_count() const;

@@ -93,15 +93,20 @@ uint64_t TensorInfo::element_count() const {
   return count;
 }
 
-SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
-                                           const std::string& label) {
+namespace {
+
+// buffer_is_padded: the caller guarantees SIMDJSON_PADDING readable bytes past the
+// end, so simdjson parses in place instead of copying the header.
+SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padded,
+                               uint64_t data_bytes, const std::string& label) {
   SafetensorsHeader header;
   header.header_bytes = header_json.size();
-  // The DOM parser picks the best SIMD kernel at run time (AVX2/AVX-512 here).
-  simdjson::dom::parser parser;
-  simdjson::padded_string padded(header_json);
+  // The DOM parser picks the best SIMD kernel at run time (AVX2/AVX-512 here); one
+  // parser per thread keeps its buffers across the shards of a checkpoint.
+  thread_local simdjson::dom::parser parser;
   simdjson::dom::element root_element;
-  if (auto error = parser.parse(padded).get(root_element))
+  if (auto error = parser.parse(header_json.data(), header_json.size(), !buffer_is_padded)
+                       .get(root_element))
     fail(label, fmt::format("safetensors header is not valid JSON ({})",
                             simdjson::error_message(error)));
   simdjson::dom::object root;
@@ -147,6 +152,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_
           uint64_t dim;
           if (dim_element.get_uint64().get(dim) != simdjson::SUCCESS)
             bad(tensor.name, "shape holds a value that is not a non-negative integer");
+          if (tensor.shape.full())
+            bad(tensor.name, fmt::format("shape has more than {} dimensions", TensorShape::kMaxRank));
           tensor.shape.push_back(dim);
         }
         have_shape = true;
@@ -185,24 +192,41 @@ SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_
     header.tensors.push_back(std::move(tensor));
   }
 
-  // Spans must not overlap: sort a view by start and compare neighbours.
-  std::vector<const TensorInfo*> by_start;
-  by_start.reserve(header.tensors.size());
-  for (const auto& tensor : header.tensors) by_start.push_back(&tensor);
-  std::sort(by_start.begin(), by_start.end(), [](const TensorInfo* a, const TensorInfo* b) {
-    return a->data_begin != b->data_begin ? a->data_begin < b->data_begin
-                                          : a->data_end < b->data_end;
-  });
-  for (size_t i = 1; i < by_start.size(); ++i) {
-    const TensorInfo* previous = by_start[i - 1];
-    const TensorInfo* current = by_start[i];
-    if (current->data_begin < previous->data_end && current->data_end > current->data_begin)
+  // Spans must not overlap. Writers lay tensors out in header order, so check that
+  // first in one pass; sort (start, end, index) triples only when it fails.
+  struct Span {
+    uint64_t begin, end;
+    uint32_t index;
+  };
+  std::vector<Span> spans;
+  spans.reserve(header.tensors.size());
+  bool ordered = true;
+  for (uint32_t i = 0; i < header.tensors.size(); ++i) {
+    const auto& tensor = header.tensors[i];
+    if (!spans.empty() && tensor.data_begin < spans.back().begin) ordered = false;
+    spans.push_back({tensor.data_begin, tensor.data_end, i});
+  }
+  if (!ordered)
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& previous = spans[i - 1];
+    const Span& current = spans[i];
+    if (current.begin < previous.end && current.end > current.begin)
       fail(label, fmt::format("safetensors header: tensors '{}' and '{}' overlap ([{}, {}) and "
                               "[{}, {}))",
-                              previous->name, current->name, previous->data_begin,
-                              previous->data_end, current->data_begin, current->data_end));
+                              header.tensors[previous.index].name, header.tensors[current.index].name,
+                              previous.begin, previous.end, current.begin, current.end));
   }
   return header;
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
+                                           const std::string& label) {
+  return parse_header(header_json, false, data_bytes, label);
 }
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
@@ -230,10 +254,10 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
   if (header_bytes > file_bytes - 8)
     fail(label, fmt::format("truncated: header length {} runs past the end of the {}-byte file",
                             header_bytes, file_bytes));
-  std::string header_json(header_bytes, '\0');
+  std::string header_json(header_bytes + simdjson::SIMDJSON_PADDING, '\0');
   if (!handle.read_at(8, header_json.data(), header_bytes)) fail(label, "cannot read header");
-  SafetensorsHeader header =
-      parse_safetensors_header(header_json, file_bytes - 8 - header_bytes, label);
+  SafetensorsHeader header = parse_header(std::string_view(header_json.data(), header_bytes), true,
+                                          file_bytes - 8 - header_bytes, label);
   header.file = file;
   header.file_bytes = file_bytes;
   return header;
