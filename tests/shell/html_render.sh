@@ -20,7 +20,7 @@ mkdir -p "$out"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 example="$source_dir/examples/qwen3.5-397b-a17b-nvfp4"
-generated="$example/generated"
+generated="$build_dir/demo-checkpoint"  # where tools/demo.sh keeps it
 if [[ ! -f $generated/model.safetensors.index.json || $example/manifest.json -nt $generated/model.safetensors.index.json ]]; then
   # The same sparse, headers-only checkpoint `make demo` builds.
   rm -rf "$generated"
