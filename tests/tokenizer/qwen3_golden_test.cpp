@@ -121,6 +121,15 @@ TEST(Qwen3Tokenizer, InvalidUtf8BecomesReplacementCharactersNeverACrash) {
   // Unknown and negative ids are skipped, as HF does.
   std::vector<TokenId> unknown = {9707, -5, 1 << 28, 1879};
   EXPECT_EQ(tokenizer.decode(unknown), "Hello world");
+  // Any id sequence decodes to valid UTF-8.
+  std::mt19937 random(99);
+  std::uniform_int_distribution<TokenId> any_id(-10, 151700);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<TokenId> ids(static_cast<size_t>(trial % 17));
+    for (TokenId& id : ids) id = any_id(random);
+    std::string text = tokenizer.decode(ids, {.skip_special_tokens = trial % 2 == 0});
+    EXPECT_EQ(to_valid_utf8(text), text) << "trial " << trial;
+  }
 }
 
 TEST(Qwen3Tokenizer, RandomBytesRoundTripToTheirNormalizedText) {
