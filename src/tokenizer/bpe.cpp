@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <queue>
 
 #include "tokenizer/internal.h"
@@ -182,25 +183,66 @@ void BpeModel::encode_piece(std::string_view piece_bytes, std::vector<TokenId>& 
     }
   }
   bool cacheable = piece_bytes.size() <= kCacheMaxPieceBytes;
+  // Forced non-zero: zero marks an empty cache slot.
+  uint64_t hash = std::hash<std::string_view>{}(piece_bytes) | 1;
   if (cacheable) {
     std::lock_guard lock(cache_mutex_);
-    auto it = cache_.find(piece_bytes);
-    if (it != cache_.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (cache_.find(piece_bytes, hash, ids)) return;
   }
   size_t first = ids.size();
   merge(piece_bytes, ids);
   if (cacheable) {
     std::lock_guard lock(cache_mutex_);
-    // Once full the cache stops growing (HF does the same): old entries stay valid.
-    if (cache_.size() < kCacheMaxEntries) {
-      cache_.emplace(
-          std::string(piece_bytes),
-          std::vector<TokenId>(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end()));
-    }
+    cache_.insert(piece_bytes, hash, ids.data() + first, ids.size() - first);
   }
+}
+
+PieceCache::PieceCache() : slots_(2 * kMaxEntries) {}
+
+std::string_view PieceCache::key_of(const Slot& slot) const {
+  if (slot.key_length <= kInlineKeyBytes) return std::string_view(slot.inline_key, slot.key_length);
+  return std::string_view(keys_).substr(slot.key_offset, slot.key_length);
+}
+
+bool PieceCache::find(std::string_view piece, uint64_t hash, std::vector<TokenId>& ids) const {
+  const size_t mask = slots_.size() - 1;
+  for (size_t index = hash & mask; slots_[index].hash != 0; index = (index + 1) & mask) {
+    const Slot& slot = slots_[index];
+    if (slot.hash != hash || slot.key_length != piece.size() || key_of(slot) != piece) continue;
+    const TokenId* begin =
+        slot.id_count <= kInlineIds ? slot.inline_ids : ids_.data() + slot.id_offset;
+    ids.insert(ids.end(), begin, begin + slot.id_count);
+    return true;
+  }
+  return false;
+}
+
+void PieceCache::insert(std::string_view piece, uint64_t hash, const TokenId* ids,
+                        size_t id_count) {
+  if (entries_ >= kMaxEntries) return;
+  const size_t mask = slots_.size() - 1;
+  size_t index = hash & mask;
+  for (; slots_[index].hash != 0; index = (index + 1) & mask) {
+    const Slot& slot = slots_[index];
+    if (slot.hash == hash && key_of(slot) == piece) return;  // another thread got here first
+  }
+  Slot& slot = slots_[index];
+  slot.hash = hash;
+  slot.key_length = static_cast<uint32_t>(piece.size());
+  if (piece.size() <= kInlineKeyBytes) {
+    std::memcpy(slot.inline_key, piece.data(), piece.size());
+  } else {
+    slot.key_offset = static_cast<uint32_t>(keys_.size());
+    keys_.append(piece);
+  }
+  slot.id_count = static_cast<uint32_t>(id_count);
+  if (id_count <= kInlineIds) {
+    std::copy(ids, ids + id_count, slot.inline_ids);
+  } else {
+    slot.id_offset = static_cast<uint32_t>(ids_.size());
+    ids_.insert(ids_.end(), ids, ids + id_count);
+  }
+  ++entries_;
 }
 
 }  // namespace kvaudit::tokenizer::detail

@@ -123,6 +123,41 @@ class Vocabulary {
   size_t entry_count_ = 0;
 };
 
+// Ids of pieces already merged, in one open-addressing table whose slots hold short pieces
+// and short results inline: a hit costs one cache line, not the four pointer hops of an
+// unordered_map<string, vector>. Fixed capacity; once full it stops taking entries (HF's
+// cache does the same). Not thread-safe: BpeModel guards it with a mutex.
+class PieceCache {
+ public:
+  static constexpr size_t kMaxEntries = size_t{1} << 17;
+  PieceCache();
+  // Appends the cached ids of `piece` and returns true, or returns false.
+  bool find(std::string_view piece, uint64_t hash, std::vector<TokenId>& ids) const;
+  void insert(std::string_view piece, uint64_t hash, const TokenId* ids, size_t id_count);
+
+ private:
+  static constexpr size_t kInlineKeyBytes = 12;
+  static constexpr size_t kInlineIds = 4;
+  struct Slot {
+    uint64_t hash = 0;  // 0 marks an empty slot (real hashes are forced non-zero)
+    uint32_t key_length = 0;
+    uint32_t id_count = 0;
+    union {
+      char inline_key[kInlineKeyBytes];
+      uint32_t key_offset;  // into keys_, when key_length > kInlineKeyBytes
+    };
+    union {
+      TokenId inline_ids[kInlineIds];
+      uint32_t id_offset;  // into ids_, when id_count > kInlineIds
+    };
+  };
+  std::string_view key_of(const Slot& slot) const;
+  std::vector<Slot> slots_;  // [2 * kMaxEntries]
+  size_t entries_ = 0;
+  std::string keys_;          // long pieces, back to back
+  std::vector<TokenId> ids_;  // long results, back to back
+};
+
 class BpeModel {
  public:
   // merges: pairs in rank order (first = merged first).
@@ -156,10 +191,9 @@ class BpeModel {
   bool ignore_merges_ = false;
 
   // Pieces repeat (keywords, indentation); their ids are cached, as HF does, up to a bound.
-  static constexpr size_t kCacheMaxEntries = 1 << 17;
   static constexpr size_t kCacheMaxPieceBytes = 256;
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>> cache_;
+  mutable PieceCache cache_;
 };
 
 // ---- Added tokens (added_tokens.cpp) -----------------------------------------------------
