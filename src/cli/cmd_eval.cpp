@@ -1,0 +1,129 @@
+// kvaudit eval: KV-format damage on a real checkpoint, measured on the reference CPU engine.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <optional>
+
+#include "cli/commands.h"
+#include "eval/eval.h"
+#include "util/util.h"
+
+namespace kvaudit::cli {
+
+namespace {
+
+struct EvalFlags {
+  std::string model_dir;
+  std::string tokenizer_dir;
+  std::vector<std::string> kv = {};
+  std::string text_file;
+  std::string calibration_file;
+  std::string ctx = "512";
+  int64_t chunks = 0;
+  int64_t score_from = -1;
+  int buckets = 4;
+  int threads = 2;
+  bool recall = false;
+  std::string recall_ctx = "256,512";
+  std::string recall_depth = "32,128,384";
+  int recall_cases = 4;
+  uint64_t seed = 1;
+  OutputOptions output;
+};
+
+std::vector<int64_t> token_counts(const std::string& list, const char* flag) {
+  std::vector<int64_t> values;
+  for (const std::string& item : split_list(list)) {
+    auto tokens = parse_token_count(item);
+    if (!tokens || *tokens <= 0) throw InputError(flag, "expects token counts like 256,512,8k");
+    values.push_back(*tokens);
+  }
+  if (values.empty()) throw InputError(flag, "expects at least one token count");
+  return values;
+}
+
+int run_eval_command(const EvalFlags& flags) {
+  if (flags.text_file.empty() && !flags.recall)
+    throw InputError("eval", "nothing to measure: give --text FILE and/or --recall");
+  std::vector<std::string> formats = flags.kv.empty() ? std::vector<std::string>{"bf16"} : flags.kv;
+  for (const std::string& spec : formats) numerics::parse_kv_format(spec);  // fail early
+  auto model = model::Model::load(flags.model_dir);
+  auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
+                                                                          : flags.tokenizer_dir);
+
+  report::Report out;
+  out.command = "eval";
+  out.title = fmt::format("kvaudit eval: {} ({} layers, {} KV heads x {}, {} weights)",
+                          flags.model_dir, model->config().num_layers, model->config().num_kv_heads,
+                          model->config().head_dim, model::weight_type_name(model->weight_type()));
+  out.facts.push_back({"baseline", "Baseline KV format", report::Value(formats[0]), ""});
+  out.facts.push_back({"threads", "Threads", report::Value(int64_t{flags.threads}), ""});
+
+  std::optional<eval::PerplexityResult> perplexity;
+  if (!flags.text_file.empty()) {
+    eval::PerplexityOptions options;
+    options.kv_formats = formats;
+    auto ctx = parse_token_count(flags.ctx);
+    if (!ctx) throw InputError("--ctx", "expects a token count like 512 or 4k");
+    options.ctx_tokens = *ctx;
+    options.max_chunks = flags.chunks;
+    options.first_scored = flags.score_from;
+    options.position_buckets = flags.buckets;
+    options.threads = flags.threads;
+    if (!flags.calibration_file.empty())
+      options.calibration_tokens = tokenizer.encode(read_text_file(flags.calibration_file));
+    std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));
+    perplexity = eval::run_perplexity(*model, tokens, options);
+    eval::add_perplexity_to_report(*perplexity, out);
+  }
+  std::optional<eval::RecallResult> recall;
+  if (flags.recall) {
+    eval::RecallOptions options;
+    options.kv_formats = formats;
+    options.ctx_tokens = token_counts(flags.recall_ctx, "--recall-ctx");
+    options.depth_tokens = token_counts(flags.recall_depth, "--recall-depth");
+    options.cases_per_cell = flags.recall_cases;
+    options.seed = flags.seed;
+    options.threads = flags.threads;
+    recall = eval::run_recall(*model, tokenizer, options);
+    eval::add_recall_to_report(*recall, out);
+  }
+  eval::set_eval_verdict(perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr, out);
+  emit(out, flags.output);
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app, Runner& run) {
+  auto flags = std::make_shared<EvalFlags>();
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Measure KV-format damage (PPL ratio, KL divergence, top-1, recall) on a CPU");
+  eval->add_option("--model", flags->model_dir,
+                   "Hugging Face checkpoint folder (Llama/Mistral/Qwen2/Qwen3)")
+      ->required();
+  eval->add_option("--tokenizer", flags->tokenizer_dir,
+                   "Folder with tokenizer.json (default: --model)");
+  eval->add_option("--kv", flags->kv,
+                   "KV format, repeatable; the first is the baseline (bf16, fp8_e4m3:none, "
+                   "fp8_e4m3:tensor, fp8_e5m2, nvfp4, int4:kivi, ...)");
+  eval->add_option("--text", flags->text_file, "Text to score (llama.cpp perplexity semantics)");
+  eval->add_option("--calib-text", flags->calibration_file,
+                   "Text whose K/V calibrate static scales (default: the first chunk of --text)");
+  eval->add_option("--ctx", flags->ctx, "Tokens per chunk (n_ctx)");
+  eval->add_option("--chunks", flags->chunks, "Score at most this many chunks (default: all)");
+  eval->add_option("--score-from", flags->score_from, "First scored position (default n_ctx/2)");
+  eval->add_option("--buckets", flags->buckets, "Position buckets over the scored range")
+      ->check(CLI::Range(1, 64));
+  eval->add_option("--threads", flags->threads, "Worker threads")->check(CLI::Range(1, 256));
+  eval->add_flag("--recall", flags->recall, "Run the long-range recall probe");
+  eval->add_option("--recall-ctx", flags->recall_ctx, "Context lengths of the recall grid");
+  eval->add_option("--recall-depth", flags->recall_depth, "Depths of the recall grid (tokens)");
+  eval->add_option("--recall-cases", flags->recall_cases, "Cases per grid cell")
+      ->check(CLI::Range(1, 1000));
+  eval->add_option("--seed", flags->seed, "Seed of the recall generator");
+  add_output_options(*eval, flags->output);
+  eval->callback([flags, &run] { run = [flags] { return run_eval_command(*flags); }; });
+}
+
+}  // namespace kvaudit::cli

@@ -1,0 +1,218 @@
+// eval: measures what a KV-cache format does to a model's predictions, on the reference CPU
+// engine (model/). Two instruments:
+//  1. llama.cpp-style statistics against a baseline format (`perplexity --kl-divergence`
+//     semantics): each chunk of n_ctx tokens is scored at positions [n_ctx/2, n_ctx - 1);
+//     PPL ratio, KL divergence percentiles, Delta-p and "same top p", per position bucket.
+//  2. A long-range recall probe: synthetic Python source with random functions, then a call
+//     that must reproduce a signature defined D tokens earlier; teacher-forced log-prob and
+//     exact match over a grid of context lengths x depths. The text generator is
+//     engine-independent so probe/ reuses it against live servers.
+// Not here: rendering (report/, done by cli/), codecs (numerics/), the forward pass (model/).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/model.h"
+#include "report/report.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvaudit::eval {
+
+// ---------------------------------------------------------------- statistics
+
+// One scored position of one format against the baseline.
+struct TokenComparison {
+  int64_t position = 0;   // position within its chunk
+  double nll_base = 0.0;  // -log p_base(correct token), nats
+  double nll_test = 0.0;  // -log p_test(correct token)
+  double kld = 0.0;       // sum_v p_base(v) (log p_base(v) - log p_test(v)), nats
+  double delta_p = 0.0;   // p_test(correct) - p_base(correct)
+  bool same_top = false;  // argmax agrees
+  bool finite = true;     // false when the test logits held NaN/inf
+};
+
+// Compares two logit rows for the token `correct`; base_log_probs is the baseline's
+// log-softmax (computed once and reused for every format).
+TokenComparison compare_logits(std::span<const float> base_log_probs,
+                               std::span<const float> test_logits, int32_t correct,
+                               int64_t position);
+// log-softmax of one row, in double accumulation, written as float.
+void log_softmax(std::span<const float> logits, std::span<float> log_probs);
+
+// Linear-interpolated percentile of sorted values, as llama.cpp computes them
+// (fraction in [0, 1]: 0 = minimum, 1 = maximum).
+double percentile_sorted(const std::vector<double>& sorted, double fraction);
+
+struct Percentile {
+  double fraction;  // 0.999, 0.99, ...
+  double value;
+};
+
+struct KldSummary {
+  int64_t count = 0;      // finite scored positions
+  int64_t nonfinite = 0;  // positions whose test logits held NaN/inf (kept out of the stats)
+  double ppl_base = 0.0;  // exp(mean nll_base)
+  double ppl_test = 0.0;
+  double ppl_ratio = 0.0;        // exp(mean(nll_test - nll_base)) = PPL(Q)/PPL(base)
+  double ppl_ratio_error = 0.0;  // ratio * standard error of the mean log difference
+  double kld_mean = 0.0;
+  double kld_mean_error = 0.0;  // sqrt(var / (N - 1))
+  double kld_median = 0.0;
+  std::vector<Percentile>
+      kld_percentiles;  // 1 (max), 0.999, 0.99, 0.95, 0.9, 0.1, 0.05, 0.01, 0.001, 0 (min)
+  double delta_p_mean = 0.0;
+  double delta_p_rms = 0.0;
+  double delta_p_rms_error = 0.0;
+  std::vector<Percentile>
+      delta_p_percentiles;  // 1, 0.999, 0.99, 0.95, 0.9, 0.75, 0.5, 0.25, 0.1, 0.05, 0.01, 0.001, 0
+  double same_top = 0.0;    // fraction of positions whose argmax agrees
+  double same_top_error = 0.0;  // sqrt(p (1 - p) / (N - 1))
+};
+KldSummary summarize(const std::vector<TokenComparison>& samples);
+
+// ---------------------------------------------------------------- perplexity / KLD run
+
+struct PerplexityOptions {
+  std::vector<std::string> kv_formats;  // first = baseline, e.g. {"bf16", "fp8_e4m3:none"}
+  int64_t ctx_tokens = 512;             // n_ctx: tokens per chunk
+  int64_t max_chunks = 0;               // 0: as many as the text holds
+  int64_t first_scored = -1;            // -1: n_ctx / 2 (llama.cpp)
+  int position_buckets = 4;             // over the scored range
+  int threads = 2;
+  // Static scales (":tensor", ":head", ":channel", nvfp4 tensor scale) are calibrated from
+  // the baseline's K/V on these tokens (empty: on the first chunk of the eval text).
+  std::vector<int32_t> calibration_tokens;
+};
+
+struct PositionBucket {
+  int64_t first_position = 0;  // inclusive, within the chunk
+  int64_t last_position = 0;   // inclusive
+  KldSummary summary;
+};
+
+struct FormatResult {
+  std::string spec;  // canonical format spelling
+  bool baseline = false;
+  KldSummary summary;  // against the baseline (the baseline against itself)
+  std::vector<PositionBucket> buckets;
+  int64_t kv_bytes_per_token = 0;  // encoded bytes the cache held, per token (all layers)
+  double tokens_per_second = 0.0;  // prefill throughput of this format's runs
+  numerics::EncodeCounts counts;   // what happened to the encoded K/V elements
+  std::string calibration;         // how static scales were set ("", "calibrated on ...")
+};
+
+struct PerplexityResult {
+  int64_t chunks = 0;
+  int64_t ctx_tokens = 0;
+  int64_t first_scored = 0;
+  int64_t text_tokens = 0;
+  std::vector<FormatResult> formats;
+  std::string simd_target;
+};
+
+// Static scales (":tensor", ":head", ":channel", NVFP4's tensor scale) for `format`: runs
+// `tokens` through a session of `capture_format` with K/V maxima capture on and returns
+// per-layer {K, V} amax. Empty amax for formats without static scales.
+std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
+    const model::Model& model, const numerics::KvFormat& capture_format,
+    const numerics::KvFormat& format, std::span<const int32_t> tokens, model::ThreadPool& pool);
+
+// Runs every format over the same chunks; the baseline's log-probs are computed once per
+// chunk and reused. Throws InputError when the text is shorter than one chunk.
+PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
+                                const PerplexityOptions& options);
+
+// ---------------------------------------------------------------- recall probe
+
+// One synthetic source file: `prompt` ends just after "name(" in a call of a function
+// defined earlier; `expected` is the argument list the definition fixes ("a, b, c)").
+struct RecallCase {
+  std::string prompt;
+  std::string expected;
+  std::string function_name;
+  int64_t depth_tokens = 0;   // tokens between the end of the definition and the call
+  int64_t prompt_tokens = 0;  // tokens of prompt + expected, as the counter measured
+};
+
+// Counts tokens of a text (the model's tokenizer, or an estimate for a live server).
+using TokenCounter = std::function<int64_t(std::string_view)>;
+
+struct RecallCaseOptions {
+  int64_t ctx_tokens = 512;    // total length to fill (prompt + expected), approximately
+  int64_t depth_tokens = 256;  // distance from the target definition to the call
+  uint64_t seed = 1;
+  // Control case: the target's definition is replaced by an unrelated function, so the
+  // expected arguments cannot be copied (the chance baseline of the same prompt).
+  bool control = false;
+};
+
+// Deterministic for (options, counter): random identifier names and argument lists from a
+// fixed word list and a seeded generator; filler functions before and after the target
+// until ctx and depth are reached. Throws InputError when depth >= ctx.
+RecallCase make_recall_case(const RecallCaseOptions& options, const TokenCounter& count_tokens);
+
+struct RecallOptions {
+  std::vector<std::string> kv_formats;
+  std::vector<int64_t> ctx_tokens = {256, 512};
+  std::vector<int64_t> depth_tokens = {32, 128, 384};  // cells with depth >= ctx are skipped
+  int cases_per_cell = 4;
+  uint64_t seed = 1;
+  int threads = 2;
+  bool with_control = true;  // also score control cases (first format only)
+};
+
+struct RecallCell {
+  int64_t ctx_tokens = 0;
+  int64_t depth_tokens = 0;
+  int cases = 0;
+  double mean_logprob_per_token = 0.0;  // teacher-forced, over the expected tokens
+  double exact_match = 0.0;             // fraction of cases whose every expected token is argmax
+  double control_logprob_per_token = 0.0;
+  double control_exact_match = 0.0;
+};
+
+struct RecallFormatResult {
+  std::string spec;
+  std::vector<RecallCell> cells;
+};
+
+struct RecallResult {
+  std::vector<RecallFormatResult> formats;
+};
+
+// Teacher-forced scoring of recall cases on the reference engine. Static-scale formats
+// are calibrated on the first case's baseline K/V.
+RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
+                        const RecallOptions& options);
+
+// Teacher-forced score of one case (exposed for tests): tokens of prompt + expected are
+// run once; the expected text's tokens are those that end after the prompt's bytes.
+struct RecallScore {
+  double logprob = 0.0;  // sum over expected tokens, nats
+  int64_t expected_tokens = 0;
+  bool exact = false;
+};
+RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenizer& tokenizer,
+                              const RecallCase& recall_case);
+
+// ---------------------------------------------------------------- report
+
+// Appends facts, tables (formats, KLD and Delta-p percentiles, by position, encode counts),
+// the KLD-by-position chart and the JSON payload ("perplexity").
+void add_perplexity_to_report(const PerplexityResult& result, report::Report& out);
+// Appends the recall table, one exact-match heatmap per format, and the payload ("recall").
+void add_recall_to_report(const RecallResult& result, report::Report& out);
+// The one-line verdict on the worst format. Critical: NaN/inf logits, PPL ratio >= 1.05 or
+// top-1 agreement < 90%; warning: PPL ratio >= 1.01, mean KLD >= 0.01, or recall exact match
+// 20 points below the baseline in some cell; info otherwise. Either input may be null.
+void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* recall,
+                      report::Report& out);
+
+}  // namespace kvaudit::eval

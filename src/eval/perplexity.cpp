@@ -1,0 +1,138 @@
+// run_perplexity: every KV format over the same chunks of text, compared position by position
+// with the baseline format, whose log-probs are computed once per chunk and reused.
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "eval/eval.h"
+#include "util/util.h"
+
+namespace kvaudit::eval {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool needs_calibration(const numerics::KvFormat& format) {
+  using numerics::ScaleStrategy;
+  return format.strategy == ScaleStrategy::tensor || format.strategy == ScaleStrategy::head ||
+         format.strategy == ScaleStrategy::channel || format.kind == numerics::KvFormatKind::nvfp4;
+}
+
+}  // namespace
+
+// Captures the K/V maxima the static strategies need by running `tokens` through a session
+// of `capture_format`, and turns them into per-layer {K, V} StaticAmax for `format`.
+std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
+    const model::Model& model, const numerics::KvFormat& capture_format,
+    const numerics::KvFormat& format, std::span<const int32_t> tokens, model::ThreadPool& pool) {
+  model::Session session(model, capture_format, pool);
+  session.capture_amax(true);
+  std::vector<float> unused;
+  session.forward(tokens, static_cast<int64_t>(tokens.size()), unused);
+  std::vector<std::array<numerics::StaticAmax, 2>> calibration;
+  const int kv_heads = model.config().num_kv_heads;
+  for (const model::KvLayerAmax& layer : session.amax())
+    calibration.push_back(
+        {model::static_amax_for(format, layer, numerics::KvRole::key, kv_heads),
+         model::static_amax_for(format, layer, numerics::KvRole::value, kv_heads)});
+  return calibration;
+}
+
+PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
+                                const PerplexityOptions& options) {
+  if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
+  if (options.ctx_tokens < 4) throw InputError("--ctx", "must be at least 4 tokens");
+  PerplexityResult result;
+  result.ctx_tokens = options.ctx_tokens;
+  result.text_tokens = static_cast<int64_t>(tokens.size());
+  result.chunks = result.text_tokens / options.ctx_tokens;
+  if (options.max_chunks > 0) result.chunks = std::min(result.chunks, options.max_chunks);
+  if (result.chunks == 0)
+    throw InputError("--text", fmt::format("the text has {} tokens, fewer than one chunk of {}",
+                                           tokens.size(), options.ctx_tokens));
+  const int64_t ctx = options.ctx_tokens;
+  result.first_scored = options.first_scored < 0 ? ctx / 2 : options.first_scored;
+  if (result.first_scored < 0 || result.first_scored >= ctx - 1)
+    throw InputError("--score-from", fmt::format("must lie in [0, {})", ctx - 1));
+  const int64_t first = result.first_scored;
+  const int64_t scored_per_chunk = ctx - 1 - first;
+  const int64_t vocab = model.config().vocab_size;
+  result.simd_target = model::kernel_target_name();
+
+  model::ThreadPool pool(options.threads);
+  std::vector<numerics::KvFormat> formats;
+  for (const std::string& spec : options.kv_formats)
+    formats.push_back(numerics::parse_kv_format(spec));
+
+  std::span<const int32_t> calibration_tokens =
+      options.calibration_tokens.empty() ? std::span<const int32_t>(tokens).first(ctx)
+                                         : std::span<const int32_t>(options.calibration_tokens);
+  std::vector<std::unique_ptr<model::Session>> sessions;
+  for (const numerics::KvFormat& format : formats) {
+    FormatResult fr;
+    fr.spec = format.spec;
+    std::vector<std::array<numerics::StaticAmax, 2>> calibration;
+    if (needs_calibration(format)) {
+      calibration = calibrate_static_scales(model, formats[0], format, calibration_tokens, pool);
+      fr.calibration = fmt::format(
+          "static scales from {} K/V maxima over {} tokens of {}", formats[0].spec,
+          calibration_tokens.size(),
+          options.calibration_tokens.empty() ? "the first chunk" : "the calibration text");
+    }
+    sessions.push_back(std::make_unique<model::Session>(model, format, pool, calibration));
+    result.formats.push_back(fr);
+  }
+  result.formats[0].baseline = true;
+
+  std::vector<std::vector<TokenComparison>> samples(formats.size());
+  std::vector<double> seconds(formats.size(), 0.0);
+  std::vector<float> base_log_probs(static_cast<size_t>(scored_per_chunk * vocab));
+  std::vector<float> logits;
+  for (int64_t c = 0; c < result.chunks; ++c) {
+    std::span<const int32_t> chunk = std::span<const int32_t>(tokens).subspan(c * ctx, ctx);
+    for (size_t f = 0; f < formats.size(); ++f) {
+      model::Session& session = *sessions[f];
+      session.reset();
+      auto started = Clock::now();
+      session.forward(chunk, first, logits);
+      seconds[f] += std::chrono::duration<double>(Clock::now() - started).count();
+      result.formats[f].kv_bytes_per_token = session.kv_bytes() / ctx;
+      if (f == 0) {
+        for (int64_t i = 0; i < scored_per_chunk; ++i)
+          log_softmax(std::span<const float>(&logits[i * vocab], vocab),
+                      std::span<float>(&base_log_probs[i * vocab], vocab));
+      }
+      for (int64_t i = 0; i < scored_per_chunk; ++i) {
+        const int64_t position = first + i;
+        samples[f].push_back(compare_logits(
+            std::span<const float>(&base_log_probs[i * vocab], vocab),
+            std::span<const float>(&logits[i * vocab], vocab), chunk[position + 1], position));
+      }
+    }
+  }
+
+  const int buckets =
+      std::max(1, std::min<int>(options.position_buckets, static_cast<int>(scored_per_chunk)));
+  for (size_t f = 0; f < formats.size(); ++f) {
+    FormatResult& fr = result.formats[f];
+    fr.summary = summarize(samples[f]);
+    fr.tokens_per_second =
+        seconds[f] > 0.0 ? static_cast<double>(result.chunks * ctx) / seconds[f] : 0.0;
+    fr.counts = sessions[f]->encode_counts();
+    for (int b = 0; b < buckets; ++b) {
+      PositionBucket bucket;
+      bucket.first_position = first + scored_per_chunk * b / buckets;
+      bucket.last_position = first + scored_per_chunk * (b + 1) / buckets - 1;
+      std::vector<TokenComparison> in_bucket;
+      for (const TokenComparison& s : samples[f])
+        if (s.position >= bucket.first_position && s.position <= bucket.last_position)
+          in_bucket.push_back(s);
+      bucket.summary = summarize(in_bucket);
+      fr.buckets.push_back(bucket);
+    }
+  }
+  return result;
+}
+
+}  // namespace kvaudit::eval

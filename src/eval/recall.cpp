@@ -1,0 +1,261 @@
+// The long-range recall probe: a synthetic Python file of random functions in which a call at
+// the end must reproduce the parameter list of a function defined `depth` tokens earlier.
+// Text generation is engine-independent (probe/ sends the same text to live servers); the
+// scoring here runs it teacher-forced on the reference engine.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+
+#include "eval/eval.h"
+#include "util/util.h"
+
+namespace kvaudit::eval {
+
+namespace {
+
+// splitmix64: a tiny generator whose sequence is fixed by its definition, so cases are
+// identical on every platform (std distributions are implementation-defined).
+struct Random {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  template <size_t N>
+  std::string_view pick(const std::array<std::string_view, N>& words) {
+    return words[next() % N];
+  }
+  int range(int lo, int hi) { return lo + static_cast<int>(next() % uint64_t(hi - lo + 1)); }
+};
+
+constexpr std::array<std::string_view, 24> kVerbs = {
+    "load",   "parse",  "build",  "merge",   "split", "scale",   "encode", "decode",
+    "render", "update", "filter", "collect", "apply", "resolve", "check",  "format",
+    "read",   "write",  "count",  "select",  "sort",  "reduce",  "fetch",  "store"};
+constexpr std::array<std::string_view, 40> kNouns = {
+    "buffer", "record", "header",  "offset", "window", "token",  "layer",  "block",
+    "column", "table",  "cursor",  "packet", "signal", "vector", "matrix", "index",
+    "limit",  "margin", "weight",  "bucket", "entry",  "node",   "edge",   "frame",
+    "socket", "stream", "channel", "batch",  "shard",  "range",  "queue",  "label",
+    "prefix", "suffix", "budget",  "quota",  "ledger", "anchor", "ticket", "sample"};
+constexpr std::array<std::string_view, 16> kAdjectives = {
+    "raw",   "last",  "next",  "max",   "min",     "total", "local",   "remote",
+    "valid", "dirty", "fresh", "stale", "primary", "extra", "pending", "shared"};
+
+std::string identifier(Random& rng) {
+  if (rng.next() % 2 == 0) return fmt::format("{}_{}", rng.pick(kAdjectives), rng.pick(kNouns));
+  return fmt::format("{}_{}", rng.pick(kNouns), rng.pick(kNouns));
+}
+
+struct Function {
+  std::string name;
+  std::vector<std::string> params;
+  std::string text;
+};
+
+// A plausible function with 2-4 distinct parameters and a short body that uses them.
+Function random_function(Random& rng, int min_params) {
+  Function f;
+  f.name = fmt::format("{}_{}_{}", rng.pick(kVerbs), rng.pick(kNouns), rng.pick(kNouns));
+  const int count = rng.range(min_params, 4);
+  while (static_cast<int>(f.params.size()) < count) {
+    std::string p = identifier(rng);
+    if (std::find(f.params.begin(), f.params.end(), p) == f.params.end()) f.params.push_back(p);
+  }
+  std::string body;
+  const std::string& a = f.params[0];
+  const std::string& b = f.params[1];
+  switch (rng.next() % 4) {
+    case 0:
+      body = fmt::format("    if {} is None:\n        return {}\n    return {} + {}\n", a, b, a, b);
+      break;
+    case 1:
+      body = fmt::format(
+          "    total = 0\n    for item in {}:\n        total += item * {}\n"
+          "    return total\n",
+          a, b);
+      break;
+    case 2:
+      body = fmt::format("    result = dict({}={})\n    result[\"{}\"] = {}\n    return result\n",
+                         a, a, b, b);
+      break;
+    default:
+      body = fmt::format("    {} = {} or []\n    return [x for x in {} if x != {}]\n", a, a, a, b);
+      break;
+  }
+  f.text = fmt::format("def {}({}):\n    \"\"\"{} the {} of {}.\"\"\"\n{}\n\n", f.name,
+                       fmt::join(f.params, ", "), rng.pick(kVerbs), rng.pick(kNouns),
+                       rng.pick(kNouns), body);
+  return f;
+}
+
+}  // namespace
+
+RecallCase make_recall_case(const RecallCaseOptions& options, const TokenCounter& count_tokens) {
+  if (options.depth_tokens <= 0 || options.depth_tokens >= options.ctx_tokens)
+    throw InputError("recall", fmt::format("depth {} must lie in (0, ctx {})", options.depth_tokens,
+                                           options.ctx_tokens));
+  Random rng{options.seed * 0x2545F4914F6CDD1Dull + 17};
+  Function target = random_function(rng, 3);
+  Function decoy = random_function(rng, 3);  // replaces the target in the control case
+  // The call passes variables named like the parameters (as code often does), so the
+  // argument list can only come from the definition `depth` tokens back.
+  const std::string call = fmt::format("def main():\n    value = {}(", target.name);
+  RecallCase result;
+  result.function_name = target.name;
+  result.expected = fmt::format("{})", fmt::join(target.params, ", "));
+
+  // After the definition: fillers until the distance to the call reaches depth. Token
+  // counts of separate functions add up (each ends in a blank line, where pre-tokenizers
+  // split), so pieces are counted once and summed; the final text is counted exactly.
+  std::string after;
+  int64_t after_tokens = count_tokens(call);
+  while (after_tokens < options.depth_tokens) {
+    Function filler = random_function(rng, 2);
+    after += filler.text;
+    after_tokens += count_tokens(filler.text);
+  }
+  const std::string definition = options.control ? decoy.text : target.text;
+  const std::string header = "# Generated by kvaudit's recall probe.\nimport os\n\n\n";
+  int64_t used = count_tokens(header) + count_tokens(definition) + after_tokens +
+                 count_tokens(result.expected);
+  if (used > options.ctx_tokens)
+    throw InputError("recall", fmt::format("depth {} leaves no room in a context of {} tokens",
+                                           options.depth_tokens, options.ctx_tokens));
+  std::string before;
+  while (true) {
+    Function filler = random_function(rng, 2);
+    int64_t tokens = count_tokens(filler.text);
+    if (used + tokens > options.ctx_tokens) break;
+    before += filler.text;
+    used += tokens;
+  }
+  result.prompt = header + before + definition + after + call;
+  result.depth_tokens = count_tokens(after + call);
+  result.prompt_tokens = count_tokens(result.prompt + result.expected);
+  return result;
+}
+
+RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenizer& tokenizer,
+                              const RecallCase& recall_case) {
+  const std::string text = recall_case.prompt + recall_case.expected;
+  std::vector<int32_t> ids = tokenizer.encode(text);
+  // The expected text's tokens: those ending after the prompt's bytes (a token may straddle
+  // the boundary, e.g. "(a" under Qwen's pre-tokenizer; it then counts as expected).
+  size_t first_expected = ids.size();
+  size_t offset = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    offset += tokenizer.token_bytes(ids[i]).value_or("").size();
+    if (offset > recall_case.prompt.size()) {
+      first_expected = i;
+      break;
+    }
+  }
+  if (first_expected == 0 || first_expected >= ids.size())
+    throw InputError("recall", "the expected text produced no tokens of its own");
+  session.reset();
+  std::vector<float> logits;
+  session.forward(ids, static_cast<int64_t>(first_expected) - 1, logits);
+  const int64_t rows = static_cast<int64_t>(ids.size() - first_expected);
+  const int64_t width = static_cast<int64_t>(logits.size()) / (rows + 1);
+  RecallScore score;
+  score.expected_tokens = rows;
+  score.exact = true;
+  std::vector<float> log_probs(width);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::span<const float> row(&logits[r * width], width);
+    log_softmax(row, log_probs);
+    const int32_t next = ids[first_expected + r];
+    score.logprob += log_probs[next];
+    int64_t best = std::max_element(row.begin(), row.end()) - row.begin();
+    if (best != next || !std::isfinite(log_probs[next])) score.exact = false;
+  }
+  return score;
+}
+
+RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
+                        const RecallOptions& options) {
+  if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
+  TokenCounter counter = [&](std::string_view text) {
+    return static_cast<int64_t>(tokenizer.encode(text).size());
+  };
+  model::ThreadPool pool(options.threads);
+  RecallResult result;
+  std::vector<numerics::KvFormat> formats;
+  for (const std::string& spec : options.kv_formats)
+    formats.push_back(numerics::parse_kv_format(spec));
+
+  struct Cell {
+    int64_t ctx, depth;
+    std::vector<RecallCase> cases, controls;
+  };
+  std::vector<Cell> cells;
+  for (int64_t ctx : options.ctx_tokens) {
+    for (int64_t depth : options.depth_tokens) {
+      if (depth >= ctx) continue;
+      Cell cell{ctx, depth, {}, {}};
+      for (int i = 0; i < options.cases_per_cell; ++i) {
+        RecallCaseOptions o{ctx, depth,
+                            options.seed * 7919 + uint64_t(ctx) * 31 + uint64_t(depth) * 131 + i,
+                            false};
+        cell.cases.push_back(make_recall_case(o, counter));
+        o.control = true;
+        if (options.with_control) cell.controls.push_back(make_recall_case(o, counter));
+      }
+      cells.push_back(std::move(cell));
+    }
+  }
+  if (cells.empty()) throw InputError("recall", "every depth is >= its context length");
+
+  std::vector<int32_t> calibration_tokens = tokenizer.encode(cells.back().cases[0].prompt);
+  for (size_t f = 0; f < formats.size(); ++f) {
+    std::vector<std::array<numerics::StaticAmax, 2>> calibration;
+    using numerics::ScaleStrategy;
+    const auto& format = formats[f];
+    if (format.strategy == ScaleStrategy::tensor || format.strategy == ScaleStrategy::head ||
+        format.strategy == ScaleStrategy::channel || format.kind == numerics::KvFormatKind::nvfp4)
+      calibration = calibrate_static_scales(model, formats[0], format, calibration_tokens, pool);
+    model::Session session(model, format, pool, calibration);
+    RecallFormatResult fr;
+    fr.spec = format.spec;
+    for (const Cell& cell : cells) {
+      RecallCell out;
+      out.ctx_tokens = cell.ctx;
+      out.depth_tokens = cell.depth;
+      out.cases = static_cast<int>(cell.cases.size());
+      double logprob = 0.0, control_logprob = 0.0;
+      int64_t tokens = 0, control_tokens = 0;
+      int exact = 0, control_exact = 0;
+      for (const RecallCase& c : cell.cases) {
+        RecallScore s = score_recall_case(session, tokenizer, c);
+        logprob += s.logprob;
+        tokens += s.expected_tokens;
+        exact += s.exact ? 1 : 0;
+      }
+      if (f == 0) {
+        for (const RecallCase& c : cell.controls) {
+          RecallScore s = score_recall_case(session, tokenizer, c);
+          control_logprob += s.logprob;
+          control_tokens += s.expected_tokens;
+          control_exact += s.exact ? 1 : 0;
+        }
+      }
+      out.mean_logprob_per_token = tokens > 0 ? logprob / static_cast<double>(tokens) : 0.0;
+      out.exact_match = out.cases > 0 ? static_cast<double>(exact) / out.cases : 0.0;
+      if (control_tokens > 0) {
+        out.control_logprob_per_token = control_logprob / static_cast<double>(control_tokens);
+        out.control_exact_match = static_cast<double>(control_exact) / cell.controls.size();
+      }
+      fr.cells.push_back(out);
+    }
+    result.formats.push_back(fr);
+  }
+  return result;
+}
+
+}  // namespace kvaudit::eval
