@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   cli::add_logs_command(app, run);
   cli::add_quant_command(app, run);
   cli::add_tokenize_command(app, run);
+  cli::add_eval_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
