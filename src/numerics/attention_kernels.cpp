@@ -27,11 +27,19 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
   const size_t lanes = hn::Lanes(d);
   const size_t key_tile = 2 * lanes;
   const size_t nk_tiled = nk / key_tile * key_tile;
-  // keys^T for the tiled part: [dim][nk_tiled].
+  // keys^T for the tiled part: [dim][ld], transposed in 8 x 8 tiles. The row pitch ld is
+  // padded off a power of two so columns do not all land in one L1 set.
+  const size_t ld = nk_tiled + 8;
   thread_local std::vector<float> transposed;
-  transposed.resize(dim * nk_tiled);
-  for (size_t j = 0; j < nk_tiled; ++j) {
-    for (size_t k = 0; k < dim; ++k) transposed[k * nk_tiled + j] = keys[j * key_stride + k];
+  transposed.resize(dim * ld);
+  for (size_t j0 = 0; j0 < nk_tiled; j0 += 8) {
+    for (size_t k0 = 0; k0 < dim; k0 += 8) {
+      const size_t k_end = std::min(dim, k0 + 8);
+      for (size_t j = j0; j < j0 + 8 && j < nk_tiled; ++j) {
+        const float* row = keys + j * key_stride;
+        for (size_t k = k0; k < k_end; ++k) transposed[k * ld + j] = row[k];
+      }
+    }
   }
   const auto scale_v = hn::Set(d, scale);
   size_t q = 0;
@@ -45,8 +53,8 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
       auto a20 = hn::Zero(d), a21 = hn::Zero(d), a30 = hn::Zero(d), a31 = hn::Zero(d);
       const float* kt = transposed.data() + j;
       for (size_t k = 0; k < dim; ++k) {
-        const auto k0 = hn::LoadU(d, kt + k * nk_tiled);
-        const auto k1 = hn::LoadU(d, kt + k * nk_tiled + lanes);
+        const auto k0 = hn::LoadU(d, kt + k * ld);
+        const auto k1 = hn::LoadU(d, kt + k * ld + lanes);
         const auto b0 = hn::Set(d, q0[k]), b1 = hn::Set(d, q1[k]);
         const auto b2 = hn::Set(d, q2[k]), b3 = hn::Set(d, q3[k]);
         a00 = hn::MulAdd(b0, k0, a00);
@@ -91,6 +99,14 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
   const size_t lanes = hn::Lanes(d);
   const size_t tile = 2 * lanes;
   const size_t dim_tiled = dim / tile * tile;
+  // Pack the value rows contiguously with a padded pitch: the head slices of a KV row are
+  // a power-of-two apart, which would put every row of a column tile in one L1 set.
+  const size_t pitch = dim_tiled + 8;
+  thread_local std::vector<float> packed;
+  packed.resize(nk * pitch);
+  for (size_t j = 0; j < nk; ++j) {
+    std::copy_n(values + j * value_stride, dim_tiled, packed.data() + j * pitch);
+  }
   size_t q = 0;
   for (; q + 4 <= nq; q += 4) {
     const float* w0 = weights + (q + 0) * nk;
@@ -107,7 +123,7 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
       auto a20 = hn::LoadU(d, o2), a21 = hn::LoadU(d, o2 + lanes);
       auto a30 = hn::LoadU(d, o3), a31 = hn::LoadU(d, o3 + lanes);
       for (size_t j = 0; j < nk; ++j) {
-        const float* v = values + j * value_stride + c;
+        const float* v = packed.data() + j * pitch + c;
         const auto v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + lanes);
         const auto b0 = hn::Set(d, w0[j]), b1 = hn::Set(d, w1[j]);
         const auto b2 = hn::Set(d, w2[j]), b3 = hn::Set(d, w3[j]);

@@ -262,11 +262,27 @@ void RowCodec::encode_row(const float* row, uint8_t* out, EncodeCounts* counts) 
     encode_nvfp4(static_scale_[0], {row, size_t(n)}, {out, size_t(code_bytes_)},
                  {out + code_bytes_, size_t(n / 16)});
     if (counts) {
-      for (int i = 0; i < n; ++i) {
-        const float effective = fp8_e4m3_to_float(out[code_bytes_ + i / 16]) * static_scale_[0];
-        const float scaled = effective > 0.0f ? row[i] / effective : 0.0f;
-        count_float_element(type, row[i], scaled, load_code(out, i, 4), *counts);
+      // Per block: the effective scale, then a table tally like the 8-bit path.
+      const CodeClass* table = class_tables().by_type[size_t(type)].data();
+      int64_t saturated = 0, flushed = 0, subnormal = 0, nonfinite = 0;
+      for (int block = 0; block * 16 < n; ++block) {
+        const float effective = fp8_e4m3_to_float(out[code_bytes_ + block]) * static_scale_[0];
+        const float limit = 6.0f * effective;
+        for (int i = block * 16; i < block * 16 + 16; ++i) {
+          const float v = row[i];
+          const CodeClass c = table[i % 2 == 0 ? out[i / 2] & 0xF : out[i / 2] >> 4];
+          const bool finite = std::isfinite(v);
+          nonfinite += !finite;
+          flushed += finite & (c == CodeClass::zero) & (v != 0.0f);
+          subnormal += finite & (c == CodeClass::subnormal);
+          saturated += finite & (c == CodeClass::max_finite) & (std::fabs(v) > limit);
+        }
       }
+      counts->elements += n;
+      counts->saturated += saturated;
+      counts->flushed_to_zero += flushed;
+      counts->subnormal += subnormal;
+      counts->nonfinite_input += nonfinite;
     }
     return;
   }

@@ -253,13 +253,29 @@ StaticAmax calibrate_amax(const KvFormat& format, const KvLayout& layout,
   std::vector<float> row(static_cast<size_t>(n));
   const int64_t tokens = int64_t(rows.size()) / n;
   for (int64_t t = 0; t < tokens; ++t) {
-    std::copy_n(rows.begin() + t * n, n, row.begin());
-    if (format.hadamard) hadamard_rows(row, layout.head_dim);
-    for (int64_t i = 0; i < n; ++i) {
-      const float magnitude = std::fabs(row[size_t(i)]);
-      if (!std::isfinite(magnitude)) continue;  // a NaN in the sample must not poison the scale
-      size_t slot = shape == 1 ? 0 : shape == size_t(n) ? size_t(i) : size_t(i / layout.head_dim);
-      result.amax[slot] = std::max(result.amax[slot], magnitude);
+    const float* source = rows.data() + t * n;
+    if (format.hadamard) {
+      std::copy_n(source, n, row.begin());
+      hadamard_rows(row, layout.head_dim);
+      source = row.data();
+    }
+    // NaN and inf in the sample must not poison the scale: they count as 0.
+    auto magnitude = [](float x) { return std::isfinite(x) ? std::fabs(x) : 0.0f; };
+    if (shape == 1) {
+      float m = result.amax[0];
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, magnitude(source[i]));
+      result.amax[0] = m;
+    } else if (shape == size_t(n)) {
+      for (int64_t i = 0; i < n; ++i) {
+        result.amax[size_t(i)] = std::max(result.amax[size_t(i)], magnitude(source[i]));
+      }
+    } else {
+      for (int h = 0; h < layout.kv_heads; ++h) {
+        float m = result.amax[size_t(h)];
+        for (int c = 0; c < layout.head_dim; ++c)
+          m = std::max(m, magnitude(source[h * layout.head_dim + c]));
+        result.amax[size_t(h)] = m;
+      }
     }
   }
   return result;
