@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -101,12 +102,19 @@ double seconds_since(Clock::time_point start) {
 
 int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "--generate") {
-    auto size = kvaudit::parse_token_count(argv[3]);  // binary multipliers: 1G = 2^30
-    if (!size) return 2;
+    // SIZE: bytes, or with a binary K/M/G suffix (1G = 2^30 bytes).
     std::string text = argv[3];
-    int64_t bytes = *size;
-    if (text.back() == 'G' || text.back() == 'g')
-      bytes = std::stoll(text.substr(0, text.size() - 1)) << 30;
+    int shift = 0;
+    char unit = text.empty() ? '\0' : static_cast<char>(std::toupper(text.back()));
+    if (unit == 'K' || unit == 'M' || unit == 'G') {
+      shift = unit == 'K' ? 10 : unit == 'M' ? 20 : 30;
+      text.pop_back();
+    }
+    int64_t bytes = std::atoll(text.c_str()) << shift;
+    if (bytes <= 0) {
+      std::cerr << "bad size: " << argv[3] << "\n";
+      return 2;
+    }
     return generate(argv[2], bytes);
   }
   if (argc < 2) {
@@ -116,7 +124,7 @@ int main(int argc, char** argv) {
   std::string path = argv[1];
   int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
 
-  std::string pattern_file = "/tmp/kvaudit-bench-patterns.txt";
+  std::string pattern_file = path + ".patterns";  // beside the log, outside the repo
   {
     std::ofstream out(pattern_file);
     for (const auto& p : kvaudit::logs::scan_patterns()) out << ere_escape(p) << "\n";

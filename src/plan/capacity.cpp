@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engines/engines.h"
 #include "plan/plan.h"
 #include "util/util.h"
 
@@ -155,7 +156,38 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
     throw InputError("--dp", "DP attention needs TP divisible by DP");
 
   std::vector<std::string> dtypes = options.kv_cache_dtypes;
-  if (dtypes.empty()) dtypes = data.plan_default_dtypes;
+  if (dtypes.empty()) {
+    // Every dtype the engine's newest known release accepts (data/engines/<engine>.json),
+    // normalised; those plan has no sizing rule for are named in a note.
+    engines::EngineData engine = engines::load_engine_data(options.engine);
+    auto version = engines::parse_version(engine.latest_known_version);
+    std::vector<std::string> unsized;
+    for (const auto& cli :
+         engines::kv_cache_dtype_choices(engine, version.value_or(engines::Version{}))) {
+      std::string name = normalise_dtype_name(engines::normalise_kv_dtype(engine, cli));
+      if (name == "auto") {  // the model's dtype, listed first
+        name = normalise_dtype_name(model.torch_dtype);
+        if (name.empty() || name == "auto" || name == "fp32") name = "bf16";
+        if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end())
+          dtypes.insert(dtypes.begin(), name);
+        continue;
+      }
+      if (name.empty() || std::find(dtypes.begin(), dtypes.end(), name) != dtypes.end()) continue;
+      bool known = false;
+      for (const auto& spec : data.kv_dtypes) known |= spec.name == name;
+      if (known)
+        dtypes.push_back(name);
+      else if (std::find(unsized.begin(), unsized.end(), cli) == unsized.end())
+        unsized.push_back(cli);
+    }
+    if (dtypes.empty()) dtypes = data.plan_default_dtypes;
+    if (!unsized.empty()) {
+      std::string list;
+      for (const auto& u : unsized) list += (list.empty() ? "" : ", ") + u;
+      plan.notes.push_back(fmt::format("{} {} also accepts {}: no sizing rule in plan yet",
+                                       options.engine, engine.latest_known_version, list));
+    }
+  }
 
   plan.gpu_memory_bytes = options.gpu_memory_bytes.value_or(0);
   if (options.weight_bytes_per_gpu) {
