@@ -5,6 +5,7 @@
 // for colour-blind readers) plus a dash pattern per series for grey print-outs.
 // Every mark carries data-* attributes naming its chart, series and values.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -175,6 +176,16 @@ std::string x_axis_line(const Frame& frame, const std::string& label) {
 }
 
 // Legend across the top right, one entry per series (skipped for one series).
+// Says so in the plot area when no value can be drawn (all missing, or none
+// positive on a log axis), rather than showing empty axes that look like zero.
+std::string no_data_note(const std::vector<double>& values, const Axis& axis, const Frame& frame) {
+  if (std::any_of(values.begin(), values.end(), [&](double v) { return axis.shows(v); })) return "";
+  return fmt::format(
+      "<text class=\"kv-no-data\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" "
+      "fill=\"currentColor\" fill-opacity=\"0.6\">no data to draw</text>\n",
+      (frame.left + frame.right) / 2, (frame.top + frame.bottom) / 2);
+}
+
 std::string legend(const Chart& chart, Frame& frame) {
   if (chart.series.size() < 2) return "";
   std::string out = "<g class=\"kv-legend\">\n";
@@ -207,7 +218,7 @@ std::string bars_chart(const Chart& chart) {
   Axis axis = make_axis(values, chart.log_y, true, false);
   axis.pixel_lo = frame.bottom;
   axis.pixel_hi = frame.top;
-  out += y_axis(axis, frame, chart.y_label);
+  out += y_axis(axis, frame, chart.y_label) + no_data_note(values, axis, frame);
   size_t groups = chart.x_categories.size();
   size_t per_group = std::max<size_t>(chart.series.size(), 1);
   double group_width =
@@ -293,7 +304,7 @@ std::string lines_chart(const Chart& chart) {
   x_axis_scale.pixel_lo = frame.left;
   x_axis_scale.pixel_hi = frame.right;
   if (!numeric_x) x_axis_scale.ticks = xs;
-  out += y_axis(y_axis_scale, frame, chart.y_label);
+  out += y_axis(y_axis_scale, frame, chart.y_label) + no_data_note(values, y_axis_scale, frame);
   out += "<g class=\"kv-axis kv-axis-x\">\n";
   for (size_t t = 0; t < x_axis_scale.ticks.size(); ++t) {
     double tick = x_axis_scale.ticks[t];

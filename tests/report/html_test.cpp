@@ -245,6 +245,7 @@ TEST(HtmlCharts, EmptyChartsStillRender) {
   report.charts.push_back(all_nan);
   std::string html = render_html(report);
   EXPECT_EQ(count(html, "</svg>"), 4u);
+  EXPECT_EQ(count(html, "no data to draw"), 3u) << "bars, lines and the all-NaN lines";
   EXPECT_EQ(html.find("nan\""), std::string::npos) << "no NaN coordinates";
   EXPECT_EQ(html.find("inf\""), std::string::npos);
 }
