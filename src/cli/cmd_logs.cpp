@@ -2,8 +2,10 @@
 // checked against --expect and, with --checkpoint, against check and plan.
 #include <iostream>
 
+#include "audit/audit.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "engines/engines.h"
 #include "logs/logs.h"
 #include "util/util.h"
 
@@ -20,6 +22,54 @@ struct LogsFlags {
   OutputOptions output;
 };
 
+// What `kvaudit check` predicts for this launch (same checkpoint, the flags the log
+// printed): the resolved dtype must agree, and a scale source of 1.0 (or scales the
+// engine drops) decides the fallback the log alone cannot.
+void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& model,
+                         std::vector<report::Finding>& out) {
+  audit::CheckInput input;
+  input.model = model;
+  input.engine = engines::load_engine_data(launch.engine);
+  input.flags.engine = launch.engine;
+  input.flags.engine_version = launch.engine_version;
+  input.flags.kv_cache_dtype =
+      launch.kv_cache_dtype_requested.empty() ? "auto" : launch.kv_cache_dtype_requested;
+  input.flags.tp = std::max(1, launch.tp);
+  input.flags.quantization_param_path = launch.quantization_param_path;
+  input.flags.model_path = launch.model_path;
+  input.flags.source = "log launch " + std::to_string(launch.index + 1);
+  input.version_given = !launch.engine_version.empty();
+  audit::CheckResult result = audit::run_check(input);
+  const std::string& predicted = result.resolved.kv_cache_dtype;
+  const std::string& observed = launch.kv_cache_dtype_resolved;
+  std::string who = "launch " + std::to_string(launch.index + 1);
+  if (!observed.empty() && !predicted.empty()) {
+    bool agree = predicted == observed;
+    out.push_back(
+        {agree ? "check-agrees" : "check-disagrees",
+         agree ? report::Severity::info : report::Severity::warning,
+         who + (agree ? ": the log's KV dtype is what kvaudit check predicts (" + observed + ")"
+                      : ": the log shows " + observed + " but kvaudit check predicts " + predicted),
+         agree ? ""
+               : "the engine version or flags differ from what check assumed, or the engine data "
+                 "needs a rule",
+         {{"log", "kv_cache_dtype", observed},
+          {"check", result.resolved.rule_id, result.resolved.reason}},
+         agree ? "" : "run kvaudit check with the launch's exact --engine-version and flags",
+         result.resolved.rule_reference});
+  }
+  bool dropped = !result.resolved.dropped.empty();
+  if (observed == predicted && (result.resolved.scale_source == "unit_default" || dropped) &&
+      !launch.scale_fallback.has_value()) {
+    launch.scale_fallback = true;
+    launch.scale_fallback_reason =
+        dropped
+            ? "kvaudit check: the checkpoint's KV scales are not loaded by this engine version (" +
+                  result.resolved.dropped.front().reference + ")"
+            : "kvaudit check: no KV scales reach the engine, so it uses 1.0";
+  }
+}
+
 int run_logs(LogsFlags& f) {
   std::vector<logs::Expectation> expectations;
   for (const auto& e : f.expect) expectations.push_back(logs::parse_expectation(e));
@@ -35,13 +85,18 @@ int run_logs(LogsFlags& f) {
     // Verify launch N as if it were the latest: drop the ones after it.
     scan.launches.resize(static_cast<size_t>(f.launch));
   }
+  std::vector<report::Finding> check_findings;
   if (!f.checkpoint.empty()) {
     checkpoint::ModelFacts model = checkpoint::read_checkpoint(f.checkpoint);
-    for (size_t i = 0; i < scan.launches.size(); ++i)
-      logs::cross_check_checkpoint(scan.launches[i], model, i + 1 == scan.launches.size());
+    for (size_t i = 0; i < scan.launches.size(); ++i) {
+      logs::Launch& launch = scan.launches[i];
+      if (!launch.engine.empty()) check_against_audit(launch, model, check_findings);
+      logs::cross_check_checkpoint(launch, model, i + 1 == scan.launches.size());
+    }
   }
   auto results = logs::check_expectations(scan.launches.back(), expectations);
   report::Report report = logs::logs_report(scan, f.all, results);
+  for (auto& finding : check_findings) report.findings.push_back(std::move(finding));
   emit(report, f.output);
   for (const auto& r : results)
     if (!r.met) return kExitGateFailed;

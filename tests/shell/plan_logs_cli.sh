@@ -5,6 +5,7 @@
 set -u
 BIN=$1
 SRC=$2
+BUILD=$3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 FIX="$SRC/tests/fixtures/logs"
@@ -45,6 +46,21 @@ cat "$FIX/journal_qwen35_fp8_then_bf16.log" | "$BIN" logs - -q > /dev/null
 check "logs from stdin" 0 $?
 "$BIN" logs "$FIX/journal_qwen35_fp8_then_bf16.log" --expect colour=blue > /dev/null 2>&1
 check "logs --expect unknown key" 2 $?
+
+# With the checkpoint the launch served (the demo checkpoint: FP8 KV declared, no
+# scales), the FP8 launch's scale-1.0 fallback is proven and check agrees on the dtype.
+if [ -x "$BUILD/kvaudit_make_checkpoint" ]; then
+  "$BUILD/kvaudit_make_checkpoint" "$SRC/examples/qwen3.5-397b-a17b-nvfp4/manifest.json" "$TMP/ckpt" > /dev/null
+  "$BIN" logs "$FIX/journal_qwen35_fp8_then_bf16.log" --launch 1 --checkpoint "$TMP/ckpt" \
+    --expect kv_cache_dtype=fp8_e4m3 --expect scale_fallback=true --json > "$TMP/fp8.json"
+  check "logs --launch 1 --checkpoint: scale fallback proven" 0 $?
+  json "$TMP/fp8.json" "[f['id'] for f in d['findings']]" | grep -q "check-agrees" || { echo "FAIL no check-agrees"; fail=1; }
+  json "$TMP/fp8.json" "[f['id'] for f in d['findings']]" | grep -q "fp8-unit-scale" || { echo "FAIL no fp8-unit-scale"; fail=1; }
+else
+  echo "skip checkpoint cross-check: $BUILD/kvaudit_make_checkpoint not built"
+fi
+"$BIN" logs "$FIX/journal_qwen35_fp8_then_bf16.log" --launch 1 --expect scale_fallback=null -q > /dev/null
+check "logs --launch 1 without checkpoint: scale_fallback null" 0 $?
 
 # Bad input: one line on stderr, exit 2, nothing on stdout.
 : > "$TMP/empty.log"
