@@ -67,7 +67,7 @@ TEST(Fixture, RecallFarAboveControl) {
   RecallOptions options;
   options.kv_formats = {"bf16"};
   options.ctx_tokens = {256};
-  options.depth_tokens = {32, 96};
+  options.depth_tokens = {16, 48};
   options.cases_per_cell = 6;
   RecallResult result = run_recall(*fixture().model, fixture().tokenizer, options);
   ASSERT_EQ(result.formats[0].cells.size(), 2u);
