@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <iostream>
+
 #include "../plan/plan_models.h"
 #include "logs/logs.h"
 #include "util/util.h"
@@ -26,6 +28,9 @@ LogScan scan(const char* name) {
 
 // Every check of a prediction lands inside; returns how many checks ran.
 size_t expect_all_inside(const plan::LogPrediction& p) {
+  for (const auto& c : p.checks)  // printed for the record (ctest -V)
+    std::cout << "  [from-log] " << c.id << ": printed " << c.printed << " in [" << c.predicted.lo
+              << ", " << c.predicted.hi << "]\n";
   for (const auto& c : p.checks)
     EXPECT_TRUE(c.inside) << c.id << ": printed " << c.printed << " predicted [" << c.predicted.lo
                           << ", " << c.predicted.hi << "] " << c.derivation;
