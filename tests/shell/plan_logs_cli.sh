@@ -33,6 +33,13 @@ grep -q "<svg" "$TMP/plan.html" || { echo "FAIL html has no chart"; fail=1; }
 check "plan --from-log journal" 0 $?
 [ "$(json "$TMP/fromlog.json" "all(c['inside'] for c in d['from_log']['checks'])")" = True ] || { echo "FAIL from-log checks"; fail=1; }
 
+# plan --from-log on a real SGLang log (sgl-project/sglang PR #13023): the printed
+# max_total_num_tokens inside the interval the printed GiB rounding allows.
+"$BIN" plan "$SRC/tests/logs/configs/llama-3.1-8b/config.json" --from-log "$FIX/sglang_llama8b_single_gpu.log" \
+  --gpu L40S --json > "$TMP/llama.json"
+check "plan --from-log real sglang log" 0 $?
+[ "$(json "$TMP/llama.json" "[c['inside'] for c in d['from_log']['checks']]")" = "[True, True]" ] || { echo "FAIL llama from-log"; fail=1; }
+
 # logs: latest launch is BF16 and passes the expectation; the FP8 one fails it.
 "$BIN" logs "$FIX/journal_qwen35_fp8_then_bf16.log" --expect kv_cache_dtype=bf16 --json > "$TMP/logs.json"
 check "logs --expect kv_cache_dtype=bf16" 0 $?
