@@ -71,3 +71,52 @@ TEST(Bounds, LinesSplitAcrossReadBlocksAreWhole) {
 
 }  // namespace
 }  // namespace kvaudit::logs
+
+namespace kvaudit::logs {
+namespace {
+
+// Message texts as ENGINE-FACTS §3 quotes them from vLLM's source.
+TEST(ScaleMessages, VllmUnitScaleIsProofOfFallback) {
+  LogScan scan = scan_log_text(
+      "INFO 03-07 14:02:11 [api_server.py:1] vLLM API server version 0.11.0\n"
+      "INFO 03-07 14:02:12 [api_server.py:2] non-default args: {'model': '/m', 'kv_cache_dtype': "
+      "'fp8', "
+      "'tensor_parallel_size': 2}\n"
+      "WARNING 03-07 14:03:12 [kv_cache.py:9] Using KV cache scaling factor 1.0 for fp8_e4m3. If "
+      "this is "
+      "unintended, verify that k/v_scale scaling factors are properly set in the checkpoint.\n");
+  ASSERT_EQ(scan.launches.size(), 1u);
+  const Launch& l = scan.launches[0];
+  EXPECT_EQ(l.engine_version, "0.11.0");
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.kv_cache_dtype_resolved, "fp8_e4m3");
+  ASSERT_TRUE(l.scale_fallback.has_value());
+  EXPECT_TRUE(*l.scale_fallback);
+}
+
+TEST(ScaleMessages, VllmDroppedScaleNameIsProofOfFallback) {
+  LogScan scan = scan_log_text(
+      "INFO 03-07 14:02:12 [api_server.py:2] non-default args: {'model': '/m', 'kv_cache_dtype': "
+      "'fp8_e4m3'}\n"
+      "WARNING 03-07 14:03:12 [weight_utils.py:9] Found kv_scale in the checkpoint (e.g. "
+      "model.layers.0.self_attn.kv_scale), but not found the expected name in the model (e.g. "
+      "model.layers.0.self_attn.attn.kv_scale). kv_scale is not loaded.\n");
+  ASSERT_EQ(scan.launches.size(), 1u);
+  EXPECT_EQ(scan.launches[0].scale_fallback, true);
+}
+
+TEST(ScaleMessages, SglangDtypeOnThePoolLineAndE5m2) {
+  LogScan scan = scan_log_text(
+      "[2026-03-07 14:02:19] server_args=ServerArgs(kv_cache_dtype='fp8_e5m2', tp_size=1)\n"
+      "[2026-03-07 14:05:46] KV Cache is allocated. dtype: torch.float8_e5m2, #tokens: 1000, K "
+      "size: 0.01 GB, "
+      "V size: 0.01 GB\n");
+  ASSERT_EQ(scan.launches.size(), 1u);
+  const Launch& l = scan.launches[0];
+  EXPECT_EQ(l.kv_cache_dtype_resolved, "fp8_e5m2");
+  EXPECT_EQ(*l.memory.pool_tokens, 1000);
+  EXPECT_FALSE(l.scale_fallback.has_value());  // e5m2 never logs the warning: cannot tell
+}
+
+}  // namespace
+}  // namespace kvaudit::logs
