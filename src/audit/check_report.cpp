@@ -82,7 +82,8 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
                            ""});
   out.facts.push_back(Fact{"kv_cache_dtype", "Resolved KV cache dtype", resolved.kv_cache_dtype, ""});
   out.facts.push_back(Fact{"scale_source", "KV scales", scale_source_text(resolved), ""});
-  out.facts.push_back(Fact{"read_ms", "Checkpoint read", input.read_seconds * 1000.0, "ms"});
+  out.facts.push_back(Fact{"read_ms", "Checkpoint read (configs + headers)",
+                           int64_t(input.read_seconds * 1000.0 + 0.5), "ms"});
 
   if (!model.kv_scales.empty()) {
     report::Table table;

@@ -185,17 +185,28 @@ void rule_unit_scale(Context& ctx) {
   if (ctx.resolved.scale_source == "unit_default") {
     std::vector<Evidence> evidence;
     evidence.push_back({ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype});
-    if (model.has_weights)
+    if (model.has_weights && model.kv_scales.empty()) {
+      // Name the tensors a ModelOpt export writes beside each K/V projection.
+      std::vector<std::string> expected;
+      for (const auto& weight : model.kv_projection_weights) {
+        std::string name = weight.substr(0, weight.size() - std::string_view(".weight").size());
+        expected.push_back(name + (name.ends_with("k_proj") ? ".k_scale" : ".v_scale"));
+      }
       evidence.push_back({model.dir.string(),
-                          fmt::format("KV scale tensors in {} shard(s), {} tensors",
-                                      model.shard_files.size(), model.tensor_count),
-                          model.kv_scales.empty()
-                              ? fmt::format("none: no k_scale/v_scale for the {} attention layers "
-                                            "(e.g. layers.{}.self_attn.k_proj.k_scale)",
-                                            attention.size(), attention.empty() ? 0 : attention[0])
-                              : fmt::format("{} present, none loaded (see dropped-scales finding)",
-                                            model.kv_scales.size())});
-    else
+                          fmt::format("k/v scale tensors among {} tensors in {} shard(s)",
+                                      model.tensor_count, model.shard_files.size()),
+                          "none"});
+      if (!expected.empty())
+        evidence.push_back({model.dir.string(),
+                            fmt::format("missing ({} tensors, one per K/V projection of the {} "
+                                        "attention layers)",
+                                        expected.size(), attention.size()),
+                            names_preview(expected, 2)});
+    } else if (model.has_weights) {
+      evidence.push_back({model.dir.string(), "k/v scale tensors",
+                          fmt::format("{} present, none loaded (see the scales-dropped finding)",
+                                      model.kv_scales.size())});
+    } else
       evidence.push_back({model.config_file, "safetensors", "not read (bare config): scales unknown"});
     const json& fallback = ctx.data()["fallback"];
     bool logged = fallback.value("both_missing", json::object()).value("logged", false);

@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <set>
+#include <thread>
 
 #include <simdjson.h>
 
@@ -188,21 +191,65 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
 
   if (bare_config || !options.read_safetensors) return facts;
   facts.shard_files = find_shards(facts.dir);
-  for (const auto& shard : facts.shard_files) {
-    SafetensorsHeader header = read_safetensors_header(facts.dir / shard);
-    facts.tensor_count += header.tensors.size();
-    for (const auto& tensor : header.tensors) {
-      facts.weight_bytes += tensor.data_end - tensor.data_begin;
-      auto scale = classify_scale_tensor(tensor.name);
-      if (!scale) continue;
-      scale->shard_file = shard;
-      scale->dtype = tensor.dtype;
-      scale->shape = tensor.shape.to_vector();
-      scale->values = read_tensor_values(header, tensor);
-      facts.kv_scales.push_back(std::move(*scale));
+  // Shard headers are independent: read them on a few threads, then merge in shard
+  // order so the result never depends on the thread count.
+  struct ShardFacts {
+    uint64_t tensor_count = 0, weight_bytes = 0;
+    std::vector<std::string> kv_projection_weights;
+    std::vector<ScaleTensor> scales;
+    std::exception_ptr error;
+  };
+  std::vector<ShardFacts> per_shard(facts.shard_files.size());
+  auto read_shard = [&](size_t i) {
+    ShardFacts& out = per_shard[i];
+    try {
+      const std::string& shard = facts.shard_files[i];
+      SafetensorsHeader header = read_safetensors_header(facts.dir / shard);
+      out.tensor_count = header.tensors.size();
+      for (const auto& tensor : header.tensors) {
+        out.weight_bytes += tensor.data_end - tensor.data_begin;
+        std::string_view name = tensor.name;
+        if (name.ends_with(".self_attn.k_proj.weight") || name.ends_with(".self_attn.v_proj.weight"))
+          out.kv_projection_weights.push_back(tensor.name);
+        auto scale = classify_scale_tensor(tensor.name);
+        if (!scale) continue;
+        scale->shard_file = shard;
+        scale->dtype = tensor.dtype;
+        scale->shape = tensor.shape.to_vector();
+        scale->values = read_tensor_values(header, tensor);
+        out.scales.push_back(std::move(*scale));
+      }
+    } catch (...) {
+      out.error = std::current_exception();
     }
+  };
+  size_t thread_count = std::min<size_t>(per_shard.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  std::atomic<size_t> next_shard{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < thread_count; ++t)
+    threads.emplace_back([&] {
+      for (size_t i; (i = next_shard++) < per_shard.size();) read_shard(i);
+    });
+  for (size_t i; (i = next_shard++) < per_shard.size();) read_shard(i);
+  for (auto& thread : threads) thread.join();
+  for (auto& shard : per_shard) {
+    if (shard.error) std::rethrow_exception(shard.error);  // the first failing shard in order
+    facts.tensor_count += shard.tensor_count;
+    facts.weight_bytes += shard.weight_bytes;
+    for (auto& name : shard.kv_projection_weights) facts.kv_projection_weights.push_back(std::move(name));
+    for (auto& scale : shard.scales) facts.kv_scales.push_back(std::move(scale));
   }
   facts.has_weights = !facts.shard_files.empty();
+  // Layer order, not string order ("layers.3" before "layers.11").
+  auto layer_of = [](const std::string& name) {
+    size_t at = name.find("layers.");
+    return at == std::string::npos ? 0L : std::strtol(name.c_str() + at + 7, nullptr, 10);
+  };
+  std::sort(facts.kv_projection_weights.begin(), facts.kv_projection_weights.end(),
+            [&](const std::string& a, const std::string& b) {
+              long la = layer_of(a), lb = layer_of(b);
+              return la != lb ? la < lb : a < b;
+            });
   std::sort(facts.kv_scales.begin(), facts.kv_scales.end(),
             [](const ScaleTensor& a, const ScaleTensor& b) {
               return a.layer != b.layer ? a.layer < b.layer : a.name < b.name;

@@ -185,6 +185,9 @@ struct ModelFacts {
   std::vector<std::string> shard_files;  // relative to dir
   uint64_t tensor_count = 0;
   uint64_t weight_bytes = 0;  // sum of all tensor byte spans
+  // Names of the attention K/V projection weights ("...self_attn.k_proj.weight"), so
+  // findings can name the scale tensors an exporter should have written next to them.
+  std::vector<std::string> kv_projection_weights;
   bool has_weights = false;   // false for a bare config.json
   std::vector<std::string> notes;  // e.g. "unknown architecture ..."
 

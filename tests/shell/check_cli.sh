@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# kvaudit check end to end: the demo finding, JSON schema keys, gates, usage, and
+# malformed input (one line on stderr naming the file, exit 2, no crash).
+set -uo pipefail
+kvaudit=$1; root=$2; build=$3
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+failures=0; passed=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+demo=$build/demo-checkpoint
+if [[ ! -f $demo/model.safetensors.index.json ]]; then
+  "$build/kvaudit_make_checkpoint" "$root/examples/qwen3.5-397b-a17b-nvfp4/manifest.json" "$demo" > /dev/null || exit 1
+fi
+
+# The motivating case: exit 1, the finding, the file, the missing tensors, the fix.
+out=$("$kvaudit" check "$demo" --engine sglang --tp 8 --no-color); status=$?
+[[ $status -eq 1 ]] && pass || fail "demo exit $status, expected 1"
+for needle in "fp8-unit-scale" "fp8_e4m3" "scale 1.0" "--kv-cache-dtype bf16" "hf_quant_config.json" \
+    "370008 tensors"; do
+  grep -qF -- "$needle" <<< "$out" && pass || fail "demo report lacks '$needle'"
+done
+# Long names wrap in the terminal; the JSON carries them whole.
+"$kvaudit" check "$demo" --engine sglang --tp 8 --json --fail-on never | grep -qF "model.language_model.layers.3.self_attn.k_proj.k_scale" \
+  && pass || fail "demo report does not name the missing scale tensors"
+
+# JSON: documented top-level keys and finding fields.
+json=$("$kvaudit" check "$demo" --engine sglang --tp 8 --json)
+/usr/bin/python3 - "$json" <<'PY' && pass || fail "JSON schema"
+import json, sys
+doc = json.loads(sys.argv[1])
+assert doc["engine"]["name"] == "sglang"
+assert doc["resolved_kv"]["kv_cache_dtype"] == "fp8_e4m3"
+assert doc["resolved_kv"]["scale_source"] == "unit_default"
+ids = [f["id"] for f in doc["findings"]]
+assert "fp8-unit-scale" in ids, ids
+for f in doc["findings"]:
+    for key in ("id", "severity", "title", "evidence", "fix"):
+        assert key in f, key
+PY
+
+# The fix passes the gate; --fail-on never always passes; --fail-on warning is stricter.
+"$kvaudit" check "$demo" --engine sglang --tp 8 --kv-cache-dtype bf16 -q > /dev/null && pass || fail "bf16 should pass"
+"$kvaudit" check "$demo" --engine sglang --fail-on never -q > /dev/null && pass || fail "--fail-on never"
+"$kvaudit" check "$demo" --unit "$root/examples/qwen3.5-397b-a17b-nvfp4/sglang.service" -q > /dev/null
+[[ $? -eq 1 ]] && pass || fail "unit file launch should fail the gate"
+"$kvaudit" check "$demo" --engine vllm --engine-version 0.11.0 --fail-on warning -q > /dev/null && pass \
+  || fail "vllm 0.11 keeps bf16 under auto: no warning expected"
+
+# Bare command: usage that points at the demo, exit 2.
+err=$("$kvaudit" check 2>&1 >/dev/null); status=$?
+[[ $status -eq 2 && $err == *"make demo"* ]] && pass || fail "bare check: exit $status, '$err'"
+
+# Malformed input: exit 2, exactly one line, naming the file.
+expect_error() {  # name, expected substring, args...
+  local name=$1 needle=$2; shift 2
+  local err status
+  err=$("$kvaudit" check "$@" 2>&1 >/dev/null); status=$?
+  local lines; lines=$(printf '%s' "$err" | grep -c '')
+  if [[ $status -eq 2 && $lines -eq 1 && $err == *"$needle"* ]]; then pass; else
+    fail "$name: exit $status, $lines line(s): $err"; fi
+}
+mk() { mkdir -p "$work/$1"; printf '%s' "$2" > "$work/$1/config.json"; }
+cfg='{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4}'
+mk truncated "$cfg"; printf 'abc' > "$work/truncated/model.safetensors"
+expect_error truncated "model.safetensors: truncated" "$work/truncated" --engine sglang
+mk lying "$cfg"; printf '\xff\x00\x00\x00\x00\x00\x00\x00{}' > "$work/lying/model.safetensors"
+expect_error lying-length "runs past the end" "$work/lying" --engine sglang
+mk badjson '{"model_type": llama}'
+expect_error invalid-json "config.json: invalid JSON" "$work/badjson" --engine vllm
+mkdir -p "$work/empty"
+expect_error empty-dir "folder is empty" "$work/empty" --engine sglang
+expect_error missing-dir "no such file or folder" "$work/nope" --engine sglang
+mk shard "$cfg"; printf '{"weight_map":{"a":"model-00001-of-00002.safetensors"}}' > "$work/shard/model.safetensors.index.json"
+expect_error missing-shard "which is missing" "$work/shard" --engine sglang
+expect_error bad-version "cannot read version" "$demo" --engine sglang --engine-version banana
+expect_error bad-launch "starts neither SGLang" "$demo" --launch "python app.py"
+expect_error bad-unit "no such file" "$demo" --unit "$work/none.service"
+expect_error engine-mismatch "says vllm" "$demo" --engine vllm --launch "python -m sglang.launch_server --tp 2"
+expect_error bad-context "token count" "$demo" --engine sglang --context-length lots
+
+# NaN scales: a critical finding naming the tensor, exit 1, never a crash.
+nan=$build/fixtures/llama-modelopt-nan-scales
+"$build/kvaudit_make_checkpoint" "$root/tests/fixtures/checkpoints/llama-modelopt-nan-scales/manifest.json" "$work/nan" > /dev/null
+out=$("$kvaudit" check "$work/nan" --engine sglang --json); status=$?
+[[ $status -eq 1 && $out == *"layers.1.self_attn.k_proj.k_scale = NaN"* ]] && pass || fail "NaN scale: exit $status"
+
+# --html writes a complete file atomically.
+"$kvaudit" check "$demo" --engine sglang --html "$work/report.html" -q > /dev/null
+[[ -s $work/report.html ]] && grep -q "fp8-unit-scale" "$work/report.html" && pass || fail "--html output"
+ls "$work"/.report.html.tmp* > /dev/null 2>&1 && fail "temporary HTML file left behind" || pass
+
+echo "$passed passed, $failures failed"
+[[ $failures -eq 0 ]]
