@@ -86,6 +86,7 @@ struct PerplexityOptions {
   int64_t first_scored = -1;            // -1: n_ctx / 2 (llama.cpp)
   int position_buckets = 4;             // over the scored range
   int threads = 2;
+  int64_t piece_tokens = 512;  // tokens per forward call (bounds logits memory)
   // Static scales (":tensor", ":head", ":channel", nvfp4 tensor scale) are calibrated from
   // the baseline's K/V on these tokens (empty: on the first chunk of the eval text).
   std::vector<int32_t> calibration_tokens;

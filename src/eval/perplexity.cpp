@@ -85,29 +85,35 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
   }
   result.formats[0].baseline = true;
 
+  // All formats advance through each chunk in lockstep, one piece of at most piece_tokens at
+  // a time, so only one piece of baseline log-probs is held ([piece, vocab] floats; a 32K
+  // chunk of a 152K-vocabulary model would otherwise need ~10 GB).
   std::vector<std::vector<TokenComparison>> samples(formats.size());
   std::vector<double> seconds(formats.size(), 0.0);
-  std::vector<float> base_log_probs(static_cast<size_t>(scored_per_chunk * vocab));
+  const int64_t piece_tokens = std::max<int64_t>(1, options.piece_tokens);
+  std::vector<float> base_log_probs(static_cast<size_t>(std::min(piece_tokens, ctx) * vocab));
   std::vector<float> logits;
   for (int64_t c = 0; c < result.chunks; ++c) {
     std::span<const int32_t> chunk = std::span<const int32_t>(tokens).subspan(c * ctx, ctx);
-    for (size_t f = 0; f < formats.size(); ++f) {
-      model::Session& session = *sessions[f];
-      session.reset();
-      auto started = Clock::now();
-      session.forward(chunk, first, logits);
-      seconds[f] += std::chrono::duration<double>(Clock::now() - started).count();
-      result.formats[f].kv_bytes_per_token = session.kv_bytes() / ctx;
-      if (f == 0) {
-        for (int64_t i = 0; i < scored_per_chunk; ++i)
-          log_softmax(std::span<const float>(&logits[i * vocab], vocab),
-                      std::span<float>(&base_log_probs[i * vocab], vocab));
-      }
-      for (int64_t i = 0; i < scored_per_chunk; ++i) {
-        const int64_t position = first + i;
-        samples[f].push_back(compare_logits(
-            std::span<const float>(&base_log_probs[i * vocab], vocab),
-            std::span<const float>(&logits[i * vocab], vocab), chunk[position + 1], position));
+    for (auto& session : sessions) session->reset();
+    for (int64_t begin = 0; begin < ctx; begin += piece_tokens) {
+      const int64_t count = std::min(piece_tokens, ctx - begin);
+      const int64_t local_from = std::clamp<int64_t>(first - begin, 0, count);
+      const int64_t first_row_position = begin + local_from;
+      const int64_t scored_end = std::min(begin + count, ctx - 1);  // exclusive
+      for (size_t f = 0; f < formats.size(); ++f) {
+        model::Session& session = *sessions[f];
+        auto started = Clock::now();
+        session.forward(chunk.subspan(begin, count), local_from, logits);
+        seconds[f] += std::chrono::duration<double>(Clock::now() - started).count();
+        if (begin + count == ctx) result.formats[f].kv_bytes_per_token = session.kv_bytes() / ctx;
+        for (int64_t position = first_row_position; position < scored_end; ++position) {
+          const int64_t row = position - first_row_position;
+          std::span<float> base(&base_log_probs[row * vocab], vocab);
+          std::span<const float> test(&logits[row * vocab], vocab);
+          if (f == 0) log_softmax(test, base);
+          samples[f].push_back(compare_logits(base, test, chunk[position + 1], position));
+        }
       }
     }
   }

@@ -103,3 +103,25 @@ TEST(Fixture, FormatsOrderedByDamage) {
 
 }  // namespace
 }  // namespace kvaudit::eval
+
+namespace kvaudit::eval {
+namespace {
+
+TEST(Fixture, PiecewiseScoringEqualsWholeChunks) {
+  PerplexityOptions options;
+  options.kv_formats = {"bf16", "fp8_e4m3:none"};
+  options.ctx_tokens = 128;
+  options.max_chunks = 2;
+  PerplexityResult whole = run_perplexity(*fixture().model, fixture().heldout, options);
+  options.piece_tokens = 37;  // pieces that straddle the first scored position (64)
+  PerplexityResult pieces = run_perplexity(*fixture().model, fixture().heldout, options);
+  for (size_t f = 0; f < 2; ++f) {
+    EXPECT_EQ(whole.formats[f].summary.count, 2 * 63);
+    EXPECT_EQ(whole.formats[f].summary.kld_mean, pieces.formats[f].summary.kld_mean);
+    EXPECT_EQ(whole.formats[f].summary.ppl_test, pieces.formats[f].summary.ppl_test);
+    EXPECT_EQ(whole.formats[f].kv_bytes_per_token, pieces.formats[f].kv_bytes_per_token);
+  }
+}
+
+}  // namespace
+}  // namespace kvaudit::eval
