@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   double ours = best_of(repeats, [&] {
     tensors = 0;
     for (const auto& header : headers)
-      tensors += kvaudit::checkpoint::parse_safetensors_header(header, ~0ull >> 1, "bench").tensors.size();
+      tensors +=
+          kvaudit::checkpoint::parse_safetensors_header(header, ~0ull >> 1, "bench").tensors.size();
   });
 
   // Baseline: json.loads over the same bytes (already in memory), best of N, in Python.
@@ -106,15 +107,18 @@ int main(int argc, char** argv) {
   }
   ::pclose(pipe);
 
-  double full = best_of(std::max(1, repeats / 2), [&] { kvaudit::checkpoint::read_checkpoint(dir); });
+  double full =
+      best_of(std::max(1, repeats / 2), [&] { kvaudit::checkpoint::read_checkpoint(dir); });
   fs::remove_all(scratch);
 
-  fmt::print("checkpoint: {} ({} shards, {} tensors, {:.1f} MB of headers)\n", dir.string(), shards.size(),
-             tensors, header_bytes / 1e6);
-  fmt::print("kvaudit header parse+validate: {:.1f} ms ({:.0f} MB/s)\n", ours * 1e3, header_bytes / ours / 1e6);
+  fmt::print("checkpoint: {} ({} shards, {} tensors, {:.1f} MB of headers)\n", dir.string(),
+             shards.size(), tensors, header_bytes / 1e6);
+  fmt::print("kvaudit header parse+validate: {:.1f} ms ({:.0f} MB/s)\n", ours * 1e3,
+             header_bytes / ours / 1e6);
   fmt::print("python json.loads (baseline):  {:.1f} ms ({:.0f} MB/s)\n", python_seconds * 1e3,
              header_bytes / python_seconds / 1e6);
   fmt::print("ratio (python / kvaudit): {:.1f}x  (target >= 10x)\n", python_seconds / ours);
-  fmt::print("read_checkpoint end to end (configs, headers, scale scan, index): {:.1f} ms\n", full * 1e3);
+  fmt::print("read_checkpoint end to end (configs, headers, scale scan, index): {:.1f} ms\n",
+             full * 1e3);
   return 0;
 }

@@ -14,14 +14,18 @@
 namespace fs = std::filesystem;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const fs::path dir = fs::temp_directory_path() / ("kvaudit-fuzz-config-" + std::to_string(::getpid()));
+  static const fs::path dir =
+      fs::temp_directory_path() / ("kvaudit-fuzz-config-" + std::to_string(::getpid()));
   if (size < 1) return 0;
   fs::create_directories(dir);
   bool as_quant = data[0] & 1;
   std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   {
     std::ofstream config(dir / "config.json", std::ios::binary | std::ios::trunc);
-    config << (as_quant ? R"({"model_type":"llama","num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4})" : text);
+    config
+        << (as_quant
+                ? R"({"model_type":"llama","num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4})"
+                : text);
   }
   std::error_code ec;
   if (as_quant)

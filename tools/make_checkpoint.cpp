@@ -44,7 +44,8 @@ struct Tensor {
 std::vector<std::string> expand_values(const ordered_json& spec) {
   std::vector<std::string> out;
   if (spec.is_array()) {
-    for (const auto& item : spec) out.push_back(item.is_string() ? item.get<std::string>() : item.dump());
+    for (const auto& item : spec)
+      out.push_back(item.is_string() ? item.get<std::string>() : item.dump());
     return out;
   }
   std::string text = spec.get<std::string>();
@@ -62,7 +63,8 @@ std::vector<std::string> expand_values(const ordered_json& spec) {
   return out;
 }
 
-void expand(const ordered_json& spec, const std::vector<std::pair<std::string, std::vector<std::string>>>& loops,
+void expand(const ordered_json& spec,
+            const std::vector<std::pair<std::string, std::vector<std::string>>>& loops,
             size_t depth, std::string name, std::vector<std::string>& names) {
   if (depth == loops.size()) {
     names.push_back(std::move(name));
@@ -78,7 +80,8 @@ void expand(const ordered_json& spec, const std::vector<std::pair<std::string, s
   }
 }
 
-void encode_values(const std::string& dtype, const ordered_json& values, std::vector<unsigned char>& out) {
+void encode_values(const std::string& dtype, const ordered_json& values,
+                   std::vector<unsigned char>& out) {
   using namespace kvaudit::numerics;
   for (const auto& item : values) {
     float value = item.is_string() ? std::stof(item.get<std::string>()) : item.get<float>();
@@ -120,8 +123,8 @@ int main(int argc, char** argv) {
     ordered_json manifest = ordered_json::parse(in);
     fs::create_directories(out_dir);
     for (const auto& file : manifest.value("copy", ordered_json::array()))
-      fs::copy_file(manifest_path.parent_path() / file.get<std::string>(), out_dir / file.get<std::string>(),
-                    fs::copy_options::overwrite_existing);
+      fs::copy_file(manifest_path.parent_path() / file.get<std::string>(),
+                    out_dir / file.get<std::string>(), fs::copy_options::overwrite_existing);
 
     std::vector<Tensor> tensors;
     for (const auto& spec : manifest.value("tensors", ordered_json::array())) {
@@ -147,8 +150,8 @@ int main(int argc, char** argv) {
           encode_values(tensor.dtype, values, tensor.data);
         }
         if (!tensor.data.empty() && tensor.data.size() != bytes)
-          throw std::runtime_error(fmt::format("{}: {} value bytes for a {}-byte tensor", tensor.name,
-                                               tensor.data.size(), bytes));
+          throw std::runtime_error(fmt::format("{}: {} value bytes for a {}-byte tensor",
+                                               tensor.name, tensor.data.size(), bytes));
         tensors.push_back(std::move(tensor));
       }
     }
@@ -162,44 +165,50 @@ int main(int argc, char** argv) {
     size_t next = 0;
     for (int shard = 0; shard < shard_count; ++shard) {
       std::string file = shard_count == 1 ? "model.safetensors"
-                                          : fmt::format("model-{:05d}-of-{:05d}.safetensors", shard + 1, shard_count);
+                                          : fmt::format("model-{:05d}-of-{:05d}.safetensors",
+                                                        shard + 1, shard_count);
       std::string header_text = R"({"__metadata__":{"format":"pt"})";
       uint64_t offset = 0;
       size_t first = next;
       while (next < tensors.size() && (offset < per_shard || shard == shard_count - 1)) {
         const Tensor& tensor = tensors[next++];
         std::string name = ordered_json(tensor.name).dump();
-        header_text += fmt::format(R"(,{}:{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}})", name,
-                                   tensor.dtype, fmt::join(tensor.shape, ","), offset, offset + tensor.bytes);
+        header_text +=
+            fmt::format(R"(,{}:{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}})", name,
+                        tensor.dtype, fmt::join(tensor.shape, ","), offset, offset + tensor.bytes);
         weight_map += fmt::format("{}{}:\"{}\"", weight_map.empty() ? "" : ",\n  ", name, file);
         offset += tensor.bytes;
       }
       header_text += "}";
-      while ((header_text.size() % 8) != 0) header_text.push_back(' ');  // aligned data, as safetensors pads
+      while ((header_text.size() % 8) != 0)
+        header_text.push_back(' ');  // aligned data, as safetensors pads
       fs::path path = out_dir / file;
       int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
       if (fd < 0) throw std::runtime_error("cannot write " + path.string());
       uint64_t header_len = header_text.size();
       unsigned char prefix[8];
       for (int b = 0; b < 8; ++b) prefix[b] = static_cast<unsigned char>(header_len >> (8 * b));
-      bool ok = ::write(fd, prefix, 8) == 8 &&
-                ::write(fd, header_text.data(), header_text.size()) == static_cast<ssize_t>(header_text.size());
+      bool ok =
+          ::write(fd, prefix, 8) == 8 && ::write(fd, header_text.data(), header_text.size()) ==
+                                             static_cast<ssize_t>(header_text.size());
       uint64_t data_start = 8 + header_len;
       uint64_t position = 0;
       for (size_t i = first; i < next && ok; ++i) {
         if (!tensors[i].data.empty())
-          ok = ::pwrite(fd, tensors[i].data.data(), tensors[i].data.size(), static_cast<off_t>(data_start + position)) ==
+          ok = ::pwrite(fd, tensors[i].data.data(), tensors[i].data.size(),
+                        static_cast<off_t>(data_start + position)) ==
                static_cast<ssize_t>(tensors[i].data.size());
         position += tensors[i].bytes;
       }
-      ok = ok && ::ftruncate(fd, static_cast<off_t>(data_start + position)) == 0;  // the holes are the weights
+      ok = ok && ::ftruncate(fd, static_cast<off_t>(data_start + position)) ==
+                     0;  // the holes are the weights
       ::close(fd);
       if (!ok) throw std::runtime_error("write failed: " + path.string());
     }
     if (shard_count > 1)
-      std::ofstream(out_dir / "model.safetensors.index.json")
-          << fmt::format("{{\"metadata\": {{\"total_size\": {}}},\n \"weight_map\": {{\n  {}\n }}\n}}\n", total,
-                         weight_map);
+      std::ofstream(out_dir / "model.safetensors.index.json") << fmt::format(
+          "{{\"metadata\": {{\"total_size\": {}}},\n \"weight_map\": {{\n  {}\n }}\n}}\n", total,
+          weight_map);
     std::cout << fmt::format("{}: {} tensors, {} shard(s), {:.1f} GB of weights as sparse holes\n",
                              out_dir.string(), tensors.size(), shard_count, total / 1e9);
     return 0;

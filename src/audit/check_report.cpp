@@ -41,18 +41,22 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
   const auto& resolved = result.resolved;
   report::Report out;
   out.command = "check";
-  std::string version = input.version_given ? input.flags.engine_version
-                                            : "latest known (" + input.engine.latest_known_version + ")";
-  out.title = fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine.engine, version);
+  std::string version = input.version_given
+                            ? input.flags.engine_version
+                            : "latest known (" + input.engine.latest_known_version + ")";
+  out.title =
+      fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine.engine, version);
 
-  out.facts.push_back(Fact{"architecture", "Architecture",
-                           fmt::format("{} ({})", model.architecture.empty() ? "?" : model.architecture,
-                                       model.model_type),
-                           ""});
+  out.facts.push_back(
+      Fact{"architecture", "Architecture",
+           fmt::format("{} ({})", model.architecture.empty() ? "?" : model.architecture,
+                       model.model_type),
+           ""});
   out.facts.push_back(Fact{"layers", "Layers", layer_summary(model), ""});
   if (model.mla)
     out.facts.push_back(Fact{"mla_latent", "MLA latent per token per layer",
-                             int64_t{model.mla->kv_lora_rank + model.mla->qk_rope_head_dim}, "values"});
+                             int64_t{model.mla->kv_lora_rank + model.mla->qk_rope_head_dim},
+                             "values"});
   else
     out.facts.push_back(Fact{"kv_heads", "KV heads x head dim",
                              fmt::format("{} x {}", model.num_kv_heads, model.head_dim), ""});
@@ -62,25 +66,30 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
         "quantization", "Quantization",
         fmt::format("{} {} (KV: {}) from {}", model.quant->method, model.quant->weight_algo,
                     model.quant->kv_cache_quant_algo.empty()
-                        ? (model.quant->has_kv_cache_scheme ? model.quant->kv_cache_scheme.dump() : "not declared")
+                        ? (model.quant->has_kv_cache_scheme ? model.quant->kv_cache_scheme.dump()
+                                                            : "not declared")
                         : model.quant->kv_cache_quant_algo,
                     model.quant->source_file),
         ""});
   if (model.has_weights) {
-    out.facts.push_back(Fact{"tensors", "Safetensors", fmt::format("{} tensors in {} shard(s), headers only",
-                                                                    model.tensor_count, model.shard_files.size()),
+    out.facts.push_back(Fact{"tensors", "Safetensors",
+                             fmt::format("{} tensors in {} shard(s), headers only",
+                                         model.tensor_count, model.shard_files.size()),
                              ""});
-    out.facts.push_back(Fact{"kv_scale_tensors", "KV scale tensors", int64_t(model.kv_scales.size()), ""});
+    out.facts.push_back(
+        Fact{"kv_scale_tensors", "KV scale tensors", int64_t(model.kv_scales.size()), ""});
   }
-  out.facts.push_back(Fact{"launch", "Launch", fmt::format("{} tp={} pp={} dp={}{} ({})", input.engine.engine,
-                                                           input.flags.tp, input.flags.pp, input.flags.dp,
-                                                           input.flags.dp_attention ? " dp-attention" : "",
-                                                           input.flags.source.empty() ? "flags" : input.flags.source),
-                           ""});
-  out.facts.push_back(Fact{"kv_cache_dtype_requested", "Requested --kv-cache-dtype",
-                           input.flags.kv_cache_dtype_flag.empty() ? "auto (default)" : input.flags.kv_cache_dtype,
-                           ""});
-  out.facts.push_back(Fact{"kv_cache_dtype", "Resolved KV cache dtype", resolved.kv_cache_dtype, ""});
+  out.facts.push_back(Fact{
+      "launch", "Launch",
+      fmt::format("{} tp={} pp={} dp={}{} ({})", input.engine.engine, input.flags.tp,
+                  input.flags.pp, input.flags.dp, input.flags.dp_attention ? " dp-attention" : "",
+                  input.flags.source.empty() ? "flags" : input.flags.source),
+      ""});
+  out.facts.push_back(Fact{
+      "kv_cache_dtype_requested", "Requested --kv-cache-dtype",
+      input.flags.kv_cache_dtype_flag.empty() ? "auto (default)" : input.flags.kv_cache_dtype, ""});
+  out.facts.push_back(
+      Fact{"kv_cache_dtype", "Resolved KV cache dtype", resolved.kv_cache_dtype, ""});
   out.facts.push_back(Fact{"scale_source", "KV scales", scale_source_text(resolved), ""});
   out.facts.push_back(Fact{"read_ms", "Checkpoint read (configs + headers)",
                            int64_t(input.read_seconds * 1000.0 + 0.5), "ms"});
@@ -89,13 +98,16 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
     report::Table table;
     table.id = "kv_scales";
     table.title = "KV scale tensors in the checkpoint";
-    table.columns = {{"layer", "Layer", "", 0}, {"role", "Role", "", 0}, {"name", "Tensor", "", 0},
-                     {"values", "Values", "", 0}, {"max", "Max", "", 6}, {"loaded", "Loaded", "", 0}};
-    std::set<std::string> loaded(resolved.loaded_scale_names.begin(), resolved.loaded_scale_names.end());
+    table.columns = {{"layer", "Layer", "", 0}, {"role", "Role", "", 0},
+                     {"name", "Tensor", "", 0}, {"values", "Values", "", 0},
+                     {"max", "Max", "", 6},     {"loaded", "Loaded", "", 0}};
+    std::set<std::string> loaded(resolved.loaded_scale_names.begin(),
+                                 resolved.loaded_scale_names.end());
     for (const auto& scale : model.kv_scales) {
       float max_value = scale.values.empty() ? 0.0f : scale.values[0];
       for (float value : scale.values) max_value = std::max(max_value, value);
-      table.rows.push_back({int64_t{scale.layer}, std::string(checkpoint::scale_role_name(scale.role)), scale.name,
+      table.rows.push_back({int64_t{scale.layer},
+                            std::string(checkpoint::scale_role_name(scale.role)), scale.name,
                             int64_t(scale.values.size()), double(max_value),
                             resolved.quantized ? report::Value(loaded.count(scale.name) > 0)
                                                : report::Value(std::string("n/a"))});
@@ -110,20 +122,27 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
     critical += finding.severity == Severity::critical;
     warning += finding.severity == Severity::warning;
   }
-  out.verdict_severity = critical ? Severity::critical : warning ? Severity::warning : Severity::info;
-  out.verdict = critical ? fmt::format("FAIL: {} critical, {} warning finding(s): the KV cache loses precision "
-                                       "silently with this launch",
-                                       critical, warning)
+  out.verdict_severity = critical  ? Severity::critical
+                         : warning ? Severity::warning
+                                   : Severity::info;
+  out.verdict = critical
+                    ? fmt::format(
+                          "FAIL: {} critical, {} warning finding(s): the KV cache loses precision "
+                          "silently with this launch",
+                          critical, warning)
                 : warning ? fmt::format("WARN: no critical finding, {} warning(s)", warning)
-                          : fmt::format("OK: KV cache {} with scales from {}", resolved.kv_cache_dtype,
-                                        resolved.scale_source);
+                          : fmt::format("OK: KV cache {} with scales from {}",
+                                        resolved.kv_cache_dtype, resolved.scale_source);
 
   json dropped = json::array();
   for (const auto& drop : resolved.dropped)
-    dropped.push_back({{"rule", drop.rule_id}, {"reference", drop.reference}, {"status", drop.status},
+    dropped.push_back({{"rule", drop.rule_id},
+                       {"reference", drop.reference},
+                       {"status", drop.status},
                        {"tensors", drop.tensor_names}});
   out.payload["engine"] = {{"name", input.engine.engine},
-                           {"version", input.version_given ? input.flags.engine_version : input.engine.latest_known_version},
+                           {"version", input.version_given ? input.flags.engine_version
+                                                           : input.engine.latest_known_version},
                            {"version_assumed", !input.version_given},
                            {"data_file", input.engine.file.string()}};
   out.payload["resolved_kv"] = {{"kv_cache_dtype", resolved.kv_cache_dtype},

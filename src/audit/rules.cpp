@@ -33,8 +33,9 @@ struct Context {
   const json& data() const { return input.engine.document; }
   std::string engine_label() const {
     return fmt::format("{} {}", input.engine.engine,
-                       input.version_given ? input.flags.engine_version
-                                           : "(latest known: " + input.engine.latest_known_version + ")");
+                       input.version_given
+                           ? input.flags.engine_version
+                           : "(latest known: " + input.engine.latest_known_version + ")");
   }
   std::string launch_label() const { return flags().source.empty() ? "launch" : flags().source; }
 };
@@ -50,11 +51,13 @@ struct FormatLimits {
 
 std::optional<FormatLimits> limits_of(const std::string& dtype) {
   if (dtype == "fp8_e4m3")
-    return FormatLimits{numerics::fp8_e4m3_to_float(0x7E), 480.0f, numerics::fp8_e4m3_to_float(0x08),
-                        numerics::fp8_e4m3_to_float(0x01) / 2, 3};
+    return FormatLimits{numerics::fp8_e4m3_to_float(0x7E), 480.0f,
+                        numerics::fp8_e4m3_to_float(0x08), numerics::fp8_e4m3_to_float(0x01) / 2,
+                        3};
   if (dtype == "fp8_e5m2")
-    return FormatLimits{numerics::fp8_e5m2_to_float(0x7B), 61440.0f, numerics::fp8_e5m2_to_float(0x04),
-                        numerics::fp8_e5m2_to_float(0x01) / 2, 2};
+    return FormatLimits{numerics::fp8_e5m2_to_float(0x7B), 61440.0f,
+                        numerics::fp8_e5m2_to_float(0x04), numerics::fp8_e5m2_to_float(0x01) / 2,
+                        2};
   return std::nullopt;
 }
 
@@ -94,14 +97,17 @@ void rule_dtype_rejected(Context& ctx) {
   if (choices.empty() ||
       std::find(choices.begin(), choices.end(), ctx.flags().kv_cache_dtype) != choices.end())
     return;
-  ctx.findings.push_back(Finding{
-      "kv-dtype-rejected", Severity::critical,
-      fmt::format("{} does not accept --kv-cache-dtype {}", ctx.engine_label(), ctx.flags().kv_cache_dtype),
-      "The server will refuse to start with this value.",
-      {{ctx.launch_label(), "--kv-cache-dtype", ctx.flags().kv_cache_dtype},
-       {ctx.input.engine.file.string(), "kv_cache_dtype_choices", fmt::format("{}", fmt::join(choices, ", "))}},
-      fmt::format("use one of: {}", fmt::join(choices, ", ")),
-      "server_args / CacheConfig --kv-cache-dtype choices"});
+  ctx.findings.push_back(
+      Finding{"kv-dtype-rejected",
+              Severity::critical,
+              fmt::format("{} does not accept --kv-cache-dtype {}", ctx.engine_label(),
+                          ctx.flags().kv_cache_dtype),
+              "The server will refuse to start with this value.",
+              {{ctx.launch_label(), "--kv-cache-dtype", ctx.flags().kv_cache_dtype},
+               {ctx.input.engine.file.string(), "kv_cache_dtype_choices",
+                fmt::format("{}", fmt::join(choices, ", "))}},
+              fmt::format("use one of: {}", fmt::join(choices, ", ")),
+              "server_args / CacheConfig --kv-cache-dtype choices"});
 }
 
 void rule_auto_quantized(Context& ctx) {
@@ -131,17 +137,21 @@ void rule_auto_quantized(Context& ctx) {
         {{model.quant->source_file, quant_evidence_key(model), declared},
          {ctx.launch_label(), "--kv-cache-dtype",
           ctx.flags().kv_cache_dtype_flag.empty() ? "auto (default)" : ctx.flags().kv_cache_dtype},
-         {ctx.input.engine.file.string(), "auto_resolution." + ctx.resolved.rule_id, ctx.resolved.reason}},
-        fmt::format("decide explicitly: {} for full precision, or keep {} only with calibrated scales "
-                    "(kvaudit calibrate)",
-                    fix_flag(ctx, "bf16"), ctx.resolved.kv_cache_dtype),
+         {ctx.input.engine.file.string(), "auto_resolution." + ctx.resolved.rule_id,
+          ctx.resolved.reason}},
+        fmt::format(
+            "decide explicitly: {} for full precision, or keep {} only with calibrated scales "
+            "(kvaudit calibrate)",
+            fix_flag(ctx, "bf16"), ctx.resolved.kv_cache_dtype),
         ctx.resolved.rule_reference});
   } else if (!ctx.resolved.quantized && ctx.resolved.requested == "auto") {
     ctx.findings.push_back(Finding{
-        "kv-declared-not-enabled", Severity::info,
+        "kv-declared-not-enabled",
+        Severity::info,
         fmt::format("The checkpoint declares a {} KV cache but {} keeps it in {} under auto",
                     declared, ctx.engine_label(), ctx.resolved.kv_cache_dtype),
-        "No accuracy risk from the KV cache; the declared format (and its capacity gain) is unused.",
+        "No accuracy risk from the KV cache; the declared format (and its capacity gain) is "
+        "unused.",
         {{model.quant->source_file, quant_evidence_key(model), declared}},
         "nothing to fix for accuracy; pass the quantized --kv-cache-dtype explicitly only with "
         "calibrated scales",
@@ -184,7 +194,8 @@ void rule_unit_scale(Context& ctx) {
   std::vector<int> attention = attention_layers(model);
   if (ctx.resolved.scale_source == "unit_default") {
     std::vector<Evidence> evidence;
-    evidence.push_back({ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype});
+    evidence.push_back(
+        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype});
     if (model.has_weights && model.kv_scales.empty()) {
       // Name the tensors a ModelOpt export writes beside each K/V projection.
       std::vector<std::string> expected;
@@ -207,7 +218,8 @@ void rule_unit_scale(Context& ctx) {
                           fmt::format("{} present, none loaded (see the scales-dropped finding)",
                                       model.kv_scales.size())});
     } else
-      evidence.push_back({model.config_file, "safetensors", "not read (bare config): scales unknown"});
+      evidence.push_back(
+          {model.config_file, "safetensors", "not read (bare config): scales unknown"});
     const json& fallback = ctx.data()["fallback"];
     bool logged = fallback.value("both_missing", json::object()).value("logged", false);
     evidence.push_back({ctx.input.engine.file.string(), "fallback.both_missing",
@@ -234,7 +246,8 @@ void rule_unit_scale(Context& ctx) {
     if (!by_layer.count(layer)) missing.push_back(std::to_string(layer));
   if (missing.empty()) return;
   ctx.findings.push_back(Finding{
-      "fp8-partial-scales", Severity::critical,
+      "fp8-partial-scales",
+      Severity::critical,
       fmt::format("{} of {} attention layers have no loaded KV scale and run at scale 1.0",
                   missing.size(), attention.size()),
       fmt::format("Those layers lose precision silently: {}.", numeric_meaning),
@@ -248,13 +261,16 @@ void rule_dropped_scales(Context& ctx) {
     bool matters = ctx.resolved.quantized && ctx.resolved.scale_source != "dynamic" &&
                    ctx.resolved.scale_source != "quantization_param_path";
     ctx.findings.push_back(Finding{
-        "scales-dropped", matters ? Severity::critical : Severity::info,
+        "scales-dropped",
+        matters ? Severity::critical : Severity::info,
         fmt::format("{} KV scale tensor(s) are in the checkpoint but {} does not load them",
                     drop.tensor_names.size(), ctx.engine_label()),
-        matters ? fmt::format("The scales were calibrated but the cache runs at scale 1.0 instead: {}.",
-                              drop.reason)
-                : fmt::format("No effect with a {} KV cache, but it bites as soon as FP8 is enabled: {}.",
-                              ctx.resolved.kv_cache_dtype, drop.reason),
+        matters
+            ? fmt::format("The scales were calibrated but the cache runs at scale 1.0 instead: {}.",
+                          drop.reason)
+            : fmt::format(
+                  "No effect with a {} KV cache, but it bites as soon as FP8 is enabled: {}.",
+                  ctx.resolved.kv_cache_dtype, drop.reason),
         {{ctx.model().dir.string(), "tensors", names_preview(drop.tensor_names)},
          {ctx.model().config_file, "architectures[0]", ctx.model().architecture},
          {ctx.input.engine.file.string(), "scale_loading." + drop.rule_id,
@@ -263,8 +279,9 @@ void rule_dropped_scales(Context& ctx) {
                               "logs after launch)",
                               fix_flag(ctx, "bf16"))
                 : "none needed now",
-        drop.reference.empty() ? "vllm/model_executor/model_loader/weight_utils.py maybe_remap_kv_scale_name"
-                               : drop.reference});
+        drop.reference.empty()
+            ? "vllm/model_executor/model_loader/weight_utils.py maybe_remap_kv_scale_name"
+            : drop.reference});
   }
 }
 
@@ -289,19 +306,22 @@ void rule_scale_values(Context& ctx) {
   if (!invalid.empty()) {
     bool missing_semantics = fallback.value("non_positive_is_missing", false);
     ctx.findings.push_back(Finding{
-        "scale-values-invalid", Severity::critical,
+        "scale-values-invalid",
+        Severity::critical,
         fmt::format("{} KV scale value(s) are zero, negative, NaN or infinite", invalid.size()),
         missing_semantics
             ? "The engine treats non-positive scales as missing (scale 1.0, silently) and a NaN or "
               "inf scale turns every cached value into NaN/inf."
             : "Such a scale corrupts every cached value of its layer.",
         {{ctx.model().dir.string(), "scale values", names_preview(invalid)}},
-        "re-export or recalibrate the scales (kvaudit calibrate); until then " + fix_flag(ctx, "bf16"),
+        "re-export or recalibrate the scales (kvaudit calibrate); until then " +
+            fix_flag(ctx, "bf16"),
         fallback.value("reference", "")});
   }
   if (all_unit && invalid.empty()) {
     ctx.findings.push_back(Finding{
-        "scale-values-unit", Severity::warning,
+        "scale-values-unit",
+        Severity::warning,
         fmt::format("All {} KV scale tensors are exactly 1.0", ctx.model().kv_scales.size()),
         "Placeholder scales: the checkpoint looks calibrated but the cache behaves exactly as with "
         "no scales (clipping large keys, flushing small values).",
@@ -310,7 +330,8 @@ void rule_scale_values(Context& ctx) {
         "ENGINE-FACTS §3"});
   } else if (largest > 0 && smallest < INFINITY && largest / smallest > 1000.0f) {
     ctx.findings.push_back(Finding{
-        "scale-values-inconsistent", Severity::warning,
+        "scale-values-inconsistent",
+        Severity::warning,
         fmt::format("KV scales differ by {:.0f}x across layers", largest / smallest),
         "Scales that far apart usually mean a unit or export error in some layers (e.g. amax "
         "stored instead of amax/448).",
@@ -331,11 +352,13 @@ void rule_one_sided(Context& ctx) {
   std::vector<std::string> one_sided;
   for (const auto& [layer, kv] : counts)
     if ((kv.first == 0) != (kv.second == 0))
-      one_sided.push_back(fmt::format("layer {} has only {}", layer, kv.first ? "k_scale" : "v_scale"));
+      one_sided.push_back(
+          fmt::format("layer {} has only {}", layer, kv.first ? "k_scale" : "v_scale"));
   if (one_sided.empty()) return;
   std::string semantics = ctx.data()["fallback"].value("one_missing", "");
   ctx.findings.push_back(Finding{
-      "scale-one-sided", Severity::warning,
+      "scale-one-sided",
+      Severity::warning,
       fmt::format("{} layer(s) have only one of k_scale / v_scale", one_sided.size()),
       semantics == "max_of_present"
           ? "The engine uses the one present (the larger) for both K and V: V, usually far smaller "
@@ -349,12 +372,14 @@ void rule_one_sided(Context& ctx) {
 void rule_per_head(Context& ctx) {
   std::vector<std::string> vectors;
   for (const auto& scale : ctx.model().kv_scales)
-    if (scale.values.size() > 1) vectors.push_back(fmt::format("{} [{}]", scale.name, scale.values.size()));
+    if (scale.values.size() > 1)
+      vectors.push_back(fmt::format("{} [{}]", scale.name, scale.values.size()));
   if (vectors.empty() || !ctx.resolved.quantized) return;
   const json& fallback = ctx.data()["fallback"];
   if (fallback.value("non_scalar", "") != "startup_error") return;
   ctx.findings.push_back(Finding{
-      "scale-per-head-unsupported", Severity::critical,
+      "scale-per-head-unsupported",
+      Severity::critical,
       fmt::format("{} KV scale tensor(s) are per-head vectors; {} supports per-tensor scales only",
                   vectors.size(), ctx.engine_label()),
       fmt::format("The server fails at load time ('{}') instead of serving.",
@@ -368,7 +393,8 @@ void rule_per_head(Context& ctx) {
 void rule_e5m2(Context& ctx) {
   if (ctx.resolved.kv_cache_dtype != "fp8_e5m2") return;
   ctx.findings.push_back(Finding{
-      "fp8-e5m2", Severity::warning,
+      "fp8-e5m2",
+      Severity::warning,
       "FP8 E5M2 KV cache: 2 mantissa bits",
       "Every cached value carries up to 12.5% relative rounding error (E4M3: 6.25%); the range is "
       "wide, so nothing clips, but precision is lost everywhere.",
@@ -394,15 +420,19 @@ void rule_hybrid_state(Context& ctx) {
     origin = "engine default";
     if (used == "auto") return;  // follows the config
   }
-  if (used.empty() || dtype_rank(used) == 0 || dtype_rank(used) >= dtype_rank(linear->ssm_dtype)) return;
+  if (used.empty() || dtype_rank(used) == 0 || dtype_rank(used) >= dtype_rank(linear->ssm_dtype))
+    return;
   ctx.findings.push_back(Finding{
-      "hybrid-state-precision", Severity::warning,
+      "hybrid-state-precision",
+      Severity::warning,
       fmt::format("Linear-attention (GDN/Mamba) state kept in {} but the config asks for {}", used,
                   linear->ssm_dtype),
       "The recurrent state accumulates over the whole context; rounding it every token compounds "
       "into drift on long inputs.",
-      {{ctx.model().config_file, "mamba_ssm_dtype", linear->ssm_dtype}, {ctx.launch_label(), origin, used}},
-      fmt::format("launch with {} {}", hybrid.value("flag", "--mamba-ssm-dtype"), linear->ssm_dtype),
+      {{ctx.model().config_file, "mamba_ssm_dtype", linear->ssm_dtype},
+       {ctx.launch_label(), origin, used}},
+      fmt::format("launch with {} {}", hybrid.value("flag", "--mamba-ssm-dtype"),
+                  linear->ssm_dtype),
       hybrid.value("reference", "")});
 }
 
@@ -414,7 +444,8 @@ void rule_fp16_serving(Context& ctx) {
   bool fp16_cache = ctx.resolved.kv_cache_dtype == "fp16";
   if (!fp16_weights && !fp16_cache) return;
   ctx.findings.push_back(Finding{
-      "fp16-serving-bf16-model", Severity::warning,
+      "fp16-serving-bf16-model",
+      Severity::warning,
       fmt::format("A bfloat16-trained model is served with {} in float16",
                   fp16_weights ? "activations" : "the KV cache"),
       "float16 tops out at 65504: activations and keys that bfloat16 holds easily overflow to inf "
@@ -422,7 +453,8 @@ void rule_fp16_serving(Context& ctx) {
       {{ctx.model().config_file, "torch_dtype", trained},
        {ctx.launch_label(), fp16_weights ? "--dtype" : "--kv-cache-dtype",
         fp16_weights ? served : ctx.flags().kv_cache_dtype}},
-      "serve with --dtype bfloat16 (and a bf16 KV cache)", "ENGINE-FACTS §1"});
+      "serve with --dtype bfloat16 (and a bf16 KV cache)",
+      "ENGINE-FACTS §1"});
 }
 
 void rule_context_length(Context& ctx) {
@@ -431,7 +463,8 @@ void rule_context_length(Context& ctx) {
   if (!context || max_positions <= 0 || *context <= max_positions) return;
   if (!ctx.model().rope_scaling.is_null()) return;
   ctx.findings.push_back(Finding{
-      "context-beyond-max-position", Severity::critical,
+      "context-beyond-max-position",
+      Severity::critical,
       fmt::format("Context length {} exceeds max_position_embeddings {} with no rope scaling",
                   *context, max_positions),
       "Positions past the trained range get rotary angles the model never saw: quality collapses "
@@ -439,9 +472,10 @@ void rule_context_length(Context& ctx) {
       {{ctx.launch_label(), "context length", std::to_string(*context)},
        {ctx.model().config_file, "max_position_embeddings", std::to_string(max_positions)},
        {ctx.model().config_file, "rope_scaling", "absent"}},
-      fmt::format("keep the context at or below {}, or configure rope scaling (e.g. yarn) the model "
-                  "was validated with",
-                  max_positions),
+      fmt::format(
+          "keep the context at or below {}, or configure rope scaling (e.g. yarn) the model "
+          "was validated with",
+          max_positions),
       "config.json max_position_embeddings / rope_scaling"});
 }
 
@@ -450,7 +484,8 @@ void rule_dynamic_disabled(Context& ctx) {
   const json dynamic = ctx.data().value("dynamic_scales", json::object());
   if (!dynamic.value("disabled_for_hybrid", false)) return;
   ctx.findings.push_back(Finding{
-      "dynamic-scales-disabled", Severity::warning,
+      "dynamic-scales-disabled",
+      Severity::warning,
       "--calculate-kv-scales is ignored for this hybrid (linear-attention) model",
       "The engine logs 'Disabling calculate_kv_scales for hybrid model' and falls back to the "
       "checkpoint scales or 1.0.",
@@ -462,14 +497,17 @@ void rule_dynamic_disabled(Context& ctx) {
 
 void rule_param_path(Context& ctx) {
   const json info = ctx.data().value("quantization_param_path", json::object());
-  if (ctx.flags().quantization_param_path.empty() || info.empty() || !ctx.resolved.quantized) return;
+  if (ctx.flags().quantization_param_path.empty() || info.empty() || !ctx.resolved.quantized)
+    return;
   if (!engines::version_in_range(ctx.resolved.version, info.value("broken_versions", ""))) return;
   ctx.findings.push_back(Finding{
-      "param-path-not-applied", Severity::warning,
+      "param-path-not-applied",
+      Severity::warning,
       "Scales from --quantization-param-path may not be applied by this version",
       info.value("reason", "") + ".",
       {{ctx.launch_label(), "--quantization-param-path", ctx.flags().quantization_param_path},
-       {ctx.input.engine.file.string(), "quantization_param_path.status", info.value("status", "")}},
+       {ctx.input.engine.file.string(), "quantization_param_path.status",
+        info.value("status", "")}},
       "confirm after launch with kvaudit logs; prefer scales inside the checkpoint",
       info.value("reference", "")});
 }
@@ -477,11 +515,13 @@ void rule_param_path(Context& ctx) {
 void rule_misleading_warning(Context& ctx) {
   if (!ctx.resolved.scale_warning_logged || ctx.resolved.scale_source == "unit_default") return;
   ctx.findings.push_back(Finding{
-      "scale-warning-false-alarm", Severity::info,
+      "scale-warning-false-alarm",
+      Severity::info,
       "The engine will log a scale-1.0 warning that does not apply here",
-      fmt::format("'{}' is printed because --quantization-param-path is unset, yet the checkpoint's "
-                  "per-layer scales do load.",
-                  ctx.resolved.scale_warning_text),
+      fmt::format(
+          "'{}' is printed because --quantization-param-path is unset, yet the checkpoint's "
+          "per-layer scales do load.",
+          ctx.resolved.scale_warning_text),
       {{ctx.input.engine.file.string(), "warnings", ctx.resolved.scale_warning_text}},
       "none: verify with kvaudit logs instead of grepping for the warning",
       "sgl-project/sglang#31224"});
@@ -490,23 +530,29 @@ void rule_misleading_warning(Context& ctx) {
 void rule_unknown_architecture(Context& ctx) {
   if (ctx.model().architecture_known) return;
   ctx.findings.push_back(Finding{
-      "unknown-architecture", Severity::warning,
-      fmt::format("Unknown architecture '{}' ({})", ctx.model().model_type, ctx.model().architecture),
+      "unknown-architecture",
+      Severity::warning,
+      fmt::format("Unknown architecture '{}' ({})", ctx.model().model_type,
+                  ctx.model().architecture),
       "Layer kinds (sliding window, linear attention, MLA) are guessed as plain attention, so "
       "capacity and per-layer scale checks may be off; dtype and scale checks still apply.",
       {{ctx.model().config_file, "model_type", ctx.model().model_type}},
-      "none; report the architecture so kvaudit can learn it", ""});
+      "none; report the architecture so kvaudit can learn it",
+      ""});
 }
 
 void rule_version_assumed(Context& ctx) {
   if (ctx.input.version_given) return;
-  ctx.findings.push_back(Finding{
-      "engine-version-assumed", Severity::info,
-      fmt::format("No --engine-version: judged against the latest known {} behaviour ({})",
-                  ctx.input.engine.engine, ctx.input.engine.latest_known_version),
-      "Older releases may resolve dtypes or load scales differently.",
-      {{ctx.input.engine.file.string(), "latest_known_version", ctx.input.engine.latest_known_version}},
-      "pass --engine-version with the version you deploy", ""});
+  ctx.findings.push_back(
+      Finding{"engine-version-assumed",
+              Severity::info,
+              fmt::format("No --engine-version: judged against the latest known {} behaviour ({})",
+                          ctx.input.engine.engine, ctx.input.engine.latest_known_version),
+              "Older releases may resolve dtypes or load scales differently.",
+              {{ctx.input.engine.file.string(), "latest_known_version",
+                ctx.input.engine.latest_known_version}},
+              "pass --engine-version with the version you deploy",
+              ""});
 }
 
 using Rule = void (*)(Context&);

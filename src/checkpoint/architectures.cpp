@@ -88,16 +88,14 @@ LayerKind default_layer_kind(Family family, const json& config, int layer) {
     case Family::hybrid_gdn: {
       int64_t interval = int_or(config, "full_attention_interval", 4);
       if (interval <= 0) interval = 4;
-      return (layer + 1) % interval == 0 ? LayerKind::full_attention
-                                         : LayerKind::linear_attention;
+      return (layer + 1) % interval == 0 ? LayerKind::full_attention : LayerKind::linear_attention;
     }
     case Family::gemma2:  // even layers slide, odd layers are global
       return layer % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention;
     case Family::gemma3: {
       int64_t pattern = int_or(config, "sliding_window_pattern", 6);
       if (pattern <= 0) pattern = 6;
-      return (layer + 1) % pattern == 0 ? LayerKind::full_attention
-                                        : LayerKind::sliding_attention;
+      return (layer + 1) % pattern == 0 ? LayerKind::full_attention : LayerKind::sliding_attention;
     }
     case Family::gpt_oss:  // alternates, sliding first
       return layer % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention;
@@ -208,9 +206,9 @@ void fill_architecture(const json& config, ModelFacts& facts) {
       const json& entry = (*layer_types)[i];
       auto kind = entry.is_string() ? parse_layer_type(entry.get<std::string>()) : std::nullopt;
       if (!kind)
-        throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
-                         fmt::format("layer_types[{}] = {} is not a known layer type", i,
-                                     entry.dump()));
+        throw InputError(
+            facts.config_file.empty() ? "config.json" : facts.config_file,
+            fmt::format("layer_types[{}] = {} is not a known layer type", i, entry.dump()));
       layer.kind = *kind;
     }
     switch (layer.kind) {

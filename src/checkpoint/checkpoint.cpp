@@ -78,7 +78,8 @@ std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& conf
     quant.source_key = "quantization";
     quant.method = "modelopt";
     if (auto producer = doc.find("producer"); producer != doc.end() && producer->is_object())
-      quant.producer = fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
+      quant.producer =
+          fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
     auto block = doc.find("quantization");
     if (block == doc.end() || !block->is_object())
       throw InputError(hf_quant.string(), "has no \"quantization\" object");
@@ -92,10 +93,12 @@ std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& conf
       throw InputError((dir / "config.json").string(), "quantization_config is not an object");
     QuantFacts quant;
     quant.source_file = (dir / "config.json").string();
-    quant.source_key = source == &config ? "quantization_config" : "text_config.quantization_config";
+    quant.source_key =
+        source == &config ? "quantization_config" : "text_config.quantization_config";
     read_quant_block(*it, quant);
     if (auto producer = it->find("producer"); producer != it->end() && producer->is_object())
-      quant.producer = fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
+      quant.producer =
+          fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
     return quant;
   }
   return std::nullopt;
@@ -113,7 +116,8 @@ std::vector<std::string> find_shards(const fs::path& dir) {
     simdjson::padded_string padded(text);
     simdjson::dom::element doc;
     if (auto error = parser.parse(padded).get(doc))
-      throw InputError(index.string(), fmt::format("invalid JSON ({})", simdjson::error_message(error)));
+      throw InputError(index.string(),
+                       fmt::format("invalid JSON ({})", simdjson::error_message(error)));
     simdjson::dom::object map;
     if (doc["weight_map"].get_object().get(map) != simdjson::SUCCESS)
       throw InputError(index.string(), "has no \"weight_map\" object");
@@ -122,12 +126,14 @@ std::vector<std::string> find_shards(const fs::path& dir) {
     for (auto [tensor, file] : map) {
       std::string_view name;
       if (file.get_string().get(name) != simdjson::SUCCESS)
-        throw InputError(index.string(), fmt::format("weight_map['{}'] is not a file name", tensor));
+        throw InputError(index.string(),
+                         fmt::format("weight_map['{}'] is not a file name", tensor));
       if (name == last) continue;  // consecutive entries usually share a shard
       last = name;
       if (name.find('/') != std::string_view::npos || name == ".." || name.empty())
         throw InputError(index.string(), fmt::format("weight_map names shard '{}' outside the "
-                                                     "checkpoint folder", name));
+                                                     "checkpoint folder",
+                                                     name));
       unique.emplace(name);
     }
     for (const auto& name : unique) {
@@ -138,7 +144,8 @@ std::vector<std::string> find_shards(const fs::path& dir) {
     return shards;
   }
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.path().extension() == ".safetensors") shards.push_back(entry.path().filename().string());
+    if (entry.path().extension() == ".safetensors")
+      shards.push_back(entry.path().filename().string());
   std::sort(shards.begin(), shards.end());
   return shards;
 }
@@ -158,8 +165,9 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
     if (!fs::exists(config_path, ec)) {
       bool empty = fs::is_empty(dir_or_config, ec);
       throw InputError(dir_or_config.string(),
-                       empty ? "folder is empty (expected a Hugging Face checkpoint with config.json)"
-                             : "no config.json (not a Hugging Face checkpoint folder?)");
+                       empty
+                           ? "folder is empty (expected a Hugging Face checkpoint with config.json)"
+                           : "no config.json (not a Hugging Face checkpoint folder?)");
     }
   } else {
     config_path = dir_or_config;
@@ -175,8 +183,8 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
     text_config = &*it;
     facts.outer_model_type = text_of(config, "model_type");
   }
-  if (auto it = config.find("architectures"); it != config.end() && it->is_array() && !it->empty() &&
-                                              (*it)[0].is_string())
+  if (auto it = config.find("architectures");
+      it != config.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
     facts.architecture = (*it)[0].get<std::string>();
   try {
     fill_architecture(*text_config, facts);
@@ -209,7 +217,8 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
       for (const auto& tensor : header.tensors) {
         out.weight_bytes += tensor.data_end - tensor.data_begin;
         std::string_view name = tensor.name;
-        if (name.ends_with(".self_attn.k_proj.weight") || name.ends_with(".self_attn.v_proj.weight"))
+        if (name.ends_with(".self_attn.k_proj.weight") ||
+            name.ends_with(".self_attn.v_proj.weight"))
           out.kv_projection_weights.push_back(tensor.name);
         auto scale = classify_scale_tensor(tensor.name);
         if (!scale) continue;
@@ -223,7 +232,8 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
       out.error = std::current_exception();
     }
   };
-  size_t thread_count = std::min<size_t>(per_shard.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  size_t thread_count =
+      std::min<size_t>(per_shard.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   std::atomic<size_t> next_shard{0};
   std::vector<std::thread> threads;
   for (size_t t = 1; t < thread_count; ++t)
@@ -236,7 +246,8 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
     if (shard.error) std::rethrow_exception(shard.error);  // the first failing shard in order
     facts.tensor_count += shard.tensor_count;
     facts.weight_bytes += shard.weight_bytes;
-    for (auto& name : shard.kv_projection_weights) facts.kv_projection_weights.push_back(std::move(name));
+    for (auto& name : shard.kv_projection_weights)
+      facts.kv_projection_weights.push_back(std::move(name));
     for (auto& scale : shard.scales) facts.kv_scales.push_back(std::move(scale));
   }
   facts.has_weights = !facts.shard_files.empty();

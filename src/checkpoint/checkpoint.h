@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,11 +21,27 @@ namespace kvaudit::checkpoint {
 // ---------------------------------------------------------------- safetensors
 
 enum class TensorDType {
-  F64, F32, F16, BF16, F8_E4M3, F8_E5M2, F8_E8M0, F4, I64, I32, I16, I8, U64, U32, U16, U8, BOOL
+  F64,
+  F32,
+  F16,
+  BF16,
+  F8_E4M3,
+  F8_E5M2,
+  F8_E8M0,
+  F4,
+  I64,
+  I32,
+  I16,
+  I8,
+  U64,
+  U32,
+  U16,
+  U8,
+  BOOL
 };
-std::string_view dtype_name(TensorDType dtype);             // "F32", "F8_E4M3", ...
+std::string_view dtype_name(TensorDType dtype);            // "F32", "F8_E4M3", ...
 std::optional<TensorDType> parse_dtype(std::string_view);  // safetensors spelling
-uint32_t dtype_bits(TensorDType dtype);                     // 4 for F4, 8 for F8/U8, ...
+uint32_t dtype_bits(TensorDType dtype);                    // 4 for F4, 8 for F8/U8, ...
 
 // A tensor shape stored inline: headers of large checkpoints hold ~400K entries,
 // and a heap allocation per shape would dominate parsing.
@@ -125,12 +141,12 @@ struct QuantFacts {
   std::string producer;             // "modelopt 0.29.0", ...
   std::string weight_algo;          // "NVFP4", "FP8", ...
   std::string kv_cache_quant_algo;  // as declared ("FP8", "NVFP4"); empty when absent or null
-  std::string kv_algo_key;          // key it came from: "kv_cache_quant_algo", "kv_cache_quant_method"
-  bool has_kv_cache_scheme = false;       // compressed-tensors kv_cache_scheme present and non-null
-  nlohmann::json kv_cache_scheme;         // as declared
-  std::string kv_scheme_strategy;         // "tensor", "attn_head", "channel", ...
-  int kv_scheme_bits = 0;                 // num_bits
-  std::string kv_scheme_type;             // "float" or "int"
+  std::string kv_algo_key;  // key it came from: "kv_cache_quant_algo", "kv_cache_quant_method"
+  bool has_kv_cache_scheme = false;  // compressed-tensors kv_cache_scheme present and non-null
+  nlohmann::json kv_cache_scheme;    // as declared
+  std::string kv_scheme_strategy;    // "tensor", "attn_head", "channel", ...
+  int kv_scheme_bits = 0;            // num_bits
+  std::string kv_scheme_type;        // "float" or "int"
 };
 
 enum class ScaleRole { k, v, kv_shared };
@@ -159,13 +175,13 @@ const std::vector<ScaleConvention>& scale_conventions();
 std::optional<ScaleTensor> classify_scale_tensor(std::string_view name);
 
 struct ModelFacts {
-  std::filesystem::path dir;      // checkpoint folder
-  std::string config_file;        // path of config.json
-  std::string model_type;         // of the language model ("qwen3_5_moe_text" -> as written)
-  std::string outer_model_type;   // wrapper's model_type when nested under text_config
-  std::string architecture;       // architectures[0]
+  std::filesystem::path dir;     // checkpoint folder
+  std::string config_file;       // path of config.json
+  std::string model_type;        // of the language model ("qwen3_5_moe_text" -> as written)
+  std::string outer_model_type;  // wrapper's model_type when nested under text_config
+  std::string architecture;      // architectures[0]
   bool architecture_known = false;
-  std::string torch_dtype;        // "bfloat16", "float16", ...
+  std::string torch_dtype;  // "bfloat16", "float16", ...
   int num_layers = 0;
   int num_attention_heads = 0;
   int num_kv_heads = 0;
@@ -188,7 +204,7 @@ struct ModelFacts {
   // Names of the attention K/V projection weights ("...self_attn.k_proj.weight"), so
   // findings can name the scale tensors an exporter should have written next to them.
   std::vector<std::string> kv_projection_weights;
-  bool has_weights = false;   // false for a bare config.json
+  bool has_weights = false;        // false for a bare config.json
   std::vector<std::string> notes;  // e.g. "unknown architecture ..."
 
   int attention_layer_count() const;  // layers that hold a KV cache

@@ -23,14 +23,14 @@ struct DTypeRow {
   uint32_t bits;
 };
 constexpr DTypeRow kDTypes[] = {
-    {TensorDType::F64, "F64", 64},         {TensorDType::F32, "F32", 32},
-    {TensorDType::F16, "F16", 16},         {TensorDType::BF16, "BF16", 16},
-    {TensorDType::F8_E4M3, "F8_E4M3", 8},  {TensorDType::F8_E5M2, "F8_E5M2", 8},
-    {TensorDType::F8_E8M0, "F8_E8M0", 8},  {TensorDType::F4, "F4", 4},
-    {TensorDType::I64, "I64", 64},         {TensorDType::I32, "I32", 32},
-    {TensorDType::I16, "I16", 16},         {TensorDType::I8, "I8", 8},
-    {TensorDType::U64, "U64", 64},         {TensorDType::U32, "U32", 32},
-    {TensorDType::U16, "U16", 16},         {TensorDType::U8, "U8", 8},
+    {TensorDType::F64, "F64", 64},        {TensorDType::F32, "F32", 32},
+    {TensorDType::F16, "F16", 16},        {TensorDType::BF16, "BF16", 16},
+    {TensorDType::F8_E4M3, "F8_E4M3", 8}, {TensorDType::F8_E5M2, "F8_E5M2", 8},
+    {TensorDType::F8_E8M0, "F8_E8M0", 8}, {TensorDType::F4, "F4", 4},
+    {TensorDType::I64, "I64", 64},        {TensorDType::I32, "I32", 32},
+    {TensorDType::I16, "I16", 16},        {TensorDType::I8, "I8", 8},
+    {TensorDType::U64, "U64", 64},        {TensorDType::U32, "U32", 32},
+    {TensorDType::U16, "U16", 16},        {TensorDType::U8, "U8", 8},
     {TensorDType::BOOL, "BOOL", 8},
 };
 
@@ -105,10 +105,10 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
   // parser per thread keeps its buffers across the shards of a checkpoint.
   thread_local simdjson::dom::parser parser;
   simdjson::dom::element root_element;
-  if (auto error = parser.parse(header_json.data(), header_json.size(), !buffer_is_padded)
-                       .get(root_element))
-    fail(label, fmt::format("safetensors header is not valid JSON ({})",
-                            simdjson::error_message(error)));
+  if (auto error =
+          parser.parse(header_json.data(), header_json.size(), !buffer_is_padded).get(root_element))
+    fail(label,
+         fmt::format("safetensors header is not valid JSON ({})", simdjson::error_message(error)));
   simdjson::dom::object root;
   if (root_element.get_object().get(root) != simdjson::SUCCESS)
     fail(label, "safetensors header is not a JSON object");
@@ -153,7 +153,8 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
           if (dim_element.get_uint64().get(dim) != simdjson::SUCCESS)
             bad(tensor.name, "shape holds a value that is not a non-negative integer");
           if (tensor.shape.full())
-            bad(tensor.name, fmt::format("shape has more than {} dimensions", TensorShape::kMaxRank));
+            bad(tensor.name,
+                fmt::format("shape has more than {} dimensions", TensorShape::kMaxRank));
           tensor.shape.push_back(dim);
         }
         have_shape = true;
@@ -172,8 +173,8 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
     if (!have_dtype || !have_shape || !have_offsets)
       bad(tensor.name, "entry needs dtype, shape and data_offsets");
     if (tensor.data_begin > tensor.data_end)
-      bad(tensor.name, fmt::format("data_offsets [{}, {}] run backwards", tensor.data_begin,
-                                   tensor.data_end));
+      bad(tensor.name,
+          fmt::format("data_offsets [{}, {}] run backwards", tensor.data_begin, tensor.data_end));
     if (tensor.data_end > data_bytes)
       bad(tensor.name, fmt::format("data_offsets end {} lies beyond the data section ({} bytes)",
                                    tensor.data_end, data_bytes));
@@ -214,10 +215,11 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
     const Span& previous = spans[i - 1];
     const Span& current = spans[i];
     if (current.begin < previous.end && current.end > current.begin)
-      fail(label, fmt::format("safetensors header: tensors '{}' and '{}' overlap ([{}, {}) and "
-                              "[{}, {}))",
-                              header.tensors[previous.index].name, header.tensors[current.index].name,
-                              previous.begin, previous.end, current.begin, current.end));
+      fail(label,
+           fmt::format("safetensors header: tensors '{}' and '{}' overlap ([{}, {}) and "
+                       "[{}, {}))",
+                       header.tensors[previous.index].name, header.tensors[current.index].name,
+                       previous.begin, previous.end, current.begin, current.end));
   }
   return header;
 }
@@ -243,7 +245,8 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
                             "header length",
                             file_bytes));
   unsigned char prefix[8];
-  if (!handle.read_at(0, reinterpret_cast<char*>(prefix), 8)) fail(label, "cannot read header length");
+  if (!handle.read_at(0, reinterpret_cast<char*>(prefix), 8))
+    fail(label, "cannot read header length");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | prefix[i];  // little-endian
   if (header_bytes == 0) fail(label, "safetensors header length is 0");
@@ -268,8 +271,8 @@ std::vector<float> read_tensor_values(const SafetensorsHeader& header, const Ten
   const std::string label = header.file.string();
   uint64_t count = tensor.element_count();
   if (count > max_elements)
-    fail(label, fmt::format("tensor '{}' has {} elements; refusing to read weights", tensor.name,
-                            count));
+    fail(label,
+         fmt::format("tensor '{}' has {} elements; refusing to read weights", tensor.name, count));
   uint64_t bytes = tensor.data_end - tensor.data_begin;
   std::string raw(bytes, '\0');
   FileHandle handle(header.file);

@@ -7,15 +7,18 @@ namespace kvaudit::checkpoint {
 
 const std::vector<ScaleConvention>& scale_conventions() {
   static const std::vector<ScaleConvention> conventions = {
-      {"modelopt_proj", R"(layers\.(\d+)\.(?:self_attn|mixer|attention)\.(k_proj\.k_scale|v_proj\.v_scale)$)",
+      {"modelopt_proj",
+       R"(layers\.(\d+)\.(?:self_attn|mixer|attention)\.(k_proj\.k_scale|v_proj\.v_scale)$)",
        "ModelOpt: self_attn.k_proj.k_scale / v_proj.v_scale (NemotronH: mixer.*)"},
       {"fused_qkv", R"(layers\.(\d+)\.self_attn\.(?:qkv_proj|qkqkv_proj)\.(k_scale|v_scale)$)",
        "fused QKV projection: self_attn.qkv_proj.k_scale (Qwen3-Next qkqkv_proj)"},
-      {"runtime_attn", R"(layers\.(\d+)\.(?:self_attn|mla_attn)\.(?:mla_attn\.|attn\.)(k_scale|v_scale)$)",
+      {"runtime_attn",
+       R"(layers\.(\d+)\.(?:self_attn|mla_attn)\.(?:mla_attn\.|attn\.)(k_scale|v_scale)$)",
        "already in the engines' runtime form: self_attn.attn.k_scale"},
       {"ct_attn", R"(layers\.(\d+)\.self_attn\.(k_scale|v_scale)$)",
        "compressed-tensors (since Aug 2024): self_attn.k_scale / v_scale"},
-      {"ct_output_scale", R"(layers\.(\d+)\.self_attn\.(k_proj\.output_scale|v_proj\.output_scale)$)",
+      {"ct_output_scale",
+       R"(layers\.(\d+)\.self_attn\.(k_proj\.output_scale|v_proj\.output_scale)$)",
        "compressed-tensors (old): self_attn.k_proj.output_scale"},
       {"kv_scale", R"(layers\.(\d+)\.self_attn\.(kv_scale)$)",
        "AutoFP8 / old exports: one self_attn.kv_scale for both K and V (deprecated)"},
@@ -65,9 +68,8 @@ std::string_view scale_role_name(ScaleRole role) {
 // Returns a ScaleTensor (without values) when name is a KV-cache scale. The cheap
 // suffix test keeps the regexes off the ~400K weight names of a large checkpoint.
 std::optional<ScaleTensor> classify_scale_tensor(std::string_view name) {
-  if (!ends_with(name, "k_scale") && !ends_with(name, "v_scale") &&
-      !ends_with(name, "kv_scale") && !ends_with(name, "proj.output_scale") &&
-      !ends_with(name, "kv_cache_scaling_factor"))
+  if (!ends_with(name, "k_scale") && !ends_with(name, "v_scale") && !ends_with(name, "kv_scale") &&
+      !ends_with(name, "proj.output_scale") && !ends_with(name, "kv_cache_scaling_factor"))
     return std::nullopt;
   if (ends_with(name, "output_scale") && !ends_with(name, "k_proj.output_scale") &&
       !ends_with(name, "v_proj.output_scale"))

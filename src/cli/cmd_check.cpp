@@ -47,7 +47,8 @@ int run_check_command(CheckOptions& options) {
   if (!options.unit.empty()) flags = engines::parse_systemd_unit(options.unit);
   if (!options.engine.empty()) {
     if (!flags.engine.empty() && flags.engine != options.engine)
-      throw InputError("--engine", "says " + options.engine + " but the launch command starts " + flags.engine);
+      throw InputError("--engine",
+                       "says " + options.engine + " but the launch command starts " + flags.engine);
     flags.engine = options.engine;
   }
   if (flags.engine.empty())
@@ -62,7 +63,8 @@ int run_check_command(CheckOptions& options) {
   if (options.pp) flags.pp = options.pp;
   if (options.dp) flags.dp = options.dp;
   flags.dp_attention |= options.dp_attention;
-  if (!options.quantization_param_path.empty()) flags.quantization_param_path = options.quantization_param_path;
+  if (!options.quantization_param_path.empty())
+    flags.quantization_param_path = options.quantization_param_path;
   if (!options.context_length.empty()) {
     auto tokens = parse_token_count(options.context_length);
     if (!tokens) throw InputError("--context-length", "expects a token count like 131072 or 128k");
@@ -82,7 +84,8 @@ int run_check_command(CheckOptions& options) {
     throw InputError("--engine-version", "cannot read version '" + flags.engine_version + "'");
   auto start = std::chrono::steady_clock::now();
   input.model = checkpoint::read_checkpoint(checkpoint_path);
-  input.read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  input.read_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   input.flags = flags;
 
   audit::CheckResult result = audit::run_check(input);
@@ -97,22 +100,30 @@ int run_check_command(CheckOptions& options) {
 
 void add_check_command(CLI::App& app, Runner& run) {
   auto options = std::make_shared<CheckOptions>();
-  CLI::App* check = app.add_subcommand("check", "Audit a checkpoint + launch for silent KV-cache precision loss");
+  CLI::App* check =
+      app.add_subcommand("check", "Audit a checkpoint + launch for silent KV-cache precision loss");
   check->add_option("checkpoint", options->checkpoint, "Checkpoint folder (or a bare config.json)");
-  check->add_option("--engine", options->engine, "sglang or vllm")->check(CLI::IsMember({"sglang", "vllm"}));
-  check->add_option("--engine-version", options->engine_version, "Engine version, e.g. 0.5.9 (default: latest known)");
-  check->add_option("--kv-cache-dtype", options->kv_cache_dtype, "As passed to the engine (default auto)");
+  check->add_option("--engine", options->engine, "sglang or vllm")
+      ->check(CLI::IsMember({"sglang", "vllm"}));
+  check->add_option("--engine-version", options->engine_version,
+                    "Engine version, e.g. 0.5.9 (default: latest known)");
+  check->add_option("--kv-cache-dtype", options->kv_cache_dtype,
+                    "As passed to the engine (default auto)");
   check->add_option("--tp", options->tp, "Tensor-parallel size");
   check->add_option("--pp", options->pp, "Pipeline-parallel size");
   check->add_option("--dp", options->dp, "Data-parallel size");
   check->add_flag("--dp-attention", options->dp_attention, "SGLang --enable-dp-attention");
-  check->add_option("--quantization-param-path", options->quantization_param_path, "SGLang KV scales JSON");
-  check->add_option("--context-length", options->context_length, "Requested context (e.g. 262144 or 256k)");
+  check->add_option("--quantization-param-path", options->quantization_param_path,
+                    "SGLang KV scales JSON");
+  check->add_option("--context-length", options->context_length,
+                    "Requested context (e.g. 262144 or 256k)");
   check->add_option("--dtype", options->dtype, "Engine --dtype");
-  check->add_option("--mamba-ssm-dtype", options->mamba_ssm_dtype, "Linear-attention state dtype flag");
+  check->add_option("--mamba-ssm-dtype", options->mamba_ssm_dtype,
+                    "Linear-attention state dtype flag");
   check->add_flag("--calculate-kv-scales", options->calculate_kv_scales, "vLLM dynamic KV scales");
   check->add_option("--launch", options->launch, "The engine's launch command line");
-  check->add_option("--unit", options->unit, "A systemd unit file whose ExecStart launches the engine");
+  check->add_option("--unit", options->unit,
+                    "A systemd unit file whose ExecStart launches the engine");
   check->add_option("--fail-on", options->fail_on, "Exit 1 when a finding is at least this severe")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
   add_output_options(*check, options->output);

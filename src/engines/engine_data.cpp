@@ -51,7 +51,9 @@ std::optional<Version> parse_version(std::string_view text) {
 
 std::string version_text(const Version& version) {
   if (version.latest) return "latest";
-  auto part = [](int value) { return value >= (1 << 20) ? std::string("x") : std::to_string(value); };
+  auto part = [](int value) {
+    return value >= (1 << 20) ? std::string("x") : std::to_string(value);
+  };
   return fmt::format("{}.{}.{}", version.major, part(version.minor), part(version.patch));
 }
 
@@ -70,10 +72,10 @@ bool version_in_range(const Version& version, std::string_view range) {
       return std::tie(a.major, a.minor, a.patch) < std::tie(b.major, b.minor, b.patch);
     };
     bool lt = less(version, *bound), gt = less(*bound, version);
-    bool ok = comparison == ">="   ? !lt
-              : comparison == ">"  ? gt
-              : comparison == "<=" ? !gt
-              : comparison == "<"  ? lt
+    bool ok = comparison == ">="                         ? !lt
+              : comparison == ">"                        ? gt
+              : comparison == "<="                       ? !gt
+              : comparison == "<"                        ? lt
               : comparison == "==" || comparison.empty() ? (!lt && !gt)
                                                          : false;
     if (!ok) return false;
@@ -81,7 +83,9 @@ bool version_in_range(const Version& version, std::string_view range) {
   return true;
 }
 
-std::vector<std::string> known_engines() { return {"sglang", "vllm"}; }
+std::vector<std::string> known_engines() {
+  return {"sglang", "vllm"};
+}
 
 EngineData load_engine_data(std::string_view engine) {
   bool known = false;

@@ -32,25 +32,25 @@ bool version_in_range(const Version& version, std::string_view range);
 // ---------------------------------------------------------------- launch flags
 
 struct LaunchFlags {
-  std::string engine;                 // "sglang" | "vllm"
-  std::string engine_version;         // as given ("" = latest known behaviour)
+  std::string engine;          // "sglang" | "vllm"
+  std::string engine_version;  // as given ("" = latest known behaviour)
   std::string kv_cache_dtype = "auto";
-  std::string kv_cache_dtype_flag;    // spelling seen ("--kv-cache-dtype"), empty if defaulted
+  std::string kv_cache_dtype_flag;  // spelling seen ("--kv-cache-dtype"), empty if defaulted
   std::string model_path;
   int tp = 1;
   int pp = 1;
   int dp = 1;
   bool dp_attention = false;
   std::string quantization_param_path;
-  std::string quantization;           // --quantization
-  std::string dtype = "auto";         // --dtype
+  std::string quantization;               // --quantization
+  std::string dtype = "auto";             // --dtype
   std::optional<int64_t> context_length;  // --context-length / --max-model-len
   std::optional<double> memory_fraction;  // --mem-fraction-static / --gpu-memory-utilization
-  std::string mamba_ssm_dtype;        // --mamba-ssm-dtype / --mamba-ssm-cache-dtype
-  bool calculate_kv_scales = false;   // vLLM --calculate-kv-scales
+  std::string mamba_ssm_dtype;            // --mamba-ssm-dtype / --mamba-ssm-cache-dtype
+  bool calculate_kv_scales = false;       // vLLM --calculate-kv-scales
   std::optional<int64_t> max_total_tokens;
   std::optional<int> page_size;
-  std::string source;                 // "flags", "launch command", "unit FILE"
+  std::string source;  // "flags", "launch command", "unit FILE"
   std::vector<std::string> ignored_arguments;
 };
 
@@ -102,18 +102,18 @@ struct DroppedScales {
 struct ResolvedKv {
   std::string engine;
   Version version;
-  std::string requested;        // normalised CLI value ("auto", "bf16", ...)
-  std::string kv_cache_dtype;   // normalised resolved dtype: bf16, fp16, fp8_e4m3, fp8_e5m2, ...
-  std::string rule_id;          // auto_resolution rule that decided
+  std::string requested;       // normalised CLI value ("auto", "bf16", ...)
+  std::string kv_cache_dtype;  // normalised resolved dtype: bf16, fp16, fp8_e4m3, fp8_e5m2, ...
+  std::string rule_id;         // auto_resolution rule that decided
   std::string rule_reference;
-  std::string reason;           // one sentence: why this dtype
-  bool quantized = false;       // resolved dtype narrower than 16 bits
+  std::string reason;      // one sentence: why this dtype
+  bool quantized = false;  // resolved dtype narrower than 16 bits
   // Where the scales come from: "not_applicable" (16-bit cache), "checkpoint",
   // "quantization_param_path", "dynamic", "unit_default" (1.0).
   std::string scale_source = "not_applicable";
-  std::vector<DroppedScales> dropped;       // scales present but not loaded
+  std::vector<DroppedScales> dropped;  // scales present but not loaded
   std::vector<std::string> loaded_scale_names;
-  bool scale_warning_logged = false;        // will the engine log a scale warning
+  bool scale_warning_logged = false;  // will the engine log a scale warning
   std::string scale_warning_text;
 };
 

@@ -20,15 +20,18 @@ bool is_wrapper_shell(const std::string& word) {
 }
 
 // Finds which engine a word list starts and where its arguments begin.
-std::optional<std::pair<std::string, size_t>> find_entry_point(const std::vector<std::string>& words) {
+std::optional<std::pair<std::string, size_t>> find_entry_point(
+    const std::vector<std::string>& words) {
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& word = words[i];
-    auto base = word.substr(word.find_last_of('/') == std::string::npos ? 0 : word.find_last_of('/') + 1);
+    auto base =
+        word.substr(word.find_last_of('/') == std::string::npos ? 0 : word.find_last_of('/') + 1);
     if ((base == "sglang" || base == "vllm") && i + 1 < words.size() && words[i + 1] == "serve")
       return std::pair{base, i + 2};
     if (word == "-m" && i + 1 < words.size()) {
       const std::string& module = words[i + 1];
-      if (module.rfind("sglang.launch_server", 0) == 0) return std::pair{std::string("sglang"), i + 2};
+      if (module.rfind("sglang.launch_server", 0) == 0)
+        return std::pair{std::string("sglang"), i + 2};
       if (module.rfind("vllm.entrypoints", 0) == 0) return std::pair{std::string("vllm"), i + 2};
     }
     if (base == "launch_server.py") return std::pair{std::string("sglang"), i + 1};
@@ -43,7 +46,8 @@ int to_int(const std::string& flag, const std::string& value, const std::string&
     if (used != value.size() || parsed < 0 || parsed > (1 << 30)) throw std::invalid_argument("");
     return static_cast<int>(parsed);
   } catch (const std::exception&) {
-    throw InputError(label, fmt::format("{} expects a non-negative integer, got '{}'", flag, value));
+    throw InputError(label,
+                     fmt::format("{} expects a non-negative integer, got '{}'", flag, value));
   }
 }
 
@@ -54,8 +58,9 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
     for (size_t i = 0; i + 2 < words.size(); ++i)
       if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
         return parse_launch_command(words[i + 2], label);
-    throw InputError(label, "launch command starts neither SGLang (python -m sglang.launch_server, "
-                            "sglang serve) nor vLLM (vllm serve, python -m vllm.entrypoints...)");
+    throw InputError(label,
+                     "launch command starts neither SGLang (python -m sglang.launch_server, "
+                     "sglang serve) nor vLLM (vllm serve, python -m vllm.entrypoints...)");
   }
   LaunchFlags flags;
   flags.engine = entry->first;
@@ -92,7 +97,8 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
       if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) value = words[++i];
     }
     if (field_it == field_by_flag.end()) {
-      flags.ignored_arguments.push_back(has_inline_value || !value.empty() ? word + "=" + value : word);
+      flags.ignored_arguments.push_back(has_inline_value || !value.empty() ? word + "=" + value
+                                                                           : word);
       continue;
     }
     const std::string& field = field_it->second;
@@ -119,7 +125,8 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
       flags.dtype = value;
     } else if (field == "context_length") {
       auto tokens = parse_token_count(value);
-      if (!tokens) throw InputError(label, fmt::format("{} expects a token count, got '{}'", word, value));
+      if (!tokens)
+        throw InputError(label, fmt::format("{} expects a token count, got '{}'", word, value));
       flags.context_length = *tokens;
     } else if (field == "memory_fraction") {
       try {
@@ -152,8 +159,10 @@ std::vector<std::string> split_shell_words(std::string_view line, const std::str
   for (size_t i = 0; i < line.size(); ++i) {
     char c = line[i];
     if (quote == '\'') {
-      if (c == '\'') quote = 0;
-      else current.push_back(c);
+      if (c == '\'')
+        quote = 0;
+      else
+        current.push_back(c);
       continue;
     }
     if (c == '\\') {
@@ -169,8 +178,10 @@ std::vector<std::string> split_shell_words(std::string_view line, const std::str
       continue;
     }
     if (quote == '"') {
-      if (c == '"') quote = 0;
-      else current.push_back(c);
+      if (c == '"')
+        quote = 0;
+      else
+        current.push_back(c);
       continue;
     }
     if (c == '\'' || c == '"') {
@@ -233,7 +244,8 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
     if (key == "Environment") {
       for (const auto& assignment : split_shell_words(value, label)) {
         auto pos = assignment.find('=');
-        if (pos != std::string::npos) environment[assignment.substr(0, pos)] = assignment.substr(pos + 1);
+        if (pos != std::string::npos)
+          environment[assignment.substr(0, pos)] = assignment.substr(pos + 1);
       }
     } else if (key == "ExecStart") {
       exec_start = value;  // the last ExecStart= wins for Type=simple
@@ -241,7 +253,8 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
   }
   if (exec_start.empty()) throw InputError(label, "no ExecStart= in a [Service] section");
   size_t first = exec_start.find_first_not_of(" \t");
-  while (first != std::string::npos && std::string("-@+!:").find(exec_start[first]) != std::string::npos)
+  while (first != std::string::npos &&
+         std::string("-@+!:").find(exec_start[first]) != std::string::npos)
     ++first;  // systemd's ExecStart prefixes
   exec_start = first == std::string::npos ? "" : exec_start.substr(first);
   // Expand $VAR and ${VAR} from Environment= as systemd does in ExecStart.
@@ -256,7 +269,8 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
     if (braced) ++name_start;
     size_t name_end = name_start;
     while (name_end < exec_start.size() &&
-           (std::isalnum(static_cast<unsigned char>(exec_start[name_end])) || exec_start[name_end] == '_'))
+           (std::isalnum(static_cast<unsigned char>(exec_start[name_end])) ||
+            exec_start[name_end] == '_'))
       ++name_end;
     std::string name = exec_start.substr(name_start, name_end - name_start);
     if (name.empty()) {
@@ -265,7 +279,8 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
     }
     auto it = environment.find(name);
     expanded += it == environment.end() ? "" : it->second;
-    i = braced && name_end < exec_start.size() && exec_start[name_end] == '}' ? name_end : name_end - 1;
+    i = braced && name_end < exec_start.size() && exec_start[name_end] == '}' ? name_end
+                                                                              : name_end - 1;
   }
   LaunchFlags flags = parse_launch_command(expanded, label);
   flags.source = "unit " + label;

@@ -46,9 +46,11 @@ bool rule_applies(const json& when, const ModelFacts& model) {
   return true;
 }
 
-std::string model_kv_dtype(const EngineData& data, const ModelFacts& model, const LaunchFlags& flags) {
+std::string model_kv_dtype(const EngineData& data, const ModelFacts& model,
+                           const LaunchFlags& flags) {
   const json& aliases = data.document.value("model_dtype_aliases", json::object());
-  std::string dtype = flags.dtype.empty() || flags.dtype == "auto" ? model.torch_dtype : flags.dtype;
+  std::string dtype =
+      flags.dtype.empty() || flags.dtype == "auto" ? model.torch_dtype : flags.dtype;
   if (dtype.empty()) return "bf16";
   std::string normalised = aliases.contains(dtype) ? aliases[dtype].get<std::string>() : dtype;
   // Both engines serve float32 checkpoints in bfloat16 under --dtype auto.
@@ -68,7 +70,8 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
   resolved.engine = data.engine;
   auto version = parse_version(flags.engine_version);
   if (!version)
-    throw InputError("--engine-version", fmt::format("cannot read version '{}'", flags.engine_version));
+    throw InputError("--engine-version",
+                     fmt::format("cannot read version '{}'", flags.engine_version));
   resolved.version = *version;
   resolved.requested = normalise_kv_dtype(data, flags.kv_cache_dtype);
 
@@ -113,10 +116,14 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
   for (const auto& rule : loading.value("dropped", json::array())) {
     if (!version_in_range(*version, rule.value("versions", "*"))) continue;
     if (!list_matches(rule, "architectures", model.architecture)) continue;
-    if (rule.contains("quant_methods") && !list_matches(rule, "quant_methods", quant_method)) continue;
+    if (rule.contains("quant_methods") && !list_matches(rule, "quant_methods", quant_method))
+      continue;
     if (rule.contains("weight_algos") && !list_matches(rule, "weight_algos", weight_algo)) continue;
-    DroppedScales drop{rule.value("id", ""), rule.value("reason", ""), rule.value("reference", ""),
-                       rule.value("status", ""), {}};
+    DroppedScales drop{rule.value("id", ""),
+                       rule.value("reason", ""),
+                       rule.value("reference", ""),
+                       rule.value("status", ""),
+                       {}};
     std::vector<const ScaleTensor*> still_kept;
     for (const ScaleTensor* scale : kept) {
       if (list_matches(rule, "conventions", scale->convention))
@@ -135,7 +142,8 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
   if (flags.calculate_kv_scales && !dynamic.empty() &&
       !(hybrid && dynamic.value("disabled_for_hybrid", false)))
     resolved.scale_source = "dynamic";
-  else if (!flags.quantization_param_path.empty() && data.document.contains("quantization_param_path"))
+  else if (!flags.quantization_param_path.empty() &&
+           data.document.contains("quantization_param_path"))
     resolved.scale_source = "quantization_param_path";
   else if (!kept.empty())
     resolved.scale_source = "checkpoint";
@@ -145,9 +153,11 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
   for (const auto& warning : data.document.value("warnings", json::array())) {
     auto dtypes = warning.value("when_kv_cache_dtype", std::vector<std::string>{});
     if (std::find(dtypes.begin(), dtypes.end(), resolved.kv_cache_dtype) == dtypes.end()) continue;
-    if (warning.value("when_no_quantization_param_path", false) && !flags.quantization_param_path.empty())
+    if (warning.value("when_no_quantization_param_path", false) &&
+        !flags.quantization_param_path.empty())
       continue;
-    if (warning.value("when_unit_scale", false) && resolved.scale_source != "unit_default") continue;
+    if (warning.value("when_unit_scale", false) && resolved.scale_source != "unit_default")
+      continue;
     resolved.scale_warning_logged = true;
     resolved.scale_warning_text = warning.value("text", "");
     break;

@@ -28,9 +28,9 @@ std::string read_text_file(const fs::path& path, uint64_t max_bytes) {
   uint64_t size = fs::file_size(path, ec);
   if (ec) throw InputError(path.string(), "cannot read file size");
   if (size > max_bytes)
-    throw InputError(path.string(),
-                     fmt::format("file is {} bytes, more than the {} this reader accepts", size,
-                                 max_bytes));
+    throw InputError(
+        path.string(),
+        fmt::format("file is {} bytes, more than the {} this reader accepts", size, max_bytes));
   std::string content(size, '\0');
   in.read(content.data(), static_cast<std::streamsize>(size));
   if (static_cast<uint64_t>(in.gcount()) != size)
@@ -44,7 +44,8 @@ void write_file_atomically(const fs::path& path, std::string_view content) {
   fs::path temp = dir / fmt::format(".{}.tmp{}", path.filename().string(), entropy());
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(path.string(), fmt::format("cannot write: {}", std::strerror(errno)));
+    if (!out)
+      throw InputError(path.string(), fmt::format("cannot write: {}", std::strerror(errno)));
     out.write(content.data(), static_cast<std::streamsize>(content.size()));
     out.flush();
     if (!out) {

@@ -34,8 +34,9 @@ struct CheckRun {
   Severity severity(const std::string& id) const { return find(id)->severity; }
 };
 
-CheckRun check(const fs::path& checkpoint, const std::string& engine, const std::string& kv = "auto",
-          const std::string& version = "0.5.9", engines::LaunchFlags flags = {}) {
+CheckRun check(const fs::path& checkpoint, const std::string& engine,
+               const std::string& kv = "auto", const std::string& version = "0.5.9",
+               engines::LaunchFlags flags = {}) {
   CheckInput input;
   input.model = checkpoint::read_checkpoint(checkpoint);
   flags.engine = engine;
@@ -47,7 +48,9 @@ CheckRun check(const fs::path& checkpoint, const std::string& engine, const std:
   return CheckRun{run_check(input)};
 }
 
-TEST(Rules, EveryRuleHasAnId) { EXPECT_EQ(rule_ids().size(), 16u); }
+TEST(Rules, EveryRuleHasAnId) {
+  EXPECT_EQ(rule_ids().size(), 16u);
+}
 
 // a + b: the motivating case.
 TEST(Rules, MotivatingCaseAutoFp8WithoutScales) {
@@ -58,7 +61,7 @@ TEST(Rules, MotivatingCaseAutoFp8WithoutScales) {
   const auto* finding = run.find("fp8-unit-scale");
   EXPECT_EQ(finding->severity, Severity::critical);
   EXPECT_NE(finding->consequence.find("448"), std::string::npos);
-  EXPECT_NE(finding->consequence.find("0.015625"), std::string::npos);  // 2^-6 min normal
+  EXPECT_NE(finding->consequence.find("0.015625"), std::string::npos);     // 2^-6 min normal
   EXPECT_NE(finding->consequence.find("0.000976562"), std::string::npos);  // 2^-10 flush
   EXPECT_NE(finding->fix.find("--kv-cache-dtype bf16"), std::string::npos);
   EXPECT_TRUE(fails_gate(run.result.findings, FailOn::critical));
@@ -124,18 +127,22 @@ TEST(Rules, InvalidScaleValues) {
   EXPECT_EQ(run.severity("scale-values-invalid"), Severity::critical);
   const auto& evidence = run.find("scale-values-invalid")->evidence.at(0).value;
   EXPECT_NE(evidence.find("NaN"), std::string::npos);
-  EXPECT_FALSE(check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang").has("scale-values-invalid"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang")
+                   .has("scale-values-invalid"));
 }
 
 TEST(Rules, UnitScaleValues) {
-  EXPECT_TRUE(check(fixture_checkpoint("llama-modelopt-unit-scales"), "sglang").has("scale-values-unit"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang").has("scale-values-unit"));
+  EXPECT_TRUE(
+      check(fixture_checkpoint("llama-modelopt-unit-scales"), "sglang").has("scale-values-unit"));
+  EXPECT_FALSE(
+      check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang").has("scale-values-unit"));
 }
 
 TEST(Rules, InconsistentScaleValues) {
   CheckRun run = check(fixture_checkpoint("llama-modelopt-inconsistent"), "sglang");
   EXPECT_TRUE(run.has("scale-values-inconsistent"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "auto", "0.11.0").has("scale-values-inconsistent"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "auto", "0.11.0")
+                   .has("scale-values-inconsistent"));
 }
 
 // e
@@ -143,15 +150,18 @@ TEST(Rules, OneSidedScales) {
   CheckRun run = check(fixture_checkpoint("llama-modelopt-k-only"), "sglang");
   ASSERT_TRUE(run.has("scale-one-sided"));
   EXPECT_NE(run.find("scale-one-sided")->consequence.find("larger"), std::string::npos);
-  EXPECT_FALSE(check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang").has("scale-one-sided"));
+  EXPECT_FALSE(
+      check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang").has("scale-one-sided"));
 }
 
 // f
 TEST(Rules, PerHeadScalesOnSglangOnly) {
-  EXPECT_TRUE(check(fixture_checkpoint("llama-ct-fp8-per-head"), "sglang", "fp8_e4m3").has("scale-per-head-unsupported"));
+  EXPECT_TRUE(check(fixture_checkpoint("llama-ct-fp8-per-head"), "sglang", "fp8_e4m3")
+                  .has("scale-per-head-unsupported"));
   EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-per-head"), "vllm", "auto", "0.11.0")
                    .has("scale-per-head-unsupported"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-kv"), "sglang", "fp8_e4m3").has("scale-per-head-unsupported"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-kv"), "sglang", "fp8_e4m3")
+                   .has("scale-per-head-unsupported"));
 }
 
 // g
@@ -166,20 +176,26 @@ TEST(Rules, E5m2) {
 TEST(Rules, HybridStatePrecision) {
   engines::LaunchFlags flags;
   flags.mamba_ssm_dtype = "bfloat16";
-  EXPECT_TRUE(check(fixture_checkpoint("qwen3-next-80b"), "sglang", "bf16", "0.5.9", flags).has("hybrid-state-precision"));
+  EXPECT_TRUE(check(fixture_checkpoint("qwen3-next-80b"), "sglang", "bf16", "0.5.9", flags)
+                  .has("hybrid-state-precision"));
   flags.mamba_ssm_dtype = "float32";
-  EXPECT_FALSE(check(fixture_checkpoint("qwen3-next-80b"), "sglang", "bf16", "0.5.9", flags).has("hybrid-state-precision"));
-  EXPECT_FALSE(check(fixture_checkpoint("qwen3-next-80b"), "sglang", "bf16").has("hybrid-state-precision"));
+  EXPECT_FALSE(check(fixture_checkpoint("qwen3-next-80b"), "sglang", "bf16", "0.5.9", flags)
+                   .has("hybrid-state-precision"));
+  EXPECT_FALSE(
+      check(fixture_checkpoint("qwen3-next-80b"), "sglang", "bf16").has("hybrid-state-precision"));
 }
 
 // i
 TEST(Rules, Fp16ServingOfBf16Model) {
   engines::LaunchFlags flags;
   flags.dtype = "float16";
-  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "auto", "0.11.0", flags).has("fp16-serving-bf16-model"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "auto", "0.11.0").has("fp16-serving-bf16-model"));
+  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "auto", "0.11.0", flags)
+                  .has("fp16-serving-bf16-model"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "auto", "0.11.0")
+                   .has("fp16-serving-bf16-model"));
   // A float32 checkpoint served in fp16 is not this rule's case.
-  EXPECT_FALSE(check(fixture_checkpoint("gemma2-2b"), "vllm", "auto", "0.11.0", flags).has("fp16-serving-bf16-model"));
+  EXPECT_FALSE(check(fixture_checkpoint("gemma2-2b"), "vllm", "auto", "0.11.0", flags)
+                   .has("fp16-serving-bf16-model"));
 }
 
 // j
@@ -196,16 +212,21 @@ TEST(Rules, ContextBeyondMaxPositions) {
 }
 
 TEST(Rules, RejectedDtypeForVersion) {
-  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.9").has("kv-dtype-rejected"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.10").has("kv-dtype-rejected"));
+  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.9")
+                  .has("kv-dtype-rejected"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.10")
+                   .has("kv-dtype-rejected"));
 }
 
 TEST(Rules, DynamicScalesDisabledForHybrid) {
   engines::LaunchFlags flags;
   flags.calculate_kv_scales = true;
-  EXPECT_TRUE(check(fixture_checkpoint("qwen3-next-80b"), "vllm", "fp8", "0.11.0", flags).has("dynamic-scales-disabled"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags).has("dynamic-scales-disabled"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags).has("fp8-unit-scale"));
+  EXPECT_TRUE(check(fixture_checkpoint("qwen3-next-80b"), "vllm", "fp8", "0.11.0", flags)
+                  .has("dynamic-scales-disabled"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags)
+                   .has("dynamic-scales-disabled"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags)
+                   .has("fp8-unit-scale"));
 }
 
 TEST(Rules, SglangFalseAlarmWarningExplained) {
@@ -218,17 +239,20 @@ TEST(Rules, SglangFalseAlarmWarningExplained) {
 TEST(Rules, ParamPathMayNotApply) {
   engines::LaunchFlags flags;
   flags.quantization_param_path = "/scales.json";
-  CheckRun run = check(fixture_checkpoint("llama-bf16-plain"), "sglang", "fp8_e4m3", "0.5.9", flags);
+  CheckRun run =
+      check(fixture_checkpoint("llama-bf16-plain"), "sglang", "fp8_e4m3", "0.5.9", flags);
   EXPECT_TRUE(run.has("param-path-not-applied"));
   EXPECT_FALSE(run.has("fp8-unit-scale"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "fp8_e4m3").has("param-path-not-applied"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "fp8_e4m3")
+                   .has("param-path-not-applied"));
 }
 
 TEST(Rules, UnknownArchitectureStillChecksDtype) {
   fs::path dir = fs::temp_directory_path() / ("kvaudit-unknown-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << R"({"architectures":["FooForCausalLM"],"model_type":"foo",)"
-                                        R"("num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4})";
+  std::ofstream(dir / "config.json")
+      << R"({"architectures":["FooForCausalLM"],"model_type":"foo",)"
+         R"("num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4})";
   CheckRun run = check(dir, "sglang", "fp8_e4m3");
   EXPECT_TRUE(run.has("unknown-architecture"));
   EXPECT_TRUE(run.has("fp8-unit-scale"));
@@ -237,8 +261,10 @@ TEST(Rules, UnknownArchitectureStillChecksDtype) {
 }
 
 TEST(Rules, VersionAssumedOnlyWithoutVersion) {
-  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "auto", "").has("engine-version-assumed"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "auto", "0.5.9").has("engine-version-assumed"));
+  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "auto", "")
+                  .has("engine-version-assumed"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "auto", "0.5.9")
+                   .has("engine-version-assumed"));
 }
 
 TEST(Rules, PartialScalesCoverage) {

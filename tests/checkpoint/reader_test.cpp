@@ -212,31 +212,38 @@ TEST_F(Malformed, OverlappingSpans) {
   expect_error("model.safetensors", "overlap");
 }
 TEST_F(Malformed, UnknownDtype) {
-  write_safetensors("model.safetensors", R"({"a":{"dtype":"F13","shape":[2],"data_offsets":[0,8]}})", 8);
+  write_safetensors("model.safetensors",
+                    R"({"a":{"dtype":"F13","shape":[2],"data_offsets":[0,8]}})", 8);
   expect_error("model.safetensors", "unknown dtype 'F13'");
 }
 TEST_F(Malformed, ShapeDoesNotMatchSpan) {
-  write_safetensors("model.safetensors", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
+  write_safetensors("model.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
   expect_error("model.safetensors", "needs 12 bytes");
 }
 TEST_F(Malformed, SpanBeyondData) {
-  write_safetensors("model.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
+  write_safetensors("model.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
   expect_error("model.safetensors", "beyond the data section");
 }
 TEST_F(Malformed, BackwardsOffsets) {
-  write_safetensors("model.safetensors", R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8);
+  write_safetensors("model.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8);
   expect_error("model.safetensors", "run backwards");
 }
 TEST_F(Malformed, ShapeOverflow) {
-  write_safetensors("model.safetensors",
-                    R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", 8);
+  write_safetensors(
+      "model.safetensors",
+      R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", 8);
   expect_error("model.safetensors", "overflows");
 }
 TEST_F(Malformed, MissingShard) {
-  write("model.safetensors.index.json",
-        R"({"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})");
+  write(
+      "model.safetensors.index.json",
+      R"({"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})");
   write_safetensors("model-00001-of-00002.safetensors", std::string("{") + kGoodEntry + "}", 8);
-  expect_error("model.safetensors.index.json", "model-00002-of-00002.safetensors', which is missing");
+  expect_error("model.safetensors.index.json",
+               "model-00002-of-00002.safetensors', which is missing");
 }
 TEST_F(Malformed, IndexEscapesFolder) {
   write("model.safetensors.index.json", R"({"weight_map":{"a":"../../etc/passwd"}})");
@@ -255,9 +262,10 @@ TEST_F(Malformed, EmptyConfig) {
   expect_error("config.json", "empty");
 }
 TEST_F(Malformed, LayerTypesLengthMismatch) {
-  write("config.json",
-        R"({"model_type":"qwen3_next","num_hidden_layers":4,"hidden_size":64,"num_attention_heads":4,)"
-        R"("layer_types":["full_attention"]})");
+  write(
+      "config.json",
+      R"({"model_type":"qwen3_next","num_hidden_layers":4,"hidden_size":64,"num_attention_heads":4,)"
+      R"("layer_types":["full_attention"]})");
   expect_error("config.json", "layer_types has 1 entries");
 }
 TEST_F(Malformed, BadHfQuantConfig) {

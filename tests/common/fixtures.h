@@ -24,7 +24,8 @@ inline std::filesystem::path fixture_checkpoint(const std::string& name) {
   std::error_code ec;
   auto fresh = [&] {
     std::error_code error;
-    return fs::exists(stamp, error) && fs::last_write_time(stamp, error) >= fs::last_write_time(manifest, error);
+    return fs::exists(stamp, error) &&
+           fs::last_write_time(stamp, error) >= fs::last_write_time(manifest, error);
   };
   if (fresh()) return out;
   // ctest runs tests in parallel: build in a private folder, then rename into place.
@@ -32,7 +33,8 @@ inline std::filesystem::path fixture_checkpoint(const std::string& name) {
   fs::remove_all(temp, ec);
   std::string command = std::string(KVAUDIT_MAKE_CHECKPOINT) + " '" + manifest.string() + "' '" +
                         temp.string() + "' > /dev/null";
-  if (std::system(command.c_str()) != 0) throw std::runtime_error("cannot generate fixture " + name);
+  if (std::system(command.c_str()) != 0)
+    throw std::runtime_error("cannot generate fixture " + name);
   if (std::FILE* file = std::fopen((temp / ".generated").c_str(), "w")) std::fclose(file);
   if (fresh()) {  // another process finished first
     fs::remove_all(temp, ec);

@@ -31,8 +31,10 @@ TEST(Versions, ParseAndCompare) {
 
 TEST(Launch, SglangCommandWithEqualsAndContinuations) {
   LaunchFlags flags = parse_launch_command(
-      "python3 -m sglang.launch_server \\\n --model-path /models/q --tp=8 --kv-cache-dtype fp8_e4m3 "
-      "--enable-dp-attention --dp 2 --context-length 128k --mem-fraction-static 0.85 --trust-remote-code "
+      "python3 -m sglang.launch_server \\\n --model-path /models/q --tp=8 --kv-cache-dtype "
+      "fp8_e4m3 "
+      "--enable-dp-attention --dp 2 --context-length 128k --mem-fraction-static 0.85 "
+      "--trust-remote-code "
       "--quantization-param-path '/s/my scales.json'",
       "--launch");
   EXPECT_EQ(flags.engine, "sglang");
@@ -49,7 +51,8 @@ TEST(Launch, SglangCommandWithEqualsAndContinuations) {
 
 TEST(Launch, VllmServePositionalModel) {
   LaunchFlags flags = parse_launch_command(
-      "vllm serve meta-llama/Llama-3.1-8B -tp 4 --kv-cache-dtype fp8 --calculate-kv-scales --max-model-len 32768",
+      "vllm serve meta-llama/Llama-3.1-8B -tp 4 --kv-cache-dtype fp8 --calculate-kv-scales "
+      "--max-model-len 32768",
       "--launch");
   EXPECT_EQ(flags.engine, "vllm");
   EXPECT_EQ(flags.model_path, "meta-llama/Llama-3.1-8B");
@@ -61,11 +64,15 @@ TEST(Launch, VllmServePositionalModel) {
 
 TEST(Launch, BashWrapperAndDocker) {
   LaunchFlags wrapped = parse_launch_command(
-      "bash -c 'source /venv/bin/activate && python -m sglang.launch_server --model-path /m --tp 2'", "x");
+      "bash -c 'source /venv/bin/activate && python -m sglang.launch_server --model-path /m --tp "
+      "2'",
+      "x");
   EXPECT_EQ(wrapped.engine, "sglang");
   EXPECT_EQ(wrapped.tp, 2);
   LaunchFlags docker = parse_launch_command(
-      "docker run --gpus all -p 8000:8000 vllm/vllm-openai:v0.11.0 vllm serve /m --tensor-parallel-size 8", "x");
+      "docker run --gpus all -p 8000:8000 vllm/vllm-openai:v0.11.0 vllm serve /m "
+      "--tensor-parallel-size 8",
+      "x");
   EXPECT_EQ(docker.engine, "vllm");
   EXPECT_EQ(docker.tp, 8);
 }
@@ -78,7 +85,8 @@ TEST(Launch, Rejections) {
 }
 
 TEST(Launch, SystemdUnitWithEnvironment) {
-  fs::path unit = fs::path(KVAUDIT_TEST_DIR) / ".." / "examples" / "qwen3.5-397b-a17b-nvfp4" / "sglang.service";
+  fs::path unit =
+      fs::path(KVAUDIT_TEST_DIR) / ".." / "examples" / "qwen3.5-397b-a17b-nvfp4" / "sglang.service";
   LaunchFlags flags = parse_systemd_unit(unit);
   EXPECT_EQ(flags.engine, "sglang");
   EXPECT_EQ(flags.model_path, "/models/Qwen3.5-397B-A17B-NVFP4");
@@ -89,7 +97,8 @@ TEST(Launch, SystemdUnitWithEnvironment) {
 }
 
 TEST(Launch, UnitWithoutExecStart) {
-  fs::path unit = fs::temp_directory_path() / ("kvaudit-unit-" + std::to_string(::getpid()) + ".service");
+  fs::path unit =
+      fs::temp_directory_path() / ("kvaudit-unit-" + std::to_string(::getpid()) + ".service");
   std::ofstream(unit) << "[Service]\nEnvironment=A=B\n";
   EXPECT_THROW(parse_systemd_unit(unit), InputError);
   fs::remove(unit);
@@ -107,7 +116,8 @@ TEST(EngineData, ChoicesAndAliasesPerVersion) {
   EXPECT_THROW(load_engine_data("tgi"), InputError);
 }
 
-LaunchFlags flags_for(const std::string& engine, const std::string& kv = "auto", const std::string& version = "") {
+LaunchFlags flags_for(const std::string& engine, const std::string& kv = "auto",
+                      const std::string& version = "") {
   LaunchFlags flags;
   flags.engine = engine;
   flags.kv_cache_dtype = kv;
@@ -133,12 +143,14 @@ TEST(Resolve, VllmVersionDecidesModelOptAuto) {
       fs::path(KVAUDIT_TEST_DIR) / ".." / "examples" / "qwen3.5-397b-a17b-nvfp4" / "config.json");
   EngineData vllm = load_engine_data("vllm");
   EXPECT_EQ(resolve_kv(model, flags_for("vllm", "auto", "0.11.0"), vllm).kv_cache_dtype, "bf16");
-  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "auto", "0.15.0"), vllm).kv_cache_dtype, "fp8_e4m3");
+  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "auto", "0.15.0"), vllm).kv_cache_dtype,
+            "fp8_e4m3");
 }
 
 TEST(Resolve, VllmCompressedTensorsOverridesCli) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("llama-ct-fp8-kv"));
-  ResolvedKv resolved = resolve_kv(model, flags_for("vllm", "bfloat16", "0.11.0"), load_engine_data("vllm"));
+  ResolvedKv resolved =
+      resolve_kv(model, flags_for("vllm", "bfloat16", "0.11.0"), load_engine_data("vllm"));
   EXPECT_EQ(resolved.kv_cache_dtype, "fp8_e4m3");
   EXPECT_EQ(resolved.scale_source, "checkpoint");
   EXPECT_EQ(resolved.loaded_scale_names.size(), 8u);
@@ -146,8 +158,10 @@ TEST(Resolve, VllmCompressedTensorsOverridesCli) {
 }
 
 TEST(Resolve, SglangDropsQwen3MoeScales) {
-  checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("qwen3-moe-modelopt-fp8"));
-  ResolvedKv resolved = resolve_kv(model, flags_for("sglang", "auto", "0.5.9"), load_engine_data("sglang"));
+  checkpoint::ModelFacts model =
+      checkpoint::read_checkpoint(fixture_checkpoint("qwen3-moe-modelopt-fp8"));
+  ResolvedKv resolved =
+      resolve_kv(model, flags_for("sglang", "auto", "0.5.9"), load_engine_data("sglang"));
   EXPECT_EQ(resolved.kv_cache_dtype, "fp8_e4m3");
   ASSERT_EQ(resolved.dropped.size(), 1u);
   EXPECT_EQ(resolved.dropped[0].rule_id, "sglang-39942-qwen-mixtral");
@@ -170,7 +184,8 @@ TEST(Resolve, DynamicScalesExceptHybrid) {
   EngineData vllm = load_engine_data("vllm");
   LaunchFlags flags = flags_for("vllm", "fp8", "0.11.0");
   flags.calculate_kv_scales = true;
-  checkpoint::ModelFacts llama = checkpoint::read_checkpoint(fixture_checkpoint("llama-bf16-plain"));
+  checkpoint::ModelFacts llama =
+      checkpoint::read_checkpoint(fixture_checkpoint("llama-bf16-plain"));
   EXPECT_EQ(resolve_kv(llama, flags, vllm).scale_source, "dynamic");
   checkpoint::ModelFacts hybrid = checkpoint::read_checkpoint(fixture_checkpoint("qwen3-next-80b"));
   EXPECT_EQ(resolve_kv(hybrid, flags, vllm).scale_source, "unit_default");
