@@ -21,7 +21,8 @@ for needle in "fp8-unit-scale" "fp8_e4m3" "scale 1.0" "--kv-cache-dtype bf16" "h
   grep -qF -- "$needle" <<< "$out" && pass || fail "demo report lacks '$needle'"
 done
 # Long names wrap in the terminal; the JSON carries them whole.
-"$kvaudit" check "$demo" --engine sglang --tp 8 --json --fail-on never | grep -qF "model.language_model.layers.3.self_attn.k_proj.k_scale" \
+json=$("$kvaudit" check "$demo" --engine sglang --tp 8 --json --fail-on never)
+[[ $json == *"model.language_model.layers.3.self_attn.k_proj.k_scale"* ]] \
   && pass || fail "demo report does not name the missing scale tensors"
 
 # JSON: documented top-level keys and finding fields.
