@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "quant/quant.h"
 #include "util/util.h"
 
@@ -117,56 +118,34 @@ Array read_npy(const std::filesystem::path& path) {
   return array;
 }
 
+// Header parsing and validation (dtype x shape = span, bounds, overlaps) is the
+// checkpoint reader's; this only converts the Q/K/V candidates, read whole.
 std::map<std::string, Array> read_safetensors(const std::filesystem::path& path) {
   const std::string where = path.string();
+  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(path);
   const std::string bytes = read_binary(path);
-  if (bytes.size() < 8) throw InputError(where, "too short for a safetensors file");
-  uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);
-  if (header_len > bytes.size() - 8) throw InputError(where, "header length past end of file");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.substr(8, header_len));
-  } catch (const std::exception& e) {
-    throw InputError(where, std::string("header is not JSON: ") + e.what());
-  }
-  if (!header.is_object()) throw InputError(where, "header is not a JSON object");
-  const uint64_t data_begin = 8 + header_len, data_bytes = bytes.size() - data_begin;
+  if (bytes.size() != header.file_bytes) throw InputError(where, "file changed while reading");
   std::map<std::string, Array> tensors;
-  for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    const std::string at = where + ": " + name;
-    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
-        !info.contains("data_offsets"))
-      throw InputError(at, "entry needs dtype, shape, data_offsets");
-    const std::string dt = info["dtype"].is_string() ? info["dtype"].get<std::string>() : "";
+  for (const checkpoint::TensorInfo& info : header.tensors) {
     DType dtype;
-    uint64_t item;
-    if (dt == "F32") {
-      dtype = DType::f32, item = 4;
-    } else if (dt == "F16") {
-      dtype = DType::f16, item = 2;
-    } else if (dt == "BF16") {
-      dtype = DType::bf16, item = 2;
-    } else {
-      continue;  // not a Q/K/V candidate; other tensors may sit in the same file
+    switch (info.dtype) {
+      case checkpoint::TensorDType::F32:
+        dtype = DType::f32;
+        break;
+      case checkpoint::TensorDType::F16:
+        dtype = DType::f16;
+        break;
+      case checkpoint::TensorDType::BF16:
+        dtype = DType::bf16;
+        break;
+      default:
+        continue;  // not a Q/K/V candidate; other tensors may sit in the same file
     }
     Array array;
-    for (auto& d : info["shape"]) {
-      if (!d.is_number_unsigned())
-        throw InputError(at, "shape entries must be non-negative integers");
-      array.shape.push_back(d.get<uint64_t>());
-    }
-    auto& offsets = info["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned())
-      throw InputError(at, "data_offsets must be two integers");
-    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
-    const uint64_t count = element_count(array.shape, at);
-    if (begin > end || end > data_bytes || end - begin != count * item)
-      throw InputError(at, "data_offsets do not match dtype x shape or lie outside the file");
-    array.data = to_float(dtype, bytes.data() + data_begin + begin, count);
-    tensors[name] = std::move(array);
+    array.shape = info.shape.to_vector();
+    const uint64_t count = element_count(array.shape, where + ": " + info.name);
+    array.data = to_float(dtype, bytes.data() + header.data_offset() + info.data_begin, count);
+    tensors[info.name] = std::move(array);
   }
   return tensors;
 }
