@@ -110,7 +110,9 @@ std::vector<std::string> split_list(std::string_view text, char separator) {
 }
 
 std::string with_thousands(int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value);
+  // Via unsigned: negating INT64_MIN would overflow.
+  uint64_t magnitude = value < 0 ? 0 - static_cast<uint64_t>(value) : static_cast<uint64_t>(value);
+  std::string digits = std::to_string(magnitude);
   std::string out;
   int count = 0;
   for (auto it = digits.rbegin(); it != digits.rend(); ++it) {

@@ -27,7 +27,7 @@ bool browser_skipped() {
 }
 
 fs::path output_dir() {
-  fs::path dir = fs::current_path() / "report_browser_test";
+  fs::path dir = fs::path(KVAUDIT_BUILD_DIR) / "report_browser_test";
   fs::create_directories(dir);
   return dir;
 }
