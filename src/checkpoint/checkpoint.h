@@ -90,8 +90,11 @@ struct SafetensorsHeader {
 // Parses and validates a header's JSON given the size of the data section that
 // follows it: dtype x shape must equal the byte span, spans must lie inside the
 // data section and must not overlap. Throws InputError(label, problem).
+// buffer_is_padded: at least 64 readable bytes follow header_json (simdjson's padding),
+// so it is parsed in place instead of copied.
 SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
-                                           const std::string& label);
+                                           const std::string& label, bool buffer_is_padded = false);
+inline constexpr size_t kHeaderPaddingBytes = 64;
 
 // Reads only the 8-byte length prefix and the header of a .safetensors file.
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& file);

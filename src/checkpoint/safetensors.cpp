@@ -227,8 +227,9 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
 }  // namespace
 
 SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
-                                           const std::string& label) {
-  return parse_header(header_json, false, data_bytes, label);
+                                           const std::string& label, bool buffer_is_padded) {
+  static_assert(kHeaderPaddingBytes >= simdjson::SIMDJSON_PADDING);
+  return parse_header(header_json, buffer_is_padded, data_bytes, label);
 }
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
