@@ -6,11 +6,7 @@ kvaudit=${1:-build/kvaudit}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(dirname "$kvaudit")
 example=$root/examples/qwen3.5-397b-a17b-nvfp4
-generated=$build/demo-checkpoint
-if [[ ! -f $generated/model.safetensors.index.json || $example/manifest.json -nt $generated/model.safetensors.index.json ]]; then
-  rm -rf "$generated"
-  "$build/kvaudit_make_checkpoint" "$example/manifest.json" "$generated"
-fi
+generated=$("$root/tools/ensure-demo-checkpoint.sh" "$build")
 echo "\$ kvaudit check build/demo-checkpoint --engine sglang --tp 8 --html $build/demo-report.html"
 status=0
 "$kvaudit" check "$generated" --engine sglang --tp 8 --html "$build/demo-report.html" || status=$?

@@ -4,10 +4,7 @@
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
-example=$root/examples/qwen3.5-397b-a17b-nvfp4
-if [[ ! -f $build/demo-checkpoint/model.safetensors.index.json ]]; then
-  "$build/kvaudit_make_checkpoint" "$example/manifest.json" "$build/demo-checkpoint"
-fi
+"$root/tools/ensure-demo-checkpoint.sh" "$build" > /dev/null
 echo "== bench_check (issue: header parsing >= 10x Python json)"
 "$build/bench/bench_check" "$build/demo-checkpoint" 5
 for extra in "$root"/tools/bench-*.sh; do

@@ -8,10 +8,7 @@ failures=0; passed=0
 pass() { passed=$((passed + 1)); }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-demo=$build/demo-checkpoint
-if [[ ! -f $demo/model.safetensors.index.json ]]; then
-  "$build/kvaudit_make_checkpoint" "$root/examples/qwen3.5-397b-a17b-nvfp4/manifest.json" "$demo" > /dev/null || exit 1
-fi
+demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 
 # The motivating case: exit 1, the finding, the file, the missing tensors, the fix.
 out=$("$kvaudit" check "$demo" --engine sglang --tp 8 --no-color); status=$?

@@ -19,13 +19,8 @@ out="$build_dir/html_render"
 mkdir -p "$out"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-example="$source_dir/examples/qwen3.5-397b-a17b-nvfp4"
-generated="$build_dir/demo-checkpoint"  # where tools/demo.sh keeps it
-if [[ ! -f $generated/model.safetensors.index.json || $example/manifest.json -nt $generated/model.safetensors.index.json ]]; then
-  # The same sparse, headers-only checkpoint `make demo` builds.
-  rm -rf "$generated"
-  "$build_dir/kvaudit_make_checkpoint" "$example/manifest.json" "$generated" >/dev/null
-fi
+# The same sparse, headers-only checkpoint `make demo` builds.
+generated=$("$source_dir/tools/ensure-demo-checkpoint.sh" "$build_dir")
 
 # Renders $1.html, then checks the DOM against $1.json.
 render_and_check() {
