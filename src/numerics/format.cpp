@@ -288,7 +288,21 @@ std::vector<float> static_scales(const KvFormat& format, const KvLayout& layout,
   if (format.strategy == ScaleStrategy::channel) shape = size_t(layout.row_elements());
   std::vector<float> scales(shape, 1.0f);
   const bool uses_calibration = is_static(format.strategy) || format.kind == KvFormatKind::nvfp4;
-  if (!uses_calibration || calibration.amax.empty()) return scales;
+  if (!uses_calibration) return scales;
+  if (!calibration.scales.empty()) {
+    if (calibration.scales.size() != shape) {
+      throw InputError("scales", fmt::format("{} needs {} scales, got {}", format.spec, shape,
+                                             calibration.scales.size()));
+    }
+    for (float scale : calibration.scales) {
+      if (!std::isfinite(scale) || scale <= 0.0f) {
+        throw InputError("scales", fmt::format("{}: scale {} is not a positive finite number",
+                                               format.spec, scale));
+      }
+    }
+    return calibration.scales;
+  }
+  if (calibration.amax.empty()) return scales;
   if (calibration.amax.size() != shape) {
     throw InputError("calibration", fmt::format("{} needs {} amax values, got {}", format.spec,
                                                 shape, calibration.amax.size()));

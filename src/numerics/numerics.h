@@ -136,8 +136,11 @@ struct KvLayout {
 // Calibrated absolute maxima for static scales of one (layer, role), measured on what is
 // quantised (after the Hadamard rotation when the format has one; calibrate_amax does this).
 // Shape: 1 (tensor), kv_heads (head), kv_heads*head_dim (channel); empty = not calibrated.
+// `scales`, when set (same shape), are used as they are, bit for bit, instead of deriving them
+// from amax: that is how an engine applies the k_scale / v_scale tensors it loaded.
 struct StaticAmax {
   std::vector<float> amax;
+  std::vector<float> scales;
 };
 // Computes the amax a format's static strategy needs from sample rows [tokens, row_elements].
 StaticAmax calibrate_amax(const KvFormat& format, const KvLayout& layout,

@@ -92,12 +92,31 @@ TEST(Format, StaticScalesFromCalibratedAmax) {
   const KvFormat channel = parse_kv_format("fp8_e4m3:channel");
   EXPECT_EQ(calibrate_amax(channel, layout, rows).amax,
             (std::vector<float>{5, 5, 5, 5, 1, 1, 1, 896}));
-  EXPECT_THROW(static_scales(head, layout, StaticAmax{{1.0f}}), InputError);
-  EXPECT_EQ(static_scales(parse_kv_format("nvfp4"), layout, StaticAmax{{2688.0f}}),
+  EXPECT_THROW(static_scales(head, layout, StaticAmax{{1.0f}, {}}), InputError);
+  EXPECT_EQ(static_scales(parse_kv_format("nvfp4"), layout, StaticAmax{{2688.0f}, {}}),
             std::vector<float>{1.0f});
   // Zero or NaN amax leaves the scale at 1.0 instead of dividing by zero.
-  EXPECT_EQ(static_scales(tensor, layout, StaticAmax{{0.0f}}), std::vector<float>{1.0f});
-  EXPECT_EQ(static_scales(tensor, layout, StaticAmax{{NAN}}), std::vector<float>{1.0f});
+  EXPECT_EQ(static_scales(tensor, layout, StaticAmax{{0.0f}, {}}), std::vector<float>{1.0f});
+  EXPECT_EQ(static_scales(tensor, layout, StaticAmax{{NAN}, {}}), std::vector<float>{1.0f});
+}
+
+TEST(Format, ExplicitScalesAreUsedBitForBit) {
+  const KvLayout layout{2, 4};
+  // 0.1f is not amax / 448 for any amax that round-trips; explicit scales must not be derived.
+  const float odd_scale = std::nextafter(0.1f, 1.0f);
+  const KvFormat head = parse_kv_format("fp8_e4m3:head");
+  EXPECT_EQ(static_scales(head, layout, StaticAmax{{}, {odd_scale, 0.5f}}),
+            (std::vector<float>{odd_scale, 0.5f}));
+  // Explicit scales win over amax.
+  EXPECT_EQ(static_scales(head, layout, StaticAmax{{448.0f, 448.0f}, {odd_scale, 0.5f}}),
+            (std::vector<float>{odd_scale, 0.5f}));
+  EXPECT_THROW(static_scales(head, layout, StaticAmax{{}, {0.5f}}), InputError);  // wrong shape
+  EXPECT_THROW(static_scales(head, layout, StaticAmax{{}, {0.5f, NAN}}), InputError);
+  EXPECT_THROW(static_scales(head, layout, StaticAmax{{}, {0.5f, 0.0f}}), InputError);
+  EXPECT_THROW(static_scales(head, layout, StaticAmax{{}, {-1.0f, 0.5f}}), InputError);
+  // Formats without static scales ignore them.
+  EXPECT_EQ(static_scales(parse_kv_format("fp8_e4m3:none"), layout, StaticAmax{{}, {0.5f}}),
+            std::vector<float>{1.0f});
 }
 
 TEST(Stats, MetricsMatchHandComputedValues) {
