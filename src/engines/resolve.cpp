@@ -113,6 +113,22 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const E
 
   std::string quant_method = model.quant ? model.quant->method : "";
   std::string weight_algo = model.quant ? model.quant->weight_algo : "";
+  // Scale tensors land only in parameters a KV-cache quant method created; without one
+  // (no quantization config, or a weight-only method such as GPTQ) they are skipped.
+  if (auto need = loading.find("requires_kv_cache_method");
+      need != loading.end() && !kept.empty()) {
+    auto methods = need->value("quant_methods", std::vector<std::string>{});
+    if (std::find(methods.begin(), methods.end(), quant_method) == methods.end()) {
+      DroppedScales drop{need->value("id", ""),
+                         need->value("reason", ""),
+                         need->value("reference", ""),
+                         "how the loaders work",
+                         {}};
+      for (const ScaleTensor* scale : kept) drop.tensor_names.push_back(scale->name);
+      kept.clear();
+      resolved.dropped.push_back(std::move(drop));
+    }
+  }
   for (const auto& rule : loading.value("dropped", json::array())) {
     if (!version_in_range(*version, rule.value("versions", "*"))) continue;
     if (!list_matches(rule, "architectures", model.architecture)) continue;

@@ -169,6 +169,28 @@ TEST(Resolve, SglangDropsQwen3MoeScales) {
   EXPECT_EQ(resolved.scale_source, "unit_default");
 }
 
+TEST(Resolve, ScalesWithoutAKvQuantMethodAreSkipped) {
+  // The same scale tensors, but no quantization config: no k_scale parameter exists to
+  // load them into, on either engine.
+  checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("llama-ct-fp8-kv"));
+  model.quant.reset();
+  for (const char* engine : {"sglang", "vllm"}) {
+    ResolvedKv resolved =
+        resolve_kv(model, flags_for(engine, "fp8_e4m3", ""), load_engine_data(engine));
+    EXPECT_EQ(resolved.scale_source, "unit_default") << engine;
+    ASSERT_EQ(resolved.dropped.size(), 1u) << engine;
+    EXPECT_EQ(resolved.dropped[0].rule_id, "no-kv-cache-quant-method") << engine;
+    EXPECT_EQ(resolved.dropped[0].tensor_names.size(), 8u) << engine;
+    EXPECT_TRUE(resolved.loaded_scale_names.empty()) << engine;
+  }
+  // A weight-only method (GPTQ) creates no KV-cache method either.
+  model.quant = checkpoint::QuantFacts{};
+  model.quant->method = "gptq";
+  EXPECT_EQ(
+      resolve_kv(model, flags_for("vllm", "fp8_e4m3", ""), load_engine_data("vllm")).scale_source,
+      "unit_default");
+}
+
 TEST(Resolve, VllmMlaScalesDroppedOnlyBeforeFix) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("deepseek-v3-mla"));
   EngineData vllm = load_engine_data("vllm");
