@@ -1,0 +1,316 @@
+// The OpenAI-style protocol as SGLang, vLLM and `kvaudit serve` speak it: request
+// bodies, strict answer parsing (every missing or mistyped field is named by its JSON
+// path), and the calls probe/ makes.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "net/net.h"
+
+namespace kvaudit::net {
+
+using nlohmann::json;
+
+namespace {
+
+std::string type_of(const json& value) {
+  if (value.is_null()) return "null";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_number()) return "a number";
+  if (value.is_string()) return "a string";
+  if (value.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void malformed(const std::string& where, const std::string& path,
+                            const std::string& problem) {
+  throw RequestError(where, fmt::format("malformed answer: {}: {}", path, problem),
+                     FailureKind::malformed);
+}
+
+// The member `key` of object `parent` (at `path`), which must exist.
+const json& member(const json& parent, const char* key, const std::string& path,
+                   const std::string& where) {
+  if (!parent.is_object()) malformed(where, path, "expected an object, got " + type_of(parent));
+  auto it = parent.find(key);
+  if (it == parent.end()) malformed(where, path + "." + key, "missing");
+  return *it;
+}
+
+std::string string_at(const json& value, const std::string& path, const std::string& where) {
+  if (!value.is_string()) malformed(where, path, "expected a string, got " + type_of(value));
+  return value.get<std::string>();
+}
+
+double number_at(const json& value, const std::string& path, const std::string& where) {
+  if (!value.is_number()) malformed(where, path, "expected a number, got " + type_of(value));
+  return value.get<double>();
+}
+
+int64_t integer_at(const json& value, const std::string& path, const std::string& where) {
+  if (!value.is_number_integer())
+    malformed(where, path, "expected an integer, got " + type_of(value));
+  return value.get<int64_t>();
+}
+
+const json& array_at(const json& value, const std::string& path, const std::string& where) {
+  if (!value.is_array()) malformed(where, path, "expected an array, got " + type_of(value));
+  return value;
+}
+
+// A log-prob: a finite number <= 0 (tiny positive rounding allowed), or -inf spelled as
+// a very negative number. NaN or positive values mean a broken server.
+double logprob_at(const json& value, const std::string& path, const std::string& where) {
+  double logprob = number_at(value, path, where);
+  if (std::isnan(logprob) || logprob > 1e-3)
+    malformed(where, path, fmt::format("log-prob {} is not <= 0", logprob));
+  return std::min(logprob, 0.0);
+}
+
+const json& first_choice(const json& body, const std::string& where) {
+  if (!body.is_object()) malformed(where, "$", "expected an object, got " + type_of(body));
+  if (body.contains("error") && !body["error"].is_null())
+    throw RequestError(where, "server error: " + error_message_of(body.dump()), FailureKind::http);
+  const json& choices = array_at(member(body, "choices", "$", where), "$.choices", where);
+  if (choices.empty()) malformed(where, "$.choices", "empty");
+  if (!choices[0].is_object())
+    malformed(where, "$.choices[0]", "expected an object, got " + type_of(choices[0]));
+  return choices[0];
+}
+
+void read_usage_and_model(const json& body, Completion& out, const std::string& where) {
+  if (auto it = body.find("model"); it != body.end() && it->is_string()) out.model = *it;
+  auto usage = body.find("usage");
+  if (usage == body.end() || usage->is_null()) return;
+  if (auto p = usage->find("prompt_tokens"); p != usage->end() && !p->is_null())
+    out.prompt_tokens = integer_at(*p, "$.usage.prompt_tokens", where);
+  if (auto c = usage->find("completion_tokens"); c != usage->end() && !c->is_null())
+    out.completion_tokens = integer_at(*c, "$.usage.completion_tokens", where);
+}
+
+std::string finish_reason_of(const json& choice, const std::string& where) {
+  auto it = choice.find("finish_reason");
+  if (it == choice.end() || it->is_null()) return "";
+  // SGLang may report {"type": "stop", ...} in older versions; accept both.
+  if (it->is_object() && it->contains("type") && (*it)["type"].is_string())
+    return (*it)["type"].get<std::string>();
+  return string_at(*it, "$.choices[0].finish_reason", where);
+}
+
+void sort_top(std::vector<TopLogprob>& top) {
+  std::stable_sort(top.begin(), top.end(), [](const TopLogprob& a, const TopLogprob& b) {
+    return a.logprob > b.logprob;
+  });
+}
+
+}  // namespace
+
+json to_json(const CompletionRequest& request) {
+  json body = json::object();
+  if (!request.model.empty()) body["model"] = request.model;
+  if (request.prompt_ids.empty())
+    body["prompt"] = request.prompt;
+  else
+    body["prompt"] = request.prompt_ids;
+  body["max_tokens"] = request.max_tokens;
+  body["temperature"] = request.temperature;
+  if (request.seed) body["seed"] = *request.seed;
+  if (!request.stop.empty()) body["stop"] = request.stop;
+  if (request.echo) body["echo"] = true;
+  if (request.logprobs > 0) body["logprobs"] = request.logprobs;
+  body["stream"] = false;
+  return body;
+}
+
+json to_json(const ChatRequest& request) {
+  json body = json::object();
+  if (!request.model.empty()) body["model"] = request.model;
+  json messages = json::array();
+  for (const auto& message : request.messages)
+    messages.push_back({{"role", message.role}, {"content", message.content}});
+  body["messages"] = std::move(messages);
+  body["max_tokens"] = request.max_tokens;
+  body["temperature"] = request.temperature;
+  if (request.seed) body["seed"] = *request.seed;
+  if (!request.stop.empty()) body["stop"] = request.stop;
+  if (request.top_logprobs > 0) {
+    body["logprobs"] = true;
+    body["top_logprobs"] = request.top_logprobs;
+  }
+  body["stream"] = false;
+  return body;
+}
+
+Completion parse_completion(const json& body, const std::string& where) {
+  const json& choice = first_choice(body, where);
+  Completion out;
+  out.text = string_at(member(choice, "text", "$.choices[0]", where), "$.choices[0].text", where);
+  out.finish_reason = finish_reason_of(choice, where);
+  read_usage_and_model(body, out, where);
+  auto logprobs = choice.find("logprobs");
+  if (logprobs == choice.end() || logprobs->is_null()) return out;
+  const std::string base = "$.choices[0].logprobs";
+  const json& tokens = array_at(member(*logprobs, "tokens", base, where), base + ".tokens", where);
+  const json& token_logprobs = array_at(member(*logprobs, "token_logprobs", base, where),
+                                        base + ".token_logprobs", where);
+  if (token_logprobs.size() != tokens.size())
+    malformed(where, base, fmt::format("{} tokens but {} token_logprobs", tokens.size(),
+                                       token_logprobs.size()));
+  const json* top = nullptr;
+  if (auto it = logprobs->find("top_logprobs"); it != logprobs->end() && !it->is_null()) {
+    top = &array_at(*it, base + ".top_logprobs", where);
+    if (top->size() != tokens.size())
+      malformed(where, base,
+                fmt::format("{} tokens but {} top_logprobs", tokens.size(), top->size()));
+  }
+  const json* offsets = nullptr;
+  if (auto it = logprobs->find("text_offset"); it != logprobs->end() && !it->is_null()) {
+    offsets = &array_at(*it, base + ".text_offset", where);
+    if (offsets->size() != tokens.size())
+      malformed(where, base,
+                fmt::format("{} tokens but {} text_offset", tokens.size(), offsets->size()));
+  }
+  out.has_logprobs = true;
+  out.tokens.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    TokenLogprob token;
+    token.token = string_at(tokens[i], fmt::format("{}.tokens[{}]", base, i), where);
+    if (!token_logprobs[i].is_null())
+      token.logprob =
+          logprob_at(token_logprobs[i], fmt::format("{}.token_logprobs[{}]", base, i), where);
+    if (top && !(*top)[i].is_null()) {
+      const json& entry = (*top)[i];
+      const std::string path = fmt::format("{}.top_logprobs[{}]", base, i);
+      if (!entry.is_object()) malformed(where, path, "expected an object, got " + type_of(entry));
+      for (const auto& [text, value] : entry.items())
+        token.top.push_back({text, logprob_at(value, path + "." + text, where)});
+      sort_top(token.top);
+    }
+    if (offsets)
+      token.text_offset = integer_at((*offsets)[i], fmt::format("{}.text_offset[{}]", base, i),
+                                     where);
+    out.tokens.push_back(std::move(token));
+  }
+  return out;
+}
+
+Completion parse_chat_completion(const json& body, const std::string& where) {
+  const json& choice = first_choice(body, where);
+  Completion out;
+  const json& message = member(choice, "message", "$.choices[0]", where);
+  const json& content = member(message, "content", "$.choices[0].message", where);
+  if (!content.is_null()) out.text = string_at(content, "$.choices[0].message.content", where);
+  out.finish_reason = finish_reason_of(choice, where);
+  read_usage_and_model(body, out, where);
+  auto logprobs = choice.find("logprobs");
+  if (logprobs == choice.end() || logprobs->is_null()) return out;
+  const std::string base = "$.choices[0].logprobs.content";
+  const json& items = member(*logprobs, "content", "$.choices[0].logprobs", where);
+  if (items.is_null()) return out;
+  array_at(items, base, where);
+  out.has_logprobs = true;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string path = fmt::format("{}[{}]", base, i);
+    TokenLogprob token;
+    token.token = string_at(member(items[i], "token", path, where), path + ".token", where);
+    token.logprob = logprob_at(member(items[i], "logprob", path, where), path + ".logprob", where);
+    if (auto top = items[i].find("top_logprobs"); top != items[i].end() && !top->is_null()) {
+      array_at(*top, path + ".top_logprobs", where);
+      for (size_t j = 0; j < top->size(); ++j) {
+        const std::string top_path = fmt::format("{}.top_logprobs[{}]", path, j);
+        const json& alt = (*top)[j];
+        token.top.push_back(
+            {string_at(member(alt, "token", top_path, where), top_path + ".token", where),
+             logprob_at(member(alt, "logprob", top_path, where), top_path + ".logprob", where)});
+      }
+      sort_top(token.top);
+    }
+    out.tokens.push_back(std::move(token));
+  }
+  return out;
+}
+
+std::vector<ModelCard> parse_model_list(const json& body, const std::string& where) {
+  const json& data = array_at(member(body, "data", "$", where), "$.data", where);
+  std::vector<ModelCard> cards;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const std::string path = fmt::format("$.data[{}]", i);
+    ModelCard card;
+    card.id = string_at(member(data[i], "id", path, where), path + ".id", where);
+    if (auto it = data[i].find("owned_by"); it != data[i].end() && it->is_string())
+      card.owned_by = *it;
+    if (auto it = data[i].find("root"); it != data[i].end() && it->is_string()) card.root = *it;
+    if (auto it = data[i].find("max_model_len"); it != data[i].end() && !it->is_null())
+      card.max_model_len = integer_at(*it, path + ".max_model_len", where);
+    cards.push_back(std::move(card));
+  }
+  return cards;
+}
+
+Tokenized parse_tokenize(const json& body, const std::string& where) {
+  const json& tokens = array_at(member(body, "tokens", "$", where), "$.tokens", where);
+  Tokenized out;
+  out.ids.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    int64_t id = integer_at(tokens[i], fmt::format("$.tokens[{}]", i), where);
+    if (id < 0 || id > INT32_MAX)
+      malformed(where, fmt::format("$.tokens[{}]", i), fmt::format("token id {} out of range", id));
+    out.ids.push_back(static_cast<int32_t>(id));
+  }
+  if (auto it = body.find("count"); it != body.end() && it->is_number_integer() &&
+                                    it->get<int64_t>() != static_cast<int64_t>(out.ids.size()))
+    malformed(where, "$.count",
+              fmt::format("says {} but {} tokens came back", it->get<int64_t>(), out.ids.size()));
+  // Hugging Face tokenizers without a limit report model_max_length = 1e30: not a length.
+  if (auto it = body.find("max_model_len"); it != body.end() && it->is_number_integer()) {
+    int64_t length = it->get<int64_t>();
+    if (length > 0 && length < (int64_t{1} << 40)) out.max_model_len = length;
+  }
+  return out;
+}
+
+Completion complete(Client& client, const CompletionRequest& request) {
+  const std::string path = "/v1/completions";
+  return parse_completion(client.post_json_checked(path, to_json(request)), client.where(path));
+}
+
+Completion chat(Client& client, const ChatRequest& request) {
+  const std::string path = "/v1/chat/completions";
+  return parse_chat_completion(client.post_json_checked(path, to_json(request)),
+                               client.where(path));
+}
+
+std::vector<ModelCard> list_models(Client& client) {
+  const std::string path = "/v1/models";
+  return parse_model_list(client.get_json(path), client.where(path));
+}
+
+std::optional<Tokenized> tokenize(Client& client, std::string_view text, const std::string& model) {
+  struct Form {
+    const char* path;
+    const char* key;
+  };
+  for (Form form : {Form{"/tokenize", "prompt"}, Form{"/tokenize", "text"},
+                    Form{"/v1/tokenize", "prompt"}}) {
+    json body = {{form.key, std::string(text)}, {"add_special_tokens", false}};
+    if (!model.empty()) body["model"] = model;
+    HttpResponse response = client.post_json(form.path, body);
+    if (response.status == 404 || response.status == 405 || response.status == 400 ||
+        response.status == 422)
+      continue;
+    const std::string where = client.where(form.path);
+    if (response.status < 200 || response.status >= 300)
+      throw RequestError(where,
+                         fmt::format("HTTP {}: {}", response.status,
+                                     error_message_of(response.body)),
+                         FailureKind::http, response.status);
+    auto doc = json::parse(response.body, nullptr, false);
+    if (doc.is_discarded())
+      throw RequestError(where, "malformed answer: not JSON", FailureKind::malformed);
+    return parse_tokenize(doc, where);
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvaudit::net
