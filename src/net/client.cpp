@@ -76,7 +76,8 @@ Url parse_url(std::string_view text) {
     url.port = url.scheme == "https" ? 443 : 80;
   } else {
     int port = 0;
-    auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    auto [end, error] =
+        std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
     if (error != std::errc() || end != port_text.data() + port_text.size() || port < 1 ||
         port > 65535)
       return fail(fmt::format("invalid port '{}' (1-65535)", port_text));
@@ -96,13 +97,20 @@ Url parse_url(std::string_view text) {
 
 std::string_view failure_kind_name(FailureKind kind) {
   switch (kind) {
-    case FailureKind::dns: return "dns";
-    case FailureKind::refused: return "refused";
-    case FailureKind::timeout: return "timeout";
-    case FailureKind::tls: return "tls";
-    case FailureKind::http: return "http";
-    case FailureKind::malformed: return "malformed";
-    case FailureKind::too_large: return "too_large";
+    case FailureKind::dns:
+      return "dns";
+    case FailureKind::refused:
+      return "refused";
+    case FailureKind::timeout:
+      return "timeout";
+    case FailureKind::tls:
+      return "tls";
+    case FailureKind::http:
+      return "http";
+    case FailureKind::malformed:
+      return "malformed";
+    case FailureKind::too_large:
+      return "too_large";
   }
   return "unknown";
 }
@@ -115,9 +123,12 @@ bool RequestError::server_unavailable() const {
     case FailureKind::dns:
     case FailureKind::refused:
     case FailureKind::timeout:
-    case FailureKind::tls: return true;
-    case FailureKind::http: return status_ == 429 || status_ >= 500;
-    default: return false;
+    case FailureKind::tls:
+      return true;
+    case FailureKind::http:
+      return status_ == 429 || status_ >= 500;
+    default:
+      return false;
   }
 }
 
@@ -179,11 +190,15 @@ ClientStats Client::stats() const {
   return {state_->requests.load(), state_->attempts.load(), state_->retries.load()};
 }
 
-std::string Client::where(std::string_view path) const { return url_.text() + std::string(path); }
+std::string Client::where(std::string_view path) const {
+  return url_.text() + std::string(path);
+}
 
 namespace {
 
-double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
 
 bool host_resolves(const std::string& host) {
   addrinfo hints{};
@@ -251,28 +266,28 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
     bool sent = http.send(request, response, error);
     auto attempt_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - attempt_started);
-    auto total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    auto total_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const std::string tries =
         attempt == 0 ? "" : fmt::format(" (after {} attempts over {:.1f} s)", attempt + 1, total_s);
 
     if (!sent || error != httplib::Error::Success) {
       if (too_large)
-        throw RequestError(where_text,
-                           fmt::format("answer larger than {} bytes; refused",
-                                       options_.max_response_bytes),
-                           FailureKind::too_large);
+        throw RequestError(
+            where_text,
+            fmt::format("answer larger than {} bytes; refused", options_.max_response_bytes),
+            FailureKind::too_large);
       FailureKind kind = FailureKind::refused;
       std::string problem;
       switch (error) {
         case httplib::Error::Connection:
           if (!host_resolves(url_.host)) {
-            throw RequestError(where_text,
-                               fmt::format("cannot resolve host '{}' (DNS lookup failed)",
-                                           url_.host),
-                               FailureKind::dns);
+            throw RequestError(
+                where_text, fmt::format("cannot resolve host '{}' (DNS lookup failed)", url_.host),
+                FailureKind::dns);
           }
-          problem = fmt::format("connection refused: nothing answers at {}:{}", url_.host,
-                                url_.port);
+          problem =
+              fmt::format("connection refused: nothing answers at {}:{}", url_.host, url_.port);
           break;
         case httplib::Error::ConnectionTimeout:
           kind = FailureKind::timeout;
@@ -320,10 +335,10 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
     const bool retryable = result.status == 429 || result.status >= 500;
     if (!retryable) return result;
     if (last)
-      throw RequestError(where_text,
-                         fmt::format("HTTP {}: {}{}", result.status,
-                                     error_message_of(result.body), tries),
-                         FailureKind::http, result.status);
+      throw RequestError(
+          where_text,
+          fmt::format("HTTP {}: {}{}", result.status, error_message_of(result.body), tries),
+          FailureKind::http, result.status);
     state_->retries++;
     auto delay = backoff;
     if (auto after = parse_retry_after(response.get_header_value("Retry-After")))
@@ -332,7 +347,9 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
   }
 }
 
-HttpResponse Client::get(std::string_view path) { return send("GET", path, nullptr); }
+HttpResponse Client::get(std::string_view path) {
+  return send("GET", path, nullptr);
+}
 
 HttpResponse Client::post_json(std::string_view path, const nlohmann::json& body) {
   const std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -25,10 +25,10 @@ namespace kvaudit::net {
 // ---------------------------------------------------------------- URLs
 
 struct Url {
-  std::string scheme;     // "http" | "https"
-  std::string host;       // "127.0.0.1", "example.com", "::1" (no brackets)
-  int port = 0;           // explicit, or 80 / 443 by scheme
-  std::string base_path;  // "" or "/prefix" (no trailing slash); "/v1" is dropped
+  std::string scheme;        // "http" | "https"
+  std::string host;          // "127.0.0.1", "example.com", "::1" (no brackets)
+  int port = 0;              // explicit, or 80 / 443 by scheme
+  std::string base_path;     // "" or "/prefix" (no trailing slash); "/v1" is dropped
   std::string text() const;  // "http://127.0.0.1:8000/prefix"
 };
 // Accepts "http://host:port/path", "https://host", "host:port" (http assumed) and
@@ -44,10 +44,10 @@ struct ClientOptions {
   int max_retries = 4;  // extra attempts after the first, on 429/5xx/connection/timeouts
   std::chrono::milliseconds backoff_initial{500};  // doubles each retry
   std::chrono::milliseconds backoff_max{30'000};   // also caps Retry-After
-  int max_concurrency = 4;                          // requests in flight at once, per client
-  uint64_t max_response_bytes = 256ull << 20;       // larger answers are refused
-  bool verify_tls = true;                           // false: --insecure
-  std::string ca_cert_file;                         // extra CA bundle for https
+  int max_concurrency = 4;                         // requests in flight at once, per client
+  uint64_t max_response_bytes = 256ull << 20;      // larger answers are refused
+  bool verify_tls = true;                          // false: --insecure
+  std::string ca_cert_file;                        // extra CA bundle for https
 };
 
 // KVAUDIT_API_KEY, then OPENAI_API_KEY, else "".
@@ -55,13 +55,13 @@ std::string api_key_from_environment();
 
 // What went wrong, so callers can tell "the server is gone" from "it said no".
 enum class FailureKind {
-  dns,          // the host name does not resolve
-  refused,      // nothing listens (or the connection was reset before an answer)
-  timeout,      // connect or read timeout
-  tls,          // handshake or certificate failure
-  http,         // an HTTP error status after retries
-  malformed,    // the body is not what the protocol promises
-  too_large,    // the body exceeds max_response_bytes
+  dns,        // the host name does not resolve
+  refused,    // nothing listens (or the connection was reset before an answer)
+  timeout,    // connect or read timeout
+  tls,        // handshake or certificate failure
+  http,       // an HTTP error status after retries
+  malformed,  // the body is not what the protocol promises
+  too_large,  // the body exceeds max_response_bytes
 };
 std::string_view failure_kind_name(FailureKind kind);
 
@@ -151,7 +151,7 @@ struct TokenLogprob {
 
 struct CompletionRequest {
   std::string model;
-  std::string prompt;              // used when prompt_ids is empty
+  std::string prompt;  // used when prompt_ids is empty
   std::vector<int32_t> prompt_ids;
   int64_t max_tokens = 16;
   double temperature = 0.0;  // 0: greedy

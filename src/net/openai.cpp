@@ -99,9 +99,8 @@ std::string finish_reason_of(const json& choice, const std::string& where) {
 }
 
 void sort_top(std::vector<TopLogprob>& top) {
-  std::stable_sort(top.begin(), top.end(), [](const TopLogprob& a, const TopLogprob& b) {
-    return a.logprob > b.logprob;
-  });
+  std::stable_sort(top.begin(), top.end(),
+                   [](const TopLogprob& a, const TopLogprob& b) { return a.logprob > b.logprob; });
 }
 
 }  // namespace
@@ -152,11 +151,11 @@ Completion parse_completion(const json& body, const std::string& where) {
   if (logprobs == choice.end() || logprobs->is_null()) return out;
   const std::string base = "$.choices[0].logprobs";
   const json& tokens = array_at(member(*logprobs, "tokens", base, where), base + ".tokens", where);
-  const json& token_logprobs = array_at(member(*logprobs, "token_logprobs", base, where),
-                                        base + ".token_logprobs", where);
+  const json& token_logprobs =
+      array_at(member(*logprobs, "token_logprobs", base, where), base + ".token_logprobs", where);
   if (token_logprobs.size() != tokens.size())
-    malformed(where, base, fmt::format("{} tokens but {} token_logprobs", tokens.size(),
-                                       token_logprobs.size()));
+    malformed(where, base,
+              fmt::format("{} tokens but {} token_logprobs", tokens.size(), token_logprobs.size()));
   const json* top = nullptr;
   if (auto it = logprobs->find("top_logprobs"); it != logprobs->end() && !it->is_null()) {
     top = &array_at(*it, base + ".top_logprobs", where);
@@ -188,8 +187,8 @@ Completion parse_completion(const json& body, const std::string& where) {
       sort_top(token.top);
     }
     if (offsets)
-      token.text_offset = integer_at((*offsets)[i], fmt::format("{}.text_offset[{}]", base, i),
-                                     where);
+      token.text_offset =
+          integer_at((*offsets)[i], fmt::format("{}.text_offset[{}]", base, i), where);
     out.tokens.push_back(std::move(token));
   }
   return out;
@@ -291,8 +290,8 @@ std::optional<Tokenized> tokenize(Client& client, std::string_view text, const s
     const char* path;
     const char* key;
   };
-  for (Form form : {Form{"/tokenize", "prompt"}, Form{"/tokenize", "text"},
-                    Form{"/v1/tokenize", "prompt"}}) {
+  for (Form form :
+       {Form{"/tokenize", "prompt"}, Form{"/tokenize", "text"}, Form{"/v1/tokenize", "prompt"}}) {
     json body = {{form.key, std::string(text)}, {"add_special_tokens", false}};
     if (!model.empty()) body["model"] = model;
     HttpResponse response = client.post_json(form.path, body);
@@ -301,10 +300,9 @@ std::optional<Tokenized> tokenize(Client& client, std::string_view text, const s
       continue;
     const std::string where = client.where(form.path);
     if (response.status < 200 || response.status >= 300)
-      throw RequestError(where,
-                         fmt::format("HTTP {}: {}", response.status,
-                                     error_message_of(response.body)),
-                         FailureKind::http, response.status);
+      throw RequestError(
+          where, fmt::format("HTTP {}: {}", response.status, error_message_of(response.body)),
+          FailureKind::http, response.status);
     auto doc = json::parse(response.body, nullptr, false);
     if (doc.is_discarded())
       throw RequestError(where, "malformed answer: not JSON", FailureKind::malformed);

@@ -1,0 +1,193 @@
+// OpenAI answer parsing (legacy completions logprobs, chat logprobs), strict errors that
+// name the JSON path, /tokenize in vLLM's and SGLang's forms, and Prometheus text.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cmath>
+#include <thread>
+
+#include "net/net.h"
+
+namespace kvaudit::net {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+std::string malformed_message(const json& body, bool chat = false) {
+  try {
+    if (chat)
+      parse_chat_completion(body, "http://h/v1/chat/completions");
+    else
+      parse_completion(body, "http://h/v1/completions");
+  } catch (const RequestError& error) {
+    EXPECT_EQ(error.kind(), FailureKind::malformed) << error.what();
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Protocol, LegacyCompletionWithEchoAndLogprobs) {
+  json body = json::parse(R"({
+    "id": "cmpl-1", "object": "text_completion", "model": "qwen",
+    "choices": [{"index": 0, "text": "ab c", "finish_reason": "length",
+      "logprobs": {"tokens": ["ab", " c"], "token_logprobs": [null, -0.25],
+                   "top_logprobs": [null, {" d": -2.0, " c": -0.25}],
+                   "text_offset": [0, 2]}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})");
+  Completion c = parse_completion(body, "u");
+  EXPECT_EQ(c.text, "ab c");
+  EXPECT_EQ(c.finish_reason, "length");
+  EXPECT_EQ(c.model, "qwen");
+  ASSERT_TRUE(c.has_logprobs);
+  ASSERT_EQ(c.tokens.size(), 2u);
+  EXPECT_FALSE(c.tokens[0].logprob);
+  EXPECT_EQ(c.tokens[1].logprob, -0.25);
+  ASSERT_EQ(c.tokens[1].top.size(), 2u);
+  EXPECT_EQ(c.tokens[1].top[0].token, " c");  // sorted, most likely first
+  EXPECT_EQ(c.tokens[1].text_offset, 2);
+  EXPECT_EQ(c.prompt_tokens, 1);
+  EXPECT_EQ(c.completion_tokens, 1);
+}
+
+TEST(Protocol, ChatWithTopLogprobs) {
+  json body = json::parse(R"({"choices": [{"message": {"role": "assistant", "content": "42"},
+    "finish_reason": "stop", "logprobs": {"content": [{"token": "42", "logprob": -0.1,
+    "bytes": [52, 50], "top_logprobs": [{"token": "41", "logprob": -3.0},
+                                        {"token": "42", "logprob": -0.1}]}]}}]})");
+  Completion c = parse_chat_completion(body, "u");
+  EXPECT_EQ(c.text, "42");
+  ASSERT_EQ(c.tokens.size(), 1u);
+  EXPECT_EQ(c.tokens[0].top[0].token, "42");
+}
+
+TEST(Protocol, StrictErrorsNameThePath) {
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": []})")), HasSubstr("$.choices: empty"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"data": 1})")), HasSubstr("$.choices: missing"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"text": 5}]})")),
+              HasSubstr("$.choices[0].text: expected a string, got a number"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"text": "a", "logprobs":
+      {"tokens": ["a"], "token_logprobs": [-1, -2]}}]})")),
+              HasSubstr("1 tokens but 2 token_logprobs"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"text": "a", "logprobs":
+      {"tokens": ["a"], "token_logprobs": [0.5]}}]})")),
+              HasSubstr("token_logprobs[0]: log-prob 0.5 is not <= 0"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"text": "a", "logprobs":
+      {"tokens": ["a"], "token_logprobs": [-1], "top_logprobs": [["x"]]}}]})")),
+              HasSubstr("top_logprobs[0]: expected an object, got an array"));
+  EXPECT_THAT(malformed_message(json::parse(R"([1, 2])")), HasSubstr("$: expected an object"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"message": {}}]})"), true),
+              HasSubstr("$.choices[0].message.content: missing"));
+  EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"message": {"content": "x"},
+      "logprobs": {"content": [{"token": "x"}]}}]})"),
+                                true),
+              HasSubstr("logprobs.content[0].logprob: missing"));
+  EXPECT_THROW(parse_model_list(json::parse(R"({"data": [{"object": "model"}]})"), "u"),
+               RequestError);
+  EXPECT_THROW(parse_tokenize(json::parse(R"({"tokens": [1, -5]})"), "u"), RequestError);
+  EXPECT_THROW(parse_tokenize(json::parse(R"({"tokens": [1, 2], "count": 3})"), "u"), RequestError);
+}
+
+TEST(Protocol, ErrorBodies) {
+  EXPECT_EQ(error_message_of(R"({"error": {"message": "boom", "type": "x"}})"), "boom");
+  EXPECT_EQ(error_message_of(R"({"object": "error", "message": "flat", "code": 400})"), "flat");
+  EXPECT_EQ(error_message_of(R"({"detail": "Not Found"})"), "Not Found");
+  EXPECT_EQ(error_message_of("plain\ntext"), "plain text");
+  EXPECT_EQ(error_message_of(""), "(empty body)");
+  EXPECT_EQ(error_message_of(std::string(500, 'z')).size(), 163u);
+}
+
+TEST(Protocol, RequestBodies) {
+  CompletionRequest request;
+  request.model = "m";
+  request.prompt_ids = {1, 2, 3};
+  request.echo = true;
+  request.logprobs = 5;
+  request.stop = {"\n"};
+  json body = to_json(request);
+  EXPECT_EQ(body["prompt"], json::array({1, 2, 3}));
+  EXPECT_EQ(body["echo"], true);
+  EXPECT_EQ(body["logprobs"], 5);
+  EXPECT_EQ(body["stop"], json::array({"\n"}));
+  ChatRequest chat_request;
+  chat_request.messages = {{"user", "hi"}};
+  chat_request.top_logprobs = 3;
+  json chat_body = to_json(chat_request);
+  EXPECT_EQ(chat_body["logprobs"], true);
+  EXPECT_EQ(chat_body["top_logprobs"], 3);
+  EXPECT_EQ(chat_body["messages"][0]["content"], "hi");
+}
+
+// /tokenize: vLLM takes {"prompt"}, SGLang's older native form {"text"}; the client tries
+// both, and reports "no endpoint" when the server has neither.
+TEST(Protocol, TokenizeForms) {
+  httplib::Server server;
+  server.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+    auto body = json::parse(req.body);
+    if (!body.contains("text")) {
+      res.status = 422;
+      res.set_content(R"({"detail": "field required: text"})", "application/json");
+      return;
+    }
+    std::string text = body["text"];
+    json tokens = json::array();
+    for (unsigned char c : text) tokens.push_back(int(c));
+    res.set_content(
+        json({{"tokens", tokens}, {"count", text.size()}, {"max_model_len", 1e30}}).dump(),
+        "application/json");
+  });
+  int port = server.bind_to_any_port("127.0.0.1");
+  std::thread thread([&] { server.listen_after_bind(); });
+  ClientOptions options;
+  options.max_retries = 0;
+  Client client(parse_url("127.0.0.1:" + std::to_string(port)), options);
+  auto tokens = tokenize(client, "abc");
+  ASSERT_TRUE(tokens);
+  EXPECT_EQ(tokens->ids, (std::vector<int32_t>{97, 98, 99}));
+  EXPECT_FALSE(tokens->max_model_len);  // 1e30 is "no limit", not a length
+  server.stop();
+  thread.join();
+
+  httplib::Server bare;
+  int bare_port = bare.bind_to_any_port("127.0.0.1");
+  std::thread bare_thread([&] { bare.listen_after_bind(); });
+  Client bare_client(parse_url("127.0.0.1:" + std::to_string(bare_port)), options);
+  EXPECT_FALSE(tokenize(bare_client, "abc"));
+  bare.stop();
+  bare_thread.join();
+}
+
+TEST(Prometheus, VllmCacheConfigInfo) {
+  const std::string text =
+      "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+      "# TYPE vllm:cache_config_info gauge\n"
+      "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8_e4m3\","
+      "calculate_kv_scales=\"False\",engine=\"0\",gpu_memory_utilization=\"0.9\","
+      "num_gpu_blocks=\"12345\",prefix=\"a\\\"b\\\\c\\nd\"} 1.0\n"
+      "vllm:num_requests_running{model_name=\"m\"} 0.0 1700000000000\r\n"
+      "\n"
+      "process_open_fds 42\n"
+      "vllm:x_total +Inf\n";
+  auto samples = parse_prometheus(text, "metrics");
+  ASSERT_EQ(samples.size(), 4u);
+  EXPECT_EQ(samples[0].name, "vllm:cache_config_info");
+  EXPECT_EQ(samples[0].labels.at("cache_dtype"), "fp8_e4m3");
+  EXPECT_EQ(samples[0].labels.at("num_gpu_blocks"), "12345");
+  EXPECT_EQ(samples[0].labels.at("prefix"), "a\"b\\c\nd");
+  EXPECT_EQ(samples[0].value, 1.0);
+  EXPECT_EQ(samples[2].value, 42.0);
+  EXPECT_TRUE(std::isinf(samples[3].value));
+  for (const char* bad : {"name{a=\"1\" 1", "name{a=1} 1", "name{a=\"1\"}", "name x",
+                          "name{=\"1\"} 1", "{a=\"1\"} 1", "name 1 2 3"}) {
+    EXPECT_THROW(parse_prometheus(bad, "metrics"), InputError) << bad;
+  }
+  try {
+    parse_prometheus("ok 1\nbad{", "http://h/metrics");
+  } catch (const InputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("http://h/metrics: line 2"));
+  }
+}
+
+}  // namespace
+}  // namespace kvaudit::net
