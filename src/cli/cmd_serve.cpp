@@ -1,0 +1,126 @@
+// kvaudit serve: the reference engine behind an OpenAI-compatible HTTP API that starts, logs
+// and resolves its KV cache like SGLang (see serve/serve.h). The start-up log goes to stderr;
+// SIGTERM / SIGINT stop accepting, finish every accepted request and exit 0.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <pthread.h>
+
+#include "cli/commands.h"
+#include "serve/serve.h"
+#include "util/util.h"
+
+namespace kvaudit::cli {
+
+namespace {
+
+struct ServeFlags {
+  serve::ServeOptions options;
+  std::string context_length;
+  std::string max_total_tokens;
+};
+
+std::optional<int64_t> token_flag(const std::string& text, const char* flag) {
+  if (text.empty()) return std::nullopt;
+  auto tokens = parse_token_count(text);
+  if (!tokens || *tokens <= 0) throw InputError(flag, "expects a token count such as 4096 or 8k");
+  return tokens;
+}
+
+int run_serve_command(ServeFlags flags) {
+  flags.options.context_length = token_flag(flags.context_length, "--context-length");
+  flags.options.max_total_tokens = token_flag(flags.max_total_tokens, "--max-total-tokens");
+
+  // Signals go to one waiting thread (blocked everywhere else; threads inherit the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);  // internal: wakes the waiter when the server ends otherwise
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto log_mutex = std::make_shared<std::mutex>();
+  serve::Server server(flags.options, [log_mutex](std::string_view line) {
+    std::lock_guard<std::mutex> lock(*log_mutex);
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fputc('\n', stderr);
+    std::fflush(stderr);
+  });
+  server.bind();
+  std::thread waiter([&server, signals] {
+    int received = 0;
+    sigwait(&signals, &received);
+    server.stop();
+  });
+  // Wakes the waiter when run() ends without a signal (or throws); harmless once it returned.
+  struct WakeAndJoin {
+    std::thread& thread;
+    ~WakeAndJoin() {
+      pthread_kill(thread.native_handle(), SIGUSR1);
+      thread.join();
+    }
+  } wake_and_join{waiter};
+  server.run();
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, Runner& run) {
+  auto flags = std::make_shared<ServeFlags>();
+  serve::ServeOptions& o = flags->options;
+  CLI::App* command = app.add_subcommand(
+      "serve",
+      "Serve a checkpoint over an OpenAI-compatible HTTP API on the reference CPU engine, "
+      "resolving and logging its KV cache exactly as SGLang would");
+  command->add_option("--model,--model-path", o.model_dir, "Checkpoint folder (HF layout)")
+      ->required();
+  command
+      ->add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                   "SGLang choice (auto, bf16, fp8_e4m3, fp8_e5m2, ...) or a kvaudit KV "
+                   "format (fp8_e4m3:head, int8:token, int4:kivi, ...)")
+      ->capture_default_str();
+  command->add_option("--engine-version", o.engine_version,
+                      "SGLang version whose behaviour to follow (default: latest known)");
+  command->add_option("--quantization-param-path", o.quantization_param_path,
+                      "SGLang KV-scale JSON ({kv_cache: {dtype, scaling_factor}})");
+  command->add_option("--context-length", flags->context_length,
+                      "Longest prompt + completion in tokens (default: max_position_embeddings)");
+  command->add_option("--max-total-tokens", flags->max_total_tokens,
+                      "KV pool size in tokens (default: from --kv-pool-mib)");
+  command->add_option("--kv-pool-mib", o.kv_pool_mib, "KV pool budget in MiB")
+      ->capture_default_str();
+  command
+      ->add_option("--mem-fraction-static", o.mem_fraction_static,
+                   "Shapes the logged (virtual) device memory as SGLang's flag does")
+      ->capture_default_str();
+  command->add_option("--served-model-name", o.served_model_name,
+                      "Model id in the API (default: the folder's name)");
+  command->add_option("--host", o.host, "Address to listen on")->capture_default_str();
+  command->add_option("--port", o.port, "Port (0: any free port, printed in the ready line)")
+      ->capture_default_str();
+  command->add_option("--threads", o.compute_threads, "Compute threads inside a forward pass")
+      ->capture_default_str();
+  command->add_option("--http-threads", o.http_threads, "Connections served at once")
+      ->capture_default_str();
+  command
+      ->add_option("--max-queued-requests", o.max_queued_requests,
+                   "Requests waiting or running before new ones get 429")
+      ->capture_default_str();
+  command->add_option("--max-body-bytes", o.max_body_bytes, "Largest request body (413 above)")
+      ->capture_default_str();
+  command
+      ->add_option("--max-tokens-limit", o.max_tokens_limit,
+                   "Largest max_tokens a request may ask for")
+      ->capture_default_str();
+  command
+      ->add_option("--random-seed", o.random_seed, "Seeds sampling for requests that give no seed")
+      ->capture_default_str();
+  command->callback([&run, flags] { run = [flags] { return run_serve_command(*flags); }; });
+}
+
+}  // namespace kvaudit::cli
