@@ -29,6 +29,8 @@ struct LocalServer {
     port = server.bind_to_any_port("127.0.0.1");
     ASSERT_GT(port, 0);
     thread = std::thread([this] { server.listen_after_bind(); });
+    // A stop() before the accept loop runs would be lost and join() would hang.
+    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
   ~LocalServer() {

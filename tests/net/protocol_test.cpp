@@ -139,6 +139,7 @@ TEST(Protocol, TokenizeForms) {
   });
   int port = server.bind_to_any_port("127.0.0.1");
   std::thread thread([&] { server.listen_after_bind(); });
+  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ClientOptions options;
   options.max_retries = 0;
   Client client(parse_url("127.0.0.1:" + std::to_string(port)), options);
@@ -152,6 +153,7 @@ TEST(Protocol, TokenizeForms) {
   httplib::Server bare;
   int bare_port = bare.bind_to_any_port("127.0.0.1");
   std::thread bare_thread([&] { bare.listen_after_bind(); });
+  while (!bare.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   Client bare_client(parse_url("127.0.0.1:" + std::to_string(bare_port)), options);
   EXPECT_FALSE(tokenize(bare_client, "abc"));
   bare.stop();

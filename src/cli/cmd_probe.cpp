@@ -1,0 +1,161 @@
+// kvaudit probe: verify a live OpenAI-compatible server (SGLang, vLLM, kvaudit serve), or
+// A/B two deployments on long-context code recall.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "probe/probe.h"
+#include "util/util.h"
+
+namespace kvaudit::cli {
+
+namespace {
+
+struct ProbeFlags {
+  std::string url;
+  std::string compare_url;
+  bool smoke = false;
+  bool recall = false;
+  std::string recall_ctx = "1k,4k";
+  std::string recall_depth = "256,2k";
+  int recall_cases = 2;
+  uint64_t seed = 1;
+  int top_logprobs = 5;
+  std::string model;
+  std::string checkpoint;
+  std::string results;
+  std::string api_key;
+  double timeout_s = 600;
+  double connect_timeout_s = 10;
+  int retries = 4;
+  double backoff_s = 0.5;
+  int concurrency = 2;
+  bool insecure = false;
+  std::string ca_cert;
+  bool progress = false;
+  std::string fail_on = "critical";
+  OutputOptions output;
+};
+
+std::vector<int64_t> token_counts(const std::string& list, const char* flag) {
+  std::vector<int64_t> values;
+  for (const std::string& item : split_list(list)) {
+    auto tokens = parse_token_count(item);
+    if (!tokens || *tokens <= 0) throw InputError(flag, "expects token counts like 1k,4k,32k");
+    values.push_back(*tokens);
+  }
+  if (values.empty()) throw InputError(flag, "expects at least one token count");
+  return values;
+}
+
+std::chrono::milliseconds milliseconds(double seconds, const char* flag) {
+  if (!(seconds > 0) || seconds > 86'400) throw InputError(flag, "expects seconds in (0, 86400]");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+// A one-line progress bar on stderr, redrawn in place.
+void draw_progress(int64_t done, int64_t total, const std::string& label) {
+  constexpr int kWidth = 30;
+  int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
+  std::string bar(filled, '=');
+  bar.resize(kWidth, ' ');
+  std::string shown = label.size() > 40 ? label.substr(0, 40) : label;
+  std::fprintf(stderr, "\r[%s] %lld/%lld %-40s", bar.c_str(), static_cast<long long>(done),
+               static_cast<long long>(total), shown.c_str());
+  if (done == total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+int run_probe_command(const ProbeFlags& flags) {
+  net::ClientOptions client;
+  client.api_key = flags.api_key.empty() ? net::api_key_from_environment() : flags.api_key;
+  client.read_timeout = milliseconds(flags.timeout_s, "--timeout");
+  client.connect_timeout = milliseconds(flags.connect_timeout_s, "--connect-timeout");
+  client.max_retries = flags.retries;
+  client.backoff_initial = milliseconds(flags.backoff_s, "--backoff");
+  client.max_concurrency = flags.concurrency;
+  client.verify_tls = !flags.insecure;
+  client.ca_cert_file = flags.ca_cert;
+
+  probe::ProbeOptions options;
+  options.smoke = flags.smoke;
+  options.recall = flags.recall;
+  options.ctx_tokens = token_counts(flags.recall_ctx, "--recall-ctx");
+  options.depth_tokens = token_counts(flags.recall_depth, "--recall-depth");
+  options.cases_per_cell = flags.recall_cases;
+  options.seed = flags.seed;
+  options.top_logprobs = flags.top_logprobs;
+  options.model = flags.model;
+  options.results_path = flags.results;
+  options.concurrency = flags.concurrency;
+  if (flags.progress || isatty(STDERR_FILENO)) options.on_progress = draw_progress;
+
+  std::vector<std::string> urls = {flags.url};
+  if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
+  probe::RunResult result = probe::run_probes(urls, client, options, flags.checkpoint);
+  report::Report out = probe::build_probe_report(result, options);
+  emit(out, flags.output);
+  bool gate = false;
+  for (const auto& finding : out.findings) {
+    if (flags.fail_on == "critical") gate |= finding.severity == report::Severity::critical;
+    if (flags.fail_on == "warning") gate |= finding.severity >= report::Severity::warning;
+  }
+  return probe::probe_failed(result) || gate ? kExitGateFailed : kExitOk;
+}
+
+}  // namespace
+
+void add_probe_command(CLI::App& app, Runner& run) {
+  auto flags = std::make_shared<ProbeFlags>();
+  CLI::App* probe = app.add_subcommand(
+      "probe",
+      "Verify a live OpenAI-compatible server (engine, KV dtype, capacity, smoke, recall) or "
+      "A/B two deployments");
+  probe->add_option("url", flags->url, "Server base URL, e.g. http://127.0.0.1:30000")->required();
+  probe->add_option("--compare", flags->compare_url,
+                    "Second server: run the identical probes on both and compare them");
+  probe->add_flag("--smoke", flags->smoke,
+                  "Short completion, arithmetic with a checkable answer, medium-length prompt");
+  probe->add_flag("--recall", flags->recall, "Long-context code recall over ctx x depth");
+  probe->add_option("--recall-ctx", flags->recall_ctx, "Context lengths of the recall grid");
+  probe->add_option("--recall-depth", flags->recall_depth, "Depths of the recall grid (tokens)");
+  probe->add_option("--recall-cases", flags->recall_cases, "Cases per grid cell")
+      ->check(CLI::Range(1, 1000));
+  probe->add_option("--seed", flags->seed, "Seed of the probe texts and of sampling");
+  probe
+      ->add_option("--top-logprobs", flags->top_logprobs,
+                   "Alternatives per token for the KL estimate")
+      ->check(CLI::Range(1, 20));
+  probe->add_option("--model", flags->model, "Model name to request (default: /v1/models)");
+  probe->add_option(
+      "--checkpoint", flags->checkpoint,
+      "Local copy of the served checkpoint: run the full check on the server's flags");
+  probe->add_option("--results", flags->results,
+                    "JSON-lines results file: each finished probe is appended; a rerun resumes");
+  probe->add_option("--api-key", flags->api_key,
+                    "Bearer token (default: $KVAUDIT_API_KEY, then $OPENAI_API_KEY)");
+  probe->add_option("--timeout", flags->timeout_s,
+                    "Seconds to wait for bytes of an answer before giving up (read timeout)");
+  probe->add_option("--connect-timeout", flags->connect_timeout_s, "Seconds to connect");
+  probe
+      ->add_option("--retries", flags->retries,
+                   "Retries on 429/5xx, refused connections and timeouts (exponential backoff)")
+      ->check(CLI::Range(0, 20));
+  probe->add_option("--backoff", flags->backoff_s, "First retry delay in seconds (doubles)");
+  probe->add_option("--concurrency", flags->concurrency, "Requests in flight per server")
+      ->check(CLI::Range(1, 256));
+  probe->add_flag("--insecure", flags->insecure, "https: skip certificate verification");
+  probe->add_option("--ca-cert", flags->ca_cert, "https: extra CA bundle (PEM)");
+  probe->add_flag("--progress", flags->progress,
+                  "Progress bar on stderr even when it is not a terminal");
+  probe->add_option("--fail-on", flags->fail_on, "Exit 1 on findings at this level")
+      ->check(CLI::IsMember({"critical", "warning", "never"}));
+  add_output_options(*probe, flags->output);
+  probe->callback([flags, &run] { run = [flags] { return run_probe_command(*flags); }; });
+}
+
+}  // namespace kvaudit::cli

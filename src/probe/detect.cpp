@@ -1,0 +1,299 @@
+// Engine detection (what the server says about itself) and the findings that apply.
+// SGLang: GET /get_server_info returns its ServerArgs flattened plus scheduler info
+// (max_total_num_tokens) and internal_states[] (python/sglang/srt/entrypoints/
+// http_server.py). vLLM: /metrics carries vllm:cache_config_info, an info gauge whose
+// labels are the CacheConfig fields; /version the release; /v1/models max_model_len.
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "audit/audit.h"
+#include "engines/engines.h"
+#include "probe/probe.h"
+
+namespace kvaudit::probe {
+
+using nlohmann::json;
+
+namespace {
+
+std::string text_of(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_null()) return "";
+  return value.dump();
+}
+
+std::optional<int64_t> integer_of(const json& value) {
+  if (value.is_number_integer()) return value.get<int64_t>();
+  if (value.is_number_float()) {
+    double number = value.get<double>();
+    if (number >= 0 && number < 9e15 && number == static_cast<double>(int64_t(number)))
+      return static_cast<int64_t>(number);
+  }
+  if (value.is_string()) {
+    try {
+      size_t used = 0;
+      int64_t number = std::stoll(value.get<std::string>(), &used);
+      if (used == value.get<std::string>().size()) return number;
+    } catch (const std::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+bool is_quantized(const std::string& dtype) {
+  return dtype.rfind("fp8", 0) == 0 || dtype.rfind("fp4", 0) == 0 || dtype == "nvfp4" ||
+         dtype == "mxfp8" || dtype.rfind("int", 0) == 0;
+}
+
+}  // namespace
+
+void read_sglang_server_info(const json& info, ServerFacts& facts) {
+  const std::string where = facts.url + "/get_server_info";
+  facts.engine = "sglang";
+  facts.detected_by = "/get_server_info";
+  auto field = [&](const char* key) -> const json* {
+    auto it = info.find(key);
+    return it == info.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (auto* v = field("version")) facts.engine_version = text_of(*v);
+  if (auto* v = field("model_path")) facts.model_path = text_of(*v);
+  if (auto* v = field("served_model_name"); v && facts.model_id.empty())
+    facts.model_id = text_of(*v);
+  if (auto* v = field("kv_cache_dtype")) {
+    facts.kv_cache_dtype = text_of(*v);
+    facts.kv_cache_dtype_source = where + " kv_cache_dtype";
+    facts.evidence.push_back({where, "kv_cache_dtype", facts.kv_cache_dtype});
+  }
+  if (auto* v = field("quantization_param_path")) facts.quantization_param_path = text_of(*v);
+  if (auto* v = field("quantization")) facts.quantization = text_of(*v);
+  if (auto* v = field("dtype")) facts.dtype = text_of(*v);
+  if (auto* v = field("context_length")) facts.context_length = integer_of(*v);
+  if (auto* v = field("page_size")) facts.page_size = integer_of(*v);
+  if (auto* v = field("tp_size"); v && integer_of(*v)) facts.tp = static_cast<int>(*integer_of(*v));
+  // max_total_num_tokens: scheduler info at the top level in most releases; newer ones
+  // report per-DP internal states. Take the top level, else the smallest DP rank's.
+  if (auto* v = field("max_total_num_tokens"); v && integer_of(*v)) {
+    facts.capacity_tokens = integer_of(*v);
+    facts.capacity_source = where + " max_total_num_tokens";
+  } else if (auto* states = field("internal_states"); states && states->is_array()) {
+    for (const auto& state : *states) {
+      if (!state.is_object() || !state.contains("max_total_num_tokens")) continue;
+      auto tokens = integer_of(state["max_total_num_tokens"]);
+      if (tokens && (!facts.capacity_tokens || *tokens < *facts.capacity_tokens)) {
+        facts.capacity_tokens = tokens;
+        facts.capacity_source = where + " internal_states[].max_total_num_tokens";
+      }
+    }
+  }
+  if (facts.capacity_tokens)
+    facts.evidence.push_back(
+        {where, "max_total_num_tokens", with_thousands(*facts.capacity_tokens)});
+  if (!facts.quantization_param_path.empty())
+    facts.evidence.push_back({where, "quantization_param_path", facts.quantization_param_path});
+}
+
+bool read_vllm_metrics(const std::vector<net::MetricSample>& samples, ServerFacts& facts) {
+  const std::string where = facts.url + "/metrics";
+  for (const auto& sample : samples) {
+    if (sample.name != "vllm:cache_config_info") continue;
+    facts.engine = "vllm";
+    facts.detected_by = "/metrics vllm:cache_config_info";
+    auto label = [&](const char* key) -> std::string {
+      auto it = sample.labels.find(key);
+      return it == sample.labels.end() ? "" : it->second;
+    };
+    facts.kv_cache_dtype = label("cache_dtype");
+    facts.kv_cache_dtype_source = where + " vllm:cache_config_info{cache_dtype}";
+    facts.evidence.push_back({where, "vllm:cache_config_info cache_dtype", facts.kv_cache_dtype});
+    std::string calculate = label("calculate_kv_scales");
+    facts.calculate_kv_scales = calculate == "True" || calculate == "true";
+    auto block = integer_of(json(label("block_size")));
+    auto blocks = integer_of(json(label("num_gpu_blocks")));
+    auto size_tokens = integer_of(json(label("kv_cache_size_tokens")));
+    if (block) facts.page_size = block;
+    if (size_tokens) {
+      facts.capacity_tokens = size_tokens;
+      facts.capacity_source = where + " vllm:cache_config_info{kv_cache_size_tokens}";
+    } else if (block && blocks) {
+      facts.capacity_tokens = *block * *blocks;
+      facts.capacity_source = where + " num_gpu_blocks x block_size";
+    }
+    if (facts.capacity_tokens)
+      facts.evidence.push_back({where, "KV cache tokens", with_thousands(*facts.capacity_tokens)});
+    return true;
+  }
+  return false;
+}
+
+ServerFacts detect_server(net::Client& client) {
+  ServerFacts facts;
+  facts.url = client.url().text();
+  auto json_of = [](const net::HttpResponse& response) {
+    if (response.status != 200) return json();
+    auto doc = json::parse(response.body, nullptr, false);
+    return doc.is_discarded() ? json() : doc;
+  };
+  // Optional endpoints: a persistent 5xx there is a note, not a failure of the probe.
+  auto optional_get = [&](const char* path) {
+    try {
+      return client.get(path);
+    } catch (const net::RequestError& error) {
+      if (error.kind() != net::FailureKind::http) throw;
+      facts.notes.push_back(error.what());
+      net::HttpResponse failed;
+      failed.status = error.status();
+      return failed;
+    }
+  };
+  json info = json_of(optional_get("/get_server_info"));
+  if (info.is_object() && (info.contains("model_path") || info.contains("kv_cache_dtype"))) {
+    read_sglang_server_info(info, facts);
+  } else {
+    net::HttpResponse metrics = optional_get("/metrics");
+    if (metrics.status == 200) {
+      try {
+        if (read_vllm_metrics(net::parse_prometheus(metrics.body, client.where("/metrics")),
+                              facts)) {
+          json version = json_of(optional_get("/version"));
+          if (version.is_object() && version.contains("version"))
+            facts.engine_version = text_of(version["version"]);
+        }
+      } catch (const InputError& error) {
+        facts.notes.push_back(fmt::format("/metrics is not Prometheus text: {}", error.what()));
+      }
+    }
+  }
+  net::HttpResponse models = optional_get("/v1/models");
+  if (models.status == 200) {
+    try {
+      auto cards = net::parse_model_list(json::parse(models.body), client.where("/v1/models"));
+      if (!cards.empty()) {
+        facts.model_id = cards[0].id;
+        if (cards[0].max_model_len && !facts.context_length)
+          facts.context_length = cards[0].max_model_len;
+        if (facts.model_path.empty() && !cards[0].root.empty()) facts.model_path = cards[0].root;
+        facts.evidence.push_back({client.where("/v1/models"), "data[0].id", facts.model_id});
+      }
+    } catch (const std::exception& error) {
+      facts.notes.push_back(fmt::format("/v1/models: {}", error.what()));
+    }
+  } else {
+    facts.notes.push_back(fmt::format("/v1/models answered HTTP {}: {}", models.status,
+                                      net::error_message_of(models.body)));
+  }
+  if (facts.detected_by.empty()) facts.detected_by = models.status == 200 ? "/v1/models" : "none";
+  facts.has_tokenize = net::tokenize(client, "kvaudit", facts.model_id).has_value();
+  return facts;
+}
+
+std::vector<report::Finding> server_findings(const ServerFacts& facts,
+                                             const checkpoint::ModelFacts* model) {
+  std::vector<report::Finding> findings;
+  const std::string where = facts.url;
+  if (facts.engine == "generic") {
+    findings.push_back(
+        {"probe-engine-unknown",
+         report::Severity::info,
+         "The server does not say which engine it is or how its KV cache is stored",
+         "Neither SGLang's /get_server_info nor vLLM's vllm:cache_config_info answered, so the "
+         "KV dtype and capacity are unknown; only the behavioural probes can judge it.",
+         {{where, "detected by", facts.detected_by}},
+         "read the server's start-up log with kvaudit logs",
+         ""});
+    return findings;
+  }
+  engines::EngineData data = engines::load_engine_data(facts.engine);
+  const std::string reported =
+      facts.kv_cache_dtype.empty() ? "" : engines::normalise_kv_dtype(data, facts.kv_cache_dtype);
+  std::string version = facts.engine_version;
+  if (!version.empty() && !engines::parse_version(version)) version.clear();
+
+  if (model) {
+    engines::LaunchFlags flags;
+    flags.engine = facts.engine;
+    flags.engine_version = version;
+    flags.kv_cache_dtype = facts.kv_cache_dtype.empty() ? "auto" : facts.kv_cache_dtype;
+    flags.kv_cache_dtype_flag = "--kv-cache-dtype";
+    flags.model_path = facts.model_path;
+    flags.tp = facts.tp;
+    flags.quantization_param_path = facts.quantization_param_path;
+    flags.quantization = facts.quantization;
+    if (!facts.dtype.empty()) flags.dtype = facts.dtype;
+    flags.context_length = facts.context_length;
+    flags.calculate_kv_scales = facts.calculate_kv_scales;
+    if (facts.page_size) flags.page_size = static_cast<int>(*facts.page_size);
+    flags.source = "server " + where;
+    audit::CheckInput input;
+    input.model = *model;
+    input.flags = flags;
+    input.engine = data;
+    input.version_given = !version.empty();
+    audit::CheckResult result = audit::run_check(input);
+    findings = result.findings;
+    if (!reported.empty() && reported != "auto" && result.resolved.kv_cache_dtype != reported)
+      findings.insert(
+          findings.begin(),
+          {"probe-kv-dtype-mismatch",
+           report::Severity::warning,
+           fmt::format("The server reports KV dtype {} but check predicts {} for this "
+                       "checkpoint and flags",
+                       reported, result.resolved.kv_cache_dtype),
+           "Either the served checkpoint differs from the one given, or the engine resolved "
+           "the dtype differently than its data says.",
+           {{where, "kv_cache_dtype", facts.kv_cache_dtype},
+            {model->dir.string(), "predicted", result.resolved.kv_cache_dtype}},
+           "confirm the served checkpoint path and read the start-up log with kvaudit logs",
+           result.resolved.rule_reference});
+    return findings;
+  }
+
+  const json& fallback = data.document.value("fallback", json::object());
+  if (is_quantized(reported)) {
+    const bool sglang_scales_given =
+        facts.engine == "sglang" && !facts.quantization_param_path.empty();
+    const bool vllm_dynamic = facts.engine == "vllm" && facts.calculate_kv_scales;
+    if (!sglang_scales_given && !vllm_dynamic) {
+      std::vector<report::Evidence> evidence = {{where, "kv_cache_dtype", facts.kv_cache_dtype}};
+      if (facts.engine == "sglang")
+        evidence.push_back({where, "quantization_param_path", "unset"});
+      else
+        evidence.push_back({where, "calculate_kv_scales", "False"});
+      evidence.push_back({data.file.string(), "fallback",
+                          "scale 1.0 when the checkpoint's k/v scales are missing or not loaded"});
+      findings.push_back(
+          {"probe-kv-scales-unverified", report::Severity::warning,
+           fmt::format("{} KV cache with no scale source the server reports: {} uses scale 1.0 "
+                       "unless the checkpoint ships k/v scales this version loads",
+                       reported, facts.engine),
+           "At scale 1.0 large keys clip and small values lose precision or flush to zero; "
+           "nothing is logged per layer, and long-context recall suffers first.",
+           evidence,
+           "rerun with --checkpoint DIR (a copy of the served checkpoint) so kvaudit can see "
+           "whether the scales exist and load; or serve with --kv-cache-dtype bf16",
+           fallback.value("reference", "")});
+    }
+  }
+  if (facts.engine == "sglang" && reported == "auto")
+    findings.push_back(
+        {"probe-kv-dtype-auto",
+         report::Severity::info,
+         "SGLang reports kv_cache_dtype auto: the resolved dtype depends on the checkpoint",
+         "Under auto a checkpoint declaring kv_cache_quant_algo FP8 gets an FP8 E4M3 cache; "
+         "SGLang rewrites the server argument when it does so, but whether /get_server_info "
+         "shows the rewritten value is unverified.",
+         {{where, "kv_cache_dtype", "auto"}},
+         "rerun with --checkpoint DIR, or read the start-up log with kvaudit logs",
+         ""});
+  if (reported.empty())
+    findings.push_back({"probe-kv-dtype-unknown",
+                        report::Severity::info,
+                        fmt::format("{} did not report its KV cache dtype", facts.engine),
+                        "Only the behavioural probes can judge the KV precision.",
+                        {{where, "detected by", facts.detected_by}},
+                        "read the start-up log with kvaudit logs",
+                        ""});
+  return findings;
+}
+
+}  // namespace kvaudit::probe

@@ -1,0 +1,198 @@
+// probe: verifies a live OpenAI-compatible server (SGLang, vLLM, `kvaudit serve`, or any
+// other) over HTTP: what it really runs (engine, model, resolved KV dtype, capacity) and
+// the `check` findings that apply; a smoke test; the long-context code-recall probe of
+// eval/ over a grid of context lengths x depths; and an A/B comparison of two deployments
+// on the identical probe set (first diverging token, KL estimate from top-k log-probs,
+// verdict). Finished probes are appended to a JSON-lines results file so a killed run
+// resumes. Not here: HTTP and the OpenAI protocol (net/), rendering (report/, via cli/),
+// engine rules (engines/, audit/).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "net/net.h"
+#include "report/report.h"
+
+namespace kvaudit::probe {
+
+// ---------------------------------------------------------------- detection
+
+struct ServerFacts {
+  std::string url;
+  std::string engine = "generic";  // "sglang" | "vllm" | "generic"
+  std::string engine_version;      // as reported ("" unknown)
+  std::string detected_by;         // endpoint that identified the engine
+  std::string model_id;            // served model name (/v1/models), sent as "model"
+  std::string model_path;          // checkpoint path the server loaded, when it says
+  std::string kv_cache_dtype;      // as reported ("auto", "fp8_e4m3", "fp8", ""= unknown)
+  std::string kv_cache_dtype_source;
+  std::optional<int64_t> capacity_tokens;  // KV cache size in tokens
+  std::string capacity_source;
+  std::optional<int64_t> context_length;  // max tokens per request
+  std::optional<int64_t> page_size;       // SGLang page_size / vLLM block_size
+  int tp = 1;
+  std::string dtype;  // model dtype flag ("auto", "bfloat16")
+  std::string quantization;
+  std::string quantization_param_path;
+  bool calculate_kv_scales = false;  // vLLM
+  bool has_tokenize = false;
+  std::vector<report::Evidence> evidence;  // what each endpoint said
+  std::vector<std::string> notes;
+};
+
+// Reads SGLang's /get_server_info (server args flattened, scheduler info, and
+// internal_states[] which may hold max_total_num_tokens) into facts.
+void read_sglang_server_info(const nlohmann::json& info, ServerFacts& facts);
+// Reads vLLM's vllm:cache_config_info gauge (labels: cache_dtype, block_size,
+// num_gpu_blocks, calculate_kv_scales, ...); false when the metrics lack it.
+bool read_vllm_metrics(const std::vector<net::MetricSample>& samples, ServerFacts& facts);
+
+// Asks the server: /get_server_info, /metrics (+ /version), /v1/models, /tokenize.
+// Transport failures propagate as net::RequestError; missing endpoints do not.
+ServerFacts detect_server(net::Client& client);
+
+// The `check` findings that apply. With the checkpoint's facts (a local copy, or the
+// server's model_path when readable here) the full audit runs on flags taken from the
+// server; without, only what the server's own answers establish.
+std::vector<report::Finding> server_findings(const ServerFacts& facts,
+                                             const checkpoint::ModelFacts* model);
+
+// ---------------------------------------------------------------- probes
+
+struct ProbeOptions {
+  bool smoke = false;
+  bool recall = false;
+  std::vector<int64_t> ctx_tokens = {1024, 4096};
+  std::vector<int64_t> depth_tokens = {256, 2048};  // cells with depth >= ctx are skipped
+  int cases_per_cell = 2;
+  uint64_t seed = 1;
+  int top_logprobs = 5;      // alternatives per token for the KL estimate
+  std::string model;         // "" : each server's first /v1/models id
+  std::string results_path;  // "" : no results file (a killed run starts over)
+  int concurrency = 2;       // probes in flight per run
+  // Called after each finished probe (from worker threads, serialised).
+  std::function<void(int64_t done, int64_t total, const std::string& label)> on_progress;
+};
+
+struct TopEntry {
+  std::string token;
+  double logprob = 0.0;
+};
+
+// One scored position: the token there (generated, or the teacher-forced text's) and
+// the server's top alternatives.
+struct Position {
+  std::string token;
+  std::optional<double> logprob;
+  std::vector<TopEntry> top;
+};
+
+// One finished probe on one server: what was asked, what came back, how it scored.
+struct ProbeRecord {
+  std::string server;  // URL
+  std::string id;      // "smoke/arithmetic", "recall/ctx=4096/depth=256/case=0"
+  std::string kind;    // "smoke" | "recall"
+  std::string endpoint;
+  std::string expected;  // text that passes (recall: the argument list)
+  std::string output;    // greedy completion
+  bool passed = false;   // smoke: check passed; recall: exact match
+  std::string error;     // the server refused this probe (4xx): its message
+  int64_t ctx_tokens = 0;
+  int64_t depth_tokens = 0;
+  int64_t prompt_tokens = 0;  // as the server's usage says (else the counter)
+  // Teacher-forced log-prob of the expected text (echo + logprobs), when available.
+  std::optional<double> expected_logprob;
+  int64_t expected_tokens = 0;
+  std::vector<Position> generated;  // greedy tokens with top-k
+  std::vector<Position> forced;     // teacher-forced window: last prompt tokens + expected
+  double seconds = 0.0;
+};
+nlohmann::json to_json(const ProbeRecord& record);
+ProbeRecord record_from_json(const nlohmann::json& doc, const std::string& where);
+
+// A JSON-lines results file: one {"key", "record"} per finished probe, appended and
+// flushed as each finishes. Loading skips a torn last line (a killed writer).
+struct ResultsFile {
+  std::vector<std::pair<std::string, ProbeRecord>> records;  // key -> record, file order
+  int64_t skipped_lines = 0;
+};
+ResultsFile load_results(const std::string& path);
+
+// ---------------------------------------------------------------- compare
+
+struct ProbeComparison {
+  std::string id;
+  int64_t first_divergence = -1;  // index of the first differing generated token; -1 none
+  std::string token_a, token_b;   // the tokens there
+  std::optional<double> kl;       // mean KL(a || b) per position, nats
+  int64_t kl_positions = 0;
+  std::string kl_basis;  // "teacher-forced", "greedy prefix", ""
+  bool passed_a = false, passed_b = false;
+  std::optional<double> logprob_a, logprob_b;  // expected text, per token
+};
+
+struct CompareSummary {
+  std::vector<ProbeComparison> probes;
+  int64_t diverged = 0;
+  std::optional<double> mean_kl;  // over probes with a KL estimate
+  std::optional<double> max_kl;
+  double recall_exact_a = 0.0, recall_exact_b = 0.0;         // fractions over recall probes
+  std::optional<double> recall_logprob_a, recall_logprob_b;  // mean per expected token
+  int64_t recall_probes = 0;
+  std::string verdict;  // "same" | "measurably different" | "different"
+  std::string better;   // "a" | "b" | "" (tie)
+  std::string reason;   // one sentence: why this verdict
+};
+
+// KL(p || q) from two top-k lists. The distributions are coarsened to the union of the
+// listed tokens plus one bucket for everything else: a token listed on one side only gets,
+// on the other side, an equal share of that side's unlisted mass (capped at its smallest
+// listed probability); the rest of the unlisted mass forms the bucket. Coarsening can only
+// lose divergence, so this tends to understate the full-vocabulary KL.
+double kl_from_top(const std::vector<TopEntry>& p, const std::vector<TopEntry>& q);
+
+// Thresholds (nats per position): below kSameKl nothing measurable (identical servers
+// give 0; GPU batch nondeterminism stays around 1e-5..1e-4); at kDifferentKl and above
+// the difference matters (eval's warning threshold; llama.cpp measures q8_0 KV at ~0.001).
+inline constexpr double kSameKl = 1e-4;
+inline constexpr double kDifferentKl = 0.01;
+CompareSummary compare_records(const std::vector<ProbeRecord>& a,
+                               const std::vector<ProbeRecord>& b);
+
+// ---------------------------------------------------------------- a run
+
+struct ServerRun {
+  ServerFacts facts;
+  std::vector<report::Finding> findings;
+  std::vector<ProbeRecord> records;  // in probe order
+  int64_t resumed = 0;               // records taken from the results file
+  net::ClientStats client_stats;
+};
+
+struct RunResult {
+  std::vector<ServerRun> servers;  // 1, or 2 with --compare
+  std::optional<CompareSummary> compare;
+  std::string token_counting;  // how prompt lengths were measured
+  std::vector<std::string> notes;
+};
+
+// Detects each server, then runs the probes the options ask for (interleaving the two
+// sides). A server that becomes unreachable, answers garbage or refuses auth stops the
+// run: InputError naming it and how many probes finished (kept in the results file).
+// `checkpoint_dir`: optional local copy of the served checkpoint for the findings.
+RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client,
+                     const ProbeOptions& options, const std::string& checkpoint_dir = "");
+
+report::Report build_probe_report(const RunResult& result, const ProbeOptions& options);
+
+// Exit gate: a smoke probe failed, or the comparison verdict is "different".
+bool probe_failed(const RunResult& result);
+
+}  // namespace kvaudit::probe

@@ -1,0 +1,300 @@
+// The probe report: server facts, findings, smoke results, the recall grid per server,
+// the A/B table and verdict, and the JSON payload (servers, records, compare).
+#include <fmt/format.h>
+
+#include <map>
+
+#include "probe/probe.h"
+
+namespace kvaudit::probe {
+
+using nlohmann::json;
+using report::Value;
+
+namespace {
+
+std::string side_name(size_t side, size_t sides) {
+  if (sides == 1) return "";
+  return side == 0 ? "A" : "B";
+}
+
+std::string excerpt(std::string text, size_t limit = 60) {
+  for (char& c : text)
+    if (c == '\n' || c == '\t' || c == '\r') c = ' ';
+  if (text.size() > limit) {
+    size_t cut = limit;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    text = text.substr(0, cut) + "...";
+  }
+  return text;
+}
+
+Value optional_int(const std::optional<int64_t>& value) {
+  return value ? Value(*value) : Value(std::monostate{});
+}
+
+Value optional_double(const std::optional<double>& value) {
+  return value ? Value(*value) : Value(std::monostate{});
+}
+
+json facts_json(const ServerFacts& f) {
+  return {{"url", f.url},
+          {"engine", f.engine},
+          {"engine_version", f.engine_version},
+          {"detected_by", f.detected_by},
+          {"model_id", f.model_id},
+          {"model_path", f.model_path},
+          {"kv_cache_dtype", f.kv_cache_dtype},
+          {"kv_cache_dtype_source", f.kv_cache_dtype_source},
+          {"capacity_tokens", f.capacity_tokens ? json(*f.capacity_tokens) : json()},
+          {"capacity_source", f.capacity_source},
+          {"context_length", f.context_length ? json(*f.context_length) : json()},
+          {"page_size", f.page_size ? json(*f.page_size) : json()},
+          {"tp", f.tp},
+          {"has_tokenize", f.has_tokenize},
+          {"notes", f.notes}};
+}
+
+struct CellScore {
+  int cases = 0, exact = 0;
+  double logprob = 0.0;
+  int64_t tokens = 0;
+};
+
+}  // namespace
+
+bool probe_failed(const RunResult& result) {
+  for (const auto& run : result.servers)
+    for (const auto& record : run.records)
+      if (record.kind == "smoke" && !record.passed) return true;
+  return result.compare && result.compare->verdict == "different";
+}
+
+report::Report build_probe_report(const RunResult& result, const ProbeOptions& options) {
+  report::Report out;
+  out.command = "probe";
+  const size_t sides = result.servers.size();
+  out.title = sides == 2 ? fmt::format("kvaudit probe: A {} vs B {}", result.servers[0].facts.url,
+                                       result.servers[1].facts.url)
+                         : fmt::format("kvaudit probe: {}", result.servers[0].facts.url);
+  json servers = json::array();
+  report::Table server_table{"servers", "Servers", {}, {}, ""};
+  server_table.columns = {{"side", "Side", "", 0, false},
+                          {"url", "URL", "", 0, false},
+                          {"engine", "Engine", "", 0, false},
+                          {"version", "Version", "", 0, false},
+                          {"model", "Model", "", 0, false},
+                          {"kv_cache_dtype", "KV dtype", "", 0, false},
+                          {"capacity_tokens", "KV capacity", "tokens"},
+                          {"context_length", "Context", "tokens"},
+                          {"detected_by", "Detected by", "", 0, false}};
+  for (size_t side = 0; side < sides; ++side) {
+    const ServerRun& run = result.servers[side];
+    const ServerFacts& f = run.facts;
+    const std::string prefix = sides == 2 ? side_name(side, sides) + " " : "";
+    const std::string key_prefix = sides == 2 ? (side == 0 ? "a_" : "b_") : "";
+    out.facts.push_back(
+        {key_prefix + "engine", prefix + "Engine",
+         Value(f.engine_version.empty() ? f.engine : f.engine + " " + f.engine_version), ""});
+    out.facts.push_back({key_prefix + "model", prefix + "Model", Value(f.model_id), ""});
+    out.facts.push_back({key_prefix + "kv_cache_dtype", prefix + "KV cache dtype",
+                         Value(f.kv_cache_dtype.empty() ? "unknown" : f.kv_cache_dtype), ""});
+    out.facts.push_back({key_prefix + "capacity_tokens", prefix + "KV capacity",
+                         optional_int(f.capacity_tokens), "tokens"});
+    server_table.rows.push_back({Value(side_name(side, sides)), Value(f.url), Value(f.engine),
+                                 Value(f.engine_version), Value(f.model_id),
+                                 Value(f.kv_cache_dtype), optional_int(f.capacity_tokens),
+                                 optional_int(f.context_length), Value(f.detected_by)});
+    for (report::Finding finding : run.findings) {
+      if (sides == 2) finding.title = side_name(side, sides) + ": " + finding.title;
+      out.findings.push_back(std::move(finding));
+    }
+    json records = json::array();
+    for (const auto& record : run.records) records.push_back(to_json(record));
+    json server = facts_json(f);
+    server["records"] = std::move(records);
+    server["resumed"] = run.resumed;
+    server["requests"] = run.client_stats.requests;
+    server["retries"] = run.client_stats.retries;
+    servers.push_back(std::move(server));
+    for (const auto& note : f.notes) out.notes.push_back(f.url + ": " + note);
+    if (run.resumed > 0)
+      out.notes.push_back(fmt::format("{}: {} probe(s) taken from the results file {}", f.url,
+                                      run.resumed, options.results_path));
+  }
+  out.tables.push_back(std::move(server_table));
+  std::stable_sort(out.findings.begin(), out.findings.end(),
+                   [](const auto& a, const auto& b) { return a.severity > b.severity; });
+
+  // Smoke.
+  report::Table smoke{"smoke", "Smoke test", {}, {}, ""};
+  smoke.columns = {{"side", "Side", "", 0, false},     {"probe", "Probe", "", 0, false},
+                   {"passed", "Passed", "", 0, false}, {"expected", "Expected", "", 0, false},
+                   {"output", "Output", "", 0, false}, {"endpoint", "Endpoint", "", 0, false}};
+  int smoke_failed = 0, smoke_total = 0;
+  for (size_t side = 0; side < sides; ++side)
+    for (const auto& record : result.servers[side].records) {
+      if (record.kind != "smoke") continue;
+      ++smoke_total;
+      smoke_failed += !record.passed;
+      smoke.rows.push_back(
+          {Value(side_name(side, sides)), Value(record.id.substr(6)), Value(record.passed),
+           Value(excerpt(record.expected)),
+           Value(record.error.empty() ? excerpt(record.output) : "error: " + excerpt(record.error)),
+           Value(excerpt(record.endpoint, 40))});
+    }
+  if (smoke_total > 0) out.tables.push_back(std::move(smoke));
+
+  // Recall grid per server.
+  report::Table recall{"recall", "Long-context code recall", {}, {}, result.token_counting};
+  recall.columns = {{"side", "Side", "", 0, false},
+                    {"ctx_tokens", "Context", "tokens"},
+                    {"depth_tokens", "Depth", "tokens"},
+                    {"cases", "Cases", ""},
+                    {"exact_match", "Exact match", "%", 0},
+                    {"logprob_per_token", "Log-prob / token", "nats", 3},
+                    {"errors", "Errors", ""}};
+  double exact_total = 0;
+  int recall_total = 0;
+  for (size_t side = 0; side < sides; ++side) {
+    std::map<std::pair<int64_t, int64_t>, CellScore> cells;
+    std::map<std::pair<int64_t, int64_t>, int> errors;
+    for (const auto& record : result.servers[side].records) {
+      if (record.kind != "recall") continue;
+      // Cells are keyed by the requested depth (from the id), not the measured one.
+      int64_t depth = 0;
+      if (auto at = record.id.find("depth="); at != std::string::npos)
+        depth = std::stoll(record.id.substr(at + 6));
+      auto& cell = cells[{record.ctx_tokens, depth}];
+      if (!record.error.empty() && record.output.empty()) {
+        errors[{record.ctx_tokens, depth}]++;
+        continue;
+      }
+      cell.cases++;
+      cell.exact += record.passed;
+      if (side == 0 || sides == 1) {
+        exact_total += record.passed;
+        ++recall_total;
+      }
+      if (record.expected_logprob) {
+        cell.logprob += *record.expected_logprob;
+        cell.tokens += record.expected_tokens;
+      }
+    }
+    for (const auto& [key, cell] : cells)
+      recall.rows.push_back(
+          {Value(side_name(side, sides)), Value(key.first), Value(key.second),
+           Value(int64_t{cell.cases}),
+           cell.cases ? Value(100.0 * cell.exact / cell.cases) : Value(std::monostate{}),
+           cell.tokens ? Value(cell.logprob / double(cell.tokens)) : Value(std::monostate{}),
+           Value(int64_t{errors[key]})});
+  }
+  if (!recall.rows.empty()) out.tables.push_back(std::move(recall));
+
+  json compare_json;
+  if (result.compare) {
+    const CompareSummary& c = *result.compare;
+    report::Table table{"compare", "A/B per probe", {}, {}, ""};
+    table.note =
+        "KL: mean KL(A || B) per position, nats, from top-k log-probs over the union of both "
+        "lists plus one bucket for the unlisted mass (a token listed on one side only gets an "
+        "equal share of the other side's unlisted mass); it understates the full-vocabulary KL. "
+        "Teacher-forced positions are the last prompt tokens and the expected text; otherwise "
+        "the greedy tokens up to the first divergence.";
+    table.columns = {{"probe", "Probe", "", 0, false},
+                     {"first_divergence", "First diverging token", "", 0, false},
+                     {"token_a", "A token", "", 0, false},
+                     {"token_b", "B token", "", 0, false},
+                     {"kl", "KL", "nats", 5},
+                     {"kl_basis", "KL basis", "", 0, false},
+                     {"passed_a", "A pass", "", 0, false},
+                     {"passed_b", "B pass", "", 0, false}};
+    json probes = json::array();
+    for (const auto& p : c.probes) {
+      table.rows.push_back(
+          {Value(p.id), p.first_divergence < 0 ? Value("none") : Value(p.first_divergence),
+           Value(excerpt(p.token_a, 16)), Value(excerpt(p.token_b, 16)), optional_double(p.kl),
+           Value(p.kl_basis), Value(p.passed_a), Value(p.passed_b)});
+      probes.push_back({{"id", p.id},
+                        {"first_divergence", p.first_divergence},
+                        {"token_a", p.token_a},
+                        {"token_b", p.token_b},
+                        {"kl", p.kl ? json(*p.kl) : json()},
+                        {"kl_positions", p.kl_positions},
+                        {"kl_basis", p.kl_basis},
+                        {"passed_a", p.passed_a},
+                        {"passed_b", p.passed_b},
+                        {"logprob_per_token_a", p.logprob_a ? json(*p.logprob_a) : json()},
+                        {"logprob_per_token_b", p.logprob_b ? json(*p.logprob_b) : json()}});
+    }
+    out.tables.push_back(std::move(table));
+    out.facts.push_back({"verdict_ab", "A/B verdict", Value(c.verdict), ""});
+    out.facts.push_back({"mean_kl", "Mean KL (A || B)", optional_double(c.mean_kl), "nats", 5});
+    out.facts.push_back({"diverged", "Probes whose greedy output differs",
+                         Value(fmt::format("{} of {}", c.diverged, c.probes.size())), ""});
+    if (c.recall_probes > 0) {
+      out.facts.push_back(
+          {"recall_exact_a", "A recall exact match", Value(100 * c.recall_exact_a), "%", 1});
+      out.facts.push_back(
+          {"recall_exact_b", "B recall exact match", Value(100 * c.recall_exact_b), "%", 1});
+    }
+    compare_json = {
+        {"verdict", c.verdict},
+        {"reason", c.reason},
+        {"better", c.better},
+        {"mean_kl", c.mean_kl ? json(*c.mean_kl) : json()},
+        {"max_kl", c.max_kl ? json(*c.max_kl) : json()},
+        {"diverged", c.diverged},
+        {"recall_probes", c.recall_probes},
+        {"recall_exact_a", c.recall_exact_a},
+        {"recall_exact_b", c.recall_exact_b},
+        {"recall_logprob_per_token_a", c.recall_logprob_a ? json(*c.recall_logprob_a) : json()},
+        {"recall_logprob_per_token_b", c.recall_logprob_b ? json(*c.recall_logprob_b) : json()},
+        {"probes", std::move(probes)}};
+  }
+  out.payload["servers"] = std::move(servers);
+  out.payload["compare"] = compare_json;
+  out.payload["token_counting"] = result.token_counting;
+  for (const auto& note : result.notes) out.notes.push_back(note);
+  if (!result.token_counting.empty())
+    out.notes.push_back("Prompt lengths counted with " + result.token_counting + ".");
+
+  // Verdict.
+  report::Severity severity = report::Severity::info;
+  for (const auto& finding : out.findings) severity = std::max(severity, finding.severity);
+  std::vector<std::string> parts;
+  if (result.compare) {
+    const CompareSummary& c = *result.compare;
+    std::string better =
+        c.better.empty() ? "" : fmt::format("; {} recalls better", c.better == "a" ? "A" : "B");
+    parts.push_back(fmt::format("A/B: {} ({}){}", c.verdict, c.reason, better));
+    if (c.verdict == "different") severity = report::Severity::critical;
+    if (c.verdict == "measurably different")
+      severity = std::max(severity, report::Severity::warning);
+  }
+  if (smoke_total > 0) {
+    parts.push_back(smoke_failed == 0
+                        ? fmt::format("smoke: {} of {} passed", smoke_total, smoke_total)
+                        : fmt::format("smoke: {} of {} FAILED", smoke_failed, smoke_total));
+    if (smoke_failed) severity = report::Severity::critical;
+  }
+  if (recall_total > 0 && !result.compare)
+    parts.push_back(fmt::format("recall exact match {:.0f}% over {} cases",
+                                100.0 * exact_total / recall_total, recall_total));
+  if (parts.empty()) {
+    const ServerFacts& f = result.servers[0].facts;
+    parts.push_back(fmt::format("{} serving {} with KV dtype {}", f.engine, f.model_id,
+                                f.kv_cache_dtype.empty() ? "unknown" : f.kv_cache_dtype));
+  }
+  int findings_at_warning = 0;
+  for (const auto& finding : out.findings)
+    findings_at_warning += finding.severity >= report::Severity::warning;
+  if (findings_at_warning > 0)
+    parts.push_back(fmt::format("{} finding(s) to read", findings_at_warning));
+  out.verdict.clear();
+  for (size_t i = 0; i < parts.size(); ++i) out.verdict += (i ? "; " : "") + parts[i];
+  out.verdict_severity = severity;
+  return out;
+}
+
+}  // namespace kvaudit::probe

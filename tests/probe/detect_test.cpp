@@ -1,0 +1,138 @@
+// Engine detection from SGLang's /get_server_info, vLLM's /metrics, or only /v1/models,
+// and the findings each shape of answer supports.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "probe/fake_server.h"
+#include "probe/probe.h"
+
+namespace kvaudit::probe {
+namespace {
+
+using nlohmann::json;
+using testing::FakeConfig;
+using testing::FakeServer;
+using ::testing::HasSubstr;
+
+net::ClientOptions fast() {
+  net::ClientOptions options;
+  options.connect_timeout = std::chrono::milliseconds(500);
+  options.read_timeout = std::chrono::milliseconds(2000);
+  options.max_retries = 2;
+  options.backoff_initial = std::chrono::milliseconds(10);
+  return options;
+}
+
+bool has_finding(const std::vector<report::Finding>& findings, const std::string& id) {
+  return std::any_of(findings.begin(), findings.end(),
+                     [&](const report::Finding& f) { return f.id == id; });
+}
+
+TEST(Detect, SglangServerInfoTopLevelAndNested) {
+  ServerFacts facts;
+  facts.url = "http://h";
+  read_sglang_server_info(json::parse(R"({"model_path": "/m", "kv_cache_dtype": "fp8_e4m3",
+      "context_length": 262144, "page_size": 1, "tp_size": 8, "max_total_num_tokens": 3150000,
+      "version": "0.5.9", "quantization_param_path": null})"),
+                          facts);
+  EXPECT_EQ(facts.engine, "sglang");
+  EXPECT_EQ(facts.engine_version, "0.5.9");
+  EXPECT_EQ(facts.kv_cache_dtype, "fp8_e4m3");
+  EXPECT_EQ(facts.capacity_tokens, 3150000);
+  EXPECT_EQ(facts.context_length, 262144);
+  EXPECT_EQ(facts.tp, 8);
+  EXPECT_TRUE(facts.quantization_param_path.empty());
+
+  ServerFacts nested;
+  read_sglang_server_info(json::parse(R"({"model_path": "/m", "kv_cache_dtype": "bf16",
+      "internal_states": [{"max_total_num_tokens": 900}, {"max_total_num_tokens": 800}]})"),
+                          nested);
+  EXPECT_EQ(nested.capacity_tokens, 800);  // the smallest DP rank bounds a request
+  EXPECT_THAT(nested.capacity_source, HasSubstr("internal_states"));
+}
+
+TEST(Detect, VllmCacheConfigInfo) {
+  ServerFacts facts;
+  auto samples = net::parse_prometheus(
+      "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",calculate_kv_scales="
+      "\"True\",num_gpu_blocks=\"4096\"} 1.0\n",
+      "m");
+  ASSERT_TRUE(read_vllm_metrics(samples, facts));
+  EXPECT_EQ(facts.engine, "vllm");
+  EXPECT_EQ(facts.kv_cache_dtype, "fp8");
+  EXPECT_EQ(facts.capacity_tokens, 16 * 4096);
+  EXPECT_TRUE(facts.calculate_kv_scales);
+  ServerFacts newer;
+  ASSERT_TRUE(read_vllm_metrics(
+      net::parse_prometheus("vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\","
+                            "kv_cache_size_tokens=\"10576\",num_gpu_blocks=\"661\"} 1\n",
+                            "m"),
+      newer));
+  EXPECT_EQ(newer.capacity_tokens, 10576);
+  ServerFacts none;
+  EXPECT_FALSE(
+      read_vllm_metrics(net::parse_prometheus("vllm:num_requests_running 0\n", "m"), none));
+  EXPECT_EQ(none.engine, "generic");
+}
+
+TEST(Detect, LiveSglangShapeAndItsFindings) {
+  FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
+  net::Client client(net::parse_url(server.url()), fast());
+  ServerFacts facts = detect_server(client);
+  EXPECT_EQ(facts.engine, "sglang");
+  EXPECT_EQ(facts.detected_by, "/get_server_info");
+  EXPECT_EQ(facts.model_id, "fake-model");
+  EXPECT_EQ(facts.capacity_tokens, 1573854);
+  EXPECT_TRUE(facts.has_tokenize);
+  auto findings = server_findings(facts, nullptr);
+  ASSERT_TRUE(has_finding(findings, "probe-kv-scales-unverified"));
+  EXPECT_EQ(findings[0].severity, report::Severity::warning);
+
+  // With --quantization-param-path reported, the scales have a source.
+  FakeServer with_scales({.engine = "sglang",
+                          .kv_cache_dtype = "fp8_e4m3",
+                          .quantization_param_path = "/scales.json"});
+  net::Client client2(net::parse_url(with_scales.url()), fast());
+  EXPECT_FALSE(
+      has_finding(server_findings(detect_server(client2), nullptr), "probe-kv-scales-unverified"));
+}
+
+TEST(Detect, LiveVllmShape) {
+  FakeServer server({.engine = "vllm", .kv_cache_dtype = "fp8_e4m3"});
+  net::Client client(net::parse_url(server.url()), fast());
+  ServerFacts facts = detect_server(client);
+  EXPECT_EQ(facts.engine, "vllm");
+  EXPECT_EQ(facts.engine_version, "0.11.0");
+  EXPECT_EQ(facts.capacity_tokens, 16000);
+  EXPECT_EQ(facts.context_length, 16384);  // /v1/models max_model_len
+  EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "probe-kv-scales-unverified"));
+}
+
+TEST(Detect, GenericServer) {
+  FakeServer server({.engine = "generic", .tokenize = false});
+  net::Client client(net::parse_url(server.url()), fast());
+  ServerFacts facts = detect_server(client);
+  EXPECT_EQ(facts.engine, "generic");
+  EXPECT_EQ(facts.detected_by, "/v1/models");
+  EXPECT_FALSE(facts.has_tokenize);
+  EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "probe-engine-unknown"));
+}
+
+// With the served checkpoint at hand the full check runs on the server's own flags: a
+// plain BF16 checkpoint served with an FP8 cache has no scales at all.
+TEST(Detect, CheckpointGivesTheFullAudit) {
+  FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
+  net::Client client(net::parse_url(server.url()), fast());
+  ServerFacts facts = detect_server(client);
+  auto model = checkpoint::read_checkpoint(std::string(KVAUDIT_TEST_DIR) +
+                                           "/fixtures/checkpoints/llama-bf16-plain");
+  auto findings = server_findings(facts, &model);
+  ASSERT_TRUE(has_finding(findings, "fp8-unit-scale"));
+  EXPECT_EQ(findings[0].severity, report::Severity::critical);
+  EXPECT_FALSE(has_finding(findings, "probe-kv-scales-unverified"));
+}
+
+}  // namespace
+}  // namespace kvaudit::probe

@@ -1,0 +1,249 @@
+// A fake OpenAI-compatible server for probe tests, on 127.0.0.1 at an ephemeral (or
+// given) port. Its "model" tokenises one byte per token and answers the probes' prompts
+// deterministically: it copies a function's parameters from its definition in the prompt
+// (perfect recall), looks up inventory codes, knows 17 + 25. Each generated or echoed
+// position gets a top-k distribution whose shape `confidence` sets, so two fakes with
+// different confidence have measurably different log-probs. Faults: the first N
+// completions answer 500, completions stall, answer garbage, or the server stops after N.
+#pragma once
+
+// Tests configure fakes with designated initializers naming only what differs.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace kvaudit::probe::testing {
+
+struct FakeConfig {
+  std::string engine = "sglang";  // "sglang" | "vllm" | "generic"
+  std::string kv_cache_dtype = "bf16";
+  std::string quantization_param_path;
+  double confidence = 0.9;    // probability of the chosen token at every position
+  bool wrong_recall = false;  // answers recall prompts with the wrong arguments
+  bool tokenize = true;
+  int fail_first = 0;    // first N completion requests answer 500
+  int stop_after = -1;   // after N completion requests the server shuts down
+  int stall_ms = 0;      // completions wait this long before answering
+  bool garbage = false;  // completions answer non-JSON
+  int64_t context_length = 16384;
+};
+
+class FakeServer {
+ public:
+  explicit FakeServer(FakeConfig config, int port = 0) : config_(std::move(config)) {
+    setup();
+    port_ = port ? (server_.bind_to_port("127.0.0.1", port) ? port : -1)
+                 : server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // stop() before the accept loop runs would be lost and join() would hang.
+    while (port_ > 0 && !server_.is_running())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeServer() { stop(); }
+  void stop() {
+    stopping_ = true;
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int completions() const { return completions_; }  // /v1/completions requests
+  int greedy_requests() const { return greedy_; }   // of which not echo
+  int chat_requests() const { return chats_; }
+
+ private:
+  using json = nlohmann::json;
+
+  // The continuation the fake "model" gives for a prompt.
+  std::string continuation(const std::string& prompt) const {
+    static const std::regex call(R"(value = (\w+)\($)");
+    std::smatch match;
+    if (std::regex_search(prompt, match, call)) {
+      std::string name = match[1];
+      std::string head = "def " + name + "(";
+      size_t at = prompt.find(head);
+      if (at != std::string::npos && at + head.size() < prompt.size()) {
+        size_t end = prompt.find(')', at);
+        std::string args = prompt.substr(at + head.size(), end - at - head.size());
+        if (config_.wrong_recall) args = "data, value";
+        return args + ")\n    return value\n";
+      }
+    }
+    static const std::regex item(R"(Answer: Item (\d+) has code$)");
+    if (std::regex_search(prompt, match, item)) {
+      std::string line = "Item " + match[1].str() + " has code ";
+      size_t at = prompt.find(line);
+      if (at != std::string::npos) {
+        size_t end = prompt.find('.', at + line.size());
+        return " " + prompt.substr(at + line.size(), end - at - line.size()) + ".\n";
+      }
+    }
+    if (prompt.find("17 + 25") != std::string::npos) return " 42\n";
+    if (prompt.find("capital of France") != std::string::npos) return " Paris.\n";
+    return " ok\n";
+  }
+
+  // Top-k at a position where `chosen` is the token: chosen first, then 3 alternatives.
+  json top_of(const std::string& chosen) const {
+    json top = json::object();
+    top[chosen] = std::log(config_.confidence);
+    const char* alternatives[] = {"x", "y", "z", "w"};
+    double rest = 1.0 - config_.confidence;
+    int added = 0;
+    for (const char* alt : alternatives) {
+      if (alt == chosen || added == 3) continue;
+      top[alt] = std::log(rest / (2 << added));
+      ++added;
+    }
+    return top;
+  }
+
+  void append_token(json& logprobs, const std::string& token, int64_t offset, bool first) const {
+    logprobs["tokens"].push_back(token);
+    logprobs["token_logprobs"].push_back(first ? json() : json(std::log(config_.confidence)));
+    logprobs["top_logprobs"].push_back(first ? json() : top_of(token));
+    logprobs["text_offset"].push_back(offset);
+  }
+
+  bool wait_and_maybe_fail(httplib::Response& res) {
+    int n = completions_++;
+    if (config_.stop_after >= 0 && n >= config_.stop_after) {
+      std::thread([this] { server_.stop(); }).detach();
+      res.status = 503;
+      return true;
+    }
+    for (int waited = 0; waited < config_.stall_ms && !stopping_; waited += 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (n < config_.fail_first) {
+      res.status = 500;
+      res.set_content(R"({"object":"error","message":"transient overload","code":500})",
+                      "application/json");
+      return true;
+    }
+    if (config_.garbage) {
+      res.set_content("<html><body>Gateway error</body></html>", "text/html");
+      return true;
+    }
+    return false;
+  }
+
+  void setup() {
+    server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("", "text/plain");
+    });
+    server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json card = {{"id", "fake-model"}, {"object", "model"}, {"owned_by", "kvaudit-test"}};
+      if (config_.engine == "vllm") card["max_model_len"] = config_.context_length;
+      res.set_content(json({{"object", "list"}, {"data", {card}}}).dump(), "application/json");
+    });
+    if (config_.engine == "sglang")
+      server_.Get("/get_server_info", [this](const httplib::Request&, httplib::Response& res) {
+        json info = {{"model_path", "/models/fake"},
+                     {"kv_cache_dtype", config_.kv_cache_dtype},
+                     {"quantization_param_path", config_.quantization_param_path.empty()
+                                                     ? json()
+                                                     : json(config_.quantization_param_path)},
+                     {"context_length", config_.context_length},
+                     {"page_size", 1},
+                     {"tp_size", 8},
+                     {"internal_states", {{{"max_total_num_tokens", 1573854}}}},
+                     {"version", "0.5.9"}};
+        res.set_content(info.dump(), "application/json");
+      });
+    if (config_.engine == "vllm") {
+      server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        res.set_content(
+            "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\","
+            "cache_dtype=\"" +
+                config_.kv_cache_dtype +
+                "\",calculate_kv_scales=\"False\",num_gpu_blocks=\"1000\"} 1.0\n",
+            "text/plain");
+      });
+      server_.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+        res.set_content(R"({"version":"0.11.0"})", "application/json");
+      });
+    }
+    if (config_.tokenize)
+      server_.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+        auto body = json::parse(req.body);
+        std::string text = body.value("prompt", "");
+        json ids = json::array();
+        for (unsigned char c : text) ids.push_back(int(c));
+        res.set_content(json({{"tokens", ids}, {"count", text.size()}}).dump(), "application/json");
+      });
+    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      if (wait_and_maybe_fail(res)) return;
+      auto body = json::parse(req.body);
+      std::string prompt = body.at("prompt");
+      int64_t max_tokens = body.value("max_tokens", 16);
+      bool echo = body.value("echo", false);
+      int logprobs = body.value("logprobs", 0);
+      if (!echo) greedy_++;
+      std::string text = continuation(prompt);
+      if (body.contains("stop"))
+        for (const auto& stop : body["stop"])
+          if (auto at = text.find(stop.get<std::string>()); at != std::string::npos)
+            text.resize(at);
+      if (static_cast<int64_t>(text.size()) > max_tokens) text.resize(max_tokens);
+      json choice = {{"index", 0}, {"finish_reason", "stop"}};
+      json lp = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+      std::string full = echo ? prompt + text : text;
+      if (echo)
+        for (size_t i = 0; i < prompt.size(); ++i)
+          append_token(lp, std::string(1, prompt[i]), int64_t(i), i == 0);
+      for (size_t i = 0; i < text.size(); ++i)
+        append_token(lp, std::string(1, text[i]), int64_t((echo ? prompt.size() : 0) + i), false);
+      choice["text"] = full;
+      choice["logprobs"] = logprobs > 0 ? lp : json();
+      json answer = {
+          {"id", "cmpl-fake"},
+          {"object", "text_completion"},
+          {"model", "fake-model"},
+          {"choices", {choice}},
+          {"usage", {{"prompt_tokens", prompt.size()}, {"completion_tokens", text.size()}}}};
+      res.set_content(answer.dump(), "application/json");
+    });
+    server_.Post(
+        "/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+          chats_++;
+          auto body = json::parse(req.body);
+          std::string text = continuation(body["messages"][0]["content"].get<std::string>());
+          while (!text.empty() && (text.back() == '\n' || text.front() == ' '))
+            text = text.back() == '\n' ? text.substr(0, text.size() - 1) : text.substr(1);
+          json content = json::array();
+          for (char c : text)
+            content.push_back(
+                {{"token", std::string(1, c)},
+                 {"logprob", std::log(config_.confidence)},
+                 {"top_logprobs",
+                  {{{"token", std::string(1, c)}, {"logprob", std::log(config_.confidence)}}}}});
+          json answer = {{"choices",
+                          {{{"index", 0},
+                            {"message", {{"role", "assistant"}, {"content", text}}},
+                            {"finish_reason", "stop"},
+                            {"logprobs", {{"content", content}}}}}}};
+          res.set_content(answer.dump(), "application/json");
+        });
+  }
+
+  FakeConfig config_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<int> completions_{0}, greedy_{0}, chats_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace kvaudit::probe::testing

@@ -1,0 +1,269 @@
+// Probe runs against fake servers: smoke, recall scoring, A/B verdicts, and the faults a
+// live run meets (a server killed mid-run and resumed, a stall, garbage, 500s that pass).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "probe/fake_server.h"
+#include "probe/probe.h"
+
+namespace kvaudit::probe {
+namespace {
+
+using testing::FakeConfig;
+using testing::FakeServer;
+using ::testing::HasSubstr;
+
+net::ClientOptions fast() {
+  net::ClientOptions options;
+  options.connect_timeout = std::chrono::milliseconds(500);
+  options.read_timeout = std::chrono::milliseconds(3000);
+  options.max_retries = 3;
+  options.backoff_initial = std::chrono::milliseconds(10);
+  options.backoff_max = std::chrono::milliseconds(40);
+  return options;
+}
+
+ProbeOptions small_recall() {
+  ProbeOptions options;
+  options.recall = true;
+  options.ctx_tokens = {1000, 2000};
+  options.depth_tokens = {200, 1200};  // 1200 >= 1000: that cell is skipped
+  options.cases_per_cell = 2;
+  options.concurrency = 2;
+  return options;
+}
+
+std::string temp_path(const std::string& name) {
+  auto path =
+      std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".jsonl");
+  std::filesystem::remove(path);
+  return path.string();
+}
+
+TEST(Run, SmokePassesOnASaneServer) {
+  FakeServer server({});
+  ProbeOptions options;
+  options.smoke = true;
+  RunResult result = run_probes({server.url()}, fast(), options);
+  ASSERT_EQ(result.servers.size(), 1u);
+  const auto& records = result.servers[0].records;
+  ASSERT_EQ(records.size(), 3u);
+  for (const auto& record : records)
+    EXPECT_TRUE(record.passed) << record.id << ": " << record.output;
+  EXPECT_EQ(records[1].id, "smoke/arithmetic");
+  EXPECT_EQ(records[1].endpoint, "/v1/chat/completions");
+  EXPECT_EQ(records[1].output, "42");
+  EXPECT_THAT(records[2].expected, ::testing::MatchesRegex(" [A-Z][A-Z]-[0-9]{4}"));
+  EXPECT_TRUE(records[2].expected_logprob);  // teacher-forced via echo
+  EXPECT_FALSE(probe_failed(result));
+  report::Report report = build_probe_report(result, options);
+  EXPECT_THAT(report.verdict, HasSubstr("smoke: 3 of 3 passed"));
+}
+
+TEST(Run, SmokeFailureIsReported) {
+  FakeServer server({.wrong_recall = false});
+  ProbeOptions options;
+  options.smoke = true;
+  RunResult result = run_probes({server.url()}, fast(), options);
+  // Break the arithmetic answer after the fact: the gate reads records.
+  result.servers[0].records[1].passed = false;
+  EXPECT_TRUE(probe_failed(result));
+  EXPECT_THAT(build_probe_report(result, options).verdict, HasSubstr("smoke: 1 of 3 FAILED"));
+}
+
+TEST(Run, RecallScoresExactMatchAndLogprob) {
+  FakeServer good({});
+  ProbeOptions options = small_recall();
+  RunResult result = run_probes({good.url()}, fast(), options);
+  const auto& records = result.servers[0].records;
+  ASSERT_EQ(records.size(), 6u);  // (1000,200) (2000,200) (2000,1200) x 2 cases
+  for (const auto& record : records) {
+    EXPECT_TRUE(record.passed) << record.id << " expected '" << record.expected << "' got '"
+                               << record.output << "'";
+    ASSERT_TRUE(record.expected_logprob) << record.id;
+    // One byte per token, each at log(0.9): the expected text's log-prob is exact.
+    EXPECT_EQ(record.expected_tokens, static_cast<int64_t>(record.expected.size()));
+    EXPECT_NEAR(*record.expected_logprob, record.expected.size() * std::log(0.9), 1e-9);
+    // Filled to within one filler function (~250 one-byte tokens).
+    EXPECT_NEAR(record.prompt_tokens, record.ctx_tokens, 300) << record.id;
+    EXPECT_FALSE(record.forced.empty());
+  }
+  EXPECT_THAT(result.token_counting, HasSubstr("/tokenize"));
+
+  FakeServer bad({.wrong_recall = true, .tokenize = false});
+  RunResult poor = run_probes({bad.url()}, fast(), options);
+  for (const auto& record : poor.servers[0].records) EXPECT_FALSE(record.passed);
+  EXPECT_THAT(poor.token_counting, HasSubstr("approximation"));
+}
+
+TEST(Run, CompareIdenticalServersIsSame) {
+  FakeServer a({}), b({});
+  ProbeOptions options = small_recall();
+  options.smoke = true;
+  RunResult result = run_probes({a.url(), b.url()}, fast(), options);
+  ASSERT_TRUE(result.compare);
+  EXPECT_EQ(result.compare->verdict, "same") << result.compare->reason;
+  EXPECT_EQ(result.compare->diverged, 0);
+  ASSERT_TRUE(result.compare->mean_kl);
+  EXPECT_EQ(*result.compare->mean_kl, 0.0);
+  EXPECT_EQ(result.compare->better, "");
+  EXPECT_FALSE(probe_failed(result));
+  // Both sides saw the identical prompts.
+  EXPECT_EQ(a.greedy_requests(), b.greedy_requests());
+}
+
+TEST(Run, CompareShiftedLogprobsIsDifferent) {
+  FakeServer a({}), b({.confidence = 0.6});
+  RunResult result = run_probes({a.url(), b.url()}, fast(), small_recall());
+  ASSERT_TRUE(result.compare);
+  EXPECT_EQ(result.compare->verdict, "different") << result.compare->reason;
+  EXPECT_EQ(result.compare->diverged, 0);  // same greedy tokens, different distributions
+  EXPECT_GT(*result.compare->mean_kl, kDifferentKl);
+  for (const auto& probe : result.compare->probes) EXPECT_EQ(probe.kl_basis, "teacher-forced");
+  // Side A is more confident in the expected text.
+  EXPECT_EQ(result.compare->better, "a");
+  EXPECT_TRUE(probe_failed(result));
+  report::Report report = build_probe_report(result, small_recall());
+  EXPECT_THAT(report.verdict, HasSubstr("A/B: different"));
+  EXPECT_EQ(report.verdict_severity, report::Severity::critical);
+}
+
+TEST(Run, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
+  FakeServer a({.wrong_recall = true}), b({});
+  RunResult result = run_probes({a.url(), b.url()}, fast(), small_recall());
+  ASSERT_TRUE(result.compare);
+  EXPECT_EQ(result.compare->verdict, "different");
+  EXPECT_EQ(result.compare->recall_exact_a, 0.0);
+  EXPECT_EQ(result.compare->recall_exact_b, 1.0);
+  EXPECT_EQ(result.compare->better, "b");
+  EXPECT_EQ(result.compare->diverged, 6);
+  EXPECT_EQ(result.compare->probes[0].first_divergence, 0);
+}
+
+TEST(Faults, KilledMidRunResumesOnlyTheRest) {
+  const std::string results = temp_path("kvaudit-probe-resume");
+  ProbeOptions options = small_recall();
+  options.results_path = results;
+  options.concurrency = 1;
+  int port = 0;
+  int64_t finished = 0;
+  {
+    FakeServer dying({.stop_after = 5});  // 2 requests per recall probe: dies in the third
+    port = dying.port();
+    try {
+      run_probes({dying.url()}, fast(), options);
+      FAIL() << "expected the run to stop";
+    } catch (const InputError& error) {
+      EXPECT_THAT(error.what(), HasSubstr("stopped after 2 of 6 probes"));
+      EXPECT_THAT(error.what(), HasSubstr("rerun the same command to resume"));
+    }
+    finished = static_cast<int64_t>(load_results(results).records.size());
+    EXPECT_EQ(finished, 2);
+  }
+  FakeServer revived({}, port);
+  ASSERT_EQ(revived.port(), port);
+  RunResult result = run_probes({revived.url()}, fast(), options);
+  EXPECT_EQ(result.servers[0].resumed, finished);
+  EXPECT_EQ(result.servers[0].records.size(), 6u);
+  EXPECT_EQ(revived.greedy_requests(), 6 - finished);  // only the remaining probes ran
+  EXPECT_EQ(load_results(results).records.size(), 6u);
+  // A third run has nothing left to do.
+  FakeServer idle({}, port);
+  RunResult again = run_probes({idle.url()}, fast(), options);
+  EXPECT_EQ(again.servers[0].resumed, 6);
+  EXPECT_EQ(idle.greedy_requests(), 0);
+  std::filesystem::remove(results);
+}
+
+TEST(Faults, TornLastLineIsSkipped) {
+  const std::string results = temp_path("kvaudit-probe-torn");
+  FakeServer server({});
+  ProbeOptions options;
+  options.smoke = true;
+  options.results_path = results;
+  run_probes({server.url()}, fast(), options);
+  { std::ofstream(results, std::ios::app) << R"({"key": "x", "record": {"serv)"; }
+  ResultsFile file = load_results(results);
+  EXPECT_EQ(file.records.size(), 3u);
+  EXPECT_EQ(file.skipped_lines, 1);
+  RunResult result = run_probes({server.url()}, fast(), options);
+  EXPECT_EQ(result.servers[0].resumed, 3);
+  std::filesystem::remove(results);
+}
+
+TEST(Faults, StallEndsInATimeoutMessage) {
+  FakeServer server({.stall_ms = 3000});
+  net::ClientOptions client = fast();
+  client.read_timeout = std::chrono::milliseconds(300);
+  client.max_retries = 0;
+  ProbeOptions options;
+  options.smoke = true;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    run_probes({server.url()}, client, options);
+    FAIL();
+  } catch (const InputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("no answer within 0.3 s"));
+    EXPECT_THAT(error.what(), HasSubstr("/v1/completions"));
+    EXPECT_THAT(error.what(), HasSubstr("pass --results FILE"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(Faults, GarbageIsAClearMessage) {
+  FakeServer server({.garbage = true});
+  ProbeOptions options;
+  options.smoke = true;
+  try {
+    run_probes({server.url()}, fast(), options);
+    FAIL();
+  } catch (const InputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("/v1/completions: malformed answer: not JSON"));
+  }
+}
+
+TEST(Faults, ServerErrorsThenRecovery) {
+  FakeServer server({.fail_first = 3});
+  ProbeOptions options;
+  options.smoke = true;
+  options.concurrency = 1;
+  RunResult result = run_probes({server.url()}, fast(), options);
+  ASSERT_EQ(result.servers[0].records.size(), 3u);
+  for (const auto& record : result.servers[0].records) EXPECT_TRUE(record.passed) << record.id;
+  EXPECT_GE(result.servers[0].client_stats.retries, 3);
+}
+
+TEST(Faults, RefusedServerFailsBeforeProbing) {
+  FakeServer server({});
+  std::string url = server.url();
+  server.stop();
+  try {
+    run_probes({url}, fast(), ProbeOptions{});
+    FAIL();
+  } catch (const net::RequestError& error) {
+    EXPECT_EQ(error.kind(), net::FailureKind::refused);
+    EXPECT_THAT(error.what(), HasSubstr("connection refused"));
+  }
+}
+
+TEST(Compare, KlFromTopK) {
+  std::vector<TopEntry> p = {{"a", std::log(0.7)}, {"b", std::log(0.2)}};
+  EXPECT_EQ(kl_from_top(p, p), 0.0);
+  // Same lists, different values: KL over {a, b, rest} exactly.
+  std::vector<TopEntry> q = {{"a", std::log(0.5)}, {"b", std::log(0.4)}};
+  double expected =
+      0.7 * std::log(0.7 / 0.5) + 0.2 * std::log(0.2 / 0.4) + 0.1 * std::log(0.1 / 0.1);
+  EXPECT_NEAR(kl_from_top(p, q), expected, 1e-12);
+  // A token only q lists: p gives it a share of its unlisted mass (0.1 / 2, capped at 0.2).
+  std::vector<TopEntry> r = {{"a", std::log(0.7)}, {"c", std::log(0.2)}};
+  double with_missing = kl_from_top(p, r);
+  EXPECT_GT(with_missing, 0.0);
+  EXPECT_TRUE(std::isfinite(with_missing));
+  EXPECT_GT(kl_from_top(p, {{"z", std::log(0.99)}}), 1.0);  // disjoint: large
+}
+
+}  // namespace
+}  // namespace kvaudit::probe
