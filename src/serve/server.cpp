@@ -418,6 +418,12 @@ Server::Server(const ServeOptions& options, LogSink log) : impl_(std::make_uniqu
   impl_->add_routes();
   const size_t threads = static_cast<size_t>(options.http_threads);
   impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind a port that is
+  // in use and silently split the traffic: keep SO_REUSEADDR only.
+  impl_->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+  });
   impl_->http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   impl_->http.set_keep_alive_max_count(1 << 20);
   impl_->http.set_keep_alive_timeout(2);  // bounds how long a drain waits for idle clients
