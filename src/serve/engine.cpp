@@ -202,7 +202,9 @@ GenerationResult Engine::run(const GenerationRequest& request) {
   for (int64_t begin = 0; begin < n; begin += piece) {
     const int64_t end = std::min(n, begin + piece);
     std::span<const int32_t> tokens(prompt.data() + begin, end - begin);
-    const int64_t logits_from = request.prompt_logprobs ? 0 : (end == n ? end - begin - 1 : end);
+    // Logits of every prompt token when scoring the prompt, else of the last one only.
+    const int64_t logits_from =
+        request.prompt_logprobs ? 0 : (end == n ? end - begin - 1 : end - begin);
     session_->forward(tokens, logits_from, logits);
     metrics_.kv_tokens_in_use = session_->position();
     if (request.prompt_logprobs) {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <thread>
 
 #include "serve/internal.h"
 #include "util/util.h"
@@ -96,6 +97,7 @@ struct Server::Impl {
   httplib::Server http;
   int port = -1;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> run_entered{false}, run_returned{false};
   int64_t created = 0;
 
   void line(const std::string& text) { log(fmt::format("[{}] {}", timestamp(), text)); }
@@ -425,6 +427,7 @@ Server::Server(const ServeOptions& options, LogSink log) : impl_(std::make_uniqu
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
   });
   impl_->http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  impl_->http.set_tcp_nodelay(true);
   impl_->http.set_keep_alive_max_count(1 << 20);
   impl_->http.set_keep_alive_timeout(2);  // bounds how long a drain waits for idle clients
   impl_->http.set_read_timeout(30);
@@ -459,15 +462,22 @@ void Server::run() {
                     s.options.host, s.port));
   s.line(fmt::format("{} Serving {} on http://{}:{}", kSglangReady, s.served.id, s.options.host,
                      s.port));
+  s.run_entered = true;
   if (!s.stopping) s.http.listen_after_bind();
+  s.run_returned = true;
   // Handler threads have finished; the engine has nothing left in flight.
   s.engine->begin_shutdown();
   s.line("Shutdown complete: every accepted request was answered.");
 }
 
 void Server::stop() {
-  impl_->stopping = true;
-  impl_->http.stop();
+  Impl& s = *impl_;
+  s.stopping = true;
+  // run() may sit between its `stopping` check and httplib's listen loop, where http.stop()
+  // would be lost: give it a moment to start listening first.
+  for (int i = 0; i < 2000 && s.run_entered && !s.run_returned && !s.http.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.http.stop();
 }
 
 int Server::port() const {
