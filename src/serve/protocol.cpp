@@ -175,7 +175,8 @@ std::string token_text(const tokenizer::Tokenizer& tokenizer, int32_t token) {
 }
 
 json error_body(int status, const std::string& message) {
-  const char* type = status == 404   ? "NotFoundError"
+  const char* type = status == 401   ? "AuthenticationError"
+                     : status == 404 ? "NotFoundError"
                      : status == 413 ? "RequestTooLargeError"
                      : status == 429 ? "RateLimitError"
                      : status == 503 ? "ServiceUnavailableError"

@@ -50,6 +50,7 @@ struct ServeOptions {
   int64_t max_tokens_limit = 4096;  // largest max_tokens a request may ask for
   int max_queued_requests = 128;    // waiting + running; more get 429
   uint64_t random_seed = 0;         // seeds sampling when a request gives no seed
+  std::string api_key;  // when set, every route but /health and /metrics needs Bearer auth
 };
 
 // ---------------------------------------------------------------- KV set-up (SGLang semantics)

@@ -133,7 +133,7 @@ struct Server::Impl {
             {"random_seed", options.random_seed},
             {"host", options.host},
             {"port", port > 0 ? port : options.port},
-            {"api_key", nullptr}};
+            {"api_key", options.api_key.empty() ? json(nullptr) : json("<redacted>")}};
   }
 
   std::string server_args_repr() const {
@@ -402,6 +402,20 @@ void Server::Impl::add_routes() {
               timed(result, start);
               send_json(res, 200, chat_response(call, result, served, *tokenizer));
             }));
+  // --api-key: SGLang's middleware lets health checks and metrics through, nothing else.
+  if (!options.api_key.empty()) {
+    http.set_pre_routing_handler([this, send_json](const Request& req, Response& res) {
+      if (req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics")
+        return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      ++metrics.http_requests;
+      ++metrics.http_errors;
+      send_json(res, 401,
+                error_body(401, "Unauthorized: give the API key as 'Authorization: Bearer KEY'"));
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // Routing misses (404), oversized bodies (413) and the like: fill in a JSON body.
   http.set_error_handler([this, send_json](const Request&, Response& res) {
     if (!res.body.empty()) return;

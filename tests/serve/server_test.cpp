@@ -289,6 +289,26 @@ TEST(Server, ErrorsAreOpenAiStyleJson) {
   EXPECT_TRUE(json::parse(text, nullptr, false).contains("error"));
 }
 
+TEST(Server, ApiKeyGuardsEverythingButHealthAndMetrics) {
+  auto options = options_for(testing::fixture_model());
+  options.api_key = "s3cret";
+  RunningServer server(options);
+  EXPECT_EQ(server.get("/health").first, 200);
+  EXPECT_EQ(server.get("/metrics").first, 200);
+  auto [status, body] = server.post("/v1/completions", greedy("x", 1));
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(body["error"]["code"], 401);
+  EXPECT_EQ(server.get("/get_server_info").first, 401);
+  auto client = server.client();
+  client.set_bearer_token_auth("s3cret");
+  auto res = client.Post("/v1/completions", greedy("x", 1).dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  client.set_bearer_token_auth("wrong");
+  EXPECT_EQ(client.Get("/v1/models")->status, 401);
+  EXPECT_EQ(json::parse(server.server().server_info().dump())["api_key"], "<redacted>");
+}
+
 TEST(Server, FullQueueAnswers429AndStopDrainsInFlightRequests) {
   auto options = options_for(testing::fixture_model());
   options.max_queued_requests = 1;
