@@ -178,6 +178,11 @@ ServerFacts detect_server(net::Client& client) {
     } catch (const std::exception& error) {
       facts.notes.push_back(fmt::format("/v1/models: {}", error.what()));
     }
+  } else if (models.status == 401 || models.status == 403) {
+    throw net::RequestError(client.where("/v1/models"),
+                            fmt::format("HTTP {}: {} (pass --api-key or set KVAUDIT_API_KEY)",
+                                        models.status, net::error_message_of(models.body)),
+                            net::FailureKind::http, models.status);
   } else {
     facts.notes.push_back(fmt::format("/v1/models answered HTTP {}: {}", models.status,
                                       net::error_message_of(models.body)));

@@ -2,6 +2,8 @@
 // the A/B table and verdict, and the JSON payload (servers, records, compare).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "probe/probe.h"
@@ -60,6 +62,48 @@ struct CellScore {
   double logprob = 0.0;
   int64_t tokens = 0;
 };
+
+using Cells = std::map<std::pair<int64_t, int64_t>, CellScore>;  // (ctx, depth) -> score
+
+// Exact match (%) over context (columns) x depth (rows); NaN where a cell has no case.
+report::Chart recall_heatmap(const Cells& cells, size_t side, size_t sides,
+                             const Cells* baseline = nullptr) {
+  const std::string name = sides == 2 ? " on " + side_name(side, sides) : "";
+  report::Chart heat;
+  heat.id = baseline ? "recall_difference" : "recall_" + (sides == 2 ? side_name(side, sides) : "");
+  heat.title = baseline ? "Recall exact match, B minus A (percentage points)"
+                        : "Recall exact match (%)" + name;
+  heat.kind = report::ChartKind::heatmap;
+  heat.x_label = "context (tokens)";
+  heat.y_label = "depth (tokens)";
+  heat.diverging = baseline != nullptr;
+  heat.precision = 0;
+  heat.value_unit = baseline ? "pp" : "%";
+  std::vector<int64_t> ctxs, depths;
+  for (const auto& [key, cell] : cells) {
+    if (std::find(ctxs.begin(), ctxs.end(), key.first) == ctxs.end()) ctxs.push_back(key.first);
+    if (std::find(depths.begin(), depths.end(), key.second) == depths.end())
+      depths.push_back(key.second);
+  }
+  std::sort(depths.begin(), depths.end());
+  for (int64_t ctx : ctxs) heat.x_categories.push_back(std::to_string(ctx));
+  for (int64_t depth : depths) {
+    report::Series row{std::to_string(depth), std::vector<double>(ctxs.size(), NAN)};
+    for (size_t i = 0; i < ctxs.size(); ++i) {
+      auto it = cells.find({ctxs[i], depth});
+      if (it == cells.end() || it->second.cases == 0) continue;
+      double exact = 100.0 * it->second.exact / it->second.cases;
+      if (baseline) {
+        auto base = baseline->find({ctxs[i], depth});
+        if (base == baseline->end() || base->second.cases == 0) continue;
+        exact -= 100.0 * base->second.exact / base->second.cases;
+      }
+      row.y[i] = exact;
+    }
+    heat.series.push_back(std::move(row));
+  }
+  return heat;
+}
 
 }  // namespace
 
@@ -156,6 +200,7 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
                     {"errors", "Errors", ""}};
   double exact_total = 0;
   int recall_total = 0;
+  std::vector<std::map<std::pair<int64_t, int64_t>, CellScore>> exact_by_side;
   for (size_t side = 0; side < sides; ++side) {
     std::map<std::pair<int64_t, int64_t>, CellScore> cells;
     std::map<std::pair<int64_t, int64_t>, int> errors;
@@ -181,6 +226,8 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
         cell.tokens += record.expected_tokens;
       }
     }
+    if (!cells.empty()) out.charts.push_back(recall_heatmap(cells, side, sides));
+    exact_by_side.push_back(cells);
     for (const auto& [key, cell] : cells)
       recall.rows.push_back(
           {Value(side_name(side, sides)), Value(key.first), Value(key.second),
@@ -190,6 +237,8 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
            Value(int64_t{errors[key]})});
   }
   if (!recall.rows.empty()) out.tables.push_back(std::move(recall));
+  if (exact_by_side.size() == 2 && !exact_by_side[0].empty())
+    out.charts.push_back(recall_heatmap(exact_by_side[1], 1, sides, &exact_by_side[0]));
 
   json compare_json;
   if (result.compare) {
@@ -228,6 +277,22 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
                         {"logprob_per_token_b", p.logprob_b ? json(*p.logprob_b) : json()}});
     }
     out.tables.push_back(std::move(table));
+    report::Chart kl_chart;
+    kl_chart.id = "kl_per_probe";
+    kl_chart.title = "KL(A || B) per probe (nats per position, top-k estimate)";
+    kl_chart.kind = report::ChartKind::bars;
+    kl_chart.x_label = "probe";
+    kl_chart.y_label = "KL (nats)";
+    kl_chart.precision = 5;
+    kl_chart.value_unit = "nats";
+    report::Series kl_series{"KL", {}};
+    for (const auto& p : c.probes)
+      if (p.kl) {
+        kl_chart.x_categories.push_back(p.id);
+        kl_series.y.push_back(*p.kl);
+      }
+    kl_chart.series.push_back(std::move(kl_series));
+    if (!kl_chart.x_categories.empty()) out.charts.push_back(std::move(kl_chart));
     out.facts.push_back({"verdict_ab", "A/B verdict", Value(c.verdict), ""});
     out.facts.push_back({"mean_kl", "Mean KL (A || B)", optional_double(c.mean_kl), "nats", 5});
     out.facts.push_back({"diverged", "Probes whose greedy output differs",

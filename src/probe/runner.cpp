@@ -196,7 +196,7 @@ ProbeRecord run_one(net::Client& client, const std::string& model, const Spec& s
       net::ChatRequest chat;
       chat.model = model;
       chat.messages = {{"user", prepared.prompt}};
-      chat.max_tokens = 16;
+      chat.max_tokens = 256;  // room for a reasoning model's thinking before the answer
       chat.seed = options.seed;
       chat.top_logprobs = options.top_logprobs;
       record.endpoint = "/v1/chat/completions";

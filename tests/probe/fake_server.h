@@ -35,6 +35,7 @@ struct FakeConfig {
   int stall_ms = 0;      // completions wait this long before answering
   bool garbage = false;  // completions answer non-JSON
   int64_t context_length = 16384;
+  std::string api_key;  // non-empty: every request needs "Authorization: Bearer KEY"
 };
 
 class FakeServer {
@@ -137,6 +138,15 @@ class FakeServer {
   }
 
   void setup() {
+    server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (config_.api_key.empty() ||
+          req.get_header_value("Authorization") == "Bearer " + config_.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 401;
+      res.set_content(R"({"error":{"message":"Invalid API key","type":"auth"}})",
+                      "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    });
     server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("", "text/plain");
     });

@@ -129,6 +129,20 @@ TEST(Run, CompareShiftedLogprobsIsDifferent) {
   report::Report report = build_probe_report(result, small_recall());
   EXPECT_THAT(report.verdict, HasSubstr("A/B: different"));
   EXPECT_EQ(report.verdict_severity, report::Severity::critical);
+  std::vector<std::string> charts;
+  for (const auto& chart : report.charts) charts.push_back(chart.id);
+  EXPECT_THAT(charts,
+              ::testing::ElementsAre("recall_A", "recall_B", "recall_difference", "kl_per_probe"));
+  // The difference heatmap: both sides recall everything, so B - A is 0 in every cell.
+  for (const auto& row : report.charts[2].series)
+    for (double cell : row.y)
+      if (!std::isnan(cell)) {
+        EXPECT_EQ(cell, 0.0);
+      }
+  nlohmann::json json = report::render_json(report);
+  EXPECT_EQ(json["compare"]["verdict"], "different");
+  EXPECT_EQ(json["servers"].size(), 2u);
+  EXPECT_NE(report::render_html(report).find("kl_per_probe"), std::string::npos);
 }
 
 TEST(Run, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
@@ -247,6 +261,23 @@ TEST(Faults, RefusedServerFailsBeforeProbing) {
     EXPECT_EQ(error.kind(), net::FailureKind::refused);
     EXPECT_THAT(error.what(), HasSubstr("connection refused"));
   }
+}
+
+TEST(Faults, AuthenticationFailureSaysHowToFixIt) {
+  FakeServer server({.api_key = "sk-right"});
+  ProbeOptions options;
+  options.smoke = true;
+  try {
+    run_probes({server.url()}, fast(), options);
+    FAIL();
+  } catch (const net::RequestError& error) {
+    EXPECT_EQ(error.status(), 401);
+    EXPECT_THAT(error.what(), HasSubstr("HTTP 401: Invalid API key (pass --api-key"));
+  }
+  net::ClientOptions client = fast();
+  client.api_key = "sk-right";
+  RunResult result = run_probes({server.url()}, client, options);
+  EXPECT_EQ(result.servers[0].records.size(), 3u);
 }
 
 TEST(Compare, KlFromTopK) {

@@ -30,7 +30,7 @@ err=$("$kvaudit" probe "http://127.0.0.1:$closed_port" --retries 0 2>&1 >/dev/nu
 server_pid=$!
 url=""
 for _ in $(seq 1 100); do
-  url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" | tail -n 1)
+  url=$(grep -so 'http://127.0.0.1:[0-9]*' "$work/serve.log" | tail -n 1)
   [[ -n $url ]] && break
   sleep 0.1
 done
