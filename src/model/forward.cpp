@@ -86,9 +86,19 @@ Session::Session(const Model& model, const numerics::KvFormat& kv_format, Thread
   }
   inverse_frequencies_ = rope_inverse_frequencies(c.rope);
   amax_.resize(c.num_layers);
+  layer_counts_.resize(c.num_layers);
 }
 
 Session::~Session() = default;
+
+numerics::EncodeCounts Session::encode_counts() const {
+  numerics::EncodeCounts total;
+  for (const auto& layer : layer_counts_) {
+    total.merge(layer[0]);
+    total.merge(layer[1]);
+  }
+  return total;
+}
 
 void Session::reset() {
   truncate(0);
@@ -182,8 +192,10 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
     }
     if (capture_) record_amax(layer, n);
     for (int64_t t = 0; t < n; ++t) {
-      k_streams_[layer].append(std::span<const float>(&s.k[t * kv_width], kv_width), &counts_);
-      v_streams_[layer].append(std::span<const float>(&s.v[t * kv_width], kv_width), &counts_);
+      k_streams_[layer].append(std::span<const float>(&s.k[t * kv_width], kv_width),
+                               &layer_counts_[layer][0]);
+      v_streams_[layer].append(std::span<const float>(&s.v[t * kv_width], kv_width),
+                               &layer_counts_[layer][1]);
     }
     attention(layer, n, position_);
     matmul(s.att.data(), n, w.o, s.proj.data(), pool_);
@@ -270,6 +282,17 @@ void Session::record_amax(int layer, int64_t tokens) {
   KvLayerAmax& stats = amax_[layer];
   channel_amax(scratch_->k.data(), tokens, width, stats.k_channel_amax);
   channel_amax(scratch_->v.data(), tokens, width, stats.v_channel_amax);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int head = 0; head < c.num_kv_heads; ++head) {
+      const int64_t first = t * width + int64_t{head} * c.head_dim;
+      float k_max = 0.0f, v_max = 0.0f;
+      for (int64_t i = first; i < first + c.head_dim; ++i) {
+        k_max = std::max(k_max, std::fabs(scratch_->k[i]));  // NaN ignored, as above
+        v_max = std::max(v_max, std::fabs(scratch_->v[i]));
+      }
+      stats.k_token_head_amax.push_back(k_max);
+      stats.v_token_head_amax.push_back(v_max);
+    }
   stats.tokens += tokens;
   if ((c.head_dim & (c.head_dim - 1)) != 0) return;  // Hadamard needs a power-of-two width
   std::vector<float> rotated(scratch_->k.begin(), scratch_->k.begin() + tokens * width);

@@ -7,6 +7,7 @@
 // (tokenizer/), sampling policies and statistics (eval/), HTTP (serve/).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -149,6 +150,9 @@ std::string kernel_target_name();
 struct KvLayerAmax {
   std::vector<float> k_channel_amax, v_channel_amax;
   std::vector<float> k_rotated_amax, v_rotated_amax;
+  // Per token and KV head ([tokens * kv_heads], token-major): the row maxima that percentile
+  // calibration ranks (a scale from the 99.9th percentile ignores a few outlier tokens).
+  std::vector<float> k_token_head_amax, v_token_head_amax;
   int64_t tokens = 0;
 };
 // The StaticAmax a format's static strategy needs, from captured maxima.
@@ -183,7 +187,12 @@ class Session {
   // Bytes the KV cache holds now (the real encoded bytes, all layers, K and V).
   int64_t kv_bytes() const;
   const numerics::KvFormat& kv_format() const { return kv_format_; }
-  numerics::EncodeCounts encode_counts() const { return counts_; }
+  // What happened to the encoded K/V elements so far (all layers; kept across reset()).
+  numerics::EncodeCounts encode_counts() const;
+  // The same counts per layer, {K, V}.
+  const std::vector<std::array<numerics::EncodeCounts, 2>>& layer_encode_counts() const {
+    return layer_counts_;
+  }
 
   void capture_amax(bool enabled);  // off by default
   const std::vector<KvLayerAmax>& amax() const { return amax_; }
@@ -203,7 +212,7 @@ class Session {
   std::vector<double> inverse_frequencies_;
   std::unique_ptr<Scratch> scratch_;
   int64_t position_ = 0;
-  numerics::EncodeCounts counts_;
+  std::vector<std::array<numerics::EncodeCounts, 2>> layer_counts_;
   bool capture_ = false;
   std::vector<KvLayerAmax> amax_;
 };
