@@ -122,6 +122,8 @@ void rule_auto_quantized(Context& ctx) {
                     ctx.resolved.rule_id.find("model-dtype") == std::string::npos;
   if (ctx.resolved.quantized && auto_chose) {
     bool overrides_cli = ctx.resolved.requested != "auto";
+    // Forced to what the launch asked for anyway: nothing is overridden, nothing to report.
+    if (overrides_cli && ctx.resolved.requested == ctx.resolved.kv_cache_dtype) return;
     ctx.findings.push_back(Finding{
         overrides_cli ? "kv-quant-overrides-cli" : "kv-auto-quantized",
         overrides_cli ? Severity::critical : Severity::warning,

@@ -95,6 +95,10 @@ TEST(Rules, CompressedTensorsOverridesExplicitBf16) {
   CheckRun run = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "bfloat16", "0.11.0");
   ASSERT_TRUE(run.has("kv-quant-overrides-cli"));
   EXPECT_EQ(run.severity("kv-quant-overrides-cli"), Severity::critical);
+  // Asking for the dtype the scheme forces anyway overrides nothing.
+  CheckRun same = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "fp8", "0.11.0");
+  EXPECT_FALSE(same.has("kv-quant-overrides-cli"));
+  EXPECT_FALSE(fails_gate(same.result.findings, FailOn::critical));
 }
 
 // c
