@@ -4,6 +4,7 @@
 #include <iostream>
 #include <optional>
 
+#include "calibrate/calibrate.h"
 #include "cli/commands.h"
 #include "eval/eval.h"
 #include "util/util.h"
@@ -18,6 +19,7 @@ struct EvalFlags {
   std::vector<std::string> kv = {};
   std::string text_file;
   std::string calibration_file;
+  std::string kv_scales;
   std::string ctx = "512";
   int64_t chunks = 0;
   int64_t score_from = -1;
@@ -51,6 +53,15 @@ int run_eval_command(const EvalFlags& flags) {
   auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
                                                                           : flags.tokenizer_dir);
 
+  eval::LoadedScales loaded;
+  if (!flags.kv_scales.empty()) {
+    for (const auto& layer : calibrate::load_scales(flags.kv_scales, model->config().num_layers,
+                                                    model->config().num_kv_heads))
+      loaded.layers.push_back(
+          {numerics::StaticAmax{{}, layer.k_scale}, numerics::StaticAmax{{}, layer.v_scale}});
+    loaded.label = flags.kv_scales;
+  }
+
   report::Report out;
   out.command = "eval";
   out.title = fmt::format("kvaudit eval: {} ({} layers, {} KV heads x {}, {} weights)",
@@ -70,6 +81,7 @@ int run_eval_command(const EvalFlags& flags) {
     options.first_scored = flags.score_from;
     options.position_buckets = flags.buckets;
     options.threads = flags.threads;
+    options.loaded_scales = loaded;
     if (!flags.calibration_file.empty())
       options.calibration_tokens = tokenizer.encode(read_text_file(flags.calibration_file));
     std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));
@@ -85,6 +97,7 @@ int run_eval_command(const EvalFlags& flags) {
     options.cases_per_cell = flags.recall_cases;
     options.seed = flags.seed;
     options.threads = flags.threads;
+    options.loaded_scales = loaded;
     recall = eval::run_recall(*model, tokenizer, options);
     eval::add_recall_to_report(*recall, out);
   }
@@ -110,6 +123,10 @@ void add_eval_command(CLI::App& app, Runner& run) {
   eval->add_option("--text", flags->text_file, "Text to score (llama.cpp perplexity semantics)");
   eval->add_option("--calib-text", flags->calibration_file,
                    "Text whose K/V calibrate static scales (default: the first chunk of --text)");
+  eval->add_option("--kv-scales", flags->kv_scales,
+                   "Scales the engine would load, used by fp8_e4m3:tensor / :head instead of "
+                   "calibrating: a calibrate overlay folder, a .safetensors file, or SGLang's "
+                   "--quantization-param-path JSON");
   eval->add_option("--ctx", flags->ctx, "Tokens per chunk (n_ctx)");
   eval->add_option("--chunks", flags->chunks, "Score at most this many chunks (default: all)");
   eval->add_option("--score-from", flags->score_from, "First scored position (default n_ctx/2)");

@@ -37,6 +37,7 @@ void add_quant_command(CLI::App& app, Runner& run);
 void add_tokenize_command(CLI::App& app, Runner& run);
 void add_eval_command(CLI::App& app, Runner& run);
 void add_probe_command(CLI::App& app, Runner& run);
+void add_calibrate_command(CLI::App& app, Runner& run);
 void add_serve_command(CLI::App& app, Runner& run);
 
 }  // namespace kvaudit::cli

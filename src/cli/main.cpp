@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   cli::add_tokenize_command(app, run);
   cli::add_eval_command(app, run);
   cli::add_probe_command(app, run);
+  cli::add_calibrate_command(app, run);
   cli::add_serve_command(app, run);
   try {
     app.parse(argc, argv);

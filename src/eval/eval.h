@@ -79,6 +79,18 @@ KldSummary summarize(const std::vector<TokenComparison>& samples);
 
 // ---------------------------------------------------------------- perplexity / KLD run
 
+// Scales an engine would load (e.g. kvaudit calibrate's overlay), per layer {K, V}, as
+// explicit StaticAmax::scales. When set, fp8_e4m3 ":tensor" / ":head" formats use them bit for
+// bit instead of calibrating on the eval text.
+struct LoadedScales {
+  std::vector<std::array<numerics::StaticAmax, 2>> layers;
+  std::string label;  // where they came from
+};
+// The loaded scales when they apply to `format` (empty when the format calibrates itself).
+// Throws InputError when they cannot apply (per-tensor scales for ":head", layer count).
+std::vector<std::array<numerics::StaticAmax, 2>> loaded_scales_for(
+    const numerics::KvFormat& format, const LoadedScales& loaded, const model::ModelConfig& config);
+
 struct PerplexityOptions {
   std::vector<std::string> kv_formats;  // first = baseline, e.g. {"bf16", "fp8_e4m3:none"}
   int64_t ctx_tokens = 512;             // n_ctx: tokens per chunk
@@ -90,6 +102,7 @@ struct PerplexityOptions {
   // Static scales (":tensor", ":head", ":channel", nvfp4 tensor scale) are calibrated from
   // the baseline's K/V on these tokens (empty: on the first chunk of the eval text).
   std::vector<int32_t> calibration_tokens;
+  LoadedScales loaded_scales;
 };
 
 struct PositionBucket {
@@ -167,6 +180,7 @@ struct RecallOptions {
   uint64_t seed = 1;
   int threads = 2;
   bool with_control = true;  // also score control cases (first format only)
+  LoadedScales loaded_scales;
 };
 
 struct RecallCell {

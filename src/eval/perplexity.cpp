@@ -21,6 +21,26 @@ bool needs_calibration(const numerics::KvFormat& format) {
 
 }  // namespace
 
+std::vector<std::array<numerics::StaticAmax, 2>> loaded_scales_for(
+    const numerics::KvFormat& format, const LoadedScales& loaded,
+    const model::ModelConfig& config) {
+  using numerics::ScaleStrategy;
+  if (loaded.layers.empty() || format.element != numerics::ElementType::fp8_e4m3 ||
+      format.hadamard ||
+      (format.strategy != ScaleStrategy::tensor && format.strategy != ScaleStrategy::head))
+    return {};
+  if (loaded.layers.size() != size_t(config.num_layers))
+    throw InputError(loaded.label, fmt::format("holds scales for {} layers; the model has {}",
+                                               loaded.layers.size(), config.num_layers));
+  const size_t want = format.strategy == ScaleStrategy::tensor ? 1 : size_t(config.num_kv_heads);
+  for (const auto& layer : loaded.layers)
+    for (const numerics::StaticAmax& role : layer)
+      if (role.scales.size() != want)
+        throw InputError(loaded.label, fmt::format("holds {} scale(s) per layer; {} needs {}",
+                                                   role.scales.size(), format.spec, want));
+  return loaded.layers;
+}
+
 // Captures the K/V maxima the static strategies need by running `tokens` through a session
 // of `capture_format`, and turns them into per-layer {K, V} StaticAmax for `format`.
 std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
@@ -73,7 +93,10 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
     FormatResult fr;
     fr.spec = format.spec;
     std::vector<std::array<numerics::StaticAmax, 2>> calibration;
-    if (needs_calibration(format)) {
+    calibration = loaded_scales_for(format, options.loaded_scales, model.config());
+    if (!calibration.empty()) {
+      fr.calibration = "scales loaded from " + options.loaded_scales.label;
+    } else if (needs_calibration(format)) {
       calibration = calibrate_static_scales(model, formats[0], format, calibration_tokens, pool);
       fr.calibration = fmt::format(
           "static scales from {} K/V maxima over {} tokens of {}", formats[0].spec,

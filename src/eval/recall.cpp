@@ -217,8 +217,10 @@ RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& t
     std::vector<std::array<numerics::StaticAmax, 2>> calibration;
     using numerics::ScaleStrategy;
     const auto& format = formats[f];
-    if (format.strategy == ScaleStrategy::tensor || format.strategy == ScaleStrategy::head ||
-        format.strategy == ScaleStrategy::channel || format.kind == numerics::KvFormatKind::nvfp4)
+    calibration = loaded_scales_for(format, options.loaded_scales, model.config());
+    if (calibration.empty() &&
+        (format.strategy == ScaleStrategy::tensor || format.strategy == ScaleStrategy::head ||
+         format.strategy == ScaleStrategy::channel || format.kind == numerics::KvFormatKind::nvfp4))
       calibration = calibrate_static_scales(model, formats[0], format, calibration_tokens, pool);
     model::Session session(model, format, pool, calibration);
     RecallFormatResult fr;

@@ -1,0 +1,386 @@
+// calibrate overlay: writes scales where the target engine version loads them. Each
+// candidate carrier is staged, laid over the original checkpoint in a scratch view
+// (symlinks to the original files, the staged files on top), read back with the
+// checkpoint reader and resolved with the engine data: the first one the engine loads
+// without dropping anything is moved into place. So what calibrate promises is exactly
+// what `kvaudit check` will report on the same files.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "calibrate/calibrate.h"
+#include "util/util.h"
+
+namespace kvaudit::calibrate {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string_view carrier_name(Carrier carrier) {
+  switch (carrier) {
+    case Carrier::modelopt:
+      return "modelopt";
+    case Carrier::compressed_tensors:
+      return "compressed-tensors";
+    case Carrier::kv_only_compressed_tensors:
+      return "kv-only-compressed-tensors";
+    case Carrier::quantization_param_path:
+      return "quantization-param-path";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr const char* kScalesFile = "kv_scales.safetensors";
+constexpr const char* kParamPathFile = "kv_cache_scales.json";
+constexpr const char* kMarkerFile = "kvaudit-calibration.json";
+
+// "model.language_model.layers.3.self_attn." for each layer that has a K projection.
+std::map<int, std::string> attention_prefixes(const checkpoint::ModelFacts& model,
+                                              const std::vector<LayerScales>& scales) {
+  static const std::regex k_proj(
+      R"(^(.*\.layers\.(\d+)\.(?:self_attn|attention)\.)k_proj\.weight$)");
+  std::map<int, std::string> prefixes;
+  for (const std::string& name : model.kv_projection_weights) {
+    std::smatch match;
+    if (std::regex_match(name, match, k_proj))
+      prefixes.emplace(std::stoi(match[2].str()), match[1].str());
+  }
+  if (prefixes.empty())  // a bare config or an unusual layout: the Hugging Face default
+    for (const LayerScales& layer : scales)
+      prefixes.emplace(layer.layer, fmt::format("model.layers.{}.self_attn.", layer.layer));
+  return prefixes;
+}
+
+struct ScaleTensorOut {
+  std::string name;
+  std::vector<float> values;
+  bool scalar = true;
+};
+
+std::string safetensors_bytes(std::vector<ScaleTensorOut> tensors) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const ScaleTensorOut& a, const ScaleTensorOut& b) { return a.name < b.name; });
+  json header = json::object();
+  std::string data;
+  for (const ScaleTensorOut& tensor : tensors) {
+    const size_t begin = data.size();
+    for (float value : tensor.values) {
+      char bytes[4];
+      std::memcpy(bytes, &value, 4);  // little-endian hosts only, as safetensors is
+      data.append(bytes, 4);
+    }
+    json shape = tensor.scalar ? json::array() : json::array({tensor.values.size()});
+    header[tensor.name] = {
+        {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "kvaudit calibrate"}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+  std::string file(8, '\0');
+  uint64_t length = text.size();
+  std::memcpy(file.data(), &length, 8);
+  return file + text + data;
+}
+
+json read_json_object(const fs::path& file) {
+  json doc = json::parse(read_text_file(file), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object())
+    throw InputError(file.string(), "is not a JSON object");
+  return doc;
+}
+
+json kv_cache_scheme(Granularity granularity) {
+  return {{"num_bits", 8},
+          {"type", "float"},
+          {"strategy", granularity == Granularity::tensor ? "tensor" : "attn_head"},
+          {"dynamic", false},
+          {"symmetric", true}};
+}
+
+// The files a carrier adds or replaces, by name, as bytes.
+std::map<std::string, std::string> carrier_files(const checkpoint::ModelFacts& model,
+                                                 const std::vector<LayerScales>& scales,
+                                                 const OverlayRequest& request, Carrier carrier,
+                                                 std::vector<std::string>& tensor_names) {
+  std::map<std::string, std::string> files;
+  tensor_names.clear();
+  if (carrier == Carrier::quantization_param_path) return files;
+  const auto prefixes = attention_prefixes(model, scales);
+  std::vector<ScaleTensorOut> tensors;
+  const bool scalar = request.granularity == Granularity::tensor;
+  for (const LayerScales& layer : scales) {
+    auto prefix = prefixes.find(layer.layer);
+    if (prefix == prefixes.end()) continue;  // no attention here (linear-attention layer)
+    if (carrier == Carrier::modelopt) {
+      tensors.push_back({prefix->second + "k_proj.k_scale", layer.k_scale, scalar});
+      tensors.push_back({prefix->second + "v_proj.v_scale", layer.v_scale, scalar});
+    } else {
+      tensors.push_back({prefix->second + "k_scale", layer.k_scale, scalar});
+      tensors.push_back({prefix->second + "v_scale", layer.v_scale, scalar});
+    }
+  }
+  for (const auto& tensor : tensors) tensor_names.push_back(tensor.name);
+  std::sort(tensor_names.begin(), tensor_names.end());
+  files[kScalesFile] = safetensors_bytes(tensors);
+
+  // A sharded checkpoint is loaded through its index, so the index must name the new file.
+  const fs::path index = model.dir / "model.safetensors.index.json";
+  std::error_code ec;
+  if (fs::exists(index, ec)) {
+    json doc = read_json_object(index);
+    if (!doc.contains("weight_map") || !doc["weight_map"].is_object())
+      throw InputError(index.string(), "has no weight_map object");
+    for (const std::string& name : tensor_names) doc["weight_map"][name] = kScalesFile;
+    files["model.safetensors.index.json"] = doc.dump(2) + "\n";
+  }
+
+  if (carrier == Carrier::modelopt) {
+    const fs::path hf_quant = model.dir / "hf_quant_config.json";
+    if (fs::exists(hf_quant, ec)) {
+      json doc = read_json_object(hf_quant);
+      doc["quantization"]["kv_cache_quant_algo"] = "FP8";
+      files["hf_quant_config.json"] = doc.dump(2) + "\n";
+    } else {  // ModelOpt config inside config.json
+      json doc = read_json_object(model.dir / "config.json");
+      json& block = doc.contains("quantization_config") ? doc["quantization_config"]
+                                                        : doc["text_config"]["quantization_config"];
+      block["kv_cache_quant_algo"] = "FP8";
+      files["config.json"] = doc.dump(2) + "\n";
+    }
+  } else {
+    json doc = read_json_object(model.dir / "config.json");
+    const bool nested = !doc.contains("quantization_config") && doc.contains("text_config") &&
+                        doc["text_config"].contains("quantization_config");
+    json& block = nested ? doc["text_config"]["quantization_config"] : doc["quantization_config"];
+    if (carrier == Carrier::kv_only_compressed_tensors) {
+      // Weights stay as they are: no config group targets any layer.
+      block = {{"quant_method", "compressed-tensors"},
+               {"format", "float-quantized"},
+               {"quantization_status", "compressed"},
+               {"config_groups", json::object()},
+               {"ignore", json::array()}};
+    }
+    block["kv_cache_scheme"] = kv_cache_scheme(request.granularity);
+    files["config.json"] = doc.dump(2) + "\n";
+  }
+  return files;
+}
+
+std::string param_path_json(const checkpoint::ModelFacts& model,
+                            const std::vector<LayerScales>& scales, int tp) {
+  json per_layer = json::object();
+  for (const LayerScales& layer : scales) {
+    // One factor per layer serves K and V: the larger keeps both unclipped.
+    const float k = *std::max_element(layer.k_scale.begin(), layer.k_scale.end());
+    const float v = *std::max_element(layer.v_scale.begin(), layer.v_scale.end());
+    per_layer[std::to_string(layer.layer)] = std::max(k, v);
+  }
+  json ranks = json::object();
+  for (int rank = 0; rank < tp; ++rank) ranks[std::to_string(rank)] = per_layer;
+  return json{{"model_type", model.model_type},
+              {"kv_cache", {{"dtype", "float8_e4m3fn"}, {"scaling_factor", ranks}}}}
+             .dump(2) +
+         "\n";
+}
+
+void write_bytes(const fs::path& file, const std::string& bytes) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  if (!out) throw InputError(file.string(), "cannot be written");
+}
+
+// A scratch folder: the original checkpoint's entries as symlinks, `files` on top.
+fs::path merged_view(const fs::path& model_dir, const std::map<std::string, std::string>& files,
+                     const fs::path& scratch) {
+  fs::create_directories(scratch);
+  for (const auto& entry : fs::directory_iterator(model_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!files.count(name)) fs::create_symlink(fs::absolute(entry.path()), scratch / name);
+  }
+  for (const auto& [name, bytes] : files) write_bytes(scratch / name, bytes);
+  return scratch;
+}
+
+struct ScratchFolder {
+  fs::path path;
+  ~ScratchFolder() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+fs::path scratch_name(const fs::path& near, const char* what) {
+  static int counter = 0;
+  return near / fmt::format(".kvaudit-{}-{}-{}", what, ::getpid(), ++counter);
+}
+
+}  // namespace
+
+OverlayResult write_overlay(const checkpoint::ModelFacts& model,
+                            const std::vector<LayerScales>& scales, const OverlayRequest& request) {
+  std::error_code ec;
+  const fs::path model_dir = fs::weakly_canonical(request.model_dir, ec);
+  const fs::path out_dir = fs::weakly_canonical(request.out_dir, ec);
+  if (out_dir == model_dir)
+    throw InputError(request.out_dir.string(),
+                     "is the checkpoint folder; calibrate never modifies the original: give a new "
+                     "folder and place its files beside the originals when deploying");
+  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+    throw InputError(request.out_dir.string(), "exists and is not a folder");
+  if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec) &&
+      !fs::exists(out_dir / kMarkerFile, ec))
+    throw InputError(
+        request.out_dir.string(),
+        "is not empty and holds no earlier calibrate output; refusing to overwrite it");
+  if (request.tp < 1 || request.tp > 1024) throw InputError("--tp", "must lie in 1..1024");
+
+  const engines::EngineData data = engines::load_engine_data(request.engine);
+  const std::string engine_label =
+      fmt::format("{} {}", request.engine,
+                  request.engine_version.empty() ? "(latest known)" : request.engine_version);
+  if (request.granularity == Granularity::head) {
+    const json fallback = data.document.value("fallback", json::object());
+    if (fallback.value("non_scalar", "") != "per_head_supported")
+      throw InputError(
+          "--granularity head",
+          fmt::format("{} takes only per-tensor KV scales ({}: \"{}\"); use --granularity tensor",
+                      engine_label, fallback.value("reference", "engine data"),
+                      fallback.value("non_scalar_message", "non-scalar scales are refused")));
+  }
+
+  std::vector<Carrier> candidates;
+  const std::string method = model.quant ? model.quant->method : "";
+  if (method == "modelopt" && request.granularity == Granularity::tensor)
+    candidates.push_back(Carrier::modelopt);
+  else if (method == "compressed-tensors")
+    candidates.push_back(Carrier::compressed_tensors);
+  else if (method.empty())
+    candidates.push_back(Carrier::kv_only_compressed_tensors);
+  const bool sglang_json = data.document.contains("quantization_param_path");
+  if (sglang_json && request.granularity == Granularity::tensor)
+    candidates.push_back(Carrier::quantization_param_path);
+
+  fs::create_directories(out_dir.parent_path(), ec);
+  OverlayResult result;
+  for (Carrier carrier : candidates) {
+    std::vector<std::string> tensor_names;
+    std::map<std::string, std::string> files =
+        carrier_files(model, scales, request, carrier, tensor_names);
+    if (sglang_json) files[kParamPathFile] = param_path_json(model, scales, request.tp);
+
+    engines::LaunchFlags flags;
+    flags.engine = request.engine;
+    flags.engine_version = request.engine_version;
+    flags.kv_cache_dtype = request.engine == "vllm" ? "fp8" : "fp8_e4m3";
+    flags.kv_cache_dtype_flag = "--kv-cache-dtype";
+    if (carrier == Carrier::quantization_param_path)
+      flags.quantization_param_path = (out_dir / kParamPathFile).string();
+
+    ScratchFolder scratch{scratch_name(out_dir.parent_path(), "view")};
+    checkpoint::ModelFacts seen =
+        checkpoint::read_checkpoint(merged_view(model.dir, files, scratch.path));
+    engines::ResolvedKv resolved = engines::resolve_kv(seen, flags, data);
+
+    CarrierAttempt attempt{carrier, false, "", ""};
+    const std::string wanted =
+        carrier == Carrier::quantization_param_path ? "quantization_param_path" : "checkpoint";
+    std::vector<std::string> ours_dropped;
+    for (const auto& drop : resolved.dropped)
+      for (const std::string& name : drop.tensor_names)
+        if (std::binary_search(tensor_names.begin(), tensor_names.end(), name)) {
+          if (attempt.why.empty()) {
+            attempt.why = fmt::format("{} ({})", drop.reason, drop.rule_id);
+            attempt.reference = drop.reference;
+          }
+          ours_dropped.push_back(name);
+        }
+    if (resolved.kv_cache_dtype != "fp8_e4m3") {
+      attempt.why =
+          fmt::format("the KV cache resolves to {}, not fp8_e4m3", resolved.kv_cache_dtype);
+    } else if (ours_dropped.empty() && carrier != Carrier::quantization_param_path &&
+               !model.kv_scales.empty()) {
+      // The engine would load the old tensors as well, in file order: which wins is undefined.
+      attempt.why = fmt::format(
+          "the checkpoint already holds {} KV scale tensors (e.g. {} in {}) that the engine would "
+          "load too, in an undefined order; remove them from the checkpoint first",
+          model.kv_scales.size(), model.kv_scales[0].name, model.kv_scales[0].shard_file);
+    } else if (ours_dropped.empty() && resolved.scale_source == wanted) {
+      attempt.works = true;
+      attempt.why = carrier == Carrier::quantization_param_path
+                        ? "SGLang reads the JSON given with --quantization-param-path"
+                        : fmt::format("{} scale tensors loaded", tensor_names.size());
+    } else if (attempt.why.empty()) {
+      attempt.why =
+          fmt::format("the engine data resolves the scale source to {}", resolved.scale_source);
+    }
+    result.attempts.push_back(attempt);
+    if (!attempt.works) continue;
+
+    // Stage the overlay next to its destination, then move it into place in one rename.
+    result.carrier = carrier;
+    result.resolved = resolved;
+    result.tensor_names = tensor_names;
+    result.launch_flags = {"--kv-cache-dtype", flags.kv_cache_dtype};
+    if (carrier == Carrier::quantization_param_path)
+      result.launch_flags.insert(result.launch_flags.end(),
+                                 {"--quantization-param-path", flags.quantization_param_path});
+    for (const auto& [name, bytes] : files) result.files.push_back(name);
+    result.files.push_back(kMarkerFile);
+    if (carrier == Carrier::kv_only_compressed_tensors)
+      result.notes.push_back(
+          "config.json gains a KV-only compressed-tensors quantization_config (no config group "
+          "targets the weights, which stay as they are); the engines create k_scale/v_scale "
+          "parameters only through a quantization config");
+    if (carrier == Carrier::quantization_param_path)
+      result.notes.push_back(
+          "SGLang's --quantization-param-path is not applied on some model paths in the versions "
+          "kvaudit knows (sgl-project/sglang#18818); confirm after launch with kvaudit logs");
+    json marker = {{"format", "kvaudit-calibration/1"},        {"engine", request.engine},
+                   {"engine_version", request.engine_version}, {"carrier", carrier_name(carrier)},
+                   {"launch_flags", result.launch_flags},      {"tensors", tensor_names}};
+    json layers = json::array();
+    for (const LayerScales& layer : scales)
+      layers.push_back({{"layer", layer.layer},
+                        {"k_scale", layer.k_scale},
+                        {"v_scale", layer.v_scale},
+                        {"k_amax", layer.k_amax},
+                        {"v_amax", layer.v_amax}});
+    marker["layers"] = std::move(layers);
+    files[kMarkerFile] = marker.dump(2) + "\n";
+
+    const fs::path staging = scratch_name(out_dir.parent_path(), "overlay");
+    fs::create_directories(staging);
+    try {
+      for (const auto& [name, bytes] : files) write_bytes(staging / name, bytes);
+      if (fs::exists(out_dir, ec)) fs::remove_all(out_dir);
+      fs::rename(staging, out_dir);
+    } catch (...) {
+      fs::remove_all(staging, ec);
+      throw;
+    }
+    return result;
+  }
+
+  std::string reasons;
+  for (const CarrierAttempt& attempt : result.attempts)
+    reasons +=
+        fmt::format("{}{}: {}{}", reasons.empty() ? "" : "; ", carrier_name(attempt.carrier),
+                    attempt.why, attempt.reference.empty() ? "" : " [" + attempt.reference + "]");
+  if (reasons.empty())
+    reasons = fmt::format("no carrier for a {} checkpoint with --granularity {}",
+                          method.empty() ? "plain" : method,
+                          request.granularity == Granularity::tensor ? "tensor" : "head");
+  throw InputError(request.model_dir.string(),
+                   fmt::format("{} cannot load KV scales for {}: {}. Instead keep a 16-bit KV "
+                               "cache (--kv-cache-dtype bf16), or calibrate for an engine version "
+                               "that loads them (kvaudit check lists which)",
+                               engine_label, model.architecture, reasons));
+}
+
+}  // namespace kvaudit::calibrate
