@@ -23,7 +23,7 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVAUDIT_SANITIZE=ON -DKVAUDIT_WERROR=OFF
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVAUDIT_SANITIZE=ON -DKVAUDIT_WERROR=OFF -DKVAUDIT_BENCH=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 fuzz: deps
