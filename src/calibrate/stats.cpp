@@ -121,11 +121,14 @@ json kv_stats_to_json(const KvStats& stats) {
 
 KvStats kv_stats_from_json(const json& doc, const std::string& label) {
   if (!doc.is_object()) throw InputError(label, "expected a JSON object");
-  if (doc.value("format", "") != "kvaudit-kv-stats/1")
+  auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() || *format != "kvaudit-kv-stats/1")
     throw InputError(label, "\"format\" must be \"kvaudit-kv-stats/1\"");
   KvStats stats;
-  stats.source = doc.value("source", label);
-  if (stats.source.empty()) stats.source = label;
+  auto source = doc.find("source");
+  stats.source = source != doc.end() && source->is_string() && !source->get<std::string>().empty()
+                     ? source->get<std::string>()
+                     : label;
   auto positive_int = [&](const char* key) {
     auto it = doc.find(key);
     if (it == doc.end() || !it->is_number_integer() || it->get<int64_t>() < 1 ||
