@@ -62,7 +62,7 @@ int closed_port() {
   return ntohs(address.sin_port);
 }
 
-TEST(Url, Forms) {
+TEST(NetUrl, Forms) {
   Url a = parse_url("http://127.0.0.1:8000/v1/");
   EXPECT_EQ(a.scheme, "http");
   EXPECT_EQ(a.host, "127.0.0.1");
@@ -86,7 +86,7 @@ TEST(Url, Forms) {
   }
 }
 
-TEST(Client, RetriesServerErrorsThenSucceeds) {
+TEST(NetClient, RetriesServerErrorsThenSucceeds) {
   LocalServer local;
   std::atomic<int> calls{0};
   local.server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
@@ -108,7 +108,7 @@ TEST(Client, RetriesServerErrorsThenSucceeds) {
   EXPECT_EQ(client.stats().retries, 2);
 }
 
-TEST(Client, PersistentServerErrorNamesStatusAndMessage) {
+TEST(NetClient, PersistentServerErrorNamesStatusAndMessage) {
   LocalServer local;
   std::atomic<int> calls{0};
   local.server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
@@ -133,7 +133,7 @@ TEST(Client, PersistentServerErrorNamesStatusAndMessage) {
   EXPECT_EQ(calls.load(), 4);
 }
 
-TEST(Client, HonoursRetryAfter) {
+TEST(NetClient, HonoursRetryAfter) {
   LocalServer local;
   std::atomic<int> calls{0};
   local.server.Get("/x", [&](const httplib::Request&, httplib::Response& res) {
@@ -157,7 +157,7 @@ TEST(Client, HonoursRetryAfter) {
   EXPECT_FALSE(parse_retry_after(""));
 }
 
-TEST(Client, ConnectionRefusedIsRetriedThenReported) {
+TEST(NetClient, ConnectionRefusedIsRetriedThenReported) {
   Client client(parse_url("http://127.0.0.1:" + std::to_string(closed_port())), fast_options());
   try {
     client.get("/v1/models");
@@ -171,7 +171,7 @@ TEST(Client, ConnectionRefusedIsRetriedThenReported) {
   EXPECT_EQ(client.stats().attempts, 4);
 }
 
-TEST(Client, DnsFailureIsNotRetried) {
+TEST(NetClient, DnsFailureIsNotRetried) {
   Client client(parse_url("http://kvaudit-no-such-host.invalid:8000"), fast_options());
   try {
     client.get("/health");
@@ -183,7 +183,7 @@ TEST(Client, DnsFailureIsNotRetried) {
   EXPECT_EQ(client.stats().attempts, 1);
 }
 
-TEST(Client, StallEndsInATimeout) {
+TEST(NetClient, StallEndsInATimeout) {
   LocalServer local;
   std::atomic<bool> release{false};
   local.server.Get("/slow", [&](const httplib::Request&, httplib::Response& res) {
@@ -207,7 +207,7 @@ TEST(Client, StallEndsInATimeout) {
   release = true;
 }
 
-TEST(Client, GarbageAndErrorsBecomeClearMessages) {
+TEST(NetClient, GarbageAndErrorsBecomeClearMessages) {
   LocalServer local;
   local.server.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("<html>502 Bad Gateway</html>", "text/html");
@@ -238,7 +238,7 @@ TEST(Client, GarbageAndErrorsBecomeClearMessages) {
   EXPECT_EQ(client.stats().retries, 0);  // 4xx is an answer, not retried
 }
 
-TEST(Client, OversizedAnswerIsRefused) {
+TEST(NetClient, OversizedAnswerIsRefused) {
   LocalServer local;
   local.server.Get("/big", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(std::string(1 << 20, 'x'), "text/plain");
@@ -255,7 +255,7 @@ TEST(Client, OversizedAnswerIsRefused) {
   }
 }
 
-TEST(Client, SendsBearerTokenAndBasePath) {
+TEST(NetClient, SendsBearerTokenAndBasePath) {
   LocalServer local;
   std::string seen_auth, seen_body;
   local.server.Post("/proxy/v1/completions",
@@ -285,7 +285,7 @@ TEST(Client, SendsBearerTokenAndBasePath) {
   EXPECT_FALSE(body.contains("logprobs"));
 }
 
-TEST(Client, ConcurrencyIsBounded) {
+TEST(NetClient, ConcurrencyIsBounded) {
   LocalServer local;
   std::atomic<int> in_flight{0}, peak{0};
   local.server.new_task_queue = [] { return new httplib::ThreadPool(16); };
@@ -309,7 +309,7 @@ TEST(Client, ConcurrencyIsBounded) {
   EXPECT_GE(peak.load(), 2);
 }
 
-TEST(Client, HttpsAgainstAPlainServerIsATlsFailure) {
+TEST(NetClient, HttpsAgainstAPlainServerIsATlsFailure) {
   LocalServer local;
   local.server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok", "text/plain");
@@ -325,7 +325,7 @@ TEST(Client, HttpsAgainstAPlainServerIsATlsFailure) {
   }
 }
 
-TEST(Client, ApiKeyFromEnvironment) {
+TEST(NetClient, ApiKeyFromEnvironment) {
   setenv("KVAUDIT_API_KEY", "", 1);
   setenv("OPENAI_API_KEY", "sk-openai", 1);
   EXPECT_EQ(api_key_from_environment(), "sk-openai");

@@ -28,7 +28,7 @@ std::string malformed_message(const json& body, bool chat = false) {
   return "";
 }
 
-TEST(Protocol, LegacyCompletionWithEchoAndLogprobs) {
+TEST(NetProtocol, LegacyCompletionWithEchoAndLogprobs) {
   json body = json::parse(R"({
     "id": "cmpl-1", "object": "text_completion", "model": "qwen",
     "choices": [{"index": 0, "text": "ab c", "finish_reason": "length",
@@ -51,7 +51,7 @@ TEST(Protocol, LegacyCompletionWithEchoAndLogprobs) {
   EXPECT_EQ(c.completion_tokens, 1);
 }
 
-TEST(Protocol, ChatWithTopLogprobs) {
+TEST(NetProtocol, ChatWithTopLogprobs) {
   json body = json::parse(R"({"choices": [{"message": {"role": "assistant", "content": "42"},
     "finish_reason": "stop", "logprobs": {"content": [{"token": "42", "logprob": -0.1,
     "bytes": [52, 50], "top_logprobs": [{"token": "41", "logprob": -3.0},
@@ -62,7 +62,7 @@ TEST(Protocol, ChatWithTopLogprobs) {
   EXPECT_EQ(c.tokens[0].top[0].token, "42");
 }
 
-TEST(Protocol, StrictErrorsNameThePath) {
+TEST(NetProtocol, StrictErrorsNameThePath) {
   EXPECT_THAT(malformed_message(json::parse(R"({"choices": []})")), HasSubstr("$.choices: empty"));
   EXPECT_THAT(malformed_message(json::parse(R"({"data": 1})")), HasSubstr("$.choices: missing"));
   EXPECT_THAT(malformed_message(json::parse(R"({"choices": [{"text": 5}]})")),
@@ -89,7 +89,7 @@ TEST(Protocol, StrictErrorsNameThePath) {
   EXPECT_THROW(parse_tokenize(json::parse(R"({"tokens": [1, 2], "count": 3})"), "u"), RequestError);
 }
 
-TEST(Protocol, ErrorBodies) {
+TEST(NetProtocol, ErrorBodies) {
   EXPECT_EQ(error_message_of(R"({"error": {"message": "boom", "type": "x"}})"), "boom");
   EXPECT_EQ(error_message_of(R"({"object": "error", "message": "flat", "code": 400})"), "flat");
   EXPECT_EQ(error_message_of(R"({"detail": "Not Found"})"), "Not Found");
@@ -98,7 +98,7 @@ TEST(Protocol, ErrorBodies) {
   EXPECT_EQ(error_message_of(std::string(500, 'z')).size(), 163u);
 }
 
-TEST(Protocol, RequestBodies) {
+TEST(NetProtocol, RequestBodies) {
   CompletionRequest request;
   request.model = "m";
   request.prompt_ids = {1, 2, 3};
@@ -121,7 +121,7 @@ TEST(Protocol, RequestBodies) {
 
 // /tokenize: vLLM takes {"prompt"}, SGLang's older native form {"text"}; the client tries
 // both, and reports "no endpoint" when the server has neither.
-TEST(Protocol, TokenizeForms) {
+TEST(NetProtocol, TokenizeForms) {
   httplib::Server server;
   server.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
     auto body = json::parse(req.body);
@@ -160,7 +160,7 @@ TEST(Protocol, TokenizeForms) {
   bare_thread.join();
 }
 
-TEST(Prometheus, VllmCacheConfigInfo) {
+TEST(NetPrometheus, VllmCacheConfigInfo) {
   const std::string text =
       "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
       "# TYPE vllm:cache_config_info gauge\n"

@@ -30,7 +30,7 @@ bool has_finding(const std::vector<report::Finding>& findings, const std::string
                      [&](const report::Finding& f) { return f.id == id; });
 }
 
-TEST(Detect, SglangServerInfoTopLevelAndNested) {
+TEST(ProbeDetect, SglangServerInfoTopLevelAndNested) {
   ServerFacts facts;
   facts.url = "http://h";
   read_sglang_server_info(json::parse(R"({"model_path": "/m", "kv_cache_dtype": "fp8_e4m3",
@@ -53,7 +53,7 @@ TEST(Detect, SglangServerInfoTopLevelAndNested) {
   EXPECT_THAT(nested.capacity_source, HasSubstr("internal_states"));
 }
 
-TEST(Detect, VllmCacheConfigInfo) {
+TEST(ProbeDetect, VllmCacheConfigInfo) {
   ServerFacts facts;
   auto samples = net::parse_prometheus(
       "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",calculate_kv_scales="
@@ -77,7 +77,7 @@ TEST(Detect, VllmCacheConfigInfo) {
   EXPECT_EQ(none.engine, "generic");
 }
 
-TEST(Detect, LiveSglangShapeAndItsFindings) {
+TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
   FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
   net::Client client(net::parse_url(server.url()), fast());
   ServerFacts facts = detect_server(client);
@@ -99,7 +99,7 @@ TEST(Detect, LiveSglangShapeAndItsFindings) {
       has_finding(server_findings(detect_server(client2), nullptr), "probe-kv-scales-unverified"));
 }
 
-TEST(Detect, LiveVllmShape) {
+TEST(ProbeDetect, LiveVllmShape) {
   FakeServer server({.engine = "vllm", .kv_cache_dtype = "fp8_e4m3"});
   net::Client client(net::parse_url(server.url()), fast());
   ServerFacts facts = detect_server(client);
@@ -110,7 +110,7 @@ TEST(Detect, LiveVllmShape) {
   EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "probe-kv-scales-unverified"));
 }
 
-TEST(Detect, GenericServer) {
+TEST(ProbeDetect, GenericServer) {
   FakeServer server({.engine = "generic", .tokenize = false});
   net::Client client(net::parse_url(server.url()), fast());
   ServerFacts facts = detect_server(client);
@@ -122,7 +122,7 @@ TEST(Detect, GenericServer) {
 
 // With the served checkpoint at hand the full check runs on the server's own flags: a
 // plain BF16 checkpoint served with an FP8 cache has no scales at all.
-TEST(Detect, CheckpointGivesTheFullAudit) {
+TEST(ProbeDetect, CheckpointGivesTheFullAudit) {
   FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
   net::Client client(net::parse_url(server.url()), fast());
   ServerFacts facts = detect_server(client);

@@ -43,7 +43,7 @@ std::string temp_path(const std::string& name) {
   return path.string();
 }
 
-TEST(Run, SmokePassesOnASaneServer) {
+TEST(ProbeRun, SmokePassesOnASaneServer) {
   FakeServer server({});
   ProbeOptions options;
   options.smoke = true;
@@ -63,7 +63,7 @@ TEST(Run, SmokePassesOnASaneServer) {
   EXPECT_THAT(report.verdict, HasSubstr("smoke: 3 of 3 passed"));
 }
 
-TEST(Run, SmokeFailureIsReported) {
+TEST(ProbeRun, SmokeFailureIsReported) {
   FakeServer server({.wrong_recall = false});
   ProbeOptions options;
   options.smoke = true;
@@ -74,7 +74,7 @@ TEST(Run, SmokeFailureIsReported) {
   EXPECT_THAT(build_probe_report(result, options).verdict, HasSubstr("smoke: 1 of 3 FAILED"));
 }
 
-TEST(Run, RecallScoresExactMatchAndLogprob) {
+TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
   FakeServer good({});
   ProbeOptions options = small_recall();
   RunResult result = run_probes({good.url()}, fast(), options);
@@ -99,7 +99,7 @@ TEST(Run, RecallScoresExactMatchAndLogprob) {
   EXPECT_THAT(poor.token_counting, HasSubstr("approximation"));
 }
 
-TEST(Run, CompareIdenticalServersIsSame) {
+TEST(ProbeRun, CompareIdenticalServersIsSame) {
   FakeServer a({}), b({});
   ProbeOptions options = small_recall();
   options.smoke = true;
@@ -115,7 +115,7 @@ TEST(Run, CompareIdenticalServersIsSame) {
   EXPECT_EQ(a.greedy_requests(), b.greedy_requests());
 }
 
-TEST(Run, CompareShiftedLogprobsIsDifferent) {
+TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
   FakeServer a({}), b({.confidence = 0.6});
   RunResult result = run_probes({a.url(), b.url()}, fast(), small_recall());
   ASSERT_TRUE(result.compare);
@@ -145,7 +145,7 @@ TEST(Run, CompareShiftedLogprobsIsDifferent) {
   EXPECT_NE(report::render_html(report).find("kl_per_probe"), std::string::npos);
 }
 
-TEST(Run, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
+TEST(ProbeRun, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
   FakeServer a({.wrong_recall = true}), b({});
   RunResult result = run_probes({a.url(), b.url()}, fast(), small_recall());
   ASSERT_TRUE(result.compare);
@@ -157,7 +157,7 @@ TEST(Run, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
   EXPECT_EQ(result.compare->probes[0].first_divergence, 0);
 }
 
-TEST(Faults, KilledMidRunResumesOnlyTheRest) {
+TEST(ProbeFaults, KilledMidRunResumesOnlyTheRest) {
   const std::string results = temp_path("kvaudit-probe-resume");
   ProbeOptions options = small_recall();
   options.results_path = results;
@@ -192,7 +192,7 @@ TEST(Faults, KilledMidRunResumesOnlyTheRest) {
   std::filesystem::remove(results);
 }
 
-TEST(Faults, TornLastLineIsSkipped) {
+TEST(ProbeFaults, TornLastLineIsSkipped) {
   const std::string results = temp_path("kvaudit-probe-torn");
   FakeServer server({});
   ProbeOptions options;
@@ -208,7 +208,7 @@ TEST(Faults, TornLastLineIsSkipped) {
   std::filesystem::remove(results);
 }
 
-TEST(Faults, StallEndsInATimeoutMessage) {
+TEST(ProbeFaults, StallEndsInATimeoutMessage) {
   FakeServer server({.stall_ms = 3000});
   net::ClientOptions client = fast();
   client.read_timeout = std::chrono::milliseconds(300);
@@ -227,7 +227,7 @@ TEST(Faults, StallEndsInATimeoutMessage) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
-TEST(Faults, GarbageIsAClearMessage) {
+TEST(ProbeFaults, GarbageIsAClearMessage) {
   FakeServer server({.garbage = true});
   ProbeOptions options;
   options.smoke = true;
@@ -239,7 +239,7 @@ TEST(Faults, GarbageIsAClearMessage) {
   }
 }
 
-TEST(Faults, ServerErrorsThenRecovery) {
+TEST(ProbeFaults, ServerErrorsThenRecovery) {
   FakeServer server({.fail_first = 3});
   ProbeOptions options;
   options.smoke = true;
@@ -250,7 +250,7 @@ TEST(Faults, ServerErrorsThenRecovery) {
   EXPECT_GE(result.servers[0].client_stats.retries, 3);
 }
 
-TEST(Faults, RefusedServerFailsBeforeProbing) {
+TEST(ProbeFaults, RefusedServerFailsBeforeProbing) {
   FakeServer server({});
   std::string url = server.url();
   server.stop();
@@ -263,7 +263,7 @@ TEST(Faults, RefusedServerFailsBeforeProbing) {
   }
 }
 
-TEST(Faults, AuthenticationFailureSaysHowToFixIt) {
+TEST(ProbeFaults, AuthenticationFailureSaysHowToFixIt) {
   FakeServer server({.api_key = "sk-right"});
   ProbeOptions options;
   options.smoke = true;
@@ -280,7 +280,7 @@ TEST(Faults, AuthenticationFailureSaysHowToFixIt) {
   EXPECT_EQ(result.servers[0].records.size(), 3u);
 }
 
-TEST(Compare, KlFromTopK) {
+TEST(ProbeCompare, KlFromTopK) {
   std::vector<TopEntry> p = {{"a", std::log(0.7)}, {"b", std::log(0.2)}};
   EXPECT_EQ(kl_from_top(p, p), 0.0);
   // Same lists, different values: KL over {a, b, rest} exactly.
