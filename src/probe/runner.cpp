@@ -424,6 +424,8 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
       fail(error.what());
     } catch (const InputError& error) {
       p.error = error.problem();  // e.g. the depth leaves no room: a finished, failed probe
+    } catch (const std::exception& error) {
+      fail(fmt::format("{}: {}", spec.id, error.what()));
     }
   });
 
