@@ -62,6 +62,17 @@ TRAIN = dict(seq_len=256, batch=4, lr=5e-3, min_lr_ratio=0.1, warmup_steps=20,
 # long-range recall needs form within a few hundred steps. The spans are the corpus's own
 # text, not the recall probe's synthetic functions.
 
+# After training, some layers get K or V rescaled by a power of two, with the inverse power
+# on the weight that consumes them, so the function is unchanged (powers of two are exact in
+# BF16 and F32: the logits are bit-identical) while those layers' magnitudes sit where FP8
+# at scale 1.0 loses precision: amax below 0.1, much of the layer in E4M3's subnormal range
+# below 2^-6, as in real checkpoints whose V (or K) are small. kvaudit's calibration must
+# then show a difference between scale 1.0 and calibrated scales (QK-norm otherwise keeps
+# this model's K near 1, where scale 1.0 is harmless).
+#   V of layer L: v_proj * 2^-s, o_proj * 2^s.   K of layer L: k_norm * 2^-s, q_norm * 2^s.
+# s is the smallest shift that brings the layer's held-out amax below target_amax.
+MAGNITUDE = dict(small_v_layers=[1], small_k_layers=[2], target_amax=0.03)
+
 
 # ----------------------------------------------------------------------------- data
 
@@ -274,7 +285,9 @@ class Qwen3(torch.nn.Module):
     def named_weights(self):
         return {k.replace("__", "."): v for k, v in self.p.items()}
 
-    def forward(self, ids):
+    def forward(self, ids, capture=None):
+        """Logits; capture (a list), if given, receives each layer's (K, V) as the engine
+        caches them (K after QK-norm and RoPE)."""
         c = MODEL
         B, T = ids.shape
         H, KV, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
@@ -293,6 +306,8 @@ class Qwen3(torch.nn.Module):
             k = rms_norm(k, self.w(p + "self_attn.k_norm.weight"), eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+            if capture is not None:
+                capture.append((k.detach(), v.detach()))
             k = k.repeat_interleave(H // KV, dim=1)
             v = v.repeat_interleave(H // KV, dim=1)
             att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1)
@@ -316,6 +331,86 @@ def heldout_loss(model, ids, seq_len, max_chunks):
             total += F.cross_entropy(logits, chunk[0, 1:], reduction="sum").item()
             count += seq_len - 1
     return total / count
+
+
+def kv_amax_per_layer(model, ids, seq_len, max_chunks):
+    """Largest |K| and |V| each layer caches over the held-out chunks."""
+    amax = [[0.0, 0.0] for _ in range(MODEL["num_hidden_layers"])]
+    with torch.no_grad():
+        for c in range(min(max_chunks, len(ids) // seq_len)):
+            capture = []
+            model(torch.tensor(ids[c * seq_len:(c + 1) * seq_len])[None], capture)
+            for layer, (k, v) in enumerate(capture):
+                amax[layer][0] = max(amax[layer][0], k.abs().max().item())
+                amax[layer][1] = max(amax[layer][1], v.abs().max().item())
+    return [{"layer": i, "k_amax": round(k, 6), "v_amax": round(v, 6)}
+            for i, (k, v) in enumerate(amax)]
+
+
+def set_kv_magnitudes(model, ids, seq_len, max_chunks):
+    """Applies MAGNITUDE (see above); returns the shifts it applied."""
+    amax = kv_amax_per_layer(model, ids, seq_len, max_chunks)
+    shifts = []
+    with torch.no_grad():
+        for role, layers in (("k", MAGNITUDE["small_k_layers"]), ("v", MAGNITUDE["small_v_layers"])):
+            for layer in layers:
+                ratio = amax[layer][role + "_amax"] / MAGNITUDE["target_amax"]
+                shift = max(0, math.floor(math.log2(ratio)) + 1) if ratio >= 1 else 0
+                p = f"model.layers.{layer}.self_attn."
+                small, large = ("k_norm", "q_norm") if role == "k" else ("v_proj", "o_proj")
+                model.w(p + small + ".weight").mul_(2.0 ** -shift)
+                model.w(p + large + ".weight").mul_(2.0 ** shift)
+                shifts.append({"layer": layer, "tensor": role, "log2_scale": -shift})
+    return shifts
+
+
+def read_safetensors_bf16(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + length])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        bits = torch.frombuffer(bytearray(raw[8 + length + begin:8 + length + end]), dtype=torch.int16)
+        out[name] = bits.view(torch.bfloat16).float().reshape(info["shape"])
+    return out
+
+
+def rescale_only(out_dir):
+    """Applies MAGNITUDE to an already trained fixture in place: reads its BF16 weights,
+    rescales, checks that the held-out loss is unchanged, and records it in training.json."""
+    with open(os.path.join(out_dir, "training.json")) as f:
+        record = json.load(f)
+    if "magnitude" in record:
+        raise SystemExit(f"{out_dir} is already rescaled: {record['magnitude']}")
+    with open(os.path.join(out_dir, "tokenizer.json")) as f:
+        merges = [tuple(m.split(" ")) for m in json.load(f)["model"]["merges"]]
+    bpe = Bpe(merges)
+    with open(os.path.join(out_dir, "heldout.txt")) as f:
+        held_ids = bpe.encode(f.read())
+    model = Qwen3(bpe.eot_id + 1)
+    weights = read_safetensors_bf16(os.path.join(out_dir, "model.safetensors"))
+    with torch.no_grad():
+        for name, value in weights.items():
+            model.w(name).copy_(value)
+    S, chunks = record["heldout"]["seq_len"], record["heldout"]["chunks"]
+    before = heldout_loss(model, held_ids, S, chunks)
+    amax_before = kv_amax_per_layer(model, held_ids, S, chunks)
+    shifts = set_kv_magnitudes(model, held_ids, S, chunks)
+    after = heldout_loss(model, held_ids, S, chunks)
+    amax = kv_amax_per_layer(model, held_ids, S, chunks)
+    print(f"held-out loss {before!r} -> {after!r}; shifts {shifts}\namax before {amax_before}\n"
+          f"amax after {amax}", flush=True)
+    if abs(after - before) > 1e-9 or abs(before - record["heldout"]["mean_nll_nats"]) > 1e-6:
+        raise SystemExit("the rescaled model does not compute the recorded function")
+    write_safetensors_bf16(os.path.join(out_dir, "model.safetensors"), model.named_weights())
+    record["magnitude"] = {**MAGNITUDE, "applied": shifts, "applied_by": "--rescale-only"}
+    record["kv_amax_heldout"] = amax
+    with open(os.path.join(out_dir, "training.json"), "w") as f:
+        json.dump(record, f)
 
 
 # ----------------------------------------------------------------------------- output
@@ -342,8 +437,13 @@ def main():
                                                       "..", "tests", "fixtures", "model", "qwen3-pystd"))
     parser.add_argument("--merges-from", help="reuse the merges of an earlier run's tokenizer.json "
                         "(BPE training is deterministic; this only saves its minute)")
+    parser.add_argument("--rescale-only", action="store_true",
+                        help="apply MAGNITUDE to the trained model in --out and stop")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.rescale_only:
+        rescale_only(args.out)
+        return
     torch.manual_seed(TRAIN["seed"])
     started = time.time()
 
@@ -403,6 +503,7 @@ def main():
             print(f"step {step} ({progress:.0%}) loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
         step += 1
 
+    shifts = set_kv_magnitudes(model, held_ids, S, 8)
     # Evaluate exactly what is stored: BF16-rounded weights, float32 arithmetic.
     with torch.no_grad():
         for v in model.p.values():
@@ -437,6 +538,8 @@ def main():
                    "heldout_tokens": len(held_ids), "steps": step,
                    "tokens_seen": step * S * B, "seconds": round(time.time() - started, 1),
                    "loss_curve_every_10": losses[::10], "final_train_loss": losses[-1],
+                   "magnitude": {**MAGNITUDE, "applied": shifts},
+                   "kv_amax_heldout": kv_amax_per_layer(model, held_ids, S, 8),
                    "heldout": {"seq_len": S, "chunks": 8, "scored": "positions 1..seq_len-1",
                                "mean_nll_nats": held_loss, "ppl": math.exp(held_loss)},
                    "tokenizer_sample": {"text": sample, "ids": bpe.encode(sample)}}, f)

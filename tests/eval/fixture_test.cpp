@@ -66,7 +66,13 @@ TEST(Fixture, PerplexityFarBelowUniform) {
 // DISABLED: the committed fixture does not reach this. Ten minutes of a contended 2-core CPU
 // (about 950 steps of 4 x 256 tokens) did not form an induction circuit: recall log-prob
 // equals the control's (-5.6 vs -5.6 nats/token), and even a verbatim repeated 120-token
-// span is not predicted better the second time. Kept so a better-trained fixture is checked.
+// span is not predicted better the second time. A second attempt (1,400 steps of 2 x 512
+// tokens mixing stdlib text with copied spans, a synthetic define-then-call Python source,
+// windows of one repeated random block, and from step 800 every other step a batch of 16
+// short repeated-block windows) did not either: the repeated-block loss stayed flat at the
+// unigram level (6.45 nats) and its own recall probe equalled its control. On this machine
+// (about half a core per worker) induction needs more steps than a session has. Kept so a
+// better-trained fixture is checked.
 TEST(Fixture, DISABLED_RecallFarAboveControl) {
   RecallOptions options;
   options.kv_formats = {"bf16"};
@@ -82,6 +88,29 @@ TEST(Fixture, DISABLED_RecallFarAboveControl) {
         << "depth " << cell.depth_tokens;
     EXPECT_GE(cell.exact_match, cell.control_exact_match);
   }
+}
+
+// The fixture's layer 1 V and layer 2 K are rescaled by powers of two (function unchanged,
+// see MAGNITUDE in tools/train_fixture_model.py) to amax ~0.02-0.03, where FP8 E4M3 at scale
+// 1.0 stores most values as subnormals: scale 1.0 must then be measurably worse than a
+// calibrated per-tensor scale (2.1x the mean KLD over the whole held-out text), while the
+// other layers keep the two equal.
+TEST(Fixture, ScaleOneLosesPrecisionOnSmallLayers) {
+  const auto& amax = fixture().training["kv_amax_heldout"];
+  ASSERT_EQ(amax.size(), 4u);
+  EXPECT_LT(amax[1]["v_amax"].get<double>(), 0.1);
+  EXPECT_LT(amax[2]["k_amax"].get<double>(), 0.1);
+  EXPECT_GT(amax[0]["k_amax"].get<double>(), 1.0);
+  PerplexityOptions options;
+  options.kv_formats = {"bf16", "fp8_e4m3:none", "fp8_e4m3:tensor"};
+  options.ctx_tokens = 256;
+  options.max_chunks = 8;
+  PerplexityResult result = run_perplexity(*fixture().model, fixture().heldout, options);
+  ASSERT_EQ(result.formats.size(), 3u);
+  const double unscaled = result.formats[1].summary.kld_mean;
+  const double calibrated = result.formats[2].summary.kld_mean;
+  EXPECT_GT(unscaled, 1.5 * calibrated) << unscaled << " vs " << calibrated;
+  EXPECT_LT(result.formats[1].summary.same_top, result.formats[2].summary.same_top);
 }
 
 TEST(Fixture, FormatsOrderedByDamage) {
