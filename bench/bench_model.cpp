@@ -10,8 +10,8 @@
 // Wall time (llama-bench reports wall time), every repeat printed, then mean and best. The
 // token ids are fixed pseudo-random ids: with random weights the text does not matter.
 // The comparison as run for issue 5 (llama.cpp and the model live outside the repository):
-//   /usr/bin/python3 tools/make_bench_model.py --out /work/peer/bench-model/qwen25-05b-f16 \
-//       --dtype f16 --gguf /work/peer/bench-model/qwen25-05b-f16.gguf \
+//   /usr/bin/python3 tools/make_bench_model.py --out /work/peer/bench-model/qwen25-05b-f16
+//       --dtype f16 --gguf /work/peer/bench-model/qwen25-05b-f16.gguf
 //       --gguf-py /work/peer/llama.cpp/gguf-py
 //   llama-bench -m /work/peer/bench-model/qwen25-05b-f16.gguf -t 2 -p 512 -n 128 -r 3
 //   bench_model /work/peer/bench-model/qwen25-05b-f16 --prompt 512 --gen 128 --repeats 3 --profile
