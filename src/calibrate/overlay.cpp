@@ -10,6 +10,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+
+#include <unistd.h>
 #include <regex>
 
 #include "calibrate/calibrate.h"

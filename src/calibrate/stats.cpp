@@ -1,8 +1,10 @@
-// calibrate stats: K/V maxima per layer and head, from the reference engine or a file.
+// calibrate stats: the statistics file format and maxima -> scales. Pure functions of their
+// inputs (no model, no files beyond reading one), so the fuzzer builds them alone.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "calibrate/calibrate.h"
 #include "util/util.h"
@@ -12,32 +14,6 @@ namespace kvaudit::calibrate {
 namespace {
 
 using nlohmann::json;
-
-// Max over each head's entries of a token-major [tokens * heads] list.
-std::vector<float> head_max(const std::vector<float>& token_head, int heads) {
-  std::vector<float> result(size_t(heads), 0.0f);
-  for (size_t i = 0; i < token_head.size(); ++i)
-    result[i % size_t(heads)] = std::max(result[i % size_t(heads)], token_head[i]);
-  return result;
-}
-
-// Nearest-rank percentile of each head's per-token maxima.
-std::vector<float> head_percentile(const std::vector<float>& token_head, int heads,
-                                   double percentile) {
-  std::vector<float> result(size_t(heads), 0.0f);
-  std::vector<float> column;
-  for (int head = 0; head < heads; ++head) {
-    column.clear();
-    for (size_t i = size_t(head); i < token_head.size(); i += size_t(heads))
-      column.push_back(token_head[i]);
-    if (column.empty()) continue;
-    size_t rank = size_t(std::ceil(percentile / 100.0 * double(column.size())));
-    rank = std::clamp<size_t>(rank, 1, column.size());
-    std::nth_element(column.begin(), column.begin() + long(rank - 1), column.end());
-    result[size_t(head)] = column[rank - 1];
-  }
-  return result;
-}
 
 std::vector<float> float_list(const json& value, const std::string& label, const std::string& key,
                               size_t expected) {
@@ -62,46 +38,6 @@ std::vector<float> float_list(const json& value, const std::string& label, const
 }
 
 }  // namespace
-
-KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tokens,
-                         const CollectOptions& options) {
-  const model::ModelConfig& config = model.config();
-  if (tokens.empty()) throw InputError("--text", "the calibration text holds no tokens");
-  if (options.chunk_tokens < 1) throw InputError("--ctx", "must be at least 1 token");
-  if (!(options.percentile > 0.0 && options.percentile <= 100.0))
-    throw InputError("--percentile", "must lie in (0, 100]");
-  model::ThreadPool pool(options.threads);
-  model::Session session(model, numerics::parse_kv_format("bf16"), pool);
-  session.capture_amax(true);
-  std::vector<float> unused;
-  const int64_t chunk =
-      std::min<int64_t>(options.chunk_tokens, std::max<int64_t>(1, config.max_position_embeddings));
-  for (size_t first = 0; first < tokens.size(); first += size_t(chunk)) {
-    session.reset();
-    session.forward(tokens.subspan(first, std::min(tokens.size() - first, size_t(chunk))), chunk,
-                    unused);
-  }
-  KvStats stats;
-  stats.num_layers = config.num_layers;
-  stats.num_kv_heads = config.num_kv_heads;
-  stats.tokens = int64_t(tokens.size());
-  stats.percentile = options.percentile;
-  for (int layer = 0; layer < config.num_layers; ++layer) {
-    const model::KvLayerAmax& amax = session.amax()[size_t(layer)];
-    LayerKvStats entry;
-    entry.layer = layer;
-    entry.k_amax = head_max(amax.k_token_head_amax, config.num_kv_heads);
-    entry.v_amax = head_max(amax.v_token_head_amax, config.num_kv_heads);
-    if (options.percentile < 100.0) {
-      entry.k_amax_percentile =
-          head_percentile(amax.k_token_head_amax, config.num_kv_heads, options.percentile);
-      entry.v_amax_percentile =
-          head_percentile(amax.v_token_head_amax, config.num_kv_heads, options.percentile);
-    }
-    stats.layers.push_back(std::move(entry));
-  }
-  return stats;
-}
 
 json kv_stats_to_json(const KvStats& stats) {
   json layers = json::array();
@@ -190,6 +126,66 @@ KvStats read_kv_stats(const std::filesystem::path& file) {
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) throw InputError(file.string(), "is not valid JSON");
   return kv_stats_from_json(doc, file.string());
+}
+
+namespace {
+
+constexpr double kE4m3Max = 448.0;
+
+// amax * margin / 448, rounded to float and nudged up where rounding went down: the codec
+// divides by the scale in float, and amax / scale must not land above 448 (it would count as
+// saturated on the very text it was calibrated on).
+float scale_of(float amax, double margin) {
+  float scale = float(double(amax) * margin / kE4m3Max);
+  while (scale > 0.0f && amax / scale > float(kE4m3Max))
+    scale = std::nextafter(scale, std::numeric_limits<float>::infinity());
+  return scale;
+}
+
+std::vector<float> scales_for(const std::vector<float>& amax, Granularity granularity,
+                              double margin, int layer, char role) {
+  if (granularity == Granularity::head && amax.size() == 1)
+    throw InputError("--granularity head",
+                     fmt::format("layer {} {} has one per-tensor maximum; per-head scales need "
+                                 "per-head maxima",
+                                 layer, role));
+  std::vector<float> result;
+  if (granularity == Granularity::tensor) {
+    result.push_back(scale_of(*std::max_element(amax.begin(), amax.end()), margin));
+  } else {
+    for (float head : amax) result.push_back(scale_of(head, margin));
+  }
+  for (float scale : result)
+    if (!(scale > 0.0f) || !std::isfinite(scale))
+      throw InputError("calibration",
+                       fmt::format("layer {} {}: maximum 0 (the layer never produced a non-zero "
+                                   "value on the calibration text), so no scale can be derived",
+                                   layer, role));
+  return result;
+}
+
+}  // namespace
+
+std::vector<LayerScales> compute_scales(const KvStats& stats, const ScaleOptions& options) {
+  if (!(options.margin >= 1.0 && options.margin <= 16.0))
+    throw InputError("--margin", "must lie in [1, 16]");
+  std::vector<LayerScales> result;
+  for (const LayerKvStats& layer : stats.layers) {
+    const bool percentile = options.use_percentile;
+    if (percentile && layer.k_amax_percentile.empty())
+      throw InputError("--percentile",
+                       fmt::format("the statistics ({}) hold no percentile maxima", stats.source));
+    const auto& k = percentile ? layer.k_amax_percentile : layer.k_amax;
+    const auto& v = percentile ? layer.v_amax_percentile : layer.v_amax;
+    LayerScales scales;
+    scales.layer = layer.layer;
+    scales.k_scale = scales_for(k, options.granularity, options.margin, layer.layer, 'K');
+    scales.v_scale = scales_for(v, options.granularity, options.margin, layer.layer, 'V');
+    scales.k_amax = *std::max_element(k.begin(), k.end());
+    scales.v_amax = *std::max_element(v.begin(), v.end());
+    result.push_back(std::move(scales));
+  }
+  return result;
 }
 
 }  // namespace kvaudit::calibrate

@@ -1,0 +1,104 @@
+// calibrate scales: reading scales back from safetensors (any known naming convention) or
+// SGLang's --quantization-param-path JSON.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "calibrate/calibrate.h"
+#include "util/util.h"
+
+namespace kvaudit::calibrate {
+
+using nlohmann::json;
+
+namespace {
+
+std::vector<LayerScales> load_param_path_json(const std::filesystem::path& file, int num_layers) {
+  const std::string label = file.string();
+  json doc = json::parse(read_text_file(file), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) throw InputError(label, "is not a JSON object");
+  auto kv = doc.find("kv_cache");
+  if (kv == doc.end() || !kv->is_object()) throw InputError(label, "has no \"kv_cache\" object");
+  auto factors = kv->find("scaling_factor");
+  if (factors == kv->end() || !factors->is_object())
+    throw InputError(label, "has no kv_cache.scaling_factor object");
+  auto rank = factors->find("0");
+  if (rank == factors->end() || !rank->is_object())
+    throw InputError(label, "kv_cache.scaling_factor has no entry for TP rank 0");
+  std::vector<LayerScales> result(static_cast<size_t>(num_layers));
+  std::vector<bool> seen(static_cast<size_t>(num_layers), false);
+  for (auto it = rank->begin(); it != rank->end(); ++it) {
+    char* end = nullptr;
+    long layer = std::strtol(it.key().c_str(), &end, 10);
+    if (it.key().empty() || *end != '\0' || layer < 0 || layer >= num_layers)
+      throw InputError(label, fmt::format("scaling_factor[\"0\"] names layer \"{}\", outside 0..{}",
+                                          it.key(), num_layers - 1));
+    if (!it.value().is_number())
+      throw InputError(label, fmt::format("layer {} scaling factor is not a number", layer));
+    float scale = it.value().get<float>();
+    if (!(scale > 0.0f) || !std::isfinite(scale))
+      throw InputError(label, fmt::format("layer {} scaling factor {} is not positive and finite",
+                                          layer, scale));
+    result[size_t(layer)] = {int(layer), {scale}, {scale}, 0.0f, 0.0f};
+    seen[size_t(layer)] = true;
+  }
+  for (int layer = 0; layer < num_layers; ++layer)
+    if (!seen[size_t(layer)])
+      throw InputError(label, fmt::format("has no scaling factor for layer {}", layer));
+  return result;
+}
+
+}  // namespace
+
+std::vector<LayerScales> load_scales(const std::filesystem::path& path, int num_layers,
+                                     int num_kv_heads) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(path.string(), "does not exist");
+  if (path.extension() == ".json") return load_param_path_json(path, num_layers);
+  std::vector<fs::path> files;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& entry : fs::directory_iterator(path, ec))
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw InputError(path.string(), "holds no .safetensors file");
+  } else {
+    files.push_back(path);
+  }
+  std::map<int, std::array<std::vector<float>, 2>> found;  // layer -> {K, V}
+  for (const fs::path& file : files) {
+    checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(file);
+    for (const checkpoint::TensorInfo& tensor : header.tensors) {
+      auto scale = checkpoint::classify_scale_tensor(tensor.name);
+      if (!scale || scale->layer < 0) continue;
+      std::vector<float> values = checkpoint::read_tensor_values(header, tensor);
+      if (values.size() != 1 && values.size() != size_t(num_kv_heads))
+        throw InputError(file.string(), fmt::format("{} has {} values; expected 1 or {} (KV heads)",
+                                                    tensor.name, values.size(), num_kv_heads));
+      for (float value : values)
+        if (!(value > 0.0f) || !std::isfinite(value))
+          throw InputError(file.string(), fmt::format("{} holds {}, not a positive finite scale",
+                                                      tensor.name, value));
+      if (scale->layer >= num_layers)
+        throw InputError(file.string(), fmt::format("{} names layer {}, but the model has {}",
+                                                    tensor.name, scale->layer, num_layers));
+      auto& slot = found[scale->layer];
+      if (scale->role != checkpoint::ScaleRole::v) slot[0] = values;
+      if (scale->role != checkpoint::ScaleRole::k) slot[1] = values;
+    }
+  }
+  std::vector<LayerScales> result;
+  for (int layer = 0; layer < num_layers; ++layer) {
+    auto it = found.find(layer);
+    if (it == found.end() || it->second[0].empty() || it->second[1].empty())
+      throw InputError(path.string(),
+                       fmt::format("has no {} scale for layer {}",
+                                   it == found.end() || it->second[0].empty() ? "K" : "V", layer));
+    result.push_back({layer, it->second[0], it->second[1], 0.0f, 0.0f});
+  }
+  return result;
+}
+
+}  // namespace kvaudit::calibrate
