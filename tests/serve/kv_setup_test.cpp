@@ -34,7 +34,7 @@ bool logged(const KvSetup& kv, const std::string& text) {
   return false;
 }
 
-TEST(KvSetup, AutoOnPlainCheckpointIsModelDtypeLikeCheck) {
+TEST(ServeKvSetup, AutoOnPlainCheckpointIsModelDtypeLikeCheck) {
   auto facts = checkpoint::read_checkpoint(testing::fixture_model());
   KvSetup kv = resolve_kv_setup(facts, options_for(testing::fixture_model()));
   EXPECT_EQ(kv.kv_cache_dtype, "bf16");
@@ -45,7 +45,7 @@ TEST(KvSetup, AutoOnPlainCheckpointIsModelDtypeLikeCheck) {
   EXPECT_EQ(kv.engine_version, engines::load_engine_data("sglang").latest_known_version);
 }
 
-TEST(KvSetup, AutoWithDeclaredFp8AndNoScalesIsUnitScaleWithSglangWarning) {
+TEST(ServeKvSetup, AutoWithDeclaredFp8AndNoScalesIsUnitScaleWithSglangWarning) {
   TempModel model;
   model.declare_fp8_kv();
   auto facts = checkpoint::read_checkpoint(model.dir());
@@ -63,7 +63,7 @@ TEST(KvSetup, AutoWithDeclaredFp8AndNoScalesIsUnitScaleWithSglangWarning) {
   EXPECT_EQ(kv.torch_dtype, "torch.float8_e4m3fn");
 }
 
-TEST(KvSetup, ExplicitE5m2LogsNoWarningAndBf16OverridesDeclaredFp8) {
+TEST(ServeKvSetup, ExplicitE5m2LogsNoWarningAndBf16OverridesDeclaredFp8) {
   TempModel model;
   model.declare_fp8_kv();
   auto facts = checkpoint::read_checkpoint(model.dir());
@@ -75,7 +75,7 @@ TEST(KvSetup, ExplicitE5m2LogsNoWarningAndBf16OverridesDeclaredFp8) {
   EXPECT_EQ(bf16.format.spec, "bf16");
 }
 
-TEST(KvSetup, CheckpointScalesReachTheCacheBitForBitWithSglangFallbacks) {
+TEST(ServeKvSetup, CheckpointScalesReachTheCacheBitForBitWithSglangFallbacks) {
   TempModel model;
   model.declare_fp8_kv();
   const float k0 = 0.0371093750f, v0 = 0.00341796875f, k1 = 0.1234567f;
@@ -110,7 +110,7 @@ TEST(KvSetup, CheckpointScalesReachTheCacheBitForBitWithSglangFallbacks) {
   EXPECT_TRUE(logged(kv, kWarning));
 }
 
-TEST(KvSetup, PerHeadScalesAreRefusedLikeSglangButServedAsAnExtension) {
+TEST(ServeKvSetup, PerHeadScalesAreRefusedLikeSglangButServedAsAnExtension) {
   TempModel model;
   model.declare_fp8_kv();
   std::map<std::string, std::vector<float>> scales;
@@ -136,7 +136,7 @@ TEST(KvSetup, PerHeadScalesAreRefusedLikeSglangButServedAsAnExtension) {
   EXPECT_EQ(kv.scales[3][1].scales, (std::vector<float>{0.125f, 0.0625f}));
 }
 
-TEST(KvSetup, UnknownDtypeIsAnInputError) {
+TEST(ServeKvSetup, UnknownDtypeIsAnInputError) {
   auto facts = checkpoint::read_checkpoint(testing::fixture_model());
   EXPECT_THROW(resolve_kv_setup(facts, options_for(testing::fixture_model(), "fp7")), InputError);
   auto options = options_for(testing::fixture_model());
@@ -144,7 +144,7 @@ TEST(KvSetup, UnknownDtypeIsAnInputError) {
   EXPECT_THROW(resolve_kv_setup(facts, options), InputError);
 }
 
-TEST(KvSetup, QuantizationParamPathOverridesScalesForE4m3) {
+TEST(ServeKvSetup, QuantizationParamPathOverridesScalesForE4m3) {
   TempModel model;
   auto path = model.dir() / "kv_scales.json";
   std::ofstream(path) << R"({"model_type": "qwen3", "kv_cache": {"dtype": "float8_e4m3fn",
@@ -166,7 +166,7 @@ TEST(KvSetup, QuantizationParamPathOverridesScalesForE4m3) {
   EXPECT_TRUE(e5m2.load_messages.empty());
 }
 
-TEST(KvSetup, BadQuantizationParamFilesFallBackAsSglangLogsIt) {
+TEST(ServeKvSetup, BadQuantizationParamFilesFallBackAsSglangLogsIt) {
   TempModel model;
   const std::string fallback =
       "Defaulting to KV cache scaling factors = 1.0 for all layers in TP rank 0 as an error "
@@ -213,7 +213,7 @@ TEST(KvSetup, BadQuantizationParamFilesFallBackAsSglangLogsIt) {
   }
 }
 
-TEST(KvSetup, PoolFromBudgetMatchesSglangArithmeticOnTheVirtualDevice) {
+TEST(ServeKvSetup, PoolFromBudgetMatchesSglangArithmeticOnTheVirtualDevice) {
   auto facts = checkpoint::read_checkpoint(testing::fixture_model());
   for (const char* dtype : {"bf16", "fp8_e4m3"}) {
     SCOPED_TRACE(dtype);

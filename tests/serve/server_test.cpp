@@ -55,7 +55,7 @@ std::vector<int32_t> tokenize(const RunningServer& server, const std::string& te
   return body["tokens"].get<std::vector<int32_t>>();
 }
 
-TEST(Server, ModelsHealthAndServerInfo) {
+TEST(ServeHttp, ModelsHealthAndServerInfo) {
   RunningServer server(options_for(testing::fixture_model()));
   EXPECT_EQ(server.get("/health").first, 200);
   auto [status, text] = server.get("/v1/models");
@@ -78,7 +78,7 @@ TEST(Server, ModelsHealthAndServerInfo) {
   EXPECT_EQ(info["kvaudit"]["kv_format"], "bf16");
 }
 
-TEST(Server, GreedyCompletionEqualsTheEngineRunDirectly) {
+TEST(ServeHttp, GreedyCompletionEqualsTheEngineRunDirectly) {
   RunningServer server(options_for(testing::fixture_model()));
   std::vector<int32_t> prompt = tokenize(server, kPrompt);
   std::vector<float> first_logits;
@@ -112,7 +112,7 @@ TEST(Server, GreedyCompletionEqualsTheEngineRunDirectly) {
   EXPECT_EQ(body2["choices"][0]["text"], choice["text"]);
 }
 
-TEST(Server, GreedyIsIdenticalAcrossConcurrentRequests) {
+TEST(ServeHttp, GreedyIsIdenticalAcrossConcurrentRequests) {
   auto options = options_for(testing::fixture_model());
   RunningServer server(options);
   const std::vector<std::string> prompts = {
@@ -138,7 +138,7 @@ TEST(Server, GreedyIsIdenticalAcrossConcurrentRequests) {
   }
 }
 
-TEST(Server, SeededSamplingRepeatsAndStopStringsCut) {
+TEST(ServeHttp, SeededSamplingRepeatsAndStopStringsCut) {
   RunningServer server(options_for(testing::fixture_model()));
   json body = {{"prompt", kPrompt},
                {"max_tokens", 30},
@@ -171,7 +171,7 @@ TEST(Server, SeededSamplingRepeatsAndStopStringsCut) {
   EXPECT_EQ(cut["choices"][0]["text"], full.substr(0, full.find(stop)));
 }
 
-TEST(Server, EchoWithLogprobsScoresThePrompt) {
+TEST(ServeHttp, EchoWithLogprobsScoresThePrompt) {
   RunningServer server(options_for(testing::fixture_model()));
   std::vector<int32_t> prompt = tokenize(server, kPrompt);
   json body = greedy(kPrompt, 5, 1);
@@ -198,7 +198,7 @@ TEST(Server, EchoWithLogprobsScoresThePrompt) {
               plain["choices"][0]["logprobs"]["token_logprobs"][i]);
 }
 
-TEST(Server, ChatUsesChatMlAndChatLogprobs) {
+TEST(ServeHttp, ChatUsesChatMlAndChatLogprobs) {
   RunningServer server(options_for(testing::fixture_model()));
   json messages = json::array({{{"role", "system"}, {"content", "You write Python."}},
                                {{"role", "user"}, {"content", "def main():"}}});
@@ -230,7 +230,7 @@ TEST(Server, ChatUsesChatMlAndChatLogprobs) {
   EXPECT_TRUE(content[0]["bytes"].is_array());
 }
 
-TEST(Server, TokenizeAcceptsBothSpellingsAndMetricsCarryTheCacheGauge) {
+TEST(ServeHttp, TokenizeAcceptsBothSpellingsAndMetricsCarryTheCacheGauge) {
   RunningServer server(options_for(testing::fixture_model()));
   auto vllm = server.post("/tokenize", {{"prompt", "hello world"}});
   auto sglang = server.post("/tokenize", {{"text", "hello world"}});
@@ -252,7 +252,7 @@ TEST(Server, TokenizeAcceptsBothSpellingsAndMetricsCarryTheCacheGauge) {
             std::string::npos);
 }
 
-TEST(Server, ErrorsAreOpenAiStyleJson) {
+TEST(ServeHttp, ErrorsAreOpenAiStyleJson) {
   auto options = options_for(testing::fixture_model());
   options.max_body_bytes = 2048;
   options.context_length = 64;
@@ -289,7 +289,7 @@ TEST(Server, ErrorsAreOpenAiStyleJson) {
   EXPECT_TRUE(json::parse(text, nullptr, false).contains("error"));
 }
 
-TEST(Server, ApiKeyGuardsEverythingButHealthAndMetrics) {
+TEST(ServeHttp, ApiKeyGuardsEverythingButHealthAndMetrics) {
   auto options = options_for(testing::fixture_model());
   options.api_key = "s3cret";
   RunningServer server(options);
@@ -309,7 +309,7 @@ TEST(Server, ApiKeyGuardsEverythingButHealthAndMetrics) {
   EXPECT_EQ(json::parse(server.server().server_info().dump())["api_key"], "<redacted>");
 }
 
-TEST(Server, FullQueueAnswers429AndStopDrainsInFlightRequests) {
+TEST(ServeHttp, FullQueueAnswers429AndStopDrainsInFlightRequests) {
   auto options = options_for(testing::fixture_model());
   options.max_queued_requests = 1;
   options.max_tokens_limit = 4000;
@@ -343,7 +343,7 @@ TEST(Server, FullQueueAnswers429AndStopDrainsInFlightRequests) {
   server.stop();
 }
 
-TEST(Server, StartUpLogHasSglangShapesAndFp8DiffersFromBf16) {
+TEST(ServeHttp, StartUpLogHasSglangShapesAndFp8DiffersFromBf16) {
   testing::TempModel model;
   model.declare_fp8_kv();
   RunningServer fp8(options_for(model.dir()));
