@@ -200,6 +200,7 @@ struct RecallFormatResult {
 
 struct RecallResult {
   std::vector<RecallFormatResult> formats;
+  std::vector<std::string> notes;  // grid cells skipped, and why
 };
 
 // Teacher-forced scoring of recall cases on the reference engine. Static-scale formats

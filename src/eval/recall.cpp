@@ -199,18 +199,29 @@ RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& t
     for (int64_t depth : options.depth_tokens) {
       if (depth >= ctx) continue;
       Cell cell{ctx, depth, {}, {}};
-      for (int i = 0; i < options.cases_per_cell; ++i) {
-        RecallCaseOptions o{ctx, depth,
-                            options.seed * 7919 + uint64_t(ctx) * 31 + uint64_t(depth) * 131 + i,
-                            false};
-        cell.cases.push_back(make_recall_case(o, counter));
-        o.control = true;
-        if (options.with_control) cell.controls.push_back(make_recall_case(o, counter));
+      try {
+        for (int i = 0; i < options.cases_per_cell; ++i) {
+          RecallCaseOptions o{ctx, depth,
+                              options.seed * 7919 + uint64_t(ctx) * 31 + uint64_t(depth) * 131 + i,
+                              false};
+          cell.cases.push_back(make_recall_case(o, counter));
+          o.control = true;
+          if (options.with_control) cell.controls.push_back(make_recall_case(o, counter));
+        }
+      } catch (const InputError& error) {
+        // A depth that leaves no room for the definition and the call at this length: the
+        // cell is skipped and said so, the rest of the grid still runs.
+        result.notes.push_back(
+            fmt::format("skipped ctx {} x depth {}: {}", ctx, depth, error.problem()));
+        continue;
       }
       cells.push_back(std::move(cell));
     }
   }
-  if (cells.empty()) throw InputError("recall", "every depth is >= its context length");
+  if (cells.empty())
+    throw InputError("recall",
+                     "no depth fits its context length (each needs room for the "
+                     "definition, the fillers and the call)");
 
   std::vector<int32_t> calibration_tokens = tokenizer.encode(cells.back().cases[0].prompt);
   for (size_t f = 0; f < formats.size(); ++f) {

@@ -171,6 +171,7 @@ void add_perplexity_to_report(const PerplexityResult& result, report::Report& ou
 }
 
 void add_recall_to_report(const RecallResult& result, report::Report& out) {
+  for (const std::string& note : result.notes) out.notes.push_back(note);
   if (result.formats.empty()) return;
   report::Table table{"recall",
                       "Long-range recall: reproduce a signature defined depth tokens earlier",
