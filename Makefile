@@ -6,7 +6,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps deps-full build asan fuzz test test-release test-asan test-fuzz demo bench format format-check clean
+.PHONY: all deps deps-full build asan fuzz test test-release test-asan test-fuzz demo demo-live bench format format-check clean
 
 all: build
 
@@ -47,6 +47,9 @@ test: deps-full
 
 demo: build
 	tools/demo.sh $(BUILD)/kvaudit
+
+demo-live: build
+	tools/demo-live.sh $(BUILD)
 
 bench: build
 	tools/run-bench.sh $(BUILD)
