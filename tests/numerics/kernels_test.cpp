@@ -56,7 +56,9 @@ bool same_bits(float a, float b) {
 
 TEST(Kernels, ReportsATarget) {
   EXPECT_FALSE(simd_target_name().empty());
+#ifndef HWY_COMPILE_ONLY_STATIC  // sanitizer builds compile the baseline target only
   EXPECT_GE(hwy::SupportedAndGeneratedTargets().size(), 2u);
+#endif
   // The per-target loop really switches the dispatched code.
   std::set<std::string> names;
   ForEachTarget([&] { names.insert(simd_target_name()); });
