@@ -46,16 +46,18 @@ int main(int argc, char** argv) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const double gflop = result.attention_flops / 1e9;
-  std::printf("SIMD target %s, %d threads; contexts", numerics::simd_target_name().c_str(), threads);
+  std::printf("SIMD target %s, %d threads; contexts", numerics::simd_target_name().c_str(),
+              threads);
   for (int64_t c : options.contexts) std::printf(" %lld", (long long)c);
   std::printf("; formats %s\n", formats_text.c_str());
   std::printf("FMA peak                 %8.2f GFLOP/s\n", best_peak / 1e9);
   std::printf("attention part           %8.2f GFLOP/s  (%.1f GFLOP in %.2f s)  ratio %.2f\n",
               gflop / result.attention_seconds, gflop, result.attention_seconds,
               gflop / result.attention_seconds / (best_peak / 1e9));
-  std::printf("whole sweep              %8.2f GFLOP/s  (%.2f s incl. generation, calibration, "
-              "encode/decode, tensor metrics)  ratio %.2f (target >= 0.30)\n",
-              gflop / total, total, gflop / total / (best_peak / 1e9));
+  std::printf(
+      "whole sweep              %8.2f GFLOP/s  (%.2f s incl. generation, calibration, "
+      "encode/decode, tensor metrics)  ratio %.2f (target >= 0.30)\n",
+      gflop / total, total, gflop / total / (best_peak / 1e9));
   for (const quant::AttentionPoint& p : result.attention) {
     std::printf("  %-18s ctx %7lld  KL %.3g  out rel err %.3g  top-k %.3f  NaN queries %lld\n",
                 p.format.c_str(), (long long)p.context_tokens, p.kl_mean, p.output_rel_error,

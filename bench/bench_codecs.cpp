@@ -116,9 +116,10 @@ int main(int argc, char** argv) {
 
   const double gb = double(bytes) / 1e9;
   std::printf("memcpy          %.3f s  %6.2f GB/s\n", memcpy_s, gb / memcpy_s);
-  std::printf("fp8 per-tensor  %.3f s  %6.2f GB/s (encode %.3f s, decode %.3f s)  ratio %.2f "
-              "(target >= 0.60)  spot-check mismatches %zu\n",
-              fp8_s, gb / fp8_s, encode_s, decode_s, memcpy_s / fp8_s, mismatches);
+  std::printf(
+      "fp8 per-tensor  %.3f s  %6.2f GB/s (encode %.3f s, decode %.3f s)  ratio %.2f "
+      "(target >= 0.60)  spot-check mismatches %zu\n",
+      fp8_s, gb / fp8_s, encode_s, decode_s, memcpy_s / fp8_s, mismatches);
   std::printf("nvfp4           %.3f s  %6.2f GB/s  ratio %.2f (target >= 0.30)\n", nvfp4_s,
               gb / nvfp4_s, memcpy_s / nvfp4_s);
   return mismatches == 0 ? 0 : 1;

@@ -205,9 +205,8 @@ void matmul(const float* x, int64_t tokens, const Matrix& w, float* out, ThreadP
   pool.parallel_for(blocks, tasks, [&](int, int64_t begin, int64_t end) {
     const int64_t row_begin = begin * kRowBlock;
     const int64_t row_end = std::min(w.rows, end * kRowBlock);
-    for (int64_t r = row_begin; r < row_end; r += kRowBlock)
-      HWY_DYNAMIC_DISPATCH(MatmulRows)
-      (x, tokens, w.cols, w.data, code, r, std::min(row_end, r + kRowBlock), out, w.rows);
+    for (int64_t r = row_begin; r < row_end; r += kRowBlock) HWY_DYNAMIC_DISPATCH(MatmulRows)
+    (x, tokens, w.cols, w.data, code, r, std::min(row_end, r + kRowBlock), out, w.rows);
   });
 }
 
