@@ -162,9 +162,16 @@ float ExpAndSum(float* x, size_t n, float shift) {
   const size_t lanes = hn::Lanes(d);
   const auto shift_v = hn::Set(d, shift);
   auto sum_v = hn::Zero(d);
+  // Highway's Exp converts x / ln 2 to int32 before its range check (below -104 it returns
+  // 0): NaN, -inf or huge inputs are undefined behaviour on its emulated targets. Such lanes
+  // are kept out of Exp and given the 0 it would return; lanes in range are unchanged.
+  const auto lower = hn::Set(d, -104.0f), upper = hn::Set(d, 100.0f);
   size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), shift_v));
+    const auto v = hn::Sub(hn::LoadU(d, x + i), shift_v);
+    const auto in_range = hn::Ge(v, lower);  // false for NaN
+    const auto e = hn::IfThenElseZero(
+        in_range, hn::Exp(d, hn::IfThenElse(in_range, hn::Min(v, upper), lower)));
     hn::StoreU(e, d, x + i);
     sum_v = hn::Add(sum_v, e);
   }

@@ -101,11 +101,6 @@ float finite_amax(const float* x, int count) {
   return amax;
 }
 
-bool is_fp8(ElementType type) {
-  return type == ElementType::fp8_e4m3 || type == ElementType::fp8_e4m3fnuz ||
-         type == ElementType::fp8_e5m2;
-}
-
 }  // namespace
 
 RowCodec::RowCodec(const KvFormat& format, const KvLayout& layout, KvRole role,

@@ -22,10 +22,6 @@ constexpr int kMxfp4Block = 32;
   throw InputError("--formats", fmt::format("'{}': {}", spec, problem));
 }
 
-bool is_fp8(ElementType type) {
-  return type == ElementType::fp8_e4m3 || type == ElementType::fp8_e4m3fnuz ||
-         type == ElementType::fp8_e5m2;
-}
 bool is_int(ElementType type) {
   return type == ElementType::int8 || type == ElementType::int4;
 }
@@ -36,6 +32,11 @@ bool is_static(ScaleStrategy strategy) {
 }
 
 }  // namespace
+
+bool is_fp8(ElementType type) {
+  return type == ElementType::fp8_e4m3 || type == ElementType::fp8_e4m3fnuz ||
+         type == ElementType::fp8_e5m2;
+}
 
 std::string_view scale_strategy_name(ScaleStrategy strategy) {
   switch (strategy) {

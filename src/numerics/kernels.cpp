@@ -10,6 +10,7 @@
 #define HWY_TARGET_INCLUDE "numerics/kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "numerics/fp8-inl.h"
 #include "numerics/numerics.h"
@@ -17,6 +18,45 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvaudit::numerics::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR
+// Packs four vectors of codes (int32 lanes holding 0..255) into one whole byte vector, in
+// order. AVX2 does it in four instructions; the generic form demotes and combines halves.
+template <class D>
+HWY_INLINE hn::Vec<hn::Repartition<uint8_t, D>> PackCodes(D d, hn::Vec<D> c0, hn::Vec<D> c1,
+                                                          hn::Vec<D> c2, hn::Vec<D> c3) {
+  const hn::Repartition<uint8_t, D> d8_full;
+#if HWY_TARGET == HWY_AVX2
+  (void)d;
+  const __m256i low = _mm256_packs_epi32(c0.raw, c1.raw);   // c0[0..3] c1[0..3] | c0[4..7] c1[4..7]
+  const __m256i high = _mm256_packs_epi32(c2.raw, c3.raw);  // likewise for c2, c3
+  const __m256i bytes = _mm256_packus_epi16(low, high);     // 4-byte groups, lane-interleaved
+  return hn::Vec<decltype(d8_full)>{
+      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))};
+#else
+  const hn::Half<decltype(d8_full)> d8_half;
+  const hn::Rebind<uint8_t, D> d8;
+  const auto low = hn::Combine(d8_half, hn::DemoteTo(d8, c1), hn::DemoteTo(d8, c0));
+  const auto high = hn::Combine(d8_half, hn::DemoteTo(d8, c3), hn::DemoteTo(d8, c2));
+  return hn::Combine(d8_full, high, low);
+#endif
+}
+
+// Packs two vectors of BF16 bits (int32 lanes holding 0..0xFFFF) into one whole vector.
+template <class D>
+HWY_INLINE hn::Vec<hn::Repartition<uint16_t, D>> PackBf16(D d, hn::Vec<D> b0, hn::Vec<D> b1) {
+  const hn::Repartition<uint16_t, D> d16_full;
+#if HWY_TARGET == HWY_AVX2
+  (void)d;
+  const __m256i words = _mm256_packus_epi32(b0.raw, b1.raw);  // b0[0..3] b1[0..3] | b0[4..7] ..
+  return hn::Vec<decltype(d16_full)>{_mm256_permute4x64_epi64(words, 0xD8)};
+#else
+  const hn::Rebind<uint16_t, D> d16;
+  return hn::Combine(d16_full, hn::DemoteTo(d16, b1), hn::DemoteTo(d16, b0));
+#endif
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
 
 void EncodeFp8Float(ElementType type, Overflow overflow, float scale, const float* input,
                     uint8_t* codes, size_t count) {
@@ -33,20 +73,48 @@ void EncodeFp8Float(ElementType type, Overflow overflow, float scale, const floa
   for (; i < count; ++i) codes[i] = uint8_t(encode_element(type, input[i] / scale, overflow));
 }
 
+// Outputs at least this large bypass the cache (streaming stores), as memcpy does for
+// large copies: they would only evict the input, and nothing reads them back soon.
+constexpr size_t kStreamMinBytes = size_t(4) << 20;
+
 void EncodeFp8Bf16(ElementType type, Overflow overflow, float scale, const uint16_t* input,
                    uint8_t* codes, size_t count) {
   const hn::ScalableTag<float> d;
+  [[maybe_unused]] const hn::RebindToSigned<decltype(d)> di;
   const hn::RebindToUnsigned<decltype(d)> du;
   const hn::Rebind<uint16_t, decltype(d)> d16;
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
   const Fp8Constants k = fp8_constants(type, overflow);
   const auto scale_v = hn::Set(d, scale);
+  const auto encode = [&](size_t at) {
+    const auto x = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + at))));
+    return EncodeFp8Lanes(d, hn::Div(x, scale_v), k);
+  };
   size_t i = 0;
-  for (; i + lanes <= count; i += lanes) {
-    const auto x = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + i))));
-    hn::StoreU(hn::DemoteTo(d8, EncodeFp8Lanes(d, hn::Div(x, scale_v), k)), d8, codes + i);
+#if HWY_TARGET != HWY_SCALAR
+  // Four vectors of codes fill one whole byte vector: stored whole, and streaming (aligned)
+  // when the output is large.
+  const hn::Repartition<uint8_t, decltype(di)> d8_full;
+  const size_t full = hn::Lanes(d8_full);
+  const bool stream = count >= kStreamMinBytes;
+  if (stream) {
+    for (; i < count && reinterpret_cast<uintptr_t>(codes + i) % full != 0; ++i) {
+      codes[i] = uint8_t(encode_element(type, bf16_to_float(input[i]) / scale, overflow));
+    }
   }
+  for (; i + full <= count; i += full) {
+    const auto packed =
+        PackCodes(di, encode(i), encode(i + lanes), encode(i + 2 * lanes), encode(i + 3 * lanes));
+    if (stream) {
+      hn::Stream(packed, d8_full, codes + i);
+    } else {
+      hn::StoreU(packed, d8_full, codes + i);
+    }
+  }
+  if (stream) hwy::FlushStream();
+#endif
+  for (; i + lanes <= count; i += lanes) hn::StoreU(hn::DemoteTo(d8, encode(i)), d8, codes + i);
   for (; i < count; ++i) {
     codes[i] = uint8_t(encode_element(type, bf16_to_float(input[i]) / scale, overflow));
   }
@@ -77,12 +145,33 @@ void DecodeFp8Bf16(ElementType type, float scale, const uint8_t* codes, uint16_t
   const size_t lanes = hn::Lanes(d);
   const Fp8Constants k = fp8_constants(type, Overflow::saturate);
   const auto scale_v = hn::Set(d, scale);
+  const auto decode = [&](size_t at) {
+    const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + at));
+    return FloatToBf16Lanes(d, hn::Mul(DecodeFp8Lanes(d, code, k), scale_v));
+  };
   size_t i = 0;
-  for (; i + lanes <= count; i += lanes) {
-    const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-    const auto value = hn::Mul(DecodeFp8Lanes(d, code, k), scale_v);
-    hn::StoreU(hn::DemoteTo(d16, FloatToBf16Lanes(d, value)), d16, output + i);
+#if HWY_TARGET != HWY_SCALAR
+  // Two vectors of BF16 fill one whole vector: stored whole, and streaming (aligned) when
+  // the output is large.
+  const hn::Repartition<uint16_t, decltype(di)> d16_full;
+  const size_t full = hn::Lanes(d16_full);
+  const bool stream = count * sizeof(uint16_t) >= kStreamMinBytes;
+  if (stream) {
+    for (; i < count && reinterpret_cast<uintptr_t>(output + i) % (full * 2) != 0; ++i) {
+      output[i] = float_to_bf16(decode_element(type, codes[i]) * scale);
+    }
   }
+  for (; i + full <= count; i += full) {
+    const auto packed = PackBf16(di, decode(i), decode(i + lanes));
+    if (stream) {
+      hn::Stream(packed, d16_full, output + i);
+    } else {
+      hn::StoreU(packed, d16_full, output + i);
+    }
+  }
+  if (stream) hwy::FlushStream();
+#endif
+  for (; i + lanes <= count; i += lanes) hn::StoreU(hn::DemoteTo(d16, decode(i)), d16, output + i);
   for (; i < count; ++i) output[i] = float_to_bf16(decode_element(type, codes[i]) * scale);
 }
 
@@ -119,17 +208,19 @@ template <class D>
 HWY_INLINE hn::Vec<hn::RebindToSigned<D>> EncodeFp4Lanes(D d, hn::Vec<D> y) {
   const hn::RebindToSigned<D> di;
   const auto magnitude = hn::Abs(y);
-  const auto one = hn::Set(di, 1);
   auto code = hn::Zero(di);
   // Midpoints between neighbouring magnitudes {0,.5,1,1.5,2,3,4,6}; at a tie the even code
-  // wins, hence > or >= per boundary.
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 0.25f)), one));
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude >= hn::Set(d, 0.75f)), one));
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 1.25f)), one));
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude >= hn::Set(d, 1.75f)), one));
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 2.5f)), one));
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude >= hn::Set(d, 3.5f)), one));
-  code = hn::Add(code, hn::IfThenElseZero(hn::RebindMask(di, magnitude > hn::Set(d, 5.0f)), one));
+  // wins, hence > or >= per boundary. A true mask is all ones (-1): subtracting counts it.
+  const auto count = [&](auto mask) {
+    code = hn::Sub(code, hn::VecFromMask(di, hn::RebindMask(di, mask)));
+  };
+  count(magnitude > hn::Set(d, 0.25f));
+  count(magnitude >= hn::Set(d, 0.75f));
+  count(magnitude > hn::Set(d, 1.25f));
+  count(magnitude >= hn::Set(d, 1.75f));
+  count(magnitude > hn::Set(d, 2.5f));
+  count(magnitude >= hn::Set(d, 3.5f));
+  count(magnitude > hn::Set(d, 5.0f));
   const auto negative =
       hn::AndNot(hn::IsNaN(y), hn::RebindMask(d, hn::BitCast(di, y) < hn::Zero(di)));
   return hn::IfThenElse(hn::RebindMask(di, negative), hn::Or(code, hn::Set(di, 8)), code);
@@ -149,35 +240,77 @@ HWY_INLINE hn::Vec<D> DecodeFp4Lanes(D d, hn::Vec<hn::RebindToSigned<D>> nibble)
   return hn::BitCast(d, hn::Or(hn::BitCast(di, value), sign));
 }
 
+// Packs 16 elements (already known to have a usable block scale) into 8 bytes.
+HWY_INLINE void EncodeNvfp4Block(Nvfp4Tag d, const float* x, float effective, uint8_t* out) {
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  const auto scale_v = hn::Set(d, effective);
+  for (size_t j = 0; j < 16; j += 2 * lanes) {
+    hn::Vec<decltype(d)> even, odd;
+    hn::LoadInterleaved2(d, x + j, even, odd);
+    const auto low = EncodeFp4Lanes(d, hn::Div(even, scale_v));
+    const auto high = EncodeFp4Lanes(d, hn::Div(odd, scale_v));
+    hn::StoreU(hn::DemoteTo(d8, hn::Or(low, hn::ShiftLeft<4>(high))), d8, out + j / 2);
+  }
+}
+
+// Largest |x| of a 16-element block; NaN lanes are left out, as std::max in the reference
+// leaves them out.
+HWY_INLINE float Nvfp4BlockAmax(Nvfp4Tag d, const float* x) {
+  const size_t lanes = hn::Lanes(d);
+  auto amax_v = hn::Zero(d);
+  for (size_t j = 0; j < 16; j += lanes) {
+    const auto v = hn::LoadU(d, x + j);
+    amax_v = hn::Max(amax_v, hn::IfThenZeroElse(hn::IsNaN(v), hn::Abs(v)));
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, amax_v));
+}
+
 void EncodeNvfp4(float tensor_scale, const float* input, uint8_t* packed, uint8_t* block_scales,
                  size_t count) {
   const Nvfp4Tag d;
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
-  for (size_t block = 0; block * 16 < count; ++block) {
+  const size_t blocks = count / 16;
+  // Block scales are computed 8 blocks at a time in vector lanes (E4M3 encode of
+  // amax / 6 / tensor_scale, decoded back times the tensor scale), the same arithmetic as
+  // the scalar reference, lane for lane.
+  constexpr size_t kGroup = 8;
+  const Fp8Constants e4m3 = fp8_constants(ElementType::fp8_e4m3, Overflow::saturate);
+  const auto six = hn::Set(d, 6.0f), tensor_scale_v = hn::Set(d, tensor_scale);
+  HWY_ALIGN float amax[kGroup];
+  HWY_ALIGN float effective[kGroup];
+  size_t block = 0;
+  for (; block + kGroup <= blocks; block += kGroup) {
     const float* x = input + block * 16;
-    auto amax_v = hn::Zero(d);
-    for (size_t j = 0; j < 16; j += lanes) {
-      // NaN lanes are left out of the block maximum, as std::max in the reference does.
-      const auto v = hn::LoadU(d, x + j);
-      amax_v = hn::Max(amax_v, hn::IfThenZeroElse(hn::IsNaN(v), hn::Abs(v)));
+    for (size_t b = 0; b < kGroup; ++b) amax[b] = Nvfp4BlockAmax(d, x + b * 16);
+    for (size_t b = 0; b < kGroup; b += lanes) {
+      const auto y = hn::Div(hn::Div(hn::Load(d, amax + b), six), tensor_scale_v);
+      const auto code = EncodeFp8Lanes(d, y, e4m3);
+      hn::StoreU(hn::DemoteTo(d8, code), d8, block_scales + block + b);
+      hn::Store(hn::Mul(DecodeFp8Lanes(d, code, e4m3), tensor_scale_v), d, effective + b);
     }
-    const float amax = hn::GetLane(hn::MaxOfLanes(d, amax_v));
-    const uint8_t scale_code = float_to_fp8_e4m3(amax / 6.0f / tensor_scale, Overflow::saturate);
+    for (size_t b = 0; b < kGroup; ++b) {
+      uint8_t* out = packed + (block + b) * 8;
+      if (!(effective[b] > 0.0f) || !std::isfinite(effective[b])) {
+        std::fill(out, out + 8, uint8_t(0));
+      } else {
+        EncodeNvfp4Block(d, x + b * 16, effective[b], out);
+      }
+    }
+  }
+  for (; block < blocks; ++block) {
+    const float* x = input + block * 16;
+    const float amax_block = Nvfp4BlockAmax(d, x);
+    const uint8_t scale_code =
+        float_to_fp8_e4m3(amax_block / 6.0f / tensor_scale, Overflow::saturate);
     block_scales[block] = scale_code;
-    const float effective = fp8_e4m3_to_float(scale_code) * tensor_scale;
+    const float effective_block = fp8_e4m3_to_float(scale_code) * tensor_scale;
     uint8_t* out = packed + block * 8;
-    if (!(effective > 0.0f) || !std::isfinite(effective)) {
+    if (!(effective_block > 0.0f) || !std::isfinite(effective_block)) {
       std::fill(out, out + 8, uint8_t(0));
-      continue;
-    }
-    const auto scale_v = hn::Set(d, effective);
-    for (size_t j = 0; j < 16; j += 2 * lanes) {
-      hn::Vec<decltype(d)> even, odd;
-      hn::LoadInterleaved2(d, x + j, even, odd);
-      const auto low = EncodeFp4Lanes(d, hn::Div(even, scale_v));
-      const auto high = EncodeFp4Lanes(d, hn::Div(odd, scale_v));
-      hn::StoreU(hn::DemoteTo(d8, hn::Or(low, hn::ShiftLeft<4>(high))), d8, out + j / 2);
+    } else {
+      EncodeNvfp4Block(d, x, effective_block, out);
     }
   }
 }
@@ -258,10 +391,6 @@ HWY_EXPORT(TargetName);
 namespace {
 void require(bool condition, const char* what) {
   if (!condition) throw std::invalid_argument(std::string("numerics: ") + what);
-}
-bool is_fp8(ElementType type) {
-  return type == ElementType::fp8_e4m3 || type == ElementType::fp8_e4m3fnuz ||
-         type == ElementType::fp8_e5m2;
 }
 }  // namespace
 

@@ -68,6 +68,8 @@ struct ElementTraits {
   bool nan_encodes_as_zero;  // FP4: NaN input cannot be represented
 };
 const ElementTraits& element_traits(ElementType type);
+// E4M3, E4M3 FNUZ or E5M2.
+bool is_fp8(ElementType type);
 const std::vector<ElementTraits>& all_element_traits();
 
 // Scalar reference encode/decode of one element (codes in the low `bits` bits; int codes

@@ -2,6 +2,7 @@
 // pointers, zeros, +-0, subnormals, inf, NaN, every FP8 code, for each type, mode and scale.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -105,15 +106,54 @@ TEST(Kernels, Fp8DecodeEveryCode) {
   ForEachTarget([&] {
     std::vector<uint8_t> codes(256 + 3);
     for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i);
+    // Scales where the kernel folds the scale into its exponent-rebias multiply and ones
+    // where it cannot (overflow, subnormal, negative, non-finite).
+    const float kDecodeScales[] = {1.0f,    2.0f,
+                                   0.37f,   3.0f,
+                                   1e-30f,  1e-40f,
+                                   300.0f,  3e38f,
+                                   -0.625f, std::numeric_limits<float>::infinity(),
+                                   0.0f,    std::numeric_limits<float>::quiet_NaN()};
     for (ElementType type : kFp8Types) {
-      std::vector<float> out(codes.size());
-      decode_fp8(type, 1.0f, codes, out);
-      std::vector<uint16_t> out16(codes.size());
-      decode_fp8_to_bf16(type, 2.0f, codes, out16);
-      for (size_t i = 0; i < codes.size(); ++i) {
-        EXPECT_TRUE(same_bits(out[i], decode_element(type, codes[i]))) << int(codes[i]);
-        EXPECT_EQ(out16[i], float_to_bf16(decode_element(type, codes[i]) * 2.0f)) << int(codes[i]);
+      for (float scale : kDecodeScales) {
+        std::vector<float> out(codes.size());
+        decode_fp8(type, scale, codes, out);
+        std::vector<uint16_t> out16(codes.size());
+        decode_fp8_to_bf16(type, scale, codes, out16);
+        for (size_t i = 0; i < codes.size(); ++i) {
+          const float expected = decode_element(type, codes[i]) * scale;
+          EXPECT_TRUE(same_bits(out[i], expected))
+              << element_traits(type).name << " code " << int(codes[i]) << " scale " << scale;
+          EXPECT_EQ(out16[i], float_to_bf16(expected))
+              << element_traits(type).name << " code " << int(codes[i]) << " scale " << scale;
+        }
       }
+    }
+  });
+}
+
+// Outputs of 4 MiB and more take the streaming-store path: misaligned start, every bit
+// pattern many times over, odd length.
+TEST(Kernels, Fp8Bf16StreamingPathMatchesScalar) {
+  ForEachTarget([&] {
+    const size_t n = (size_t(4) << 20) + 37;
+    std::vector<uint16_t> input(n + 1);
+    for (size_t i = 0; i < input.size(); ++i) input[i] = uint16_t(i * 40503u);
+    std::vector<uint8_t> codes(n + 1, 0xAA);
+    std::vector<uint16_t> output(n + 1, 0xAAAA);
+    const float scale = 0.37f;
+    encode_fp8_from_bf16(ElementType::fp8_e4m3, Overflow::saturate, scale,
+                         std::span<const uint16_t>(input).subspan(1, n),
+                         std::span<uint8_t>(codes).subspan(1, n));
+    decode_fp8_to_bf16(ElementType::fp8_e4m3, scale, std::span<const uint8_t>(codes).subspan(1, n),
+                       std::span<uint16_t>(output).subspan(1, n));
+    EXPECT_EQ(codes[0], 0xAA);
+    EXPECT_EQ(output[0], 0xAAAA);
+    for (size_t i = 1; i <= n; ++i) {
+      const uint8_t code = uint8_t(encode_element(
+          ElementType::fp8_e4m3, bf16_to_float(input[i]) / scale, Overflow::saturate));
+      ASSERT_EQ(codes[i], code) << i;
+      ASSERT_EQ(output[i], float_to_bf16(decode_element(ElementType::fp8_e4m3, code) * scale)) << i;
     }
   });
 }
@@ -157,7 +197,8 @@ TEST(Kernels, Nvfp4MatchesReference) {
     for (int i = 0; i < 16 * 32; ++i) values.push_back(normal(rng));
     for (int i = 0; i < 16; ++i) values.push_back(0.0f);
     for (int i = 0; i < 16; ++i) values.push_back(i == 5 ? 1e4f : normal(rng) * 0.01f);
-    for (float tensor_scale : {1.0f, 0.01f, 37.0f}) {
+    // Tensor scales the block-scale decode can fold into its rebias multiply, and ones it cannot.
+    for (float tensor_scale : {1.0f, 0.01f, 37.0f, 300.0f, 1e30f, 1e-39f}) {
       const size_t n = values.size();
       std::vector<uint8_t> packed(n / 2), scales(n / 16), packed_ref(n / 2), scales_ref(n / 16);
       encode_nvfp4(tensor_scale, values, packed, scales);
