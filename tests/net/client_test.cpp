@@ -21,6 +21,8 @@ using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
 // An httplib server on 127.0.0.1 at an ephemeral port, stopped on destruction.
+// Declare whatever a handler captures before the LocalServer: the server's worker threads
+// may still run a handler while the test's locals are being destroyed.
 struct LocalServer {
   httplib::Server server;
   std::thread thread;
@@ -87,8 +89,8 @@ TEST(NetUrl, Forms) {
 }
 
 TEST(NetClient, RetriesServerErrorsThenSucceeds) {
-  LocalServer local;
   std::atomic<int> calls{0};
+  LocalServer local;
   local.server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
     if (calls++ < 2) {
       res.status = 503;
@@ -109,8 +111,8 @@ TEST(NetClient, RetriesServerErrorsThenSucceeds) {
 }
 
 TEST(NetClient, PersistentServerErrorNamesStatusAndMessage) {
-  LocalServer local;
   std::atomic<int> calls{0};
+  LocalServer local;
   local.server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
     calls++;
     res.status = 500;
@@ -134,8 +136,8 @@ TEST(NetClient, PersistentServerErrorNamesStatusAndMessage) {
 }
 
 TEST(NetClient, HonoursRetryAfter) {
-  LocalServer local;
   std::atomic<int> calls{0};
+  LocalServer local;
   local.server.Get("/x", [&](const httplib::Request&, httplib::Response& res) {
     if (calls++ == 0) {
       res.status = 429;
@@ -184,8 +186,8 @@ TEST(NetClient, DnsFailureIsNotRetried) {
 }
 
 TEST(NetClient, StallEndsInATimeout) {
-  LocalServer local;
   std::atomic<bool> release{false};
+  LocalServer local;
   local.server.Get("/slow", [&](const httplib::Request&, httplib::Response& res) {
     for (int i = 0; i < 100 && !release; ++i) std::this_thread::sleep_for(20ms);
     res.set_content("{}", "application/json");
@@ -286,8 +288,8 @@ TEST(NetClient, SendsBearerTokenAndBasePath) {
 }
 
 TEST(NetClient, ConcurrencyIsBounded) {
-  LocalServer local;
   std::atomic<int> in_flight{0}, peak{0};
+  LocalServer local;
   local.server.new_task_queue = [] { return new httplib::ThreadPool(16); };
   local.server.Get("/work", [&](const httplib::Request&, httplib::Response& res) {
     int now = ++in_flight;
