@@ -2,7 +2,7 @@
 # Runs every libFuzzer target for a bounded time over its committed seed corpus.
 # New inputs go to a scratch folder, so the repository's corpus stays small.
 set -euo pipefail
-build=${1:-build-fuzz}
+build=${1:-build-asan}
 seconds=${2:-20}
 root=$(cd "$(dirname "$0")/.." && pwd)
 status=0

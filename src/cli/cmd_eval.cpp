@@ -33,17 +33,6 @@ struct EvalFlags {
   OutputOptions output;
 };
 
-std::vector<int64_t> token_counts(const std::string& list, const char* flag) {
-  std::vector<int64_t> values;
-  for (const std::string& item : split_list(list)) {
-    auto tokens = parse_token_count(item);
-    if (!tokens || *tokens <= 0) throw InputError(flag, "expects token counts like 256,512,8k");
-    values.push_back(*tokens);
-  }
-  if (values.empty()) throw InputError(flag, "expects at least one token count");
-  return values;
-}
-
 int run_eval_command(const EvalFlags& flags) {
   if (flags.text_file.empty() && !flags.recall)
     throw InputError("eval", "nothing to measure: give --text FILE and/or --recall");
@@ -92,8 +81,8 @@ int run_eval_command(const EvalFlags& flags) {
   if (flags.recall) {
     eval::RecallOptions options;
     options.kv_formats = formats;
-    options.ctx_tokens = token_counts(flags.recall_ctx, "--recall-ctx");
-    options.depth_tokens = token_counts(flags.recall_depth, "--recall-depth");
+    options.ctx_tokens = parse_token_counts(flags.recall_ctx, "--recall-ctx", "256,512,8k");
+    options.depth_tokens = parse_token_counts(flags.recall_depth, "--recall-depth", "256,512,8k");
     options.cases_per_cell = flags.recall_cases;
     options.seed = flags.seed;
     options.threads = flags.threads;

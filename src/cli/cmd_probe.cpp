@@ -41,17 +41,6 @@ struct ProbeFlags {
   OutputOptions output;
 };
 
-std::vector<int64_t> token_counts(const std::string& list, const char* flag) {
-  std::vector<int64_t> values;
-  for (const std::string& item : split_list(list)) {
-    auto tokens = parse_token_count(item);
-    if (!tokens || *tokens <= 0) throw InputError(flag, "expects token counts like 1k,4k,32k");
-    values.push_back(*tokens);
-  }
-  if (values.empty()) throw InputError(flag, "expects at least one token count");
-  return values;
-}
-
 std::chrono::milliseconds milliseconds(double seconds, const char* flag) {
   if (!(seconds > 0) || seconds > 86'400) throw InputError(flag, "expects seconds in (0, 86400]");
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -84,8 +73,8 @@ int run_probe_command(const ProbeFlags& flags) {
   probe::ProbeOptions options;
   options.smoke = flags.smoke;
   options.recall = flags.recall;
-  options.ctx_tokens = token_counts(flags.recall_ctx, "--recall-ctx");
-  options.depth_tokens = token_counts(flags.recall_depth, "--recall-depth");
+  options.ctx_tokens = parse_token_counts(flags.recall_ctx, "--recall-ctx", "1k,4k,32k");
+  options.depth_tokens = parse_token_counts(flags.recall_depth, "--recall-depth", "1k,4k,32k");
   options.cases_per_cell = flags.recall_cases;
   options.seed = flags.seed;
   options.top_logprobs = flags.top_logprobs;

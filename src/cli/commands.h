@@ -3,8 +3,10 @@
 // 0 success, 1 the report fails its gate (--fail-on, --expect, ...), 2 bad input.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -26,6 +28,10 @@ void add_output_options(CLI::App& command, OutputOptions& options);
 
 // Prints the report (terminal or --json) on stdout and writes --html atomically.
 void emit(const report::Report& report, const OutputOptions& options);
+
+// "1k,4k,32k" -> {1024, 4096, 32768}; throws InputError naming `flag` with `example`.
+std::vector<int64_t> parse_token_counts(const std::string& list, const char* flag,
+                                        const char* example);
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.

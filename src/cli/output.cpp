@@ -1,6 +1,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "util/util.h"
 
@@ -26,6 +28,20 @@ void emit(const report::Report& report, const OutputOptions& options) {
   terminal.quiet = options.quiet;
   std::cout << report::render_terminal(report, terminal);
   std::cout.flush();
+}
+
+std::vector<int64_t> parse_token_counts(const std::string& list, const char* flag,
+                                        const char* example) {
+  std::vector<int64_t> values;
+  for (const std::string& item : split_list(list)) {
+    auto tokens = parse_token_count(item);
+    if (!tokens || *tokens <= 0) {
+      throw InputError(flag, fmt::format("expects token counts like {}", example));
+    }
+    values.push_back(*tokens);
+  }
+  if (values.empty()) throw InputError(flag, "expects at least one token count");
+  return values;
 }
 
 }  // namespace kvaudit::cli

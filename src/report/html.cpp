@@ -82,7 +82,7 @@ std::string header_cell(const std::string& label, const std::string& unit, bool 
   return cell + "</th>";
 }
 
-std::string render_facts(const std::vector<Fact>& facts) {
+std::string html_facts(const std::vector<Fact>& facts) {
   std::string out = "<section id=\"facts\"><h2>Facts</h2>\n<table class=\"facts\">\n";
   for (const Fact& fact : facts) {
     out += fmt::format("<tr data-fact=\"{}\"><th>{}</th><td>{}</td></tr>\n", escape_html(fact.key),
@@ -91,7 +91,7 @@ std::string render_facts(const std::vector<Fact>& facts) {
   return out + "</table></section>\n";
 }
 
-std::string render_table(const Table& table) {
+std::string html_table(const Table& table) {
   std::vector<bool> numeric(table.columns.size(), false);
   for (size_t c = 0; c < table.columns.size(); ++c) {
     bool any_number = false, any_text = false;
@@ -137,7 +137,7 @@ std::string evidence_item(const Evidence& evidence) {
   return item + "</li>";
 }
 
-std::string render_findings(const std::vector<Finding>& findings) {
+std::string html_findings(const std::vector<Finding>& findings) {
   std::string out =
       "<section id=\"findings\"><h2>Findings</h2>\n<table class=\"findings\">\n"
       "<colgroup><col class=\"c-sev\"><col class=\"c-finding\"><col class=\"c-evidence\"><col>"
@@ -191,8 +191,8 @@ std::string render_html(const Report& report) {
       "<span class=\"verdict-text\">{}</span></section>\n",
       severity, severity, report.verdict_severity == Severity::info ? "ok" : severity,
       escape_html(report.verdict));
-  if (!report.findings.empty()) out += render_findings(report.findings);
-  if (!report.facts.empty()) out += render_facts(report.facts);
+  if (!report.findings.empty()) out += html_findings(report.findings);
+  if (!report.facts.empty()) out += html_facts(report.facts);
   if (!report.charts.empty()) {
     out += "<section id=\"charts\"><h2>Charts</h2>\n";
     for (const Chart& chart : report.charts) {
@@ -205,7 +205,7 @@ std::string render_html(const Report& report) {
   }
   if (!report.tables.empty()) {
     out += "<section id=\"tables\"><h2>Tables</h2>\n";
-    for (const Table& table : report.tables) out += render_table(table);
+    for (const Table& table : report.tables) out += html_table(table);
     out += "</section>\n";
   }
   if (!report.notes.empty()) {

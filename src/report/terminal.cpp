@@ -117,7 +117,7 @@ class Painter {
   bool color_;
 };
 
-std::string render_facts(const std::vector<Fact>& facts) {
+std::string terminal_facts(const std::vector<Fact>& facts) {
   size_t label_width = 0;
   std::vector<std::string> labels;
   for (const Fact& fact : facts) {
@@ -146,7 +146,7 @@ bool is_numeric_column(const Table& table, size_t column) {
   return any_number;
 }
 
-std::string render_table(const Table& table, size_t width, const Painter& paint) {
+std::string terminal_table(const Table& table, size_t width, const Painter& paint) {
   size_t column_count = table.columns.size();
   std::vector<std::string> headers;
   std::vector<size_t> widths;
@@ -201,8 +201,8 @@ std::string evidence_text(const Evidence& evidence) {
   return text;
 }
 
-std::string render_findings(const std::vector<Finding>& findings, size_t width,
-                            const Painter& paint) {
+std::string terminal_findings(const std::vector<Finding>& findings, size_t width,
+                              const Painter& paint) {
   std::string out;
   const std::string indent(5, ' ');
   const std::string value_indent = indent + std::string(13, ' ');
@@ -255,8 +255,8 @@ std::string render_terminal(const Report& report, const TerminalOptions& options
   size_t width = options.width > 20 ? static_cast<size_t>(options.width) : 20;
   std::string out;
   if (!report.title.empty()) out += paint(terminal_safe(report.title), kBold) + "\n";
-  if (!report.facts.empty()) out += '\n' + render_facts(report.facts);
-  for (const Table& table : report.tables) out += '\n' + render_table(table, width, paint);
+  if (!report.facts.empty()) out += '\n' + terminal_facts(report.facts);
+  for (const Table& table : report.tables) out += '\n' + terminal_table(table, width, paint);
   if (!report.charts.empty()) {
     std::string titles;
     for (const Chart& chart : report.charts) {
@@ -267,7 +267,7 @@ std::string render_terminal(const Report& report, const TerminalOptions& options
     text.pop_back();  // keep the newline outside the colour
     out += '\n' + paint(text, kDim) + '\n';
   }
-  if (!report.findings.empty()) out += render_findings(report.findings, width, paint);
+  if (!report.findings.empty()) out += terminal_findings(report.findings, width, paint);
   if (!report.notes.empty()) {
     out += '\n';
     for (const std::string& note : report.notes)

@@ -14,16 +14,8 @@ namespace {
 using nlohmann::json;
 using testing::FakeConfig;
 using testing::FakeServer;
+using testing::fast_client_options;
 using ::testing::HasSubstr;
-
-net::ClientOptions fast() {
-  net::ClientOptions options;
-  options.connect_timeout = std::chrono::milliseconds(500);
-  options.read_timeout = std::chrono::milliseconds(2000);
-  options.max_retries = 2;
-  options.backoff_initial = std::chrono::milliseconds(10);
-  return options;
-}
 
 bool has_finding(const std::vector<report::Finding>& findings, const std::string& id) {
   return std::any_of(findings.begin(), findings.end(),
@@ -79,7 +71,7 @@ TEST(ProbeDetect, VllmCacheConfigInfo) {
 
 TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
   FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
-  net::Client client(net::parse_url(server.url()), fast());
+  net::Client client(net::parse_url(server.url()), fast_client_options());
   ServerFacts facts = detect_server(client);
   EXPECT_EQ(facts.engine, "sglang");
   EXPECT_EQ(facts.detected_by, "/get_server_info");
@@ -94,14 +86,14 @@ TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
   FakeServer with_scales({.engine = "sglang",
                           .kv_cache_dtype = "fp8_e4m3",
                           .quantization_param_path = "/scales.json"});
-  net::Client client2(net::parse_url(with_scales.url()), fast());
+  net::Client client2(net::parse_url(with_scales.url()), fast_client_options());
   EXPECT_FALSE(
       has_finding(server_findings(detect_server(client2), nullptr), "probe-kv-scales-unverified"));
 }
 
 TEST(ProbeDetect, LiveVllmShape) {
   FakeServer server({.engine = "vllm", .kv_cache_dtype = "fp8_e4m3"});
-  net::Client client(net::parse_url(server.url()), fast());
+  net::Client client(net::parse_url(server.url()), fast_client_options());
   ServerFacts facts = detect_server(client);
   EXPECT_EQ(facts.engine, "vllm");
   EXPECT_EQ(facts.engine_version, "0.11.0");
@@ -112,7 +104,7 @@ TEST(ProbeDetect, LiveVllmShape) {
 
 TEST(ProbeDetect, GenericServer) {
   FakeServer server({.engine = "generic", .tokenize = false});
-  net::Client client(net::parse_url(server.url()), fast());
+  net::Client client(net::parse_url(server.url()), fast_client_options());
   ServerFacts facts = detect_server(client);
   EXPECT_EQ(facts.engine, "generic");
   EXPECT_EQ(facts.detected_by, "/v1/models");
@@ -124,7 +116,7 @@ TEST(ProbeDetect, GenericServer) {
 // plain BF16 checkpoint served with an FP8 cache has no scales at all.
 TEST(ProbeDetect, CheckpointGivesTheFullAudit) {
   FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
-  net::Client client(net::parse_url(server.url()), fast());
+  net::Client client(net::parse_url(server.url()), fast_client_options());
   ServerFacts facts = detect_server(client);
   auto model = checkpoint::read_checkpoint(std::string(KVAUDIT_TEST_DIR) +
                                            "/fixtures/checkpoints/llama-bf16-plain");

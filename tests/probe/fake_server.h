@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "net/net.h"
+
 namespace kvaudit::probe::testing {
 
 struct FakeConfig {
@@ -255,5 +257,16 @@ class FakeServer {
   std::atomic<int> completions_{0}, greedy_{0}, chats_{0};
   std::atomic<bool> stopping_{false};
 };
+
+// Client settings that keep tests quick: short timeouts and retries with tiny backoffs.
+inline net::ClientOptions fast_client_options() {
+  net::ClientOptions options;
+  options.connect_timeout = std::chrono::milliseconds(500);
+  options.read_timeout = std::chrono::milliseconds(3000);
+  options.max_retries = 3;
+  options.backoff_initial = std::chrono::milliseconds(10);
+  options.backoff_max = std::chrono::milliseconds(40);
+  return options;
+}
 
 }  // namespace kvaudit::probe::testing

@@ -14,17 +14,8 @@ namespace {
 
 using testing::FakeConfig;
 using testing::FakeServer;
+using testing::fast_client_options;
 using ::testing::HasSubstr;
-
-net::ClientOptions fast() {
-  net::ClientOptions options;
-  options.connect_timeout = std::chrono::milliseconds(500);
-  options.read_timeout = std::chrono::milliseconds(3000);
-  options.max_retries = 3;
-  options.backoff_initial = std::chrono::milliseconds(10);
-  options.backoff_max = std::chrono::milliseconds(40);
-  return options;
-}
 
 ProbeOptions small_recall() {
   ProbeOptions options;
@@ -47,7 +38,7 @@ TEST(ProbeRun, SmokePassesOnASaneServer) {
   FakeServer server({});
   ProbeOptions options;
   options.smoke = true;
-  RunResult result = run_probes({server.url()}, fast(), options);
+  RunResult result = run_probes({server.url()}, fast_client_options(), options);
   ASSERT_EQ(result.servers.size(), 1u);
   const auto& records = result.servers[0].records;
   ASSERT_EQ(records.size(), 3u);
@@ -67,7 +58,7 @@ TEST(ProbeRun, SmokeFailureIsReported) {
   FakeServer server({.wrong_recall = false});
   ProbeOptions options;
   options.smoke = true;
-  RunResult result = run_probes({server.url()}, fast(), options);
+  RunResult result = run_probes({server.url()}, fast_client_options(), options);
   // Break the arithmetic answer after the fact: the gate reads records.
   result.servers[0].records[1].passed = false;
   EXPECT_TRUE(probe_failed(result));
@@ -77,7 +68,7 @@ TEST(ProbeRun, SmokeFailureIsReported) {
 TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
   FakeServer good({});
   ProbeOptions options = small_recall();
-  RunResult result = run_probes({good.url()}, fast(), options);
+  RunResult result = run_probes({good.url()}, fast_client_options(), options);
   const auto& records = result.servers[0].records;
   ASSERT_EQ(records.size(), 6u);  // (1000,200) (2000,200) (2000,1200) x 2 cases
   for (const auto& record : records) {
@@ -94,7 +85,7 @@ TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
   EXPECT_THAT(result.token_counting, HasSubstr("/tokenize"));
 
   FakeServer bad({.wrong_recall = true, .tokenize = false});
-  RunResult poor = run_probes({bad.url()}, fast(), options);
+  RunResult poor = run_probes({bad.url()}, fast_client_options(), options);
   for (const auto& record : poor.servers[0].records) EXPECT_FALSE(record.passed);
   EXPECT_THAT(poor.token_counting, HasSubstr("approximation"));
 }
@@ -103,7 +94,7 @@ TEST(ProbeRun, CompareIdenticalServersIsSame) {
   FakeServer a({}), b({});
   ProbeOptions options = small_recall();
   options.smoke = true;
-  RunResult result = run_probes({a.url(), b.url()}, fast(), options);
+  RunResult result = run_probes({a.url(), b.url()}, fast_client_options(), options);
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "same") << result.compare->reason;
   EXPECT_EQ(result.compare->diverged, 0);
@@ -117,7 +108,7 @@ TEST(ProbeRun, CompareIdenticalServersIsSame) {
 
 TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
   FakeServer a({}), b({.confidence = 0.6});
-  RunResult result = run_probes({a.url(), b.url()}, fast(), small_recall());
+  RunResult result = run_probes({a.url(), b.url()}, fast_client_options(), small_recall());
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "different") << result.compare->reason;
   EXPECT_EQ(result.compare->diverged, 0);  // same greedy tokens, different distributions
@@ -147,7 +138,7 @@ TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
 
 TEST(ProbeRun, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
   FakeServer a({.wrong_recall = true}), b({});
-  RunResult result = run_probes({a.url(), b.url()}, fast(), small_recall());
+  RunResult result = run_probes({a.url(), b.url()}, fast_client_options(), small_recall());
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "different");
   EXPECT_EQ(result.compare->recall_exact_a, 0.0);
@@ -168,7 +159,7 @@ TEST(ProbeFaults, KilledMidRunResumesOnlyTheRest) {
     FakeServer dying({.stop_after = 5});  // 2 requests per recall probe: dies in the third
     port = dying.port();
     try {
-      run_probes({dying.url()}, fast(), options);
+      run_probes({dying.url()}, fast_client_options(), options);
       FAIL() << "expected the run to stop";
     } catch (const InputError& error) {
       EXPECT_THAT(error.what(), HasSubstr("stopped after 2 of 6 probes"));
@@ -179,14 +170,14 @@ TEST(ProbeFaults, KilledMidRunResumesOnlyTheRest) {
   }
   FakeServer revived({}, port);
   ASSERT_EQ(revived.port(), port);
-  RunResult result = run_probes({revived.url()}, fast(), options);
+  RunResult result = run_probes({revived.url()}, fast_client_options(), options);
   EXPECT_EQ(result.servers[0].resumed, finished);
   EXPECT_EQ(result.servers[0].records.size(), 6u);
   EXPECT_EQ(revived.greedy_requests(), 6 - finished);  // only the remaining probes ran
   EXPECT_EQ(load_results(results).records.size(), 6u);
   // A third run has nothing left to do.
   FakeServer idle({}, port);
-  RunResult again = run_probes({idle.url()}, fast(), options);
+  RunResult again = run_probes({idle.url()}, fast_client_options(), options);
   EXPECT_EQ(again.servers[0].resumed, 6);
   EXPECT_EQ(idle.greedy_requests(), 0);
   std::filesystem::remove(results);
@@ -198,19 +189,19 @@ TEST(ProbeFaults, TornLastLineIsSkipped) {
   ProbeOptions options;
   options.smoke = true;
   options.results_path = results;
-  run_probes({server.url()}, fast(), options);
+  run_probes({server.url()}, fast_client_options(), options);
   { std::ofstream(results, std::ios::app) << R"({"key": "x", "record": {"serv)"; }
   ResultsFile file = load_results(results);
   EXPECT_EQ(file.records.size(), 3u);
   EXPECT_EQ(file.skipped_lines, 1);
-  RunResult result = run_probes({server.url()}, fast(), options);
+  RunResult result = run_probes({server.url()}, fast_client_options(), options);
   EXPECT_EQ(result.servers[0].resumed, 3);
   std::filesystem::remove(results);
 }
 
 TEST(ProbeFaults, StallEndsInATimeoutMessage) {
   FakeServer server({.stall_ms = 3000});
-  net::ClientOptions client = fast();
+  net::ClientOptions client = fast_client_options();
   client.read_timeout = std::chrono::milliseconds(300);
   client.max_retries = 0;
   ProbeOptions options;
@@ -232,7 +223,7 @@ TEST(ProbeFaults, GarbageIsAClearMessage) {
   ProbeOptions options;
   options.smoke = true;
   try {
-    run_probes({server.url()}, fast(), options);
+    run_probes({server.url()}, fast_client_options(), options);
     FAIL();
   } catch (const InputError& error) {
     EXPECT_THAT(error.what(), HasSubstr("/v1/completions: malformed answer: not JSON"));
@@ -244,7 +235,7 @@ TEST(ProbeFaults, ServerErrorsThenRecovery) {
   ProbeOptions options;
   options.smoke = true;
   options.concurrency = 1;
-  RunResult result = run_probes({server.url()}, fast(), options);
+  RunResult result = run_probes({server.url()}, fast_client_options(), options);
   ASSERT_EQ(result.servers[0].records.size(), 3u);
   for (const auto& record : result.servers[0].records) EXPECT_TRUE(record.passed) << record.id;
   EXPECT_GE(result.servers[0].client_stats.retries, 3);
@@ -255,7 +246,7 @@ TEST(ProbeFaults, RefusedServerFailsBeforeProbing) {
   std::string url = server.url();
   server.stop();
   try {
-    run_probes({url}, fast(), ProbeOptions{});
+    run_probes({url}, fast_client_options(), ProbeOptions{});
     FAIL();
   } catch (const net::RequestError& error) {
     EXPECT_EQ(error.kind(), net::FailureKind::refused);
@@ -268,13 +259,13 @@ TEST(ProbeFaults, AuthenticationFailureSaysHowToFixIt) {
   ProbeOptions options;
   options.smoke = true;
   try {
-    run_probes({server.url()}, fast(), options);
+    run_probes({server.url()}, fast_client_options(), options);
     FAIL();
   } catch (const net::RequestError& error) {
     EXPECT_EQ(error.status(), 401);
     EXPECT_THAT(error.what(), HasSubstr("HTTP 401: Invalid API key (pass --api-key"));
   }
-  net::ClientOptions client = fast();
+  net::ClientOptions client = fast_client_options();
   client.api_key = "sk-right";
   RunResult result = run_probes({server.url()}, client, options);
   EXPECT_EQ(result.servers[0].records.size(), 3u);

@@ -219,9 +219,11 @@ TEST(Terminal, LongTextWrapsAtTheWidth) {
   options.width = 60;
   auto lines = lines_of(render_terminal(report, options));
   int wrapped = 0;
+  std::string continuation(18, ' ');
+  continuation += "word";
   for (const std::string& line : lines) {
     EXPECT_LE(display_width(line), 60u) << line;
-    if (line.rfind(std::string(18, ' ') + "word", 0) == 0) ++wrapped;
+    if (line.rfind(continuation, 0) == 0) ++wrapped;
   }
   EXPECT_GE(wrapped, 3) << "continuation lines are indented under the value";
 }
