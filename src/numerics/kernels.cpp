@@ -56,6 +56,16 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, D>> PackBf16(D d, hn::Vec<D> b0, hn
 #endif
 }
 
+// Stores one whole vector: streaming (p aligned) past the cache, or a plain store.
+template <class D>
+HWY_INLINE void StoreWhole(hn::Vec<D> v, D d, hn::TFromD<D>* p, bool stream) {
+  if (stream) {
+    hn::Stream(v, d, p);
+  } else {
+    hn::StoreU(v, d, p);
+  }
+}
+
 #endif  // HWY_TARGET != HWY_SCALAR
 
 void EncodeFp8Float(ElementType type, Overflow overflow, float scale, const float* input,
@@ -91,6 +101,9 @@ void EncodeFp8Bf16(ElementType type, Overflow overflow, float scale, const uint1
     const auto x = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + at))));
     return EncodeFp8Lanes(d, hn::Div(x, scale_v), k);
   };
+  const auto encode_one = [&](size_t at) {
+    codes[at] = uint8_t(encode_element(type, bf16_to_float(input[at]) / scale, overflow));
+  };
   size_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   // Four vectors of codes fill one whole byte vector: stored whole, and streaming (aligned)
@@ -99,25 +112,17 @@ void EncodeFp8Bf16(ElementType type, Overflow overflow, float scale, const uint1
   const size_t full = hn::Lanes(d8_full);
   const bool stream = count >= kStreamMinBytes;
   if (stream) {
-    for (; i < count && reinterpret_cast<uintptr_t>(codes + i) % full != 0; ++i) {
-      codes[i] = uint8_t(encode_element(type, bf16_to_float(input[i]) / scale, overflow));
-    }
+    for (; i < count && reinterpret_cast<uintptr_t>(codes + i) % full != 0; ++i) encode_one(i);
   }
   for (; i + full <= count; i += full) {
-    const auto packed =
-        PackCodes(di, encode(i), encode(i + lanes), encode(i + 2 * lanes), encode(i + 3 * lanes));
-    if (stream) {
-      hn::Stream(packed, d8_full, codes + i);
-    } else {
-      hn::StoreU(packed, d8_full, codes + i);
-    }
+    StoreWhole(
+        PackCodes(di, encode(i), encode(i + lanes), encode(i + 2 * lanes), encode(i + 3 * lanes)),
+        d8_full, codes + i, stream);
   }
   if (stream) hwy::FlushStream();
 #endif
   for (; i + lanes <= count; i += lanes) hn::StoreU(hn::DemoteTo(d8, encode(i)), d8, codes + i);
-  for (; i < count; ++i) {
-    codes[i] = uint8_t(encode_element(type, bf16_to_float(input[i]) / scale, overflow));
-  }
+  for (; i < count; ++i) encode_one(i);
 }
 
 void DecodeFp8Float(ElementType type, float scale, const uint8_t* codes, float* output,
@@ -149,6 +154,9 @@ void DecodeFp8Bf16(ElementType type, float scale, const uint8_t* codes, uint16_t
     const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + at));
     return FloatToBf16Lanes(d, hn::Mul(DecodeFp8Lanes(d, code, k), scale_v));
   };
+  const auto decode_one = [&](size_t at) {
+    output[at] = float_to_bf16(decode_element(type, codes[at]) * scale);
+  };
   size_t i = 0;
 #if HWY_TARGET != HWY_SCALAR
   // Two vectors of BF16 fill one whole vector: stored whole, and streaming (aligned) when
@@ -158,21 +166,16 @@ void DecodeFp8Bf16(ElementType type, float scale, const uint8_t* codes, uint16_t
   const bool stream = count * sizeof(uint16_t) >= kStreamMinBytes;
   if (stream) {
     for (; i < count && reinterpret_cast<uintptr_t>(output + i) % (full * 2) != 0; ++i) {
-      output[i] = float_to_bf16(decode_element(type, codes[i]) * scale);
+      decode_one(i);
     }
   }
   for (; i + full <= count; i += full) {
-    const auto packed = PackBf16(di, decode(i), decode(i + lanes));
-    if (stream) {
-      hn::Stream(packed, d16_full, output + i);
-    } else {
-      hn::StoreU(packed, d16_full, output + i);
-    }
+    StoreWhole(PackBf16(di, decode(i), decode(i + lanes)), d16_full, output + i, stream);
   }
   if (stream) hwy::FlushStream();
 #endif
   for (; i + lanes <= count; i += lanes) hn::StoreU(hn::DemoteTo(d16, decode(i)), d16, output + i);
-  for (; i < count; ++i) output[i] = float_to_bf16(decode_element(type, codes[i]) * scale);
+  for (; i < count; ++i) decode_one(i);
 }
 
 void Bf16ToFloat(const uint16_t* input, float* output, size_t count) {
