@@ -6,8 +6,10 @@
 // the whole attention exactly as a cache that stores the format does (llama.cpp semantics).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "model/model.h"
 #include "util/util.h"
@@ -23,7 +25,6 @@ struct Session::Scratch {
   std::vector<float> gate, up;      // [n, intermediate]
   std::vector<float> proj;          // [n, hidden] output of o_proj / down_proj
   std::vector<float> keys, values;  // [cache tokens, kv_heads * head_dim] decoded cache
-  std::vector<float> scores;        // [tasks, cache tokens]
   std::vector<float> norm_weight;   // [max(hidden, head_dim)] widened norm weights
 };
 
@@ -224,6 +225,12 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
 
 // Causal (optionally sliding-window) attention of the batch's queries over the cache, which
 // already holds the batch's own K/V. The cache is decoded once per layer and batch.
+// Work items are (KV head, block of kQueryBlock tokens): the block's queries of every head
+// sharing that KV head form one matrix, scored against the keys the block can see with the
+// blocked kernels of numerics (scores [queries x keys], outputs [queries x head_dim]).
+// Each query's softmax and weighted sum run over exactly its own visible keys, in ascending
+// key order, so its result does not depend on the block it falls in (batching) or on the
+// thread count, and a NaN/inf in a key or value it cannot see never reaches it.
 void Session::attention(int layer, int64_t tokens, int64_t first_position) {
   const ModelConfig& c = model_.config();
   Scratch& s = *scratch_;
@@ -239,39 +246,77 @@ void Session::attention(int layer, int64_t tokens, int64_t first_position) {
   k_streams_[layer].decode(first_visible, visible, s.keys);
   v_streams_[layer].decode(first_visible, visible, s.values);
 
-  const int tasks = pool_.threads();
-  s.scores.resize(static_cast<size_t>(tasks) * visible);
+  constexpr int64_t kQueryBlock = 16;
   const int group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  pool_.parallel_for(tokens * c.num_heads, tasks, [&](int task, int64_t begin, int64_t end) {
-    float* scores = &s.scores[static_cast<size_t>(task) * visible];
+  const int64_t blocks = (tokens + kQueryBlock - 1) / kQueryBlock;
+  const int64_t items = blocks * c.num_kv_heads;
+  // Keys visible to the query at `position`: [lowest(position), position].
+  auto lowest = [&](int64_t position) {
+    return window > 0 ? std::max<int64_t>(0, position - window + 1) : int64_t{0};
+  };
+  pool_.parallel_for(items, static_cast<int>(items), [&](int, int64_t begin, int64_t end) {
+    thread_local std::vector<float> queries, scores, weights, outputs;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / c.num_heads;
-      const int h = static_cast<int>(item % c.num_heads);
-      const int kv_head = h / group;
-      const int64_t position = first_position + t;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
-      const float* query = &s.q[t * q_width + h * hd];
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int64_t j = lo; j <= position; ++j) {
-        const float* key = &s.keys[(j - first_visible) * kv_width + kv_head * hd];
-        float score = dot(query, key, hd) * scale;
-        scores[j - lo] = score;
-        if (score > max_score) max_score = score;
+      const int kv_head = static_cast<int>(item % c.num_kv_heads);
+      const int64_t t_begin = item / c.num_kv_heads * kQueryBlock;
+      const int64_t t_end = std::min(tokens, t_begin + kQueryBlock);
+      const int64_t rows = (t_end - t_begin) * group;
+      // Keys [key_begin, key_end) cover every query of the block.
+      const int64_t key_begin = lowest(first_position + t_begin);
+      const int64_t key_end = first_position + t_end;
+      const int64_t key_count = key_end - key_begin;
+      const float* keys = &s.keys[(key_begin - first_visible) * kv_width + kv_head * hd];
+      const float* values = &s.values[(key_begin - first_visible) * kv_width + kv_head * hd];
+      queries.resize(static_cast<size_t>(rows * hd));
+      for (int64_t t = t_begin; t < t_end; ++t)
+        for (int g = 0; g < group; ++g)
+          std::copy_n(&s.q[t * q_width + (int64_t{kv_head} * group + g) * hd], hd,
+                      &queries[static_cast<size_t>(((t - t_begin) * group + g) * hd)]);
+      scores.resize(static_cast<size_t>(rows * key_count));
+      numerics::score_block(queries.data(), rows, hd, keys, key_count, kv_width, hd, scale,
+                            scores.data());
+      // Softmax of each query over its own keys [first, last] (relative to key_begin).
+      auto first_key = [&](int64_t t) { return lowest(first_position + t) - key_begin; };
+      auto last_key = [&](int64_t t) { return first_position + t - key_begin; };
+      for (int64_t t = t_begin; t < t_end; ++t)
+        for (int g = 0; g < group; ++g) {
+          float* row = &scores[static_cast<size_t>(((t - t_begin) * group + g) * key_count)];
+          softmax(row + first_key(t), last_key(t) - first_key(t) + 1);
+        }
+      // Weighted values, key segment by key segment in ascending order. Both ends of the
+      // visible range only grow with t, so the queries that see all of a segment are the
+      // rows of a contiguous range of tokens; accumulate_weighted adds each key in turn, so
+      // splitting the keys into segments leaves every query's sum unchanged.
+      outputs.assign(static_cast<size_t>(rows * hd), 0.0f);
+      std::vector<int64_t> cuts;
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        cuts.push_back(first_key(t));
+        cuts.push_back(last_key(t) + 1);
       }
-      double sum = 0.0;
-      for (int64_t j = lo; j <= position; ++j) {
-        float e = std::exp(scores[j - lo] - max_score);
-        scores[j - lo] = e;
-        sum += e;
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (size_t cut = 0; cut + 1 < cuts.size(); ++cut) {
+        const int64_t seg_begin = cuts[cut], seg_end = cuts[cut + 1];
+        int64_t first_t = t_begin;
+        while (first_t < t_end && last_key(first_t) < seg_end - 1) ++first_t;
+        int64_t last_t = first_t;
+        while (last_t < t_end && first_key(last_t) <= seg_begin) ++last_t;
+        if (first_t == last_t) continue;
+        const int64_t seg_rows = (last_t - first_t) * group, seg_keys = seg_end - seg_begin;
+        weights.resize(static_cast<size_t>(seg_rows * seg_keys));
+        for (int64_t r = 0; r < seg_rows; ++r)
+          std::copy_n(&scores[static_cast<size_t>(((first_t - t_begin) * group + r) * key_count +
+                                                  seg_begin)],
+                      seg_keys, &weights[static_cast<size_t>(r * seg_keys)]);
+        numerics::accumulate_weighted(
+            weights.data(), seg_rows, seg_keys, values + seg_begin * kv_width, kv_width, hd,
+            &outputs[static_cast<size_t>((first_t - t_begin) * group * hd)], hd);
       }
-      const float inverse_sum = static_cast<float>(1.0 / sum);
-      float* out = &s.att[t * q_width + h * hd];
-      std::fill(out, out + hd, 0.0f);
-      for (int64_t j = lo; j <= position; ++j) {
-        const float* value = &s.values[(j - first_visible) * kv_width + kv_head * hd];
-        axpy(scores[j - lo] * inverse_sum, value, out, hd);
-      }
+      for (int64_t t = t_begin; t < t_end; ++t)
+        for (int g = 0; g < group; ++g)
+          std::copy_n(&outputs[static_cast<size_t>(((t - t_begin) * group + g) * hd)], hd,
+                      &s.att[t * q_width + (int64_t{kv_head} * group + g) * hd]);
     }
   });
 }

@@ -137,9 +137,8 @@ void matmul_reference(const float* x, int64_t tokens, const Matrix& w, float* ou
 float weight_at(const Matrix& w, int64_t index);
 // Converts row `row` of w to floats.
 void weight_row(const Matrix& w, int64_t row, float* out);
-float dot(const float* a, const float* b, int64_t n);
-// y += a * x
-void axpy(float a, const float* x, float* y, int64_t n);
+// In-place softmax of one row, as torch.softmax (NaN or +inf anywhere: the row is NaN).
+void softmax(float* x, int64_t n);
 // Names the SIMD target chosen at run time.
 std::string kernel_target_name();
 

@@ -20,6 +20,15 @@ HWY_BEFORE_NAMESPACE();
 namespace kvaudit::numerics::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// a * b + c rounded exactly as hn::MulAdd rounds it on this target (one rounding where the
+// target has FMA), so the scalar leftovers of a tiled loop give the bits its vector lanes
+// would: which queries/keys are leftovers depends on the block sizes a caller picks, and
+// results must not.
+HWY_INLINE float ScalarMulAdd(float a, float b, float c) {
+  const hn::CappedTag<float, 1> d1;
+  return hn::GetLane(hn::MulAdd(hn::Set(d1, a), hn::Set(d1, b), hn::Set(d1, c)));
+}
+
 // scores[q * nk + j] = scale * sum_d queries[q * d_stride + d] * keys[j * key_stride + d]
 void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* keys, size_t nk,
                 size_t key_stride, size_t dim, float scale, float* scores) {
@@ -81,7 +90,8 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
   // the same k order as the tiles.
   auto dot = [&](size_t qi, size_t j) {
     float sum = 0.0f;
-    for (size_t k = 0; k < dim; ++k) sum += queries[qi * q_stride + k] * keys[j * key_stride + k];
+    for (size_t k = 0; k < dim; ++k)
+      sum = ScalarMulAdd(queries[qi * q_stride + k], keys[j * key_stride + k], sum);
     return sum * scale;
   };
   for (size_t qi = q; qi < nq; ++qi) {
@@ -150,7 +160,8 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
     const size_t c_begin = qi < q ? dim_tiled : 0;
     for (size_t c = c_begin; c < dim; ++c) {
       float sum = out[qi * out_stride + c];
-      for (size_t j = 0; j < nk; ++j) sum += weights[qi * nk + j] * values[j * value_stride + c];
+      for (size_t j = 0; j < nk; ++j)
+        sum = ScalarMulAdd(weights[qi * nk + j], values[j * value_stride + c], sum);
       out[qi * out_stride + c] = sum;
     }
   }

@@ -61,7 +61,8 @@ TEST_P(MatmulVsReference, AllShapesAroundTheTiles) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
-  for (int64_t cols : {1, 7, 8, 9, 16, 17, 33, 64, 100}) {
+  // 1100 columns: multi-token matmuls split them into chunks and carry the accumulators.
+  for (int64_t cols : {1, 7, 8, 9, 16, 17, 33, 64, 100, 1100}) {
     for (int64_t rows : {1, 3, 5, 16, 17, 37}) {
       for (int64_t tokens : {1, 2, 4, 5, 9}) {
         Weights w = make_weights(GetParam(), rows, cols, rng);
@@ -75,6 +76,14 @@ TEST_P(MatmulVsReference, AllShapesAroundTheTiles) {
         for (size_t i = 0; i < fast.size(); ++i)
           ASSERT_NEAR(fast[i], slow[i], 1e-5 * (1.0 + std::sqrt(static_cast<double>(cols))))
               << "cols " << cols << " rows " << rows << " tokens " << tokens;
+        // Bit-identical to one token at a time (decode's path), whatever the tiling.
+        std::vector<float> one(rows);
+        for (int64_t t = 0; t < tokens; ++t) {
+          matmul(x + t * cols, 1, w.matrix, one.data(), pool);
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(one[r], fast[t * rows + r])
+                << "cols " << cols << " rows " << rows << " token " << t << " row " << r;
+        }
       }
     }
   }
@@ -107,25 +116,40 @@ TEST(Kernels, WidenedWeightsAreExact) {
   EXPECT_TRUE(std::signbit(weight_at(m, 3)));
 }
 
-TEST(Kernels, DotAndAxpyMatchScalar) {
+TEST(Kernels, SoftmaxMatchesDoubleReference) {
   std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t n = 0; n <= 40; ++n) {
-    std::vector<float> a(n + 1), b(n + 1), y(n + 1);
-    for (int64_t i = 0; i <= n; ++i) {
-      a[i] = normal(rng);
-      b[i] = normal(rng);
-      y[i] = normal(rng);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (int64_t n = 1; n <= 40; ++n) {
+    std::vector<float> x(n + 1);
+    for (float& v : x) v = normal(rng);
+    x[n / 2] = -1e30f;  // far below the rest: weight 0, not NaN
+    const float past_end = x[n];
+    std::vector<double> want(n);
+    double max_score = -INFINITY, sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) max_score = std::max(max_score, double(x[i]));
+    for (int64_t i = 0; i < n; ++i) sum += want[i] = std::exp(double(x[i]) - max_score);
+    softmax(x.data(), n);
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(x[i], want[i] / sum, 1e-6) << "n " << n << " i " << i;
+      total += x[i];
     }
-    double expected = 0.0;
-    for (int64_t i = 0; i < n; ++i) expected += static_cast<double>(a[i + 1]) * b[i + 1];
-    EXPECT_NEAR(dot(a.data() + 1, b.data() + 1, n), expected, 1e-5 * (1 + n));
-    std::vector<float> want = y;
-    for (int64_t i = 0; i < n; ++i) want[i] += 0.5f * a[i];
-    axpy(0.5f, a.data(), y.data(), n);
-    for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[i], want[i]);
-    EXPECT_EQ(y[n], want[n]);  // untouched past n
+    EXPECT_NEAR(total, 1.0, 1e-5);
+    EXPECT_EQ(x[n], past_end);  // untouched past n
   }
+  // As torch.softmax: a NaN or +inf anywhere makes the whole row NaN; -inf alone weighs 0.
+  for (float poison : {NAN, INFINITY}) {
+    for (int64_t at : {0, 5, 16}) {
+      std::vector<float> row(17, 1.0f);
+      row[at] = poison;
+      softmax(row.data(), 17);
+      for (float v : row) EXPECT_TRUE(std::isnan(v)) << poison << " at " << at;
+    }
+  }
+  std::vector<float> row = {-INFINITY, 0.0f, 0.0f};
+  softmax(row.data(), 3);
+  EXPECT_EQ(row[0], 0.0f);
+  EXPECT_FLOAT_EQ(row[1], 0.5f);
   EXPECT_FALSE(kernel_target_name().empty());
 }
 
