@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -164,12 +165,22 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
   s.up.resize(n * c.intermediate_size);
   s.proj.resize(n * hidden);
 
-  for (int64_t t = 0; t < n; ++t) weight_row(model_.embedding(), tokens[t], &s.x[t * hidden]);
+  // The element-wise steps between the matmuls, split over tokens: each token's values are
+  // computed by one task as before, so results do not change, and on a prefill they no
+  // longer leave the other threads idle.
+  auto per_token = [&](const std::function<void(int64_t)>& body) {
+    const int tasks = static_cast<int>(std::min<int64_t>(n, 4 * int64_t{pool_.threads()}));
+    pool_.parallel_for(n, tasks, [&](int, int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) body(t);
+    });
+  };
+  per_token([&](int64_t t) { weight_row(model_.embedding(), tokens[t], &s.x[t * hidden]); });
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = model_.layers()[layer];
-    for (int64_t t = 0; t < n; ++t)
+    per_token([&](int64_t t) {
       rms_norm(&s.x[t * hidden], w.attn_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden]);
+    });
     matmul(s.xb.data(), n, w.q, s.q.data(), pool_);
     matmul(s.xb.data(), n, w.k, s.k.data(), pool_);
     matmul(s.xb.data(), n, w.v, s.v.data(), pool_);
@@ -178,7 +189,7 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
       add_bias(s.k.data(), n, w.k_bias);
       add_bias(s.v.data(), n, w.v_bias);
     }
-    for (int64_t t = 0; t < n; ++t) {
+    per_token([&](int64_t t) {
       const int64_t position = position_ + t;
       for (int h = 0; h < c.num_heads; ++h) {
         float* head = &s.q[t * q_width + h * hd];
@@ -190,7 +201,7 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
         if (c.qk_norm) rms_norm(head, w.k_norm, c.rms_norm_eps, hd, head);
         apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
       }
-    }
+    });
     if (capture_) record_amax(layer, n);
     for (int64_t t = 0; t < n; ++t) {
       k_streams_[layer].append(std::span<const float>(&s.k[t * kv_width], kv_width),
@@ -200,18 +211,23 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
     }
     attention(layer, n, position_);
     matmul(s.att.data(), n, w.o, s.proj.data(), pool_);
-    for (int64_t i = 0; i < n * hidden; ++i) s.x[i] += s.proj[i];
-
-    for (int64_t t = 0; t < n; ++t)
+    per_token([&](int64_t t) {
+      for (int64_t i = t * hidden; i < (t + 1) * hidden; ++i) s.x[i] += s.proj[i];
       rms_norm(&s.x[t * hidden], w.mlp_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden]);
+    });
     matmul(s.xb.data(), n, w.gate, s.gate.data(), pool_);
     matmul(s.xb.data(), n, w.up, s.up.data(), pool_);
-    for (int64_t i = 0; i < n * c.intermediate_size; ++i) {
-      float g = s.gate[i];
-      s.gate[i] = g / (1.0f + std::exp(-g)) * s.up[i];  // SiLU(gate) * up
-    }
+    const int64_t inter = c.intermediate_size;
+    per_token([&](int64_t t) {
+      for (int64_t i = t * inter; i < (t + 1) * inter; ++i) {
+        float g = s.gate[i];
+        s.gate[i] = g / (1.0f + std::exp(-g)) * s.up[i];  // SiLU(gate) * up
+      }
+    });
     matmul(s.gate.data(), n, w.down, s.proj.data(), pool_);
-    for (int64_t i = 0; i < n * hidden; ++i) s.x[i] += s.proj[i];
+    per_token([&](int64_t t) {
+      for (int64_t i = t * hidden; i < (t + 1) * hidden; ++i) s.x[i] += s.proj[i];
+    });
   }
   position_ += n;
 
