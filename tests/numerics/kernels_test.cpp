@@ -277,6 +277,19 @@ TEST(AttentionKernels, ScoresAndWeightedSumsMatchNaiveLoops) {
       score_block(q.data(), nq, dim, k.data(), nk, stride, dim, 0.5f, scores.data());
       std::vector<float> out(size_t(nq * dim), 1.0f);
       accumulate_weighted(scores.data(), nq, nk, v.data(), stride, dim, out.data(), dim);
+      // Bit-identical whether a query or key falls in a register tile or in the leftovers
+      // (callers choose block sizes freely; the model's attention relies on this).
+      for (int64_t i : {int64_t{0}, int64_t(nq) - 1}) {
+        std::vector<float> row(static_cast<size_t>(nk)), last_key(1);
+        score_block(q.data() + i * dim, 1, dim, k.data(), nk, stride, dim, 0.5f, row.data());
+        for (int64_t j = 0; j < nk; ++j) ASSERT_EQ(row[size_t(j)], scores[size_t(i * nk + j)]);
+        score_block(q.data() + i * dim, 1, dim, k.data() + (nk - 1) * stride, 1, stride, dim, 0.5f,
+                    last_key.data());
+        ASSERT_EQ(last_key[0], scores[size_t(i * nk + nk - 1)]);
+        std::vector<float> one(static_cast<size_t>(dim), 1.0f);
+        accumulate_weighted(scores.data() + i * nk, 1, nk, v.data(), stride, dim, one.data(), dim);
+        for (int64_t c = 0; c < dim; ++c) ASSERT_EQ(one[size_t(c)], out[size_t(i * dim + c)]);
+      }
       for (int64_t i = 0; i < nq; ++i) {
         for (int64_t j = 0; j < nk; ++j) {
           double s = 0;
