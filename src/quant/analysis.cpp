@@ -46,7 +46,10 @@ struct TopK {
     items.resize(size_t(k));
     threshold = std::min_element(items.begin(), items.end())->first;
   }
-  void add(const float* scores, int64_t count, int64_t first_index) {
+  // block_max: the largest non-NaN score of the block (-inf if none). Once k items are
+  // kept, a block whose maximum is not above the threshold adds nothing: skipped whole.
+  void add(const float* scores, int64_t count, int64_t first_index, float block_max) {
+    if (int(items.size()) >= k && !(block_max > threshold)) return;
     for (int64_t j = 0; j < count; ++j) {
       const float s = scores[j];
       if (s > threshold || (int(items.size()) < k && !std::isnan(s))) {
@@ -105,8 +108,8 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
   std::vector<float> rescale(static_cast<size_t>(nq));
   for (int64_t q = 0; q < nq; ++q) {
     const float* s = ref_scores.data() + q * count;
-    const float m =
-        std::max(ref.max_logit[size_t(q)], numerics::max_ignoring_nan({s, size_t(count)}));
+    const float block_max = numerics::max_ignoring_nan({s, size_t(count)});
+    const float m = std::max(ref.max_logit[size_t(q)], block_max);
     rescale[size_t(q)] = std::exp(ref.max_logit[size_t(q)] - m);
     ref.max_logit[size_t(q)] = m;
     std::copy_n(s, count, probabilities.data() + q * count);
@@ -114,7 +117,7 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
         numerics::exp_and_sum({probabilities.data() + q * count, size_t(count)}, m);
     ref.sum_exp[size_t(q)] = ref.sum_exp[size_t(q)] * rescale[size_t(q)] + block_sum;
     for (int64_t c = 0; c < dim; ++c) ref.output[size_t(q * dim + c)] *= rescale[size_t(q)];
-    ref.top[size_t(q)].add(s, count, first);
+    ref.top[size_t(q)].add(s, count, first, block_max);
   }
   numerics::accumulate_weighted(probabilities.data(), nq, count, values[0], stride, dim,
                                 ref.output.data(), dim);
@@ -130,9 +133,9 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
       double kl = 0;  // NaN/inf in t propagate: the query is then non-finite
       numerics::score_divergence(s, t, p, count, &kl, &error_sq, &ref_sq);
       state.kl_partial[size_t(q)] = state.kl_partial[size_t(q)] * rescale[size_t(q)] + kl;
-      state.top[size_t(q)].add(t, count, first);
-      const float m =
-          std::max(state.max_logit[size_t(q)], numerics::max_ignoring_nan({t, size_t(count)}));
+      const float block_max = numerics::max_ignoring_nan({t, size_t(count)});
+      state.top[size_t(q)].add(t, count, first, block_max);
+      const float m = std::max(state.max_logit[size_t(q)], block_max);
       const float r = std::exp(state.max_logit[size_t(q)] - m);
       state.max_logit[size_t(q)] = m;
       const float block_sum = numerics::exp_and_sum({scores.data() + q * count, size_t(count)}, m);
@@ -259,7 +262,6 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
       for (KvRole role : {KvRole::key, KvRole::value}) {
         const std::vector<float>& ref = role == KvRole::key ? ref_k : ref_v;
         std::vector<float>& dec = role == KvRole::key ? dec_k[f] : dec_v[f];
-        dec.resize(ref.size());
         // KIVI: tokens from the residual window of the largest context on stay BF16 (they
         // are BF16 for every smaller context too); the rest is quantised group by group.
         KvFormat format = formats[f];
@@ -269,7 +271,8 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
         numerics::RoundTripResult rt = numerics::round_trip(
             format, layout, role, calibration[f][size_t(role)],
             std::span<const float>(ref).subspan(0, size_t(quantized_end * n)), &pool);
-        std::copy(rt.decoded.begin(), rt.decoded.end(), dec.begin());
+        dec = std::move(rt.decoded);  // quantized_end rows; the BF16 tail follows
+        dec.resize(ref.size());
         const size_t tail = size_t(quantized_end * n);
         std::vector<uint16_t> as_bf16(ref.size() - tail);
         numerics::float_to_bf16_bulk(std::span<const float>(ref).subspan(tail), as_bf16);
