@@ -202,8 +202,15 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
       const int64_t first = c * chunk, count = std::min(chunk, total - first);
       for (KvRole role : {KvRole::key, KvRole::value}) {
         load(role, first, count, rows);
+        // One task per format (merged in format order below): amax is a maximum, so the
+        // result does not depend on the split.
+        std::vector<numerics::StaticAmax> parts(formats.size());
+        pool.parallel_for(
+            int64_t(formats.size()), int(formats.size()), [&](int task, int64_t, int64_t) {
+              parts[size_t(task)] = numerics::calibrate_amax(formats[size_t(task)], layout, rows);
+            });
         for (size_t f = 0; f < formats.size(); ++f) {
-          const numerics::StaticAmax part = numerics::calibrate_amax(formats[f], layout, rows);
+          const numerics::StaticAmax& part = parts[f];
           auto& amax = calibration[f][size_t(role)].amax;
           if (amax.empty()) amax = part.amax;
           for (size_t i = 0; i < part.amax.size(); ++i) amax[i] = std::max(amax[i], part.amax[i]);
