@@ -37,31 +37,29 @@ void CompensatedSum::merge(const CompensatedSum& other) {
 
 void ErrorStats::add(std::span<const float> reference, std::span<const float> decoded) {
   const size_t n = std::min(reference.size(), decoded.size());
-  // Partial sums in blocks keep the compensated adds off the per-element path. Inside a
-  // block, four interleaved accumulators (element i goes to i % 4, combined in a fixed
-  // order) and a branch-free finiteness test: one chain of dependent double adds per sum
-  // made this the slowest step of a quant sweep.
-  constexpr size_t kBlock = 256, kLanes = 4;
+  // Partial sums in blocks keep the compensated adds off the per-element path.
+  constexpr size_t kBlock = 256;
   for (size_t begin = 0; begin < n; begin += kBlock) {
     const size_t end = std::min(n, begin + kBlock);
-    double error[kLanes] = {}, squares[kLanes] = {}, largest[kLanes] = {};
-    int64_t finite_pairs = 0;
-    for (size_t i = begin; i < end; i += kLanes) {
-      for (size_t lane = 0; lane < kLanes && i + lane < end; ++lane) {
-        const double r = reference[i + lane], d = decoded[i + lane];
-        const bool finite = std::isfinite(r) && std::isfinite(d);
-        const double e = finite ? d - r : 0.0, kept = finite ? r : 0.0;
-        error[lane] += e * e;
-        squares[lane] += kept * kept;
-        largest[lane] = std::max(largest[lane], std::fabs(e));
-        finite_pairs += finite ? 1 : 0;
+    double block_error = 0.0, block_reference = 0.0, block_max = 0.0;
+    int64_t block_count = 0, block_nonfinite = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const double r = reference[i], d = decoded[i];
+      if (!std::isfinite(r) || !std::isfinite(d)) {
+        ++block_nonfinite;
+        continue;
       }
+      const double e = d - r;
+      block_error += e * e;
+      block_reference += r * r;
+      block_max = std::max(block_max, std::fabs(e));
+      ++block_count;
     }
-    sum_squared_error.add((error[0] + error[1]) + (error[2] + error[3]));
-    sum_squared_reference.add((squares[0] + squares[1]) + (squares[2] + squares[3]));
-    max_abs_error = std::max({max_abs_error, largest[0], largest[1], largest[2], largest[3]});
-    count += finite_pairs;
-    nonfinite += static_cast<int64_t>(end - begin) - finite_pairs;
+    sum_squared_error.add(block_error);
+    sum_squared_reference.add(block_reference);
+    max_abs_error = std::max(max_abs_error, block_max);
+    count += block_count;
+    nonfinite += block_nonfinite;
   }
 }
 
