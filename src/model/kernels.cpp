@@ -1,5 +1,6 @@
 // Matrix kernels of the forward pass: activations are F32, weights are read in their stored
-// type (F32/BF16/F16) and widened in registers. Compiled once per SIMD target by Highway
+// type (F32/BF16/F16) and widened in registers (decode) or once per L2-sized block into F32
+// (prefill; the conversion is exact either way). Compiled once per SIMD target by Highway
 // (foreach_target) and picked at run time. Each output element is one dot product summed in
 // a fixed order (SIMD lanes, then the lane sum, then the scalar tail) by exactly one task, so
 // results do not depend on the thread count or on how tokens/rows are tiled.
