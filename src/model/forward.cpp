@@ -254,8 +254,12 @@ void Session::attention(int layer, int64_t tokens, int64_t first_position) {
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
   const int64_t cached = first_position + tokens;
   const int window = c.sliding_window[layer];
+  // Keys visible to the query at `position`: [lowest(position), position].
+  auto lowest = [&](int64_t position) {
+    return window > 0 ? std::max<int64_t>(0, position - window + 1) : int64_t{0};
+  };
   // Only positions some query of this batch can see need decoding.
-  const int64_t first_visible = window > 0 ? std::max<int64_t>(0, first_position - window + 1) : 0;
+  const int64_t first_visible = lowest(first_position);
   const int64_t visible = cached - first_visible;
   s.keys.resize(visible * kv_width);
   s.values.resize(visible * kv_width);
@@ -267,10 +271,6 @@ void Session::attention(int layer, int64_t tokens, int64_t first_position) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t blocks = (tokens + kQueryBlock - 1) / kQueryBlock;
   const int64_t items = blocks * c.num_kv_heads;
-  // Keys visible to the query at `position`: [lowest(position), position].
-  auto lowest = [&](int64_t position) {
-    return window > 0 ? std::max<int64_t>(0, position - window + 1) : int64_t{0};
-  };
   pool_.parallel_for(items, static_cast<int>(items), [&](int, int64_t begin, int64_t end) {
     thread_local std::vector<float> queries, scores, weights, outputs;
     for (int64_t item = begin; item < end; ++item) {
