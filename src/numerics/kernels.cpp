@@ -74,10 +74,10 @@ void EncodeFp8Float(ElementType type, Overflow overflow, float scale, const floa
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
   const Fp8Constants k = fp8_constants(type, overflow);
-  const auto scale_v = hn::Set(d, scale);
+  const EncodeDivisor divisor = encode_divisor(scale);
   size_t i = 0;
   for (; i + lanes <= count; i += lanes) {
-    const auto y = hn::Div(hn::LoadU(d, input + i), scale_v);
+    const auto y = QuotientForEncode(d, hn::LoadU(d, input + i), divisor);
     hn::StoreU(hn::DemoteTo(d8, EncodeFp8Lanes(d, y, k)), d8, codes + i);
   }
   for (; i < count; ++i) codes[i] = uint8_t(encode_element(type, input[i] / scale, overflow));
@@ -96,10 +96,10 @@ void EncodeFp8Bf16(ElementType type, Overflow overflow, float scale, const uint1
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
   const Fp8Constants k = fp8_constants(type, overflow);
-  const auto scale_v = hn::Set(d, scale);
+  const EncodeDivisor divisor = encode_divisor(scale);
   const auto encode = [&](size_t at) {
     const auto x = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + at))));
-    return EncodeFp8Lanes(d, hn::Div(x, scale_v), k);
+    return EncodeFp8Lanes(d, QuotientForEncode(d, x, divisor), k);
   };
   const auto encode_one = [&](size_t at) {
     codes[at] = uint8_t(encode_element(type, bf16_to_float(input[at]) / scale, overflow));
@@ -247,12 +247,12 @@ HWY_INLINE hn::Vec<D> DecodeFp4Lanes(D d, hn::Vec<hn::RebindToSigned<D>> nibble)
 HWY_INLINE void EncodeNvfp4Block(Nvfp4Tag d, const float* x, float effective, uint8_t* out) {
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
-  const auto scale_v = hn::Set(d, effective);
+  const EncodeDivisor divisor = encode_divisor(effective);
   for (size_t j = 0; j < 16; j += 2 * lanes) {
     hn::Vec<decltype(d)> even, odd;
     hn::LoadInterleaved2(d, x + j, even, odd);
-    const auto low = EncodeFp4Lanes(d, hn::Div(even, scale_v));
-    const auto high = EncodeFp4Lanes(d, hn::Div(odd, scale_v));
+    const auto low = EncodeFp4Lanes(d, QuotientForEncode(d, even, divisor));
+    const auto high = EncodeFp4Lanes(d, QuotientForEncode(d, odd, divisor));
     hn::StoreU(hn::DemoteTo(d8, hn::Or(low, hn::ShiftLeft<4>(high))), d8, out + j / 2);
   }
 }
@@ -368,6 +368,43 @@ void HadamardRows(float* data, size_t count, size_t width) {
   }
 }
 
+// ------------------------------------------------------------------ error sums
+// One block of ErrorStats::add: over the pairs where both sides are finite, the sums of
+// squared error and squared reference (double lanes, the float pairs promoted), their
+// count and the largest |error|. sums = {error^2, reference^2, count, max |error|}.
+void ErrorBlockSums(const float* reference, const float* decoded, size_t count, double* sums) {
+  const hn::ScalableTag<double> d;
+  const hn::Rebind<float, decltype(d)> df;
+  const size_t lanes = hn::Lanes(d);
+  auto error_sq = hn::Zero(d), reference_sq = hn::Zero(d), finite = hn::Zero(d),
+       max_error = hn::Zero(d);
+  const auto one = hn::Set(d, 1.0);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto r = hn::PromoteTo(d, hn::LoadU(df, reference + i));
+    const auto x = hn::PromoteTo(d, hn::LoadU(df, decoded + i));
+    const auto ok = hn::And(hn::IsFinite(r), hn::IsFinite(x));
+    const auto e = hn::IfThenElseZero(ok, hn::Sub(x, r));
+    const auto r_ok = hn::IfThenElseZero(ok, r);
+    error_sq = hn::MulAdd(e, e, error_sq);
+    reference_sq = hn::MulAdd(r_ok, r_ok, reference_sq);
+    max_error = hn::Max(max_error, hn::Abs(e));
+    finite = hn::Add(finite, hn::IfThenElseZero(ok, one));
+  }
+  sums[0] = hn::GetLane(hn::SumOfLanes(d, error_sq));
+  sums[1] = hn::GetLane(hn::SumOfLanes(d, reference_sq));
+  sums[2] = hn::GetLane(hn::SumOfLanes(d, finite));
+  sums[3] = hn::GetLane(hn::MaxOfLanes(d, max_error));
+  for (; i < count; ++i) {
+    const double r = reference[i], x = decoded[i];
+    if (!std::isfinite(r) || !std::isfinite(x)) continue;
+    sums[0] += (x - r) * (x - r);
+    sums[1] += r * r;
+    sums[2] += 1.0;
+    sums[3] = std::max(sums[3], std::fabs(x - r));
+  }
+}
+
 const char* TargetName() {
   return hwy::TargetName(HWY_TARGET);
 }
@@ -389,6 +426,7 @@ HWY_EXPORT(FloatToBf16);
 HWY_EXPORT(EncodeNvfp4);
 HWY_EXPORT(DecodeNvfp4);
 HWY_EXPORT(HadamardRows);
+HWY_EXPORT(ErrorBlockSums);
 HWY_EXPORT(TargetName);
 
 namespace {
@@ -488,6 +526,24 @@ void decode_nvfp4_reference(float tensor_scale, std::span<const uint8_t> packed,
 void hadamard_rows(std::span<float> data, int width) {
   require(width > 0 && (width & (width - 1)) == 0, "hadamard_rows: width must be a power of two");
   HWY_DYNAMIC_DISPATCH(HadamardRows)(data.data(), data.size(), size_t(width));
+}
+
+void ErrorStats::add(std::span<const float> reference, std::span<const float> decoded) {
+  const size_t n = std::min(reference.size(), decoded.size());
+  // Plain sums within a block of 256, compensated sums across blocks.
+  constexpr size_t kBlock = 256;
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t size = std::min(n - begin, kBlock);
+    double sums[4];
+    HWY_DYNAMIC_DISPATCH(ErrorBlockSums)
+    (reference.data() + begin, decoded.data() + begin, size, sums);
+    const auto finite = int64_t(sums[2]);
+    sum_squared_error.add(sums[0]);
+    sum_squared_reference.add(sums[1]);
+    max_abs_error = std::max(max_abs_error, sums[3]);
+    count += finite;
+    nonfinite += int64_t(size) - finite;
+  }
 }
 
 }  // namespace kvaudit::numerics

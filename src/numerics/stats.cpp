@@ -35,33 +35,7 @@ void CompensatedSum::merge(const CompensatedSum& other) {
   add(other.compensation);
 }
 
-void ErrorStats::add(std::span<const float> reference, std::span<const float> decoded) {
-  const size_t n = std::min(reference.size(), decoded.size());
-  // Partial sums in blocks keep the compensated adds off the per-element path.
-  constexpr size_t kBlock = 256;
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t end = std::min(n, begin + kBlock);
-    double block_error = 0.0, block_reference = 0.0, block_max = 0.0;
-    int64_t block_count = 0, block_nonfinite = 0;
-    for (size_t i = begin; i < end; ++i) {
-      const double r = reference[i], d = decoded[i];
-      if (!std::isfinite(r) || !std::isfinite(d)) {
-        ++block_nonfinite;
-        continue;
-      }
-      const double e = d - r;
-      block_error += e * e;
-      block_reference += r * r;
-      block_max = std::max(block_max, std::fabs(e));
-      ++block_count;
-    }
-    sum_squared_error.add(block_error);
-    sum_squared_reference.add(block_reference);
-    max_abs_error = std::max(max_abs_error, block_max);
-    count += block_count;
-    nonfinite += block_nonfinite;
-  }
-}
+// ErrorStats::add is in kernels.cpp, beside its SIMD block kernel.
 
 void ErrorStats::merge(const ErrorStats& other) {
   count += other.count;

@@ -158,18 +158,99 @@ TEST(Kernels, Fp8Bf16StreamingPathMatchesScalar) {
   });
 }
 
+// Scales whose reciprocal is inexact (the encoders multiply by it and correct the quotient
+// with two FMAs), the edges of the range where they do, and scales outside it (divide).
+std::vector<float> encode_scales() {
+  std::vector<float> scales = {
+      0.5f,    40.0f / 448.0f,  1.0f / 3.0f,    0.0175f,         3.0f,           1e-7f,  0x1p-30f,
+      0x1p30f, 0x1.000002p-30f, 0x1.fffffep29f, 0x1.fffffep-31f, 0x1.000002p30f, 1e-38f, 1e-42f,
+      3e37f};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> exponent(-32.0f, 32.0f);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  for (int i = 0; i < 9; ++i)
+    scales.push_back(mantissa(rng) * std::exp2(std::round(exponent(rng))));
+  return scales;
+}
+
 TEST(Kernels, Fp8FromBf16MatchesScalar) {
   ForEachTarget([&] {
     std::vector<uint16_t> input(65536 + 5);
     for (size_t i = 0; i < input.size(); ++i) input[i] = uint16_t(i * 40503u);  // all patterns
-    for (ElementType type : kFp8Types) {
-      for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
-        std::vector<uint8_t> codes(input.size());
-        encode_fp8_from_bf16(type, overflow, 0.5f, input, codes);
-        for (size_t i = 0; i < input.size(); ++i) {
-          ASSERT_EQ(codes[i], encode_element(type, bf16_to_float(input[i]) / 0.5f, overflow)) << i;
+    for (float scale : encode_scales()) {
+      for (ElementType type : kFp8Types) {
+        for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
+          std::vector<uint8_t> codes(input.size());
+          encode_fp8_from_bf16(type, overflow, scale, input, codes);
+          for (size_t i = 0; i < input.size(); ++i) {
+            ASSERT_EQ(codes[i], encode_element(type, bf16_to_float(input[i]) / scale, overflow))
+                << "bf16 " << input[i] << " scale " << scale;
+          }
         }
       }
+    }
+  });
+}
+
+// The float encoder on every float that lies on or next to an FP8 rounding boundary of
+// several binades (ties, one ulp either side), divided by inexact scales.
+TEST(Kernels, Fp8EncodeRoundingBoundariesUnderInexactScales) {
+  ForEachTarget([&] {
+    for (float scale : encode_scales()) {
+      for (ElementType type : kFp8Types) {
+        std::vector<float> values;
+        for (uint32_t code = 0; code < 255; ++code) {
+          const float low = decode_element(type, code), high = decode_element(type, code + 1);
+          if (!std::isfinite(low) || !std::isfinite(high) ||
+              std::signbit(low) != std::signbit(high))
+            continue;
+          const float tie = (low + high) / 2 * scale;
+          float below = tie, above = tie;
+          values.insert(values.end(), {tie, -tie});
+          for (int k = 0; k < 3; ++k) {
+            below = std::nextafter(below, 0.0f);
+            above = std::nextafter(above, INFINITY);
+            values.insert(values.end(), {below, above, -below, -above});
+          }
+        }
+        for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
+          std::vector<uint8_t> codes(values.size());
+          encode_fp8(type, overflow, scale, values, codes);
+          for (size_t i = 0; i < values.size(); ++i) {
+            ASSERT_EQ(codes[i], encode_element(type, values[i] / scale, overflow))
+                << values[i] << " scale " << scale;
+          }
+        }
+      }
+    }
+  });
+}
+
+// ErrorStats' block kernel against a plain double loop: counts and the maximum exactly, the
+// sums to rounding, on every target, for sizes around the block and lane boundaries.
+TEST(Kernels, ErrorStatsMatchPlainSums) {
+  ForEachTarget([&] {
+    for (size_t size : {0, 1, 3, 4, 7, 255, 256, 257, 1000, 4099}) {
+      std::vector<float> reference = nasty_values(size, uint32_t(size) + 7);
+      std::vector<float> decoded = nasty_values(size, uint32_t(size) + 8);
+      for (size_t i = 0; i < size; i += 3) decoded[i] = reference[i] * 1.01f;
+      double error_sq = 0, reference_sq = 0, max_error = 0;
+      int64_t finite = 0;
+      for (size_t i = 0; i < size; ++i) {
+        const double r = reference[i], x = decoded[i];
+        if (!std::isfinite(r) || !std::isfinite(x)) continue;
+        ++finite;
+        error_sq += (x - r) * (x - r);
+        reference_sq += r * r;
+        max_error = std::max(max_error, std::fabs(x - r));
+      }
+      ErrorStats stats;
+      stats.add(reference, decoded);
+      EXPECT_EQ(stats.count, finite) << size;
+      EXPECT_EQ(stats.nonfinite, int64_t(size) - finite) << size;
+      EXPECT_EQ(stats.max_abs_error, max_error) << size;
+      EXPECT_NEAR(stats.sum_squared_error.value(), error_sq, 1e-12 * error_sq) << size;
+      EXPECT_NEAR(stats.sum_squared_reference.value(), reference_sq, 1e-12 * reference_sq) << size;
     }
   });
 }
@@ -197,6 +278,25 @@ TEST(Kernels, Nvfp4MatchesReference) {
     for (int i = 0; i < 16 * 32; ++i) values.push_back(normal(rng));
     for (int i = 0; i < 16; ++i) values.push_back(0.0f);
     for (int i = 0; i < 16; ++i) values.push_back(i == 5 ? 1e4f : normal(rng) * 0.01f);
+    // Blocks whose amax / 6 is an E4M3 value with an inexact reciprocal (0.8125, 1.375), and
+    // elements at and one ulp around each FP4 rounding boundary times that block scale.
+    for (float block_scale : {0.8125f, 1.375f, 1.625f, 1.75f, 0.6875f, 3.25f, 0.40625f, 13.0f}) {
+      std::vector<float> boundary;
+      for (float midpoint : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f}) {
+        float below = midpoint * block_scale, above = below;
+        boundary.insert(boundary.end(), {below, -below});
+        for (int k = 0; k < 4; ++k) {
+          below = std::nextafter(below, 0.0f);
+          above = std::nextafter(above, INFINITY);
+          boundary.insert(boundary.end(), {below, above, -below, -above});
+        }
+      }
+      for (size_t at = 0; at < boundary.size(); at += 15) {
+        values.push_back(6.0f * block_scale);
+        for (size_t j = at; j < at + 15; ++j)
+          values.push_back(j < boundary.size() ? boundary[j] : 0.0f);
+      }
+    }
     // Tensor scales the block-scale decode can fold into its rebias multiply, and ones it cannot.
     for (float tensor_scale : {1.0f, 0.01f, 37.0f, 300.0f, 1e30f, 1e-39f}) {
       const size_t n = values.size();
