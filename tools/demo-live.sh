@@ -72,11 +72,15 @@ url_bf16_second=$url
 
 recall=(--recall --recall-ctx 512 --recall-depth 64,256 --recall-cases 2 --fail-on never)
 step "kvaudit probe $url_fp8 --compare $url_bf16 ${recall[*]}"
-"$kvaudit" probe "$url_fp8" --compare "$url_bf16" "${recall[@]}" --json > "$work/ab.json" ||
-  die "probe --compare exit $?"
-verdict=$(/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["compare"]; print(c["verdict"], "| mean KL", c["mean_kl"], "| diverged", c["diverged"], "| better:", c["better"] or "-")' "$work/ab.json")
-echo "A (fp8 at scale 1.0) vs B (bf16): $verdict"
-[[ $verdict == "measurably different"* || $verdict == "different"* ]] || die "no difference measured"
+"$kvaudit" probe "$url_fp8" --compare "$url_bf16" "${recall[@]}" --json > "$work/ab.json"
+status=$?  # probe's gate: exit 1 when the verdict is "different"
+verdict=$(/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["compare"]; print(c["verdict"], "| mean KL", c["mean_kl"], "| diverged", c["diverged"], "| better:", c["better"] or "-")' "$work/ab.json") ||
+  die "probe --compare exit $status without a comparison"
+echo "A (fp8 at scale 1.0) vs B (bf16): $verdict (exit $status)"
+case $status:$verdict in
+  "1:different "* | "0:measurably different"*) ;;
+  *) die "expected a measured difference (exit 1 for different, 0 for measurably different)" ;;
+esac
 
 step "kvaudit probe $url_bf16 --compare $url_bf16_second (two BF16 deployments)"
 "$kvaudit" probe "$url_bf16" --compare "$url_bf16_second" "${recall[@]}" --json > "$work/aa.json" ||
