@@ -1,6 +1,6 @@
 // Blocked SIMD kernels for attention-error analysis: scores = Q K^T, out += P V, and a
-// vectorised exp-and-sum. Register tiles of 4 queries x 2 vectors keep the FMA units busy
-// (8 accumulators, 6 loads per 8 FMAs); K is transposed per block so both GEMMs stream
+// vectorised exp-and-sum. Register tiles of 4 queries x 3 vectors keep the FMA units busy
+// (12 accumulators, 7 loads per 12 FMAs); K is transposed per block so both GEMMs stream
 // contiguous rows. Results are deterministic: the reduction order over the head dimension
 // and over keys is fixed and independent of the thread count.
 #include <algorithm>
@@ -15,6 +15,12 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "numerics/numerics.h"
+
+// Fully unrolled loops over register tiles; without it GCC keeps the accumulator arrays in
+// memory (a store per accumulator per step).
+#ifndef KV_UNROLL
+#define KV_UNROLL _Pragma("GCC unroll 16")
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace kvaudit::numerics::HWY_NAMESPACE {
@@ -63,27 +69,69 @@ HWY_INLINE bool Transpose8x8(const float* HWY_RESTRICT src, size_t src_stride,
 #endif
 }
 
+// Register tiles: kQ query rows x kV vectors, the accumulators held in registers for the
+// whole reduction (4 x 3 on AVX2: 12 accumulators, enough to cover FMA latency, plus 3
+// loaded vectors and a broadcast in the 16 registers). Every output element is summed over
+// the same index in the same order whatever tile computes it, so tile shapes and leftovers
+// give identical bits.
+template <int kQ, int kV, class D>
+HWY_INLINE void ScoreTile(D d, const float* queries, size_t q_stride, const float* kt, size_t ld,
+                          size_t dim, hn::Vec<D> scale_v, float* scores, size_t nk) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  V acc[kQ][kV];
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+      hn::Zero(d);
+  for (size_t k = 0; k < dim; ++k) {
+    V key[kV];
+    KV_UNROLL for (int v = 0; v < kV; ++v) key[v] = hn::LoadU(d, kt + k * ld + v * lanes);
+    KV_UNROLL for (int i = 0; i < kQ; ++i) {
+      const V b = hn::Set(d, queries[i * q_stride + k]);
+      KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(b, key[v], acc[i][v]);
+    }
+  }
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+      hn::StoreU(hn::Mul(acc[i][v], scale_v), d, scores + i * nk + v * lanes);
+}
+
+// Scores of kQ query rows against the transposed keys [0, nk_vector): tiles of 3, 2, then 1
+// key vectors.
+template <int kQ, class D>
+HWY_INLINE void ScoreRows(D d, const float* queries, size_t q_stride, const float* kt, size_t ld,
+                          size_t nk_vector, size_t dim, hn::Vec<D> scale_v, float* scores,
+                          size_t nk) {
+  const size_t lanes = hn::Lanes(d);
+  size_t j = 0;
+  for (; j + 3 * lanes <= nk_vector; j += 3 * lanes)
+    ScoreTile<kQ, 3>(d, queries, q_stride, kt + j, ld, dim, scale_v, scores + j, nk);
+  for (; j + 2 * lanes <= nk_vector; j += 2 * lanes)
+    ScoreTile<kQ, 2>(d, queries, q_stride, kt + j, ld, dim, scale_v, scores + j, nk);
+  for (; j + lanes <= nk_vector; j += lanes)
+    ScoreTile<kQ, 1>(d, queries, q_stride, kt + j, ld, dim, scale_v, scores + j, nk);
+}
+
 // scores[q * nk + j] = scale * sum_d queries[q * d_stride + d] * keys[j * key_stride + d]
 void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* keys, size_t nk,
                 size_t key_stride, size_t dim, float scale, float* scores) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
-  const size_t key_tile = 2 * lanes;
-  const size_t nk_tiled = nk / key_tile * key_tile;
-  // keys^T for the tiled part: [dim][ld], transposed in 8 x 8 tiles. The row pitch ld is
+  // Keys covered by whole vectors (and by whole 8 x 8 transposes, lanes dividing 8 or 8
+  // dividing lanes); the rest are scalar dot products.
+  const size_t nk_vector = nk / std::max<size_t>(lanes, 8) * std::max<size_t>(lanes, 8);
+  // keys^T for the vector part: [dim][ld], transposed in 8 x 8 tiles. The row pitch ld is
   // padded off a power of two so columns do not all land in one L1 set.
-  const size_t ld = nk_tiled + 8;
+  const size_t ld = nk_vector + 8;
   thread_local std::vector<float> transposed;
   transposed.resize(dim * ld);
-  for (size_t j0 = 0; j0 < nk_tiled; j0 += 8) {
+  for (size_t j0 = 0; j0 < nk_vector; j0 += 8) {
     for (size_t k0 = 0; k0 < dim; k0 += 8) {
       const size_t k_end = std::min(dim, k0 + 8);
-      if (k_end - k0 == 8 && j0 + 8 <= nk_tiled &&
+      if (k_end - k0 == 8 && j0 + 8 <= nk_vector &&
           Transpose8x8(keys + j0 * key_stride + k0, key_stride, transposed.data() + k0 * ld + j0,
                        ld)) {
         continue;
       }
-      for (size_t j = j0; j < j0 + 8 && j < nk_tiled; ++j) {
+      for (size_t j = j0; j < j0 + 8 && j < nk_vector; ++j) {
         const float* row = keys + j * key_stride;
         for (size_t k = k0; k < k_end; ++k) transposed[k * ld + j] = row[k];
       }
@@ -92,53 +140,55 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
   const auto scale_v = hn::Set(d, scale);
   size_t q = 0;
   for (; q + 4 <= nq; q += 4) {
-    const float* q0 = queries + (q + 0) * q_stride;
-    const float* q1 = queries + (q + 1) * q_stride;
-    const float* q2 = queries + (q + 2) * q_stride;
-    const float* q3 = queries + (q + 3) * q_stride;
-    for (size_t j = 0; j < nk_tiled; j += key_tile) {
-      auto a00 = hn::Zero(d), a01 = hn::Zero(d), a10 = hn::Zero(d), a11 = hn::Zero(d);
-      auto a20 = hn::Zero(d), a21 = hn::Zero(d), a30 = hn::Zero(d), a31 = hn::Zero(d);
-      const float* kt = transposed.data() + j;
-      for (size_t k = 0; k < dim; ++k) {
-        const auto k0 = hn::LoadU(d, kt + k * ld);
-        const auto k1 = hn::LoadU(d, kt + k * ld + lanes);
-        const auto b0 = hn::Set(d, q0[k]), b1 = hn::Set(d, q1[k]);
-        const auto b2 = hn::Set(d, q2[k]), b3 = hn::Set(d, q3[k]);
-        a00 = hn::MulAdd(b0, k0, a00);
-        a01 = hn::MulAdd(b0, k1, a01);
-        a10 = hn::MulAdd(b1, k0, a10);
-        a11 = hn::MulAdd(b1, k1, a11);
-        a20 = hn::MulAdd(b2, k0, a20);
-        a21 = hn::MulAdd(b2, k1, a21);
-        a30 = hn::MulAdd(b3, k0, a30);
-        a31 = hn::MulAdd(b3, k1, a31);
-      }
-      float* s = scores + q * nk + j;
-      hn::StoreU(hn::Mul(a00, scale_v), d, s);
-      hn::StoreU(hn::Mul(a01, scale_v), d, s + lanes);
-      hn::StoreU(hn::Mul(a10, scale_v), d, s + nk);
-      hn::StoreU(hn::Mul(a11, scale_v), d, s + nk + lanes);
-      hn::StoreU(hn::Mul(a20, scale_v), d, s + 2 * nk);
-      hn::StoreU(hn::Mul(a21, scale_v), d, s + 2 * nk + lanes);
-      hn::StoreU(hn::Mul(a30, scale_v), d, s + 3 * nk);
-      hn::StoreU(hn::Mul(a31, scale_v), d, s + 3 * nk + lanes);
+    ScoreRows<4>(d, queries + q * q_stride, q_stride, transposed.data(), ld, nk_vector, dim,
+                 scale_v, scores + q * nk, nk);
+  }
+  for (; q < nq; ++q) {
+    ScoreRows<1>(d, queries + q * q_stride, q_stride, transposed.data(), ld, nk_vector, dim,
+                 scale_v, scores + q * nk, nk);
+  }
+  // Leftover keys: plain dot products in the same k order as the tiles.
+  for (size_t qi = 0; qi < nq; ++qi) {
+    for (size_t j = nk_vector; j < nk; ++j) {
+      float sum = 0.0f;
+      for (size_t k = 0; k < dim; ++k)
+        sum = ScalarMulAdd(queries[qi * q_stride + k], keys[j * key_stride + k], sum);
+      scores[qi * nk + j] = sum * scale;
     }
   }
-  // Leftover queries (tiled keys) and leftover keys (all queries): plain dot products in
-  // the same k order as the tiles.
-  auto dot = [&](size_t qi, size_t j) {
-    float sum = 0.0f;
-    for (size_t k = 0; k < dim; ++k)
-      sum = ScalarMulAdd(queries[qi * q_stride + k], keys[j * key_stride + k], sum);
-    return sum * scale;
-  };
-  for (size_t qi = q; qi < nq; ++qi) {
-    for (size_t j = 0; j < nk_tiled; ++j) scores[qi * nk + j] = dot(qi, j);
+}
+
+template <int kQ, int kV, class D>
+HWY_INLINE void AccumulateTile(D d, const float* weights, size_t nk, const float* packed,
+                               size_t pitch, float* out, size_t out_stride) {
+  using V = hn::Vec<D>;
+  const size_t lanes = hn::Lanes(d);
+  V acc[kQ][kV];
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+      hn::LoadU(d, out + i * out_stride + v * lanes);
+  for (size_t j = 0; j < nk; ++j) {
+    V value[kV];
+    KV_UNROLL for (int v = 0; v < kV; ++v) value[v] = hn::LoadU(d, packed + j * pitch + v * lanes);
+    KV_UNROLL for (int i = 0; i < kQ; ++i) {
+      const V b = hn::Set(d, weights[i * nk + j]);
+      KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(b, value[v], acc[i][v]);
+    }
   }
-  for (size_t qi = 0; qi < nq; ++qi) {
-    for (size_t j = nk_tiled; j < nk; ++j) scores[qi * nk + j] = dot(qi, j);
-  }
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+      hn::StoreU(acc[i][v], d, out + i * out_stride + v * lanes);
+}
+
+template <int kQ, class D>
+HWY_INLINE void AccumulateRows(D d, const float* weights, size_t nk, const float* packed,
+                               size_t pitch, size_t dim_vector, float* out, size_t out_stride) {
+  const size_t lanes = hn::Lanes(d);
+  size_t c = 0;
+  for (; c + 3 * lanes <= dim_vector; c += 3 * lanes)
+    AccumulateTile<kQ, 3>(d, weights, nk, packed + c, pitch, out + c, out_stride);
+  for (; c + 2 * lanes <= dim_vector; c += 2 * lanes)
+    AccumulateTile<kQ, 2>(d, weights, nk, packed + c, pitch, out + c, out_stride);
+  for (; c + lanes <= dim_vector; c += lanes)
+    AccumulateTile<kQ, 1>(d, weights, nk, packed + c, pitch, out + c, out_stride);
 }
 
 // out[q * out_stride + c] += sum_j weights[q * nk + j] * values[j * value_stride + c]
@@ -146,58 +196,27 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
                         size_t value_stride, size_t dim, float* out, size_t out_stride) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
-  const size_t tile = 2 * lanes;
-  const size_t dim_tiled = dim / tile * tile;
+  const size_t dim_vector = dim / lanes * lanes;
   // Pack the value rows contiguously with a padded pitch: the head slices of a KV row are
   // a power-of-two apart, which would put every row of a column tile in one L1 set.
-  const size_t pitch = dim_tiled + 8;
+  const size_t pitch = dim_vector + 8;
   thread_local std::vector<float> packed;
   packed.resize(nk * pitch);
   for (size_t j = 0; j < nk; ++j) {
-    std::copy_n(values + j * value_stride, dim_tiled, packed.data() + j * pitch);
+    std::copy_n(values + j * value_stride, dim_vector, packed.data() + j * pitch);
   }
   size_t q = 0;
   for (; q + 4 <= nq; q += 4) {
-    const float* w0 = weights + (q + 0) * nk;
-    const float* w1 = weights + (q + 1) * nk;
-    const float* w2 = weights + (q + 2) * nk;
-    const float* w3 = weights + (q + 3) * nk;
-    for (size_t c = 0; c < dim_tiled; c += tile) {
-      float* o0 = out + (q + 0) * out_stride + c;
-      float* o1 = out + (q + 1) * out_stride + c;
-      float* o2 = out + (q + 2) * out_stride + c;
-      float* o3 = out + (q + 3) * out_stride + c;
-      auto a00 = hn::LoadU(d, o0), a01 = hn::LoadU(d, o0 + lanes);
-      auto a10 = hn::LoadU(d, o1), a11 = hn::LoadU(d, o1 + lanes);
-      auto a20 = hn::LoadU(d, o2), a21 = hn::LoadU(d, o2 + lanes);
-      auto a30 = hn::LoadU(d, o3), a31 = hn::LoadU(d, o3 + lanes);
-      for (size_t j = 0; j < nk; ++j) {
-        const float* v = packed.data() + j * pitch + c;
-        const auto v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + lanes);
-        const auto b0 = hn::Set(d, w0[j]), b1 = hn::Set(d, w1[j]);
-        const auto b2 = hn::Set(d, w2[j]), b3 = hn::Set(d, w3[j]);
-        a00 = hn::MulAdd(b0, v0, a00);
-        a01 = hn::MulAdd(b0, v1, a01);
-        a10 = hn::MulAdd(b1, v0, a10);
-        a11 = hn::MulAdd(b1, v1, a11);
-        a20 = hn::MulAdd(b2, v0, a20);
-        a21 = hn::MulAdd(b2, v1, a21);
-        a30 = hn::MulAdd(b3, v0, a30);
-        a31 = hn::MulAdd(b3, v1, a31);
-      }
-      hn::StoreU(a00, d, o0);
-      hn::StoreU(a01, d, o0 + lanes);
-      hn::StoreU(a10, d, o1);
-      hn::StoreU(a11, d, o1 + lanes);
-      hn::StoreU(a20, d, o2);
-      hn::StoreU(a21, d, o2 + lanes);
-      hn::StoreU(a30, d, o3);
-      hn::StoreU(a31, d, o3 + lanes);
-    }
+    AccumulateRows<4>(d, weights + q * nk, nk, packed.data(), pitch, dim_vector,
+                      out + q * out_stride, out_stride);
   }
+  for (; q < nq; ++q) {
+    AccumulateRows<1>(d, weights + q * nk, nk, packed.data(), pitch, dim_vector,
+                      out + q * out_stride, out_stride);
+  }
+  // Leftover columns: the same j order as the tiles.
   for (size_t qi = 0; qi < nq; ++qi) {
-    const size_t c_begin = qi < q ? dim_tiled : 0;
-    for (size_t c = c_begin; c < dim; ++c) {
+    for (size_t c = dim_vector; c < dim; ++c) {
       float sum = out[qi * out_stride + c];
       for (size_t j = 0; j < nk; ++j)
         sum = ScalarMulAdd(weights[qi * nk + j], values[j * value_stride + c], sum);
