@@ -78,37 +78,6 @@ inline Fp8Constants fp8_constants(ElementType type, Overflow overflow) {
   return k;
 }
 
-// x / s for an encoder, without a divide instruction (on this kind of core one vector
-// divide costs as much as the rest of an FP8 encode). Markstein's theorem: with
-// r = RN(1/s) and q0 = RN(x * r), the remainder x - q0 * s is exact in an FMA and
-// RN(q0 + remainder * r) is RN(x / s), provided nothing overflows or underflows, which
-// holds for s in [2^-30, 2^30] and |x| in [2^-80, 2^96). For other |x| (zeros, tiny,
-// huge, inf, NaN) q0 is kept: it may differ from x / s in the last bit, but both then
-// encode to the same FP8 or FP4 code (a signed zero, the overflow code, or NaN). Scales
-// outside the range, and targets without a fused multiply-add, divide.
-struct EncodeDivisor {
-  float value;
-  float reciprocal;
-  bool by_reciprocal;
-};
-
-inline EncodeDivisor encode_divisor(float s) {
-  const bool in_range = HWY_NATIVE_FMA && s >= 0x1p-30f && s <= 0x1p30f;
-  return {s, in_range ? 1.0f / s : 0.0f, in_range};
-}
-
-template <class D>
-HWY_INLINE hn::Vec<D> QuotientForEncode(D d, hn::Vec<D> x, const EncodeDivisor& divisor) {
-  if (!divisor.by_reciprocal) return hn::Div(x, hn::Set(d, divisor.value));
-  const auto s = hn::Set(d, divisor.value), r = hn::Set(d, divisor.reciprocal);
-  const auto q0 = hn::Mul(x, r);
-  const auto remainder = hn::NegMulAdd(q0, s, x);
-  const auto q1 = hn::MulAdd(remainder, r, q0);
-  const auto magnitude = hn::Abs(x);
-  const auto in_range = hn::And(magnitude >= hn::Set(d, 0x1p-80f), magnitude < hn::Set(d, 0x1p96f));
-  return hn::IfThenElse(in_range, q1, q0);
-}
-
 // Encodes float lanes (already divided by the scale) into FP8 codes held in int32 lanes.
 template <class D>
 HWY_INLINE hn::Vec<hn::RebindToSigned<D>> EncodeFp8Lanes(D d, hn::Vec<D> y, const Fp8Constants& k) {

@@ -74,10 +74,10 @@ void EncodeFp8Float(ElementType type, Overflow overflow, float scale, const floa
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
   const Fp8Constants k = fp8_constants(type, overflow);
-  const EncodeDivisor divisor = encode_divisor(scale);
+  const auto scale_v = hn::Set(d, scale);
   size_t i = 0;
   for (; i + lanes <= count; i += lanes) {
-    const auto y = QuotientForEncode(d, hn::LoadU(d, input + i), divisor);
+    const auto y = hn::Div(hn::LoadU(d, input + i), scale_v);
     hn::StoreU(hn::DemoteTo(d8, EncodeFp8Lanes(d, y, k)), d8, codes + i);
   }
   for (; i < count; ++i) codes[i] = uint8_t(encode_element(type, input[i] / scale, overflow));
@@ -96,10 +96,10 @@ void EncodeFp8Bf16(ElementType type, Overflow overflow, float scale, const uint1
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
   const Fp8Constants k = fp8_constants(type, overflow);
-  const EncodeDivisor divisor = encode_divisor(scale);
+  const auto scale_v = hn::Set(d, scale);
   const auto encode = [&](size_t at) {
     const auto x = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, input + at))));
-    return EncodeFp8Lanes(d, QuotientForEncode(d, x, divisor), k);
+    return EncodeFp8Lanes(d, hn::Div(x, scale_v), k);
   };
   const auto encode_one = [&](size_t at) {
     codes[at] = uint8_t(encode_element(type, bf16_to_float(input[at]) / scale, overflow));
@@ -247,12 +247,12 @@ HWY_INLINE hn::Vec<D> DecodeFp4Lanes(D d, hn::Vec<hn::RebindToSigned<D>> nibble)
 HWY_INLINE void EncodeNvfp4Block(Nvfp4Tag d, const float* x, float effective, uint8_t* out) {
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
-  const EncodeDivisor divisor = encode_divisor(effective);
+  const auto scale_v = hn::Set(d, effective);
   for (size_t j = 0; j < 16; j += 2 * lanes) {
     hn::Vec<decltype(d)> even, odd;
     hn::LoadInterleaved2(d, x + j, even, odd);
-    const auto low = EncodeFp4Lanes(d, QuotientForEncode(d, even, divisor));
-    const auto high = EncodeFp4Lanes(d, QuotientForEncode(d, odd, divisor));
+    const auto low = EncodeFp4Lanes(d, hn::Div(even, scale_v));
+    const auto high = EncodeFp4Lanes(d, hn::Div(odd, scale_v));
     hn::StoreU(hn::DemoteTo(d8, hn::Or(low, hn::ShiftLeft<4>(high))), d8, out + j / 2);
   }
 }

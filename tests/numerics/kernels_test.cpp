@@ -158,8 +158,8 @@ TEST(Kernels, Fp8Bf16StreamingPathMatchesScalar) {
   });
 }
 
-// Scales whose reciprocal is inexact (the encoders multiply by it and correct the quotient
-// with two FMAs), the edges of the range where they do, and scales outside it (divide).
+// Scales whose reciprocal is inexact (so an encoder that multiplied by 1/scale instead of
+// dividing would round some quotients differently), tiny and huge scales, and random ones.
 std::vector<float> encode_scales() {
   std::vector<float> scales = {
       0.5f,    40.0f / 448.0f,  1.0f / 3.0f,    0.0175f,         3.0f,           1e-7f,  0x1p-30f,
