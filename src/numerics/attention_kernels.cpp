@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -74,40 +75,49 @@ HWY_INLINE bool Transpose8x8(const float* HWY_RESTRICT src, size_t src_stride,
 // loaded vectors and a broadcast in the 16 registers). Every output element is summed over
 // the same index in the same order whatever tile computes it, so tile shapes and leftovers
 // give identical bits.
+// acc[i][v] += sum over k ascending of a[i * a_stride + k] * b[k * b_stride + v * lanes]:
+// the one inner loop of both attention products.
 template <int kQ, int kV, class D>
-HWY_INLINE void ScoreTile(D d, const float* queries, size_t q_stride, const float* kt, size_t ld,
-                          size_t dim, hn::Vec<D> scale_v, float* scores, size_t nk) {
+HWY_INLINE void MulAddTile(D d, const float* a, size_t a_stride, const float* b, size_t b_stride,
+                           size_t steps, hn::Vec<D> (&acc)[kQ][kV]) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
-  V acc[kQ][kV];
-  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
-      hn::Zero(d);
-  for (size_t k = 0; k < dim; ++k) {
-    V key[kV];
-    KV_UNROLL for (int v = 0; v < kV; ++v) key[v] = hn::LoadU(d, kt + k * ld + v * lanes);
+  for (size_t k = 0; k < steps; ++k) {
+    V row[kV];
+    KV_UNROLL for (int v = 0; v < kV; ++v) row[v] = hn::LoadU(d, b + k * b_stride + v * lanes);
     KV_UNROLL for (int i = 0; i < kQ; ++i) {
-      const V b = hn::Set(d, queries[i * q_stride + k]);
-      KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(b, key[v], acc[i][v]);
+      const V broadcast = hn::Set(d, a[i * a_stride + k]);
+      KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(broadcast, row[v], acc[i][v]);
     }
   }
-  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
-      hn::StoreU(hn::Mul(acc[i][v], scale_v), d, scores + i * nk + v * lanes);
 }
 
-// Scores of kQ query rows against the transposed keys [0, nk_vector): tiles of 3, 2, then 1
-// key vectors.
+// Calls tile(count, at) for tiles of 3, then 2, then 1 vectors covering [0, end) (end a
+// multiple of the vector length); count is a std::integral_constant.
+template <class D, class Tile>
+HWY_INLINE void ForVectorTiles(D d, size_t end, const Tile& tile) {
+  const size_t lanes = hn::Lanes(d);
+  size_t at = 0;
+  for (; at + 3 * lanes <= end; at += 3 * lanes) tile(std::integral_constant<int, 3>(), at);
+  for (; at + 2 * lanes <= end; at += 2 * lanes) tile(std::integral_constant<int, 2>(), at);
+  for (; at + lanes <= end; at += lanes) tile(std::integral_constant<int, 1>(), at);
+}
+
+// Scores of kQ query rows against the transposed keys [0, nk_vector).
 template <int kQ, class D>
 HWY_INLINE void ScoreRows(D d, const float* queries, size_t q_stride, const float* kt, size_t ld,
                           size_t nk_vector, size_t dim, hn::Vec<D> scale_v, float* scores,
                           size_t nk) {
   const size_t lanes = hn::Lanes(d);
-  size_t j = 0;
-  for (; j + 3 * lanes <= nk_vector; j += 3 * lanes)
-    ScoreTile<kQ, 3>(d, queries, q_stride, kt + j, ld, dim, scale_v, scores + j, nk);
-  for (; j + 2 * lanes <= nk_vector; j += 2 * lanes)
-    ScoreTile<kQ, 2>(d, queries, q_stride, kt + j, ld, dim, scale_v, scores + j, nk);
-  for (; j + lanes <= nk_vector; j += lanes)
-    ScoreTile<kQ, 1>(d, queries, q_stride, kt + j, ld, dim, scale_v, scores + j, nk);
+  ForVectorTiles(d, nk_vector, [&](auto count, size_t j) {
+    constexpr int kV = decltype(count)::value;
+    hn::Vec<D> acc[kQ][kV];
+    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+        hn::Zero(d);
+    MulAddTile<kQ, kV>(d, queries, q_stride, kt + j, ld, dim, acc);
+    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+        hn::StoreU(hn::Mul(acc[i][v], scale_v), d, scores + i * nk + j + v * lanes);
+  });
 }
 
 // scores[q * nk + j] = scale * sum_d queries[q * d_stride + d] * keys[j * key_stride + d]
@@ -158,37 +168,20 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
   }
 }
 
-template <int kQ, int kV, class D>
-HWY_INLINE void AccumulateTile(D d, const float* weights, size_t nk, const float* packed,
-                               size_t pitch, float* out, size_t out_stride) {
-  using V = hn::Vec<D>;
-  const size_t lanes = hn::Lanes(d);
-  V acc[kQ][kV];
-  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
-      hn::LoadU(d, out + i * out_stride + v * lanes);
-  for (size_t j = 0; j < nk; ++j) {
-    V value[kV];
-    KV_UNROLL for (int v = 0; v < kV; ++v) value[v] = hn::LoadU(d, packed + j * pitch + v * lanes);
-    KV_UNROLL for (int i = 0; i < kQ; ++i) {
-      const V b = hn::Set(d, weights[i * nk + j]);
-      KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(b, value[v], acc[i][v]);
-    }
-  }
-  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
-      hn::StoreU(acc[i][v], d, out + i * out_stride + v * lanes);
-}
-
+// Adds kQ query rows of weights times the packed values into out, columns [0, dim_vector).
 template <int kQ, class D>
 HWY_INLINE void AccumulateRows(D d, const float* weights, size_t nk, const float* packed,
                                size_t pitch, size_t dim_vector, float* out, size_t out_stride) {
   const size_t lanes = hn::Lanes(d);
-  size_t c = 0;
-  for (; c + 3 * lanes <= dim_vector; c += 3 * lanes)
-    AccumulateTile<kQ, 3>(d, weights, nk, packed + c, pitch, out + c, out_stride);
-  for (; c + 2 * lanes <= dim_vector; c += 2 * lanes)
-    AccumulateTile<kQ, 2>(d, weights, nk, packed + c, pitch, out + c, out_stride);
-  for (; c + lanes <= dim_vector; c += lanes)
-    AccumulateTile<kQ, 1>(d, weights, nk, packed + c, pitch, out + c, out_stride);
+  ForVectorTiles(d, dim_vector, [&](auto count, size_t c) {
+    constexpr int kV = decltype(count)::value;
+    hn::Vec<D> acc[kQ][kV];
+    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+        hn::LoadU(d, out + i * out_stride + c + v * lanes);
+    MulAddTile<kQ, kV>(d, weights, nk, packed + c, pitch, nk, acc);
+    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+        hn::StoreU(acc[i][v], d, out + i * out_stride + c + v * lanes);
+  });
 }
 
 // out[q * out_stride + c] += sum_j weights[q * nk + j] * values[j * value_stride + c]
