@@ -132,6 +132,43 @@ TEST(Kernels, Fp8DecodeEveryCode) {
   });
 }
 
+// Bulk FP8 -> BF16 calls (4096 codes and more) take the table path, whose identity holds
+// only for some scales: every code, for each type, over scales from 2^-140 to 2^130 (ones
+// where the table is used and ones where its self-check must send the call to the float
+// path), plus the specials.
+TEST(Kernels, Fp8Bf16BulkDecodeEveryCodeEveryScale) {
+  ForEachTarget([&] {
+    const size_t n = 4096 + 256 + 5;
+    std::vector<uint8_t> codes(n + 1);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i * 7 + i / 256);
+    std::vector<float> scales = {1.0f,
+                                 0.37f,
+                                 -0.625f,
+                                 0.0f,
+                                 -0.0f,
+                                 std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 1e-45f,
+                                 std::numeric_limits<float>::max()};
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> exponent(-140.0f, 130.0f);
+    for (int i = 0; i < 120; ++i) scales.push_back(std::exp2(exponent(rng)) * 1.2345f);
+    std::vector<uint16_t> out(n + 1);
+    for (ElementType type : kFp8Types) {
+      for (float scale : scales) {
+        std::fill(out.begin(), out.end(), uint16_t{0xAAAA});
+        decode_fp8_to_bf16(type, scale, std::span<const uint8_t>(codes).subspan(1, n),
+                           std::span<uint16_t>(out).subspan(1, n));
+        ASSERT_EQ(out[0], 0xAAAA);
+        for (size_t i = 1; i <= n; ++i) {
+          ASSERT_EQ(out[i], float_to_bf16(decode_element(type, codes[i]) * scale))
+              << element_traits(type).name << " code " << int(codes[i]) << " scale " << scale;
+        }
+      }
+    }
+  });
+}
+
 // Outputs of 4 MiB and more take the streaming-store path: misaligned start, every bit
 // pattern many times over, odd length.
 TEST(Kernels, Fp8Bf16StreamingPathMatchesScalar) {
