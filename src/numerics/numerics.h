@@ -248,7 +248,14 @@ void encode_nvfp4(float tensor_scale, std::span<const float> input, std::span<ui
                   std::span<uint8_t> block_scales);
 void decode_nvfp4(float tensor_scale, std::span<const uint8_t> packed,
                   std::span<const uint8_t> block_scales, std::span<float> output);
-// Scalar references of the two above (the fast path is tested against these).
+// The same straight from and to BF16 (bit for bit: encode_nvfp4 of the values widened to
+// float; decode_nvfp4's output rounded to BF16).
+void encode_nvfp4_from_bf16(float tensor_scale, std::span<const uint16_t> input,
+                            std::span<uint8_t> packed, std::span<uint8_t> block_scales);
+void decode_nvfp4_to_bf16(float tensor_scale, std::span<const uint8_t> packed,
+                          std::span<const uint8_t> block_scales, std::span<uint16_t> output);
+// Scalar references of encode_nvfp4 and decode_nvfp4 (the fast paths are tested against
+// these).
 void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,
                             std::span<uint8_t> packed, std::span<uint8_t> block_scales);
 void decode_nvfp4_reference(float tensor_scale, std::span<const uint8_t> packed,

@@ -1,5 +1,6 @@
 // SIMD kernels against the scalar references, bit for bit: sizes 0..2N+, misaligned
 // pointers, zeros, +-0, subnormals, inf, NaN, every FP8 code, for each type, mode and scale.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -357,6 +358,70 @@ TEST(Kernels, Nvfp4MatchesReference) {
     float amax = 0;
     for (float v : block) amax = std::max(amax, std::fabs(v));
     for (size_t i = 0; i < 16; ++i) EXPECT_NEAR(out[i], block[i], amax / 6.0f * 1.01f);
+  });
+}
+
+// The BF16 entry points equal the float path on the widened values, bit for bit: every
+// BF16 pattern, Gaussian blocks, blocks of zeros, NaN and inf, block counts that leave
+// leftovers, misaligned spans, tensor scales whose block scales are zero, huge, negative
+// or NaN, and an output large enough to take the streaming stores.
+TEST(Kernels, Nvfp4Bf16MatchesFloatPath) {
+  ForEachTarget([&] {
+    std::vector<uint16_t> input;
+    for (uint32_t bits = 0; bits < 65536; ++bits) input.push_back(uint16_t(bits));
+    std::mt19937 rng(9);
+    std::shuffle(input.begin(), input.end(), rng);
+    std::normal_distribution<float> normal;
+    for (int i = 0; i < 16 * 40; ++i) input.push_back(float_to_bf16(normal(rng)));
+    for (int i = 0; i < 16; ++i) input.push_back(0);
+    for (int i = 0; i < 16; ++i) input.push_back(i == 3 ? 0x7FC0 : float_to_bf16(normal(rng)));
+    for (int i = 0; i < 16; ++i) input.push_back(i == 9 ? 0xFF80 : float_to_bf16(normal(rng)));
+    for (int i = 0; i < 16 * 5; ++i) input.push_back(float_to_bf16(normal(rng) * 1e-3f));
+    auto check = [&](float tensor_scale, std::span<const uint16_t> bf16) {
+      const size_t n = bf16.size();
+      std::vector<float> widened(n);
+      bf16_to_float_bulk(bf16, widened);
+      std::vector<uint8_t> packed(n / 2 + 1, 0xAA), scales(n / 16 + 1, 0xAA);
+      std::vector<uint8_t> packed_ref(n / 2), scales_ref(n / 16);
+      encode_nvfp4_from_bf16(tensor_scale, bf16, std::span(packed).subspan(1, n / 2),
+                             std::span(scales).subspan(1, n / 16));
+      encode_nvfp4_reference(tensor_scale, widened, packed_ref, scales_ref);
+      ASSERT_EQ(packed[0], 0xAA);
+      ASSERT_EQ(scales[0], 0xAA);
+      ASSERT_TRUE(std::equal(packed_ref.begin(), packed_ref.end(), packed.begin() + 1))
+          << "tensor scale " << tensor_scale;
+      ASSERT_TRUE(std::equal(scales_ref.begin(), scales_ref.end(), scales.begin() + 1))
+          << "tensor scale " << tensor_scale;
+      std::vector<uint16_t> out(n + 1, 0xAAAA);
+      decode_nvfp4_to_bf16(tensor_scale, std::span<const uint8_t>(packed).subspan(1, n / 2),
+                           std::span<const uint8_t>(scales).subspan(1, n / 16),
+                           std::span(out).subspan(1, n));
+      std::vector<float> decoded_ref(n);
+      decode_nvfp4_reference(tensor_scale, packed_ref, scales_ref, decoded_ref);
+      ASSERT_EQ(out[0], 0xAAAA);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(out[i + 1], float_to_bf16(decoded_ref[i]))
+            << "tensor scale " << tensor_scale << " element " << i;
+      }
+    };
+    for (float tensor_scale : {1.0f, 0.01f, 37.0f, 1e30f, 1e-39f, -0.5f, 0.0f,
+                               std::numeric_limits<float>::quiet_NaN()}) {
+      check(tensor_scale, input);
+      check(tensor_scale, std::span<const uint16_t>(input).subspan(16 * 3, 16 * 13));
+    }
+    // Block scales decoded from arbitrary bytes: every E4M3 code, NaN and negative included.
+    std::vector<uint8_t> packed(256 * 8), scales(256);
+    for (size_t i = 0; i < packed.size(); ++i) packed[i] = uint8_t(i * 37 + 11);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = uint8_t(i);
+    std::vector<uint16_t> out(256 * 16);
+    std::vector<float> decoded_ref(256 * 16);
+    decode_nvfp4_to_bf16(0.75f, packed, scales, out);
+    decode_nvfp4_reference(0.75f, packed, scales, decoded_ref);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], float_to_bf16(decoded_ref[i])) << i;
+    // Outputs of 4 MiB and more are streamed.
+    std::vector<uint16_t> large(size_t(4) << 20);
+    for (size_t i = 0; i < large.size(); ++i) large[i] = float_to_bf16(normal(rng));
+    check(0.02f, large);
   });
 }
 
