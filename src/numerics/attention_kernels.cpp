@@ -218,8 +218,9 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
   }
 }
 
-// x[i] = exp(x[i] - shift); returns the sum (in a fixed lane-then-tail order).
-float ExpAndSum(float* x, size_t n, float shift) {
+// out[i] = exp(x[i] - shift) (out may be x); returns the sum (in a fixed lane-then-tail
+// order).
+float ExpAndSum(const float* x, float* out, size_t n, float shift) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const auto shift_v = hn::Set(d, shift);
@@ -234,13 +235,13 @@ float ExpAndSum(float* x, size_t n, float shift) {
     const auto in_range = hn::Ge(v, lower);  // false for NaN
     const auto e = hn::IfThenElseZero(
         in_range, hn::Exp(d, hn::IfThenElse(in_range, hn::Min(v, upper), lower)));
-    hn::StoreU(e, d, x + i);
+    hn::StoreU(e, d, out + i);
     sum_v = hn::Add(sum_v, e);
   }
   float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
   for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - shift);
-    sum += x[i];
+    out[i] = std::exp(x[i] - shift);
+    sum += out[i];
   }
   return sum;
 }
@@ -354,8 +355,9 @@ void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_
    size_t(out_stride));
 }
 
-float exp_and_sum(std::span<float> values, float shift) {
-  return HWY_DYNAMIC_DISPATCH(ExpAndSum)(values.data(), values.size(), shift);
+float exp_and_sum(std::span<const float> values, float shift, std::span<float> out) {
+  if (out.size() < values.size()) throw std::invalid_argument("exp_and_sum: output too small");
+  return HWY_DYNAMIC_DISPATCH(ExpAndSum)(values.data(), out.data(), values.size(), shift);
 }
 
 float max_ignoring_nan(std::span<const float> values) {

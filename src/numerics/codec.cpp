@@ -93,12 +93,7 @@ uint32_t load_code(const uint8_t* codes, int64_t index, int bits) {
 
 // Largest finite magnitude of a segment; NaN and inf never set a dynamic scale.
 float finite_amax(const float* x, int count) {
-  float amax = 0.0f;
-  for (int i = 0; i < count; ++i) {
-    const float magnitude = std::fabs(x[i]);
-    if (std::isfinite(magnitude)) amax = std::max(amax, magnitude);
-  }
-  return amax;
+  return finite_abs_max({x, size_t(count)});
 }
 
 }  // namespace
@@ -148,29 +143,24 @@ void RowCodec::encode_segment_scaled(const float* x, int count, float scale, uin
       store_code(codes, code_offset + i, bits, code);
     }
   }
-  if (counts && bits == 8) {
-    // Branch-free tally over the class table (the analysis counts every element).
+  if (counts && is_fp8(type) && scale > 0.0f) {
+    tally_fp8(type, scale, {x, size_t(count)}, {codes + code_offset, size_t(count)}, *counts);
+  } else if (counts && bits == 8) {
+    // INT8 with a static scale (or FP8 with no usable scale: every code 0): the FP8
+    // tally's rule over the class table.
     const CodeClass* table = class_tables().by_type[size_t(type)].data();
     const float limit = float(element_traits(type).max_finite) * scale;
-    int64_t saturated = 0, nan = 0, inf = 0, flushed = 0, subnormal = 0, nonfinite = 0;
     for (int i = 0; i < count; ++i) {
       const float v = x[i];
       const CodeClass c = table[codes[code_offset + i]];
-      const bool finite = std::isfinite(v);
-      nonfinite += !finite;
-      nan += finite & (c == CodeClass::nan);
-      inf += finite & (c == CodeClass::inf);
-      flushed += finite & (c == CodeClass::zero) & (v != 0.0f);
-      subnormal += finite & (c == CodeClass::subnormal);
-      saturated += finite & (c == CodeClass::max_finite) & (std::fabs(v) > limit);
+      ++counts->elements;
+      if (!std::isfinite(v)) {
+        ++counts->nonfinite_input;
+        continue;
+      }
+      counts->flushed_to_zero += (c == CodeClass::zero) & (v != 0.0f);
+      counts->saturated += (c == CodeClass::max_finite) & (std::fabs(v) > limit);
     }
-    counts->elements += count;
-    counts->saturated += saturated;
-    counts->became_nan += nan;
-    counts->became_inf += inf;
-    counts->flushed_to_zero += flushed;
-    counts->subnormal += subnormal;
-    counts->nonfinite_input += nonfinite;
   } else if (counts) {
     for (int i = 0; i < count; ++i) {
       const float scaled = scale > 0.0f ? x[i] / scale : 0.0f;
@@ -257,27 +247,8 @@ void RowCodec::encode_row(const float* row, uint8_t* out, EncodeCounts* counts) 
     encode_nvfp4(static_scale_[0], {row, size_t(n)}, {out, size_t(code_bytes_)},
                  {out + code_bytes_, size_t(n / 16)});
     if (counts) {
-      // Per block: the effective scale, then a table tally like the 8-bit path.
-      const CodeClass* table = class_tables().by_type[size_t(type)].data();
-      int64_t saturated = 0, flushed = 0, subnormal = 0, nonfinite = 0;
-      for (int block = 0; block * 16 < n; ++block) {
-        const float effective = fp8_e4m3_to_float(out[code_bytes_ + block]) * static_scale_[0];
-        const float limit = 6.0f * effective;
-        for (int i = block * 16; i < block * 16 + 16; ++i) {
-          const float v = row[i];
-          const CodeClass c = table[i % 2 == 0 ? out[i / 2] & 0xF : out[i / 2] >> 4];
-          const bool finite = std::isfinite(v);
-          nonfinite += !finite;
-          flushed += finite & (c == CodeClass::zero) & (v != 0.0f);
-          subnormal += finite & (c == CodeClass::subnormal);
-          saturated += finite & (c == CodeClass::max_finite) & (std::fabs(v) > limit);
-        }
-      }
-      counts->elements += n;
-      counts->saturated += saturated;
-      counts->flushed_to_zero += flushed;
-      counts->subnormal += subnormal;
-      counts->nonfinite_input += nonfinite;
+      tally_nvfp4(static_scale_[0], {row, size_t(n)}, {out, size_t(code_bytes_)},
+                  {out + code_bytes_, size_t(n / 16)}, *counts);
     }
     return;
   }

@@ -261,21 +261,15 @@ StaticAmax calibrate_amax(const KvFormat& format, const KvLayout& layout,
       source = row.data();
     }
     // NaN and inf in the sample must not poison the scale: they count as 0.
-    auto magnitude = [](float x) { return std::isfinite(x) ? std::fabs(x) : 0.0f; };
     if (shape == 1) {
-      float m = result.amax[0];
-      for (int64_t i = 0; i < n; ++i) m = std::max(m, magnitude(source[i]));
-      result.amax[0] = m;
+      result.amax[0] = std::max(result.amax[0], finite_abs_max({source, size_t(n)}));
     } else if (shape == size_t(n)) {
-      for (int64_t i = 0; i < n; ++i) {
-        result.amax[size_t(i)] = std::max(result.amax[size_t(i)], magnitude(source[i]));
-      }
+      finite_abs_max_into({source, size_t(n)}, result.amax);
     } else {
       for (int h = 0; h < layout.kv_heads; ++h) {
-        float m = result.amax[size_t(h)];
-        for (int c = 0; c < layout.head_dim; ++c)
-          m = std::max(m, magnitude(source[h * layout.head_dim + c]));
-        result.amax[size_t(h)] = m;
+        result.amax[size_t(h)] =
+            std::max(result.amax[size_t(h)],
+                     finite_abs_max({source + h * layout.head_dim, size_t(layout.head_dim)}));
       }
     }
   }

@@ -686,6 +686,182 @@ void DecodeNvfp4Bf16(float tensor_scale, const uint8_t* packed, const uint8_t* b
   }
 }
 
+// ------------------------------------------------------------------ encode tallies
+// What an encode did to each element, from its input and its code, as the analysis
+// counts it: over finite inputs, codes of class NaN / inf / subnormal, zero codes of
+// non-zero inputs, and the largest finite code for inputs past `limit`; plus the
+// non-finite inputs. tallies = {saturated, became_nan, became_inf, flushed_to_zero,
+// subnormal, nonfinite_input}. FP8 classes by magnitude code: 0 zero, 1 .. 2^M - 1
+// subnormal, the largest finite code, then E5M2's inf (0x7C) and NaNs, E4M3's NaN (0x7F),
+// FNUZ's NaN (0x80, whose magnitude bits are 0).
+struct TallyVectors {
+  template <class D>
+  struct Lanes {
+    hn::Vec<D> saturated, nan, inf, flushed, subnormal, nonfinite;
+    explicit Lanes(D di)
+        : saturated(hn::Zero(di)),
+          nan(hn::Zero(di)),
+          inf(hn::Zero(di)),
+          flushed(hn::Zero(di)),
+          subnormal(hn::Zero(di)),
+          nonfinite(hn::Zero(di)) {}
+    template <class M>
+    static hn::Vec<D> Count(D di, hn::Vec<D> acc, M mask) {
+      return hn::Sub(acc, hn::VecFromMask(di, mask));  // a true lane is -1
+    }
+    void AddTo(D di, int64_t* tallies) const {
+      const hn::Vec<D> all[6] = {saturated, nan, inf, flushed, subnormal, nonfinite};
+      for (int i = 0; i < 6; ++i) tallies[i] += hn::GetLane(hn::SumOfLanes(di, all[i]));
+    }
+  };
+};
+
+void TallyFp8(ElementType type, float limit, const float* values, const uint8_t* codes,
+              size_t count, int64_t* tallies) {
+  WithFp8Type(type, [&](auto flavour) {
+    constexpr ElementType kType = decltype(flavour)::value;
+    constexpr Fp8Constants k = fp8_constants(kType);
+    const hn::ScalableTag<float> d;
+    const hn::RebindToSigned<decltype(d)> di;
+    const hn::Rebind<uint8_t, decltype(d)> d8;
+    const size_t lanes = hn::Lanes(d);
+    using Lanes = TallyVectors::Lanes<decltype(di)>;
+    Lanes acc(di);
+    const auto limit_v = hn::Set(d, limit);
+    size_t i = 0;
+    // int32 lane counters: flushed to the totals well before they could overflow.
+    while (i + lanes <= count) {
+      const size_t end = std::min(count, i + (size_t(1) << 30));
+      for (; i + lanes <= end; i += lanes) {
+        const auto v = hn::LoadU(d, values + i);
+        const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+        const auto magnitude = hn::And(code, hn::Set(di, 0x7F));
+        const auto finite = hn::RebindMask(di, hn::IsFinite(v));
+        acc.nonfinite = Lanes::Count(di, acc.nonfinite, hn::Not(finite));
+        auto nan = magnitude > hn::Set(di, k.max_code);
+        auto zero = magnitude == hn::Zero(di);
+        if constexpr (k.fnuz) {
+          nan = code == hn::Set(di, 0x80);
+          zero = code == hn::Zero(di);
+        } else if constexpr (k.ieee_specials) {
+          nan = magnitude > hn::Set(di, k.special_from);
+          const auto inf = magnitude == hn::Set(di, k.special_from);
+          acc.inf = Lanes::Count(di, acc.inf, hn::And(finite, inf));
+        }
+        acc.nan = Lanes::Count(di, acc.nan, hn::And(finite, nan));
+        const auto nonzero_input = hn::RebindMask(di, hn::Ne(v, hn::Zero(d)));
+        acc.flushed = Lanes::Count(di, acc.flushed, hn::And(finite, hn::And(zero, nonzero_input)));
+        const auto subnormal =
+            hn::And(magnitude > hn::Zero(di), magnitude < hn::Set(di, 1 << k.mantissa_bits));
+        acc.subnormal = Lanes::Count(di, acc.subnormal, hn::And(finite, subnormal));
+        const auto past_limit = hn::RebindMask(di, hn::Abs(v) > limit_v);
+        acc.saturated = Lanes::Count(
+            di, acc.saturated,
+            hn::And(finite, hn::And(magnitude == hn::Set(di, k.max_code), past_limit)));
+      }
+      acc.AddTo(di, tallies);
+      acc = Lanes(di);
+    }
+    for (; i < count; ++i) {
+      const float v = values[i];
+      if (!std::isfinite(v)) {
+        ++tallies[5];
+        continue;
+      }
+      const int32_t code = codes[i], magnitude = code & 0x7F;
+      const bool nan =
+          k.fnuz ? code == 0x80
+                 : (k.ieee_specials ? magnitude > k.special_from : magnitude > k.max_code);
+      const bool zero = k.fnuz ? code == 0 : magnitude == 0;
+      tallies[0] += magnitude == k.max_code && std::fabs(v) > limit;
+      tallies[1] += nan;
+      tallies[2] += k.ieee_specials && magnitude == k.special_from;
+      tallies[3] += zero && v != 0.0f;
+      tallies[4] += magnitude > 0 && magnitude < (1 << k.mantissa_bits);
+    }
+  });
+}
+
+// NVFP4: per block, the limit is 6 times the block's effective scale; FP4 magnitude
+// codes 0 zero, 1 (0.5) subnormal, 7 (6.0) the largest.
+void TallyNvfp4(float tensor_scale, const float* values, const uint8_t* packed,
+                const uint8_t* block_scales, size_t count, int64_t* tallies) {
+  const Nvfp4Tag d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> d8;
+  const size_t lanes = hn::Lanes(d);
+  using Lanes = TallyVectors::Lanes<decltype(di)>;
+  Lanes acc(di);
+  const auto count_nibbles = [&](hn::Vec<decltype(d)> v, hn::Vec<decltype(di)> magnitude,
+                                 hn::Vec<decltype(d)> limit) {
+    const auto finite = hn::RebindMask(di, hn::IsFinite(v));
+    acc.nonfinite = Lanes::Count(di, acc.nonfinite, hn::Not(finite));
+    const auto nonzero_input = hn::RebindMask(di, hn::Ne(v, hn::Zero(d)));
+    acc.flushed = Lanes::Count(di, acc.flushed,
+                               hn::And(finite, hn::And(magnitude == hn::Zero(di), nonzero_input)));
+    acc.subnormal = Lanes::Count(di, acc.subnormal, hn::And(finite, magnitude == hn::Set(di, 1)));
+    const auto past_limit = hn::RebindMask(di, hn::Abs(v) > limit);
+    acc.saturated = Lanes::Count(di, acc.saturated,
+                                 hn::And(finite, hn::And(magnitude == hn::Set(di, 7), past_limit)));
+  };
+  for (size_t block = 0; block * 16 < count; ++block) {
+    const float effective = fp8_e4m3_to_float(block_scales[block]) * tensor_scale;
+    const auto limit = hn::Set(d, 6.0f * effective);
+    for (size_t j = 0; j < 16; j += 2 * lanes) {
+      hn::Vec<decltype(d)> even, odd;
+      hn::LoadInterleaved2(d, values + block * 16 + j, even, odd);
+      const auto bytes = hn::PromoteTo(di, hn::LoadU(d8, packed + block * 8 + j / 2));
+      count_nibbles(even, hn::And(bytes, hn::Set(di, 7)), limit);
+      count_nibbles(odd, hn::And(hn::ShiftRight<4>(bytes), hn::Set(di, 7)), limit);
+    }
+  }
+  acc.AddTo(di, tallies);  // 16 per block in 8+ lanes: far from overflowing per row call
+}
+
+// ------------------------------------------------------------------ amax
+// Largest |x| over the finite elements (0 if none): on the |x| bits, which order like the
+// values, with non-finite lanes zeroed.
+float FiniteAbsMax(const float* x, size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const size_t lanes = hn::Lanes(d);
+  const auto abs_mask = hn::Set(di, 0x7FFFFFFF), inf_bits = hn::Set(di, 0x7F800000);
+  auto amax0 = hn::Zero(di), amax1 = hn::Zero(di);
+  const auto finite_bits = [&](size_t at) {
+    const auto bits = hn::And(hn::BitCast(di, hn::LoadU(d, x + at)), abs_mask);
+    return hn::IfThenElseZero(bits < inf_bits, bits);
+  };
+  size_t i = 0;
+  for (; i + 2 * lanes <= count; i += 2 * lanes) {
+    amax0 = hn::Max(amax0, finite_bits(i));
+    amax1 = hn::Max(amax1, finite_bits(i + lanes));
+  }
+  for (; i + lanes <= count; i += lanes) amax0 = hn::Max(amax0, finite_bits(i));
+  float amax = std::bit_cast<float>(hn::GetLane(hn::MaxOfLanes(di, hn::Max(amax0, amax1))));
+  for (; i < count; ++i) {
+    if (std::isfinite(x[i])) amax = std::max(amax, std::fabs(x[i]));
+  }
+  return amax;
+}
+
+// amax[i] = max(amax[i], |x[i]|) over the finite x[i].
+void FiniteAbsMaxInto(const float* x, float* amax, size_t count) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const size_t lanes = hn::Lanes(d);
+  const auto abs_mask = hn::Set(di, 0x7FFFFFFF), inf_bits = hn::Set(di, 0x7F800000);
+  size_t i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    const auto bits = hn::And(hn::BitCast(di, hn::LoadU(d, x + i)), abs_mask);
+    const auto current = hn::BitCast(di, hn::LoadU(d, amax + i));
+    hn::StoreU(hn::BitCast(d, hn::Max(current, hn::IfThenElseZero(bits < inf_bits, bits))), d,
+               amax + i);
+  }
+  for (; i < count; ++i) {
+    if (std::isfinite(x[i])) amax[i] = std::max(amax[i], std::fabs(x[i]));
+  }
+}
+
 // ------------------------------------------------------------------ Hadamard
 void HadamardRows(float* data, size_t count, size_t width) {
   const hn::ScalableTag<float> d;
@@ -777,6 +953,10 @@ HWY_EXPORT(EncodeNvfp4);
 HWY_EXPORT(DecodeNvfp4);
 HWY_EXPORT(EncodeNvfp4Bf16);
 HWY_EXPORT(DecodeNvfp4Bf16);
+HWY_EXPORT(TallyFp8);
+HWY_EXPORT(TallyNvfp4);
+HWY_EXPORT(FiniteAbsMax);
+HWY_EXPORT(FiniteAbsMaxInto);
 HWY_EXPORT(HadamardRows);
 HWY_EXPORT(ErrorBlockSums);
 HWY_EXPORT(TargetName);
@@ -854,6 +1034,46 @@ void decode_nvfp4_to_bf16(float tensor_scale, std::span<const uint8_t> packed,
           "decode_nvfp4_to_bf16: n must be a multiple of 16 and inputs large enough");
   HWY_DYNAMIC_DISPATCH(DecodeNvfp4Bf16)
   (tensor_scale, packed.data(), block_scales.data(), output.data(), n);
+}
+
+namespace {
+void add_tallies(const int64_t* tallies, int64_t elements, EncodeCounts& counts) {
+  counts.elements += elements;
+  counts.saturated += tallies[0];
+  counts.became_nan += tallies[1];
+  counts.became_inf += tallies[2];
+  counts.flushed_to_zero += tallies[3];
+  counts.subnormal += tallies[4];
+  counts.nonfinite_input += tallies[5];
+}
+}  // namespace
+
+void tally_fp8(ElementType type, float scale, std::span<const float> values,
+               std::span<const uint8_t> codes, EncodeCounts& counts) {
+  require(is_fp8(type) && codes.size() >= values.size(), "tally_fp8: bad type or size");
+  const float limit = float(element_traits(type).max_finite) * scale;
+  int64_t tallies[6] = {};
+  HWY_DYNAMIC_DISPATCH(TallyFp8)(type, limit, values.data(), codes.data(), values.size(), tallies);
+  add_tallies(tallies, int64_t(values.size()), counts);
+}
+
+void tally_nvfp4(float tensor_scale, std::span<const float> values, std::span<const uint8_t> packed,
+                 std::span<const uint8_t> block_scales, EncodeCounts& counts) {
+  const size_t n = values.size();
+  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
+          "tally_nvfp4: n must be a multiple of 16 and inputs large enough");
+  int64_t tallies[6] = {};
+  HWY_DYNAMIC_DISPATCH(TallyNvfp4)
+  (tensor_scale, values.data(), packed.data(), block_scales.data(), n, tallies);
+  add_tallies(tallies, int64_t(n), counts);
+}
+
+float finite_abs_max(std::span<const float> values) {
+  return HWY_DYNAMIC_DISPATCH(FiniteAbsMax)(values.data(), values.size());
+}
+void finite_abs_max_into(std::span<const float> values, std::span<float> amax) {
+  require(amax.size() >= values.size(), "finite_abs_max_into: amax too small");
+  HWY_DYNAMIC_DISPATCH(FiniteAbsMaxInto)(values.data(), amax.data(), values.size());
 }
 
 void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,

@@ -198,17 +198,24 @@ const KvLayout& KvStream::layout() const {
 RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRole role,
                            const StaticAmax& calibration, std::span<const float> rows,
                            ThreadPool* pool) {
-  validate(format, layout);
-  const int64_t n = layout.row_elements();
-  if (int64_t(rows.size()) % n != 0) {
-    throw std::invalid_argument(
-        fmt::format("round_trip: {} values is not a whole number of "
-                    "rows of {}",
-                    rows.size(), n));
-  }
-  const int64_t tokens = int64_t(rows.size()) / n;
   RoundTripResult result;
   result.decoded.resize(rows.size());
+  result.counts = round_trip_into(format, layout, role, calibration, rows, result.decoded, pool);
+  return result;
+}
+
+EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvRole role,
+                             const StaticAmax& calibration, std::span<const float> rows,
+                             std::span<float> decoded, ThreadPool* pool) {
+  validate(format, layout);
+  const int64_t n = layout.row_elements();
+  if (int64_t(rows.size()) % n != 0 || decoded.size() < rows.size()) {
+    throw std::invalid_argument(
+        fmt::format("round_trip: {} values is not a whole number of rows of {}, or the output "
+                    "({} values) is smaller",
+                    rows.size(), n, decoded.size()));
+  }
+  const int64_t tokens = int64_t(rows.size()) / n;
   const RowCodec codec(format, layout, role, calibration);
   const bool kivi = is_kivi(format);
   const int64_t quantized = kivi ? kivi_quantized_tokens(format, tokens) : tokens;
@@ -229,13 +236,16 @@ RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRol
         std::vector<uint16_t> as_bf16(input.size());
         float_to_bf16_bulk({source, input.size()}, as_bf16);
         bf16_to_float_bulk(as_bf16, input);
-      } else {
-        std::copy_n(source, input.size(), input.begin());
+        source = input.data();
       }
-      if (format.hadamard) hadamard_rows(input, layout.head_dim);
-      float* out = result.decoded.data() + first * n;
+      if (format.hadamard) {
+        if (source != input.data()) std::copy_n(source, input.size(), input.begin());
+        hadamard_rows(input, layout.head_dim);
+        source = input.data();
+      }
+      float* out = decoded.data() + first * n;
       if (codec.key_groups()) {
-        codec.encode_key_group(input.data(), int(unit_tokens), codes.data(), group_scale.data(),
+        codec.encode_key_group(source, int(unit_tokens), codes.data(), group_scale.data(),
                                group_minimum.data(), &counts);
         for (int64_t t = 0; t < unit_tokens; ++t) {
           codec.decode_key_row(codes.data() + t * codec.row_bytes(), group_scale.data(),
@@ -243,7 +253,7 @@ RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRol
         }
       } else {
         for (int64_t t = 0; t < unit_tokens; ++t) {
-          codec.encode_row(input.data() + t * n, codes.data() + t * codec.row_bytes(), &counts);
+          codec.encode_row(source + t * n, codes.data() + t * codec.row_bytes(), &counts);
           codec.decode_row(codes.data() + t * codec.row_bytes(), out + t * n);
         }
       }
@@ -256,13 +266,14 @@ RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRol
     for (int task = 0; task < tasks; ++task)
       body(task, units * task / tasks, units * (task + 1) / tasks);
   }
-  for (const EncodeCounts& counts : task_counts) result.counts.merge(counts);
+  EncodeCounts total;
+  for (const EncodeCounts& counts : task_counts) total.merge(counts);
   // The residual window (KIVI only) stays BF16.
   const size_t residual_begin = size_t(quantized * n);
   std::vector<uint16_t> as_bf16(rows.size() - residual_begin);
   float_to_bf16_bulk(rows.subspan(residual_begin), as_bf16);
-  bf16_to_float_bulk(as_bf16, std::span<float>(result.decoded).subspan(residual_begin));
-  return result;
+  bf16_to_float_bulk(as_bf16, decoded.subspan(residual_begin, rows.size() - residual_begin));
+  return total;
 }
 
 }  // namespace kvaudit::numerics

@@ -261,6 +261,20 @@ void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,
 void decode_nvfp4_reference(float tensor_scale, std::span<const uint8_t> packed,
                             std::span<const uint8_t> block_scales, std::span<float> output);
 
+// What an encode did, from its inputs and codes, added to counts (every element counted):
+// over finite inputs, codes of class NaN / inf / subnormal, zero codes of non-zero inputs,
+// and largest-finite codes of inputs past the largest finite value times the scale (6
+// times the block's effective scale for NVFP4); plus the non-finite inputs.
+void tally_fp8(ElementType type, float scale, std::span<const float> values,
+               std::span<const uint8_t> codes, EncodeCounts& counts);
+void tally_nvfp4(float tensor_scale, std::span<const float> values, std::span<const uint8_t> packed,
+                 std::span<const uint8_t> block_scales, EncodeCounts& counts);
+
+// Largest |x| over the finite values (0 if none), and its element-wise form: amax[i] =
+// max(amax[i], |values[i]|) where values[i] is finite (amax must hold non-negative values).
+float finite_abs_max(std::span<const float> values);
+void finite_abs_max_into(std::span<const float> values, std::span<float> amax);
+
 // In-place orthonormal Walsh-Hadamard transform of each `width`-element segment (width a
 // power of two); applying it twice restores the input (up to rounding).
 void hadamard_rows(std::span<float> data, int width);
@@ -275,6 +289,10 @@ struct RoundTripResult {
 RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRole role,
                            const StaticAmax& calibration, std::span<const float> rows,
                            ThreadPool* pool = nullptr);
+// The same into a caller's buffer (decoded.size() >= rows.size()), reused across calls.
+EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvRole role,
+                             const StaticAmax& calibration, std::span<const float> rows,
+                             std::span<float> decoded, ThreadPool* pool = nullptr);
 
 // ---------------------------------------------------------------- attention kernels
 // Blocked SIMD GEMMs for attention-error analysis (fixed reduction order; deterministic).
@@ -285,8 +303,8 @@ void score_block(const float* queries, int64_t query_count, int64_t query_stride
 void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_count,
                          const float* values, int64_t value_stride, int64_t dim, float* out,
                          int64_t out_stride);
-// values[i] = exp(values[i] - shift), returns their sum.
-float exp_and_sum(std::span<float> values, float shift);
+// out[i] = exp(values[i] - shift) (out may be values), returns their sum.
+float exp_and_sum(std::span<const float> values, float shift, std::span<float> out);
 // Largest value with NaN ignored; -inf when empty.
 float max_ignoring_nan(std::span<const float> values);
 // Adds sum w (r - o) to *weighted_difference (NaN/inf propagate, on purpose) and, over the

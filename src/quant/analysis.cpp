@@ -112,9 +112,8 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
     const float m = std::max(ref.max_logit[size_t(q)], block_max);
     rescale[size_t(q)] = std::exp(ref.max_logit[size_t(q)] - m);
     ref.max_logit[size_t(q)] = m;
-    std::copy_n(s, count, probabilities.data() + q * count);
-    const float block_sum =
-        numerics::exp_and_sum({probabilities.data() + q * count, size_t(count)}, m);
+    const float block_sum = numerics::exp_and_sum(
+        {s, size_t(count)}, m, {probabilities.data() + q * count, size_t(count)});
     ref.sum_exp[size_t(q)] = ref.sum_exp[size_t(q)] * rescale[size_t(q)] + block_sum;
     for (int64_t c = 0; c < dim; ++c) ref.output[size_t(q * dim + c)] *= rescale[size_t(q)];
     ref.top[size_t(q)].add(s, count, first, block_max);
@@ -138,7 +137,8 @@ void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
       const float m = std::max(state.max_logit[size_t(q)], block_max);
       const float r = std::exp(state.max_logit[size_t(q)] - m);
       state.max_logit[size_t(q)] = m;
-      const float block_sum = numerics::exp_and_sum({scores.data() + q * count, size_t(count)}, m);
+      const float block_sum =
+          numerics::exp_and_sum({t, size_t(count)}, m, {scores.data() + q * count, size_t(count)});
       state.sum_exp[size_t(q)] = state.sum_exp[size_t(q)] * r + block_sum;
       for (int64_t c = 0; c < dim; ++c) state.output[size_t(q * dim + c)] *= r;
     }
@@ -275,17 +275,17 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
         const int64_t quantized_end =
             std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
         format.residual_tokens = 0;
-        numerics::RoundTripResult rt = numerics::round_trip(
+        dec.resize(ref.size());  // reused chunk after chunk: no allocation, no zero fill
+        const numerics::EncodeCounts counts = numerics::round_trip_into(
             format, layout, role, calibration[f][size_t(role)],
-            std::span<const float>(ref).subspan(0, size_t(quantized_end * n)), &pool);
-        dec = std::move(rt.decoded);  // quantized_end rows; the BF16 tail follows
-        dec.resize(ref.size());
+            std::span<const float>(ref).subspan(0, size_t(quantized_end * n)), dec, &pool);
+        // The quantised rows come first; the BF16 tail follows.
         const size_t tail = size_t(quantized_end * n);
         std::vector<uint16_t> as_bf16(ref.size() - tail);
         numerics::float_to_bf16_bulk(std::span<const float>(ref).subspan(tail), as_bf16);
         numerics::bf16_to_float_bulk(as_bf16, std::span<float>(dec).subspan(tail));
         TensorMetrics& m = result.tensors[f * 2 + size_t(role)];
-        m.counts.merge(rt.counts);
+        m.counts.merge(counts);
       }
     }
     // Tensor error, in parallel over (format, role), merged in a fixed order.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -425,6 +426,130 @@ TEST(Kernels, Nvfp4Bf16MatchesFloatPath) {
   });
 }
 
+// The encode tallies against a per-element loop over the scalar code classes: every code
+// with finite, zero, huge and non-finite inputs, for each FP8 type and for NVFP4 blocks.
+EncodeCounts tally_reference(ElementType type, std::span<const float> values,
+                             const std::vector<uint32_t>& codes, const std::vector<float>& limits) {
+  EncodeCounts counts;
+  for (size_t i = 0; i < values.size(); ++i) {
+    ++counts.elements;
+    const float v = values[i];
+    if (!std::isfinite(v)) {
+      ++counts.nonfinite_input;
+      continue;
+    }
+    const CodeClass c = classify_code(type, codes[i]);
+    counts.became_nan += c == CodeClass::nan;
+    counts.became_inf += c == CodeClass::inf;
+    counts.flushed_to_zero += c == CodeClass::zero && v != 0.0f;
+    counts.subnormal += c == CodeClass::subnormal;
+    counts.saturated += c == CodeClass::max_finite && std::fabs(v) > limits[i];
+  }
+  return counts;
+}
+
+void expect_same_counts(const EncodeCounts& a, const EncodeCounts& b, const std::string& what) {
+  EXPECT_EQ(a.elements, b.elements) << what;
+  EXPECT_EQ(a.saturated, b.saturated) << what;
+  EXPECT_EQ(a.became_nan, b.became_nan) << what;
+  EXPECT_EQ(a.became_inf, b.became_inf) << what;
+  EXPECT_EQ(a.flushed_to_zero, b.flushed_to_zero) << what;
+  EXPECT_EQ(a.subnormal, b.subnormal) << what;
+  EXPECT_EQ(a.nonfinite_input, b.nonfinite_input) << what;
+}
+
+TEST(Kernels, EncodeTalliesMatchCodeClasses) {
+  ForEachTarget([&] {
+    std::mt19937 rng(5);
+    const std::vector<float> specials = {0.0f,   -0.0f, 1.0f,     -3.0f,     1e-30f,
+                                         500.0f, -1e6f, INFINITY, -INFINITY, NAN};
+    for (ElementType type : kFp8Types) {
+      for (float scale : {1.0f, 0.37f}) {
+        std::vector<float> values;
+        std::vector<uint8_t> codes;
+        for (uint32_t code = 0; code < 256; ++code) {
+          for (float v : specials) {
+            values.push_back(v);
+            codes.push_back(uint8_t(code));
+          }
+          // Just past and just inside the saturation limit.
+          const float limit = float(element_traits(type).max_finite) * scale;
+          for (float v :
+               {limit, std::nextafter(limit, INFINITY), -std::nextafter(limit, INFINITY)}) {
+            values.push_back(v);
+            codes.push_back(uint8_t(code));
+          }
+        }
+        std::vector<size_t> order(values.size());
+        std::iota(order.begin(), order.end(), size_t{0});
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<float> shuffled_values;
+        std::vector<uint8_t> shuffled_codes;
+        for (size_t i : order) {
+          shuffled_values.push_back(values[i]);
+          shuffled_codes.push_back(codes[i]);
+        }
+        for (size_t begin : {size_t{0}, size_t{3}}) {
+          const std::span<const float> v = std::span<const float>(shuffled_values).subspan(begin);
+          const std::span<const uint8_t> c =
+              std::span<const uint8_t>(shuffled_codes).subspan(begin);
+          EncodeCounts counts;
+          tally_fp8(type, scale, v, c, counts);
+          const std::vector<uint32_t> wide(c.begin(), c.end());
+          const std::vector<float> limits(v.size(), float(element_traits(type).max_finite) * scale);
+          expect_same_counts(counts, tally_reference(type, v, wide, limits),
+                             std::string(element_traits(type).name));
+        }
+      }
+    }
+    // NVFP4: blocks of mixed inputs, arbitrary nibbles and every E4M3 block-scale byte.
+    const size_t blocks = 256;
+    std::vector<float> values(blocks * 16);
+    std::vector<uint8_t> packed(blocks * 8), scales(blocks);
+    std::uniform_int_distribution<int> pick(0, int(specials.size()) - 1);
+    std::normal_distribution<float> normal;
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = i % 3 == 0 ? specials[size_t(pick(rng))] : normal(rng) * 100.0f;
+    }
+    for (size_t i = 0; i < packed.size(); ++i) packed[i] = uint8_t(rng());
+    for (size_t b = 0; b < blocks; ++b) scales[b] = uint8_t(b);
+    const float tensor_scale = 0.75f;
+    std::vector<uint32_t> nibbles(values.size());
+    std::vector<float> limits(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      nibbles[i] = i % 2 == 0 ? packed[i / 2] & 0xF : packed[i / 2] >> 4;
+      limits[i] = 6.0f * (fp8_e4m3_to_float(scales[i / 16]) * tensor_scale);
+    }
+    EncodeCounts counts;
+    tally_nvfp4(tensor_scale, values, packed, scales, counts);
+    expect_same_counts(counts, tally_reference(ElementType::fp4_e2m1, values, nibbles, limits),
+                       "nvfp4");
+  });
+}
+
+// The amax kernels against plain loops: every length up to 3 vectors and a tail, with
+// NaN, inf, -0 and subnormals anywhere (they count as 0 or as themselves, as finite).
+TEST(Kernels, FiniteAbsMaxMatchesLoop) {
+  ForEachTarget([&] {
+    const std::vector<float> values = nasty_values(200, 8);
+    for (size_t begin : {size_t{0}, size_t{1}}) {
+      for (size_t n = 0; n + begin <= 60; ++n) {
+        const std::span<const float> x = std::span<const float>(values).subspan(begin, n);
+        float expected = 0.0f;
+        std::vector<float> into(n, 0.5f), expected_into(n, 0.5f);
+        for (size_t i = 0; i < n; ++i) {
+          if (!std::isfinite(x[i])) continue;
+          expected = std::max(expected, std::fabs(x[i]));
+          expected_into[i] = std::max(expected_into[i], std::fabs(x[i]));
+        }
+        EXPECT_TRUE(same_bits(finite_abs_max(x), expected)) << n;
+        finite_abs_max_into(x, into);
+        for (size_t i = 0; i < n; ++i) EXPECT_TRUE(same_bits(into[i], expected_into[i])) << i;
+      }
+    }
+  });
+}
+
 TEST(Kernels, HadamardIsOrthonormalAndSelfInverse) {
   ForEachTarget([&] {
     for (int width : {1, 2, 4, 8, 16, 64, 128, 256}) {
@@ -511,9 +636,13 @@ TEST(AttentionKernels, ScoresAndWeightedSumsMatchNaiveLoops) {
     std::vector<float> expect(x.size());
     double sum = 0;
     for (size_t i = 0; i < x.size(); ++i) sum += expect[i] = std::exp(x[i] - 4.0f);
-    const float got = exp_and_sum(x, 4.0f);
+    std::vector<float> out(x.size());
+    EXPECT_NEAR(exp_and_sum(x, 4.0f, out), sum, 1e-5 * sum);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], expect[i], 1e-6 * (1 + expect[i]));
+    // In place gives the same bits.
+    const float got = exp_and_sum(x, 4.0f, x);
     EXPECT_NEAR(got, sum, 1e-5 * sum);
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], expect[i], 1e-6 * (1 + expect[i]));
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], out[i]);
     EXPECT_GT(fma_probe_flops(10), 0);
     EXPECT_TRUE(std::isfinite(fma_probe(1000)));
   });
