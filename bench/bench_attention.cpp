@@ -4,6 +4,7 @@
 // decode positions) up to 128K context. Ratio = sweep GFLOP/s (the Q K^T and P V products
 // for the reference and every format) / peak GFLOP/s. Target >= 0.30.
 // usage: bench_attention [max_context=128k] [threads=2] [formats=fp8_e4m3:tensor,nvfp4]
+//                        [chunk_tokens=the analysis default]
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   }
 
   quant::AnalysisOptions options;
+  if (argc > 4) options.chunk_tokens = std::atoll(argv[4]);
   options.contexts.clear();
   for (int64_t c = 1024; c <= max_context; c *= 4) options.contexts.push_back(c);
   if (options.contexts.back() != max_context) options.contexts.push_back(max_context);

@@ -103,21 +103,17 @@ HWY_INLINE void ForVectorTiles(D d, size_t end, const Tile& tile) {
   for (; at + lanes <= end; at += lanes) tile(std::integral_constant<int, 1>(), at);
 }
 
-// Scores of kQ query rows against the transposed keys [0, nk_vector).
-template <int kQ, class D>
-HWY_INLINE void ScoreRows(D d, const float* queries, size_t q_stride, const float* kt, size_t ld,
-                          size_t nk_vector, size_t dim, hn::Vec<D> scale_v, float* scores,
-                          size_t nk) {
+// Scores of kQ query rows against kV vectors of transposed keys starting at key j.
+template <int kQ, int kV, class D>
+HWY_INLINE void ScoreTile(D d, const float* queries, size_t q_stride, const float* kt, size_t ld,
+                          size_t dim, hn::Vec<D> scale_v, float* scores, size_t nk, size_t j) {
   const size_t lanes = hn::Lanes(d);
-  ForVectorTiles(d, nk_vector, [&](auto count, size_t j) {
-    constexpr int kV = decltype(count)::value;
-    hn::Vec<D> acc[kQ][kV];
-    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
-        hn::Zero(d);
-    MulAddTile<kQ, kV>(d, queries, q_stride, kt + j, ld, dim, acc);
-    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
-        hn::StoreU(hn::Mul(acc[i][v], scale_v), d, scores + i * nk + j + v * lanes);
-  });
+  hn::Vec<D> acc[kQ][kV];
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+      hn::Zero(d);
+  MulAddTile<kQ, kV>(d, queries, q_stride, kt + j, ld, dim, acc);
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+      hn::StoreU(hn::Mul(acc[i][v], scale_v), d, scores + i * nk + j + v * lanes);
 }
 
 // scores[q * nk + j] = scale * sum_d queries[q * d_stride + d] * keys[j * key_stride + d]
@@ -147,16 +143,21 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
       }
     }
   }
+  // Key tiles outer, query rows inner: a tile's transposed keys (dim x 3 vectors) stay in
+  // L1 while every query passes over them; the queries stream in order.
   const auto scale_v = hn::Set(d, scale);
-  size_t q = 0;
-  for (; q + 4 <= nq; q += 4) {
-    ScoreRows<4>(d, queries + q * q_stride, q_stride, transposed.data(), ld, nk_vector, dim,
-                 scale_v, scores + q * nk, nk);
-  }
-  for (; q < nq; ++q) {
-    ScoreRows<1>(d, queries + q * q_stride, q_stride, transposed.data(), ld, nk_vector, dim,
-                 scale_v, scores + q * nk, nk);
-  }
+  ForVectorTiles(d, nk_vector, [&](auto count, size_t j) {
+    constexpr int kV = decltype(count)::value;
+    size_t q = 0;
+    for (; q + 4 <= nq; q += 4) {
+      ScoreTile<4, kV>(d, queries + q * q_stride, q_stride, transposed.data(), ld, dim, scale_v,
+                       scores + q * nk, nk, j);
+    }
+    for (; q < nq; ++q) {
+      ScoreTile<1, kV>(d, queries + q * q_stride, q_stride, transposed.data(), ld, dim, scale_v,
+                       scores + q * nk, nk, j);
+    }
+  });
   // Leftover keys: plain dot products in the same k order as the tiles.
   for (size_t qi = 0; qi < nq; ++qi) {
     for (size_t j = nk_vector; j < nk; ++j) {
@@ -168,20 +169,17 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
   }
 }
 
-// Adds kQ query rows of weights times the packed values into out, columns [0, dim_vector).
-template <int kQ, class D>
-HWY_INLINE void AccumulateRows(D d, const float* weights, size_t nk, const float* packed,
-                               size_t pitch, size_t dim_vector, float* out, size_t out_stride) {
+// Adds kQ query rows of weights times kV vectors of packed value columns starting at c.
+template <int kQ, int kV, class D>
+HWY_INLINE void AccumulateTile(D d, const float* weights, size_t nk, const float* packed,
+                               size_t pitch, float* out, size_t out_stride, size_t c) {
   const size_t lanes = hn::Lanes(d);
-  ForVectorTiles(d, dim_vector, [&](auto count, size_t c) {
-    constexpr int kV = decltype(count)::value;
-    hn::Vec<D> acc[kQ][kV];
-    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
-        hn::LoadU(d, out + i * out_stride + c + v * lanes);
-    MulAddTile<kQ, kV>(d, weights, nk, packed + c, pitch, nk, acc);
-    KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
-        hn::StoreU(acc[i][v], d, out + i * out_stride + c + v * lanes);
-  });
+  hn::Vec<D> acc[kQ][kV];
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+      hn::LoadU(d, out + i * out_stride + c + v * lanes);
+  MulAddTile<kQ, kV>(d, weights, nk, packed + c, pitch, nk, acc);
+  KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+      hn::StoreU(acc[i][v], d, out + i * out_stride + c + v * lanes);
 }
 
 // out[q * out_stride + c] += sum_j weights[q * nk + j] * values[j * value_stride + c]
@@ -198,15 +196,20 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
   for (size_t j = 0; j < nk; ++j) {
     std::copy_n(values + j * value_stride, dim_vector, packed.data() + j * pitch);
   }
-  size_t q = 0;
-  for (; q + 4 <= nq; q += 4) {
-    AccumulateRows<4>(d, weights + q * nk, nk, packed.data(), pitch, dim_vector,
-                      out + q * out_stride, out_stride);
-  }
-  for (; q < nq; ++q) {
-    AccumulateRows<1>(d, weights + q * nk, nk, packed.data(), pitch, dim_vector,
-                      out + q * out_stride, out_stride);
-  }
+  // Column tiles outer, query rows inner: a tile's packed values (keys x 3 vectors) stay
+  // in L1 while every query's weights pass over them.
+  ForVectorTiles(d, dim_vector, [&](auto count, size_t c) {
+    constexpr int kV = decltype(count)::value;
+    size_t q = 0;
+    for (; q + 4 <= nq; q += 4) {
+      AccumulateTile<4, kV>(d, weights + q * nk, nk, packed.data(), pitch, out + q * out_stride,
+                            out_stride, c);
+    }
+    for (; q < nq; ++q) {
+      AccumulateTile<1, kV>(d, weights + q * nk, nk, packed.data(), pitch, out + q * out_stride,
+                            out_stride, c);
+    }
+  });
   // Leftover columns: the same j order as the tiles.
   for (size_t qi = 0; qi < nq; ++qi) {
     for (size_t c = dim_vector; c < dim; ++c) {

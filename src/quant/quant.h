@@ -87,7 +87,7 @@ struct AnalysisOptions {
   std::vector<int64_t> contexts = {1024, 4096, 16384};  // ascending, <= source tokens
   int query_positions = 16;                             // decode steps after each context
   int top_k = 32;
-  int64_t chunk_tokens = 1024;
+  int64_t chunk_tokens = 256;
   // "calibrated" static scales come from the amax over all analysed K (V) tokens.
   bool calibrate = true;
 };
