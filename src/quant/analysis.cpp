@@ -48,14 +48,29 @@ struct TopK {
   }
   // block_max: the largest non-NaN score of the block (-inf if none). Once k items are
   // kept, a block whose maximum is not above the threshold adds nothing: skipped whole.
+  // Otherwise the scores above the threshold are picked without a branch per score (they
+  // are few, and a branch on each mispredicted); the threshold used is the one at the
+  // block's start, so the candidates are a superset of what an exact scan keeps, and
+  // pruning gives the same top k.
   void add(const float* scores, int64_t count, int64_t first_index, float block_max) {
     if (int(items.size()) >= k && !(block_max > threshold)) return;
-    for (int64_t j = 0; j < count; ++j) {
-      const float s = scores[j];
-      if (s > threshold || (int(items.size()) < k && !std::isnan(s))) {
-        items.push_back({s, first_index + j});
-        if (int(items.size()) >= 4 * k) prune();
-      }
+    int64_t j = 0;
+    for (; j < count && int(items.size()) < k; ++j) {  // filling up: NaN left out
+      if (!std::isnan(scores[j])) items.push_back({scores[j], first_index + j});
+    }
+    if (j == count) return;
+    thread_local std::vector<int32_t> above;
+    above.resize(size_t(count));
+    const float t = threshold;
+    int64_t n = 0;
+    for (; j < count; ++j) {
+      above[size_t(n)] = int32_t(j);
+      n += scores[j] > t;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t at = above[size_t(i)];
+      items.push_back({scores[at], first_index + at});
+      if (int(items.size()) >= 4 * k) prune();
     }
   }
   std::vector<int64_t> indices() {
@@ -176,6 +191,7 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
                                           contexts.back(), source.tokens()));
   }
   if (formats.empty()) throw InputError("--formats", "no format given");
+  if (options.top_k < 1) throw InputError("--top-k", "must be at least 1");
   const int64_t total = contexts.back();
   result.tokens = total;
   const int64_t chunk = std::max<int64_t>(64, options.chunk_tokens / 64 * 64);
