@@ -60,6 +60,11 @@ int main(int argc, char** argv) {
       "whole sweep              %8.2f GFLOP/s  (%.2f s incl. generation, calibration, "
       "encode/decode, tensor metrics)  ratio %.2f (target >= 0.30)\n",
       gflop / total, total, gflop / total / (best_peak / 1e9));
+  std::printf(
+      "  other parts: calibration pass %.2f s, K/V generation %.2f s, format round trips %.2f s, "
+      "tensor error %.2f s\n",
+      result.calibration_seconds, result.load_seconds, result.codec_seconds,
+      result.tensor_error_seconds);
   for (const quant::AttentionPoint& p : result.attention) {
     std::printf("  %-18s ctx %7lld  KL %.3g  out rel err %.3g  top-k %.3f  NaN queries %lld\n",
                 p.format.c_str(), (long long)p.context_tokens, p.kl_mean, p.output_rel_error,

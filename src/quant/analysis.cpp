@@ -211,6 +211,7 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
   };
 
   // Pass 1: calibration (amax over every analysed token) for static scales.
+  const auto calibration_start = std::chrono::steady_clock::now();
   std::vector<std::array<numerics::StaticAmax, 2>> calibration(formats.size());
   if (options.calibrate) {
     std::vector<float> rows;
@@ -273,14 +274,19 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     }
   }
 
+  result.calibration_seconds = seconds_since(calibration_start);
+
   // Pass 2: stream the chunks.
   double attention_seconds = 0.0, flops = 0.0;
   std::vector<float> ref_k, ref_v;
   std::vector<std::vector<float>> dec_k(formats.size()), dec_v(formats.size());
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t first = c * chunk, count = std::min(chunk, total - first);
+    const auto load_start = std::chrono::steady_clock::now();
     load(KvRole::key, first, count, ref_k);
     load(KvRole::value, first, count, ref_v);
+    result.load_seconds += seconds_since(load_start);
+    const auto codec_start = std::chrono::steady_clock::now();
     for (size_t f = 0; f < formats.size(); ++f) {
       for (KvRole role : {KvRole::key, KvRole::value}) {
         const std::vector<float>& ref = role == KvRole::key ? ref_k : ref_v;
@@ -304,13 +310,16 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
         m.counts.merge(counts);
       }
     }
+    result.codec_seconds += seconds_since(codec_start);
     // Tensor error, in parallel over (format, role), merged in a fixed order.
+    const auto error_start = std::chrono::steady_clock::now();
     pool.parallel_for(
         int64_t(formats.size() * 2), int(formats.size() * 2), [&](int task, int64_t, int64_t) {
           const size_t f = size_t(task) / 2;
           const bool key = task % 2 == 0;
           result.tensors[size_t(task)].error.add(key ? ref_k : ref_v, key ? dec_k[f] : dec_v[f]);
         });
+    result.tensor_error_seconds += seconds_since(error_start);
     // Attention: every context that reaches into this chunk.
     const auto attention_start = std::chrono::steady_clock::now();
     for (size_t ci = 0; ci < contexts.size(); ++ci) {

@@ -194,6 +194,10 @@ report::Report build_report(const QuantAnalysis& analysis) {
   r.payload["attention"] = attention_json;
   r.payload["attention_flops"] = analysis.attention_flops;
   r.payload["attention_seconds"] = analysis.attention_seconds;
+  r.payload["calibration_seconds"] = analysis.calibration_seconds;
+  r.payload["load_seconds"] = analysis.load_seconds;
+  r.payload["codec_seconds"] = analysis.codec_seconds;
+  r.payload["tensor_error_seconds"] = analysis.tensor_error_seconds;
   return r;
 }
 
