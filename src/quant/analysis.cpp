@@ -10,6 +10,7 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -194,46 +195,58 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
   if (options.top_k < 1) throw InputError("--top-k", "must be at least 1");
   const int64_t total = contexts.back();
   result.tokens = total;
-  const int64_t chunk = std::max<int64_t>(64, options.chunk_tokens / 64 * 64);
+  // Spans of tokens are the unit of preparation work (reading K/V, round trips, tensor
+  // error): whole KIVI groups, so a span's quantised rows are whole groups. Chunks, the
+  // unit of attention work, are whole spans.
+  int64_t span = 32;
+  for (const KvFormat& format : formats) {
+    if (format.strategy == ScaleStrategy::kivi) span = std::max<int64_t>(span, format.group_tokens);
+  }
+  const int64_t chunk = std::max(span, options.chunk_tokens / span * span);
   const int64_t chunks = (total + chunk - 1) / chunk;
-  const int tasks_per_chunk = std::max(2, pool.threads() * 2);
-
-  auto load = [&](KvRole role, int64_t first, int64_t count, std::vector<float>& out) {
-    out.resize(size_t(count * n));
-    pool.parallel_for(count, tasks_per_chunk, [&](int, int64_t b, int64_t e) {
-      std::span<float> part(out.data() + b * n, size_t((e - b) * n));
-      if (role == KvRole::key) {
-        source.keys(first + b, e - b, part);
-      } else {
-        source.values(first + b, e - b, part);
-      }
-    });
+  const int64_t spans_per_chunk = chunk / span;
+  const auto read_rows = [&](KvRole role, int64_t first, int64_t count, std::span<float> out) {
+    if (role == KvRole::key) {
+      source.keys(first, count, out);
+    } else {
+      source.values(first, count, out);
+    }
   };
 
-  // Pass 1: calibration (amax over every analysed token) for static scales.
+  // Pass 1: calibration (amax over every analysed token) for static scales. Each task reads
+  // its spans and takes every format's amax of them while they are in cache; maxima merge
+  // in any order to the same result.
   const auto calibration_start = std::chrono::steady_clock::now();
   std::vector<std::array<numerics::StaticAmax, 2>> calibration(formats.size());
   if (options.calibrate) {
-    std::vector<float> rows;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t first = c * chunk, count = std::min(chunk, total - first);
-      for (KvRole role : {KvRole::key, KvRole::value}) {
-        load(role, first, count, rows);
-        // One task per format (merged in format order below): amax is a maximum, so the
-        // result does not depend on the split.
-        std::vector<numerics::StaticAmax> parts(formats.size());
-        pool.parallel_for(
-            int64_t(formats.size()), int(formats.size()), [&](int task, int64_t, int64_t) {
-              parts[size_t(task)] = numerics::calibrate_amax(formats[size_t(task)], layout, rows);
-            });
-        for (size_t f = 0; f < formats.size(); ++f) {
-          const numerics::StaticAmax& part = parts[f];
-          auto& amax = calibration[f][size_t(role)].amax;
-          if (amax.empty()) amax = part.amax;
-          for (size_t i = 0; i < part.amax.size(); ++i) amax[i] = std::max(amax[i], part.amax[i]);
+    std::mutex merge_mutex;
+    const int64_t spans = (total + span - 1) / span;
+    pool.parallel_for(spans, int(std::min<int64_t>(spans, 256)), [&](int, int64_t b, int64_t e) {
+      std::vector<std::array<numerics::StaticAmax, 2>> local(formats.size());
+      std::vector<float> rows;
+      for (int64_t s = b; s < e; ++s) {
+        const int64_t first = s * span, count = std::min(span, total - first);
+        rows.resize(size_t(count * n));
+        for (KvRole role : {KvRole::key, KvRole::value}) {
+          read_rows(role, first, count, rows);
+          for (size_t f = 0; f < formats.size(); ++f) {
+            const numerics::StaticAmax part = numerics::calibrate_amax(formats[f], layout, rows);
+            auto& amax = local[f][size_t(role)].amax;
+            if (amax.empty()) amax.assign(part.amax.size(), 0.0f);
+            for (size_t i = 0; i < part.amax.size(); ++i) amax[i] = std::max(amax[i], part.amax[i]);
+          }
         }
       }
-    }
+      const std::lock_guard<std::mutex> lock(merge_mutex);
+      for (size_t f = 0; f < formats.size(); ++f) {
+        for (size_t role = 0; role < 2; ++role) {
+          auto& amax = calibration[f][role].amax;
+          const auto& part = local[f][role].amax;
+          if (amax.empty()) amax.assign(part.size(), 0.0f);
+          for (size_t i = 0; i < part.size(); ++i) amax[i] = std::max(amax[i], part[i]);
+        }
+      }
+    });
   }
 
   // Tensor metric accumulators: [format][role].
@@ -276,92 +289,172 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
 
   result.calibration_seconds = seconds_since(calibration_start);
 
-  // Pass 2: stream the chunks.
-  double attention_seconds = 0.0, flops = 0.0;
-  std::vector<float> ref_k, ref_v;
-  std::vector<std::vector<float>> dec_k(formats.size()), dec_v(formats.size());
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t first = c * chunk, count = std::min(chunk, total - first);
-    const auto load_start = std::chrono::steady_clock::now();
-    load(KvRole::key, first, count, ref_k);
-    load(KvRole::value, first, count, ref_v);
-    result.load_seconds += seconds_since(load_start);
-    const auto codec_start = std::chrono::steady_clock::now();
+  // Pass 2: stream the chunks, software-pipelined: each round runs, in one parallel_for,
+  // the attention of the chunk prepared in the previous round (a task per context and KV
+  // head) and the preparation of the next chunk (a task per span: read K/V, round-trip
+  // them through every format, tally, add the tensor error). Two chunk buffers alternate.
+  // Partial results are kept per span and merged in span order, so the figures do not
+  // depend on the thread count or on which task ran where.
+  struct ChunkBuffers {
+    int64_t first = 0, count = 0;
+    std::vector<float> ref_k, ref_v;
+    std::vector<std::vector<float>> dec_k, dec_v;  // [format]
+  };
+  std::array<ChunkBuffers, 2> buffers;
+  for (ChunkBuffers& b : buffers) {
+    b.ref_k.resize(size_t(chunk * n));
+    b.ref_v.resize(size_t(chunk * n));
+    b.dec_k.assign(formats.size(), std::vector<float>(size_t(chunk * n)));
+    b.dec_v.assign(formats.size(), std::vector<float>(size_t(chunk * n)));
+  }
+  struct SpanResult {
+    std::vector<numerics::EncodeCounts> counts;  // [format * 2 + role]
+    std::vector<numerics::ErrorStats> errors;    // [format * 2 + role]
+    double load_seconds = 0, codec_seconds = 0, error_seconds = 0;
+  };
+  std::vector<SpanResult> span_results(static_cast<size_t>(spans_per_chunk));
+
+  const auto prepare_span = [&](ChunkBuffers& chunk_buffers, int64_t span_index, SpanResult& out) {
+    const int64_t begin = span_index * span;
+    const int64_t count = std::min(span, chunk_buffers.count - begin);
+    const int64_t first = chunk_buffers.first + begin;
+    const size_t offset = size_t(begin * n), size = size_t(count * n);
+    out.load_seconds = out.codec_seconds = out.error_seconds = 0.0;
+    auto clock = std::chrono::steady_clock::now();
+    const auto lap = [&](double& seconds) {
+      const auto now = std::chrono::steady_clock::now();
+      seconds += std::chrono::duration<double>(now - clock).count();
+      clock = now;
+    };
+    read_rows(KvRole::key, first, count, std::span(chunk_buffers.ref_k).subspan(offset, size));
+    read_rows(KvRole::value, first, count, std::span(chunk_buffers.ref_v).subspan(offset, size));
+    lap(out.load_seconds);
+    out.counts.assign(formats.size() * 2, numerics::EncodeCounts{});
+    out.errors.assign(formats.size() * 2, numerics::ErrorStats{});
     for (size_t f = 0; f < formats.size(); ++f) {
       for (KvRole role : {KvRole::key, KvRole::value}) {
-        const std::vector<float>& ref = role == KvRole::key ? ref_k : ref_v;
-        std::vector<float>& dec = role == KvRole::key ? dec_k[f] : dec_v[f];
+        const bool key = role == KvRole::key;
+        const std::span<const float> ref =
+            std::span<const float>(key ? chunk_buffers.ref_k : chunk_buffers.ref_v)
+                .subspan(offset, size);
+        const std::span<float> dec =
+            std::span<float>(key ? chunk_buffers.dec_k[f] : chunk_buffers.dec_v[f])
+                .subspan(offset, size);
         // KIVI: tokens from the residual window of the largest context on stay BF16 (they
         // are BF16 for every smaller context too); the rest is quantised group by group.
         KvFormat format = formats[f];
         const int64_t quantized_end =
             std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
         format.residual_tokens = 0;
-        dec.resize(ref.size());  // reused chunk after chunk: no allocation, no zero fill
-        const numerics::EncodeCounts counts = numerics::round_trip_into(
-            format, layout, role, calibration[f][size_t(role)],
-            std::span<const float>(ref).subspan(0, size_t(quantized_end * n)), dec, &pool);
-        // The quantised rows come first; the BF16 tail follows.
         const size_t tail = size_t(quantized_end * n);
-        std::vector<uint16_t> as_bf16(ref.size() - tail);
-        numerics::float_to_bf16_bulk(std::span<const float>(ref).subspan(tail), as_bf16);
-        numerics::bf16_to_float_bulk(as_bf16, std::span<float>(dec).subspan(tail));
-        TensorMetrics& m = result.tensors[f * 2 + size_t(role)];
-        m.counts.merge(counts);
+        out.counts[f * 2 + size_t(role)] = numerics::round_trip_into(
+            format, layout, role, calibration[f][size_t(role)], ref.subspan(0, tail), dec);
+        if (tail < size) {  // the BF16 tail
+          std::vector<uint16_t> as_bf16(size - tail);
+          numerics::float_to_bf16_bulk(ref.subspan(tail), as_bf16);
+          numerics::bf16_to_float_bulk(as_bf16, dec.subspan(tail));
+        }
+        lap(out.codec_seconds);
+        out.errors[f * 2 + size_t(role)].add(ref, dec);
+        lap(out.error_seconds);
       }
     }
-    result.codec_seconds += seconds_since(codec_start);
-    // Tensor error, in parallel over (format, role), merged in a fixed order.
-    const auto error_start = std::chrono::steady_clock::now();
-    pool.parallel_for(
-        int64_t(formats.size() * 2), int(formats.size() * 2), [&](int task, int64_t, int64_t) {
-          const size_t f = size_t(task) / 2;
-          const bool key = task % 2 == 0;
-          result.tensors[size_t(task)].error.add(key ? ref_k : ref_v, key ? dec_k[f] : dec_v[f]);
-        });
-    result.tensor_error_seconds += seconds_since(error_start);
-    // Attention: every context that reaches into this chunk.
-    const auto attention_start = std::chrono::steady_clock::now();
-    for (size_t ci = 0; ci < contexts.size(); ++ci) {
-      const int64_t context = contexts[ci];
-      if (first >= context) continue;
-      const int64_t usable = std::min(count, context - first);
-      // KIVI at this context: tokens at and past its quantised prefix are BF16.
-      std::vector<std::vector<float>> kivi_k(formats.size()), kivi_v(formats.size());
-      for (size_t f = 0; f < formats.size(); ++f) {
-        const int64_t q_end = kivi_quantized_tokens(formats[f], context) - first;
-        if (formats[f].strategy != ScaleStrategy::kivi || q_end >= usable) continue;
-        kivi_k[f] = dec_k[f];
-        kivi_v[f] = dec_v[f];
-        const size_t begin = size_t(std::max<int64_t>(0, q_end) * n), end = size_t(usable * n);
-        std::vector<uint16_t> tmp(end - begin);
-        for (auto [src, dst] : {std::pair{&ref_k, &kivi_k[f]}, std::pair{&ref_v, &kivi_v[f]}}) {
-          numerics::float_to_bf16_bulk(std::span<const float>(*src).subspan(begin, end - begin),
-                                       tmp);
-          numerics::bf16_to_float_bulk(tmp, std::span<float>(*dst).subspan(begin, end - begin));
-        }
-      }
-      pool.parallel_for(shape.kv_heads, shape.kv_heads, [&](int task, int64_t, int64_t) {
-        const int h = task;
-        HeadAccumulator& acc = heads[ci][size_t(h)];
-        for (int64_t b = 0; b < usable; b += kKeyBlock) {
-          const int64_t block = std::min(kKeyBlock, usable - b);
-          const int64_t offset = b * n + int64_t(h) * dim;
-          std::vector<const float*> keys = {ref_k.data() + offset};
-          std::vector<const float*> values = {ref_v.data() + offset};
-          for (size_t f = 0; f < formats.size(); ++f) {
-            const bool patched = !kivi_k[f].empty();
-            keys.push_back((patched ? kivi_k[f] : dec_k[f]).data() + offset);
-            values.push_back((patched ? kivi_v[f] : dec_v[f]).data() + offset);
+  };
+
+  struct AttentionTask {
+    size_t context;
+    int head;
+  };
+  double attention_thread_seconds = 0.0, flops = 0.0;
+  double load_thread_seconds = 0.0, codec_thread_seconds = 0.0, error_thread_seconds = 0.0;
+  for (int64_t round = 0; round <= chunks; ++round) {
+    ChunkBuffers* next = round < chunks ? &buffers[size_t(round % 2)] : nullptr;
+    ChunkBuffers* current = round > 0 ? &buffers[size_t((round - 1) % 2)] : nullptr;
+    if (next) {
+      next->first = round * chunk;
+      next->count = std::min(chunk, total - next->first);
+    }
+    std::vector<AttentionTask> attention_tasks;
+    // KIVI at a context that ends in this chunk: tokens at and past its quantised prefix
+    // are BF16. Patched copies [context][format], made before the round starts.
+    std::vector<std::vector<std::vector<float>>> kivi_k(contexts.size()), kivi_v(contexts.size());
+    if (current) {
+      const int64_t first = current->first;
+      for (size_t ci = 0; ci < contexts.size(); ++ci) {
+        const int64_t context = contexts[ci];
+        if (first >= context) continue;
+        const int64_t usable = std::min(current->count, context - first);
+        kivi_k[ci].resize(formats.size());
+        kivi_v[ci].resize(formats.size());
+        for (size_t f = 0; f < formats.size(); ++f) {
+          const int64_t q_end = kivi_quantized_tokens(formats[f], context) - first;
+          if (formats[f].strategy != ScaleStrategy::kivi || q_end >= usable) continue;
+          kivi_k[ci][f] = current->dec_k[f];
+          kivi_v[ci][f] = current->dec_v[f];
+          const size_t begin = size_t(std::max<int64_t>(0, q_end) * n), end = size_t(usable * n);
+          std::vector<uint16_t> tmp(end - begin);
+          for (auto [src, dst] : {std::pair{&current->ref_k, &kivi_k[ci][f]},
+                                  std::pair{&current->ref_v, &kivi_v[ci][f]}}) {
+            numerics::float_to_bf16_bulk(std::span<const float>(*src).subspan(begin, end - begin),
+                                         tmp);
+            numerics::bf16_to_float_bulk(tmp, std::span<float>(*dst).subspan(begin, end - begin));
           }
-          fold_block(acc, nq, dim, n, keys, values, first + b, block);
         }
-      });
-      flops += 4.0 * double(nq) * double(usable) * double(dim) * double(shape.kv_heads) *
-               double(formats.size() + 1);
+        for (int h = 0; h < shape.kv_heads; ++h) attention_tasks.push_back({ci, h});
+        flops += 4.0 * double(nq) * double(usable) * double(dim) * double(shape.kv_heads) *
+                 double(formats.size() + 1);
+      }
     }
-    attention_seconds += seconds_since(attention_start);
+    const int64_t attention_count = int64_t(attention_tasks.size());
+    const int64_t prepare_count = next ? (next->count + span - 1) / span : 0;
+    std::vector<double> attention_seconds(attention_tasks.size(), 0.0);
+    // Attention tasks first: they are the long ones; the short preparation tasks fill in.
+    const int64_t tasks = attention_count + prepare_count;
+    pool.parallel_for(tasks, int(tasks), [&](int task, int64_t, int64_t) {
+      if (task >= attention_count) {
+        prepare_span(*next, task - attention_count, span_results[size_t(task - attention_count)]);
+        return;
+      }
+      const auto task_start = std::chrono::steady_clock::now();
+      const AttentionTask& work = attention_tasks[size_t(task)];
+      const size_t ci = work.context;
+      const int h = work.head;
+      const int64_t first = current->first;
+      const int64_t usable = std::min(current->count, contexts[ci] - first);
+      HeadAccumulator& acc = heads[ci][size_t(h)];
+      std::vector<const float*> keys(formats.size() + 1), values(formats.size() + 1);
+      for (int64_t b = 0; b < usable; b += kKeyBlock) {
+        const int64_t block = std::min(kKeyBlock, usable - b);
+        const int64_t offset = b * n + int64_t(h) * dim;
+        keys[0] = current->ref_k.data() + offset;
+        values[0] = current->ref_v.data() + offset;
+        for (size_t f = 0; f < formats.size(); ++f) {
+          const bool patched = !kivi_k[ci][f].empty();
+          keys[f + 1] = (patched ? kivi_k[ci][f] : current->dec_k[f]).data() + offset;
+          values[f + 1] = (patched ? kivi_v[ci][f] : current->dec_v[f]).data() + offset;
+        }
+        fold_block(acc, nq, dim, n, keys, values, first + b, block);
+      }
+      attention_seconds[size_t(task)] = seconds_since(task_start);
+    });
+    for (double seconds : attention_seconds) attention_thread_seconds += seconds;
+    for (int64_t t = 0; t < prepare_count; ++t) {
+      const SpanResult& part = span_results[size_t(t)];
+      for (size_t i = 0; i < formats.size() * 2; ++i) {
+        result.tensors[i].counts.merge(part.counts[i]);
+        result.tensors[i].error.merge(part.errors[i]);
+      }
+      load_thread_seconds += part.load_seconds;
+      codec_thread_seconds += part.codec_seconds;
+      error_thread_seconds += part.error_seconds;
+    }
   }
+  // Parts overlap in time: each is reported as its tasks' thread time over the threads.
+  const double threads = pool.threads();
+  result.load_seconds = load_thread_seconds / threads;
+  result.codec_seconds = codec_thread_seconds / threads;
+  result.tensor_error_seconds = error_thread_seconds / threads;
+  const double attention_seconds = attention_thread_seconds / threads;
 
   // Final metrics per (format, context).
   for (size_t f = 0; f < formats.size(); ++f) {

@@ -100,10 +100,11 @@ struct QuantAnalysis {
   std::vector<TensorMetrics> tensors;     // per format, K then V
   std::vector<AttentionPoint> attention;  // per format x context, context ascending
   double attention_flops = 0.0;           // multiply-adds x 2 in the Q K^T and P V products
-  double attention_seconds = 0.0;         // wall time of the attention part
-  // Wall time of the other parts: the calibration pass (generating or reading every K/V
-  // token and taking amax), then in the analysis pass reading K/V, the format round
-  // trips (encode, decode, tallies) and the tensor error sums.
+  // Time of each part. The analysis pass overlaps its parts (attention of one chunk runs
+  // beside the reading and round trips of the next), so those are their tasks' thread time
+  // divided by the thread count; the calibration pass (reading every K/V token, amax) runs
+  // alone and is wall time.
+  double attention_seconds = 0.0;
   double calibration_seconds = 0.0, load_seconds = 0.0, codec_seconds = 0.0,
          tensor_error_seconds = 0.0;
   double total_seconds = 0.0;
