@@ -68,6 +68,15 @@ struct TopK {
       above[size_t(n)] = int32_t(j);
       n += scores[j] > t;
     }
+    if (n > k) {
+      // Only the block's own best k can reach the top k (the block alone has k better than
+      // any other); scores often trend upward over positions, when most of a block passes.
+      std::nth_element(above.begin(), above.begin() + (k - 1), above.begin() + n,
+                       [&](int32_t a, int32_t b) {
+                         return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+                       });
+      n = k;
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int32_t at = above[size_t(i)];
       items.push_back({scores[at], first_index + at});
