@@ -13,6 +13,7 @@
 #define HWY_TARGET_INCLUDE "numerics/attention_kernels.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "numerics/numerics.h"
@@ -130,6 +131,12 @@ void ScoreBlock(const float* queries, size_t nq, size_t q_stride, const float* k
   thread_local std::vector<float> transposed;
   transposed.resize(dim * ld);
   for (size_t j0 = 0; j0 < nk_vector; j0 += 8) {
+    // The next 8 key rows (a page apart each), ahead of their transposes.
+    if (j0 + 16 <= nk_vector) {
+      for (size_t j = j0 + 8; j < j0 + 16; ++j) {
+        for (size_t k = 0; k < dim; k += 16) hwy::Prefetch(keys + j * key_stride + k);
+      }
+    }
     for (size_t k0 = 0; k0 < dim; k0 += 8) {
       const size_t k_end = std::min(dim, k0 + 8);
       if (k_end - k0 == 8 && j0 + 8 <= nk_vector &&
@@ -193,7 +200,14 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
   const size_t pitch = dim_vector + 8;
   thread_local std::vector<float> packed;
   packed.resize(nk * pitch);
+  // The rows are a page apart: prefetching a few rows ahead hides the page walks and the
+  // prefetcher's restart on every row.
+  constexpr size_t kAhead = 6;
   for (size_t j = 0; j < nk; ++j) {
+    if (j + kAhead < nk) {
+      const float* ahead = values + (j + kAhead) * value_stride;
+      for (size_t c = 0; c < dim_vector; c += 16) hwy::Prefetch(ahead + c);
+    }
     std::copy_n(values + j * value_stride, dim_vector, packed.data() + j * pitch);
   }
   // Column tiles outer, query rows inner: a tile's packed values (keys x 3 vectors) stay
