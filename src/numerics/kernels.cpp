@@ -706,26 +706,25 @@ void DecodeNvfp4Bf16(float tensor_scale, const uint8_t* packed, const uint8_t* b
 // subnormal, nonfinite_input}. FP8 classes by magnitude code: 0 zero, 1 .. 2^M - 1
 // subnormal, the largest finite code, then E5M2's inf (0x7C) and NaNs, E4M3's NaN (0x7F),
 // FNUZ's NaN (0x80, whose magnitude bits are 0).
-struct TallyVectors {
-  template <class D>
-  struct Lanes {
-    hn::Vec<D> saturated, nan, inf, flushed, subnormal, nonfinite;
-    explicit Lanes(D di)
-        : saturated(hn::Zero(di)),
-          nan(hn::Zero(di)),
-          inf(hn::Zero(di)),
-          flushed(hn::Zero(di)),
-          subnormal(hn::Zero(di)),
-          nonfinite(hn::Zero(di)) {}
-    template <class M>
-    static hn::Vec<D> Count(D di, hn::Vec<D> acc, M mask) {
-      return hn::Sub(acc, hn::VecFromMask(di, mask));  // a true lane is -1
-    }
-    void AddTo(D di, int64_t* tallies) const {
-      const hn::Vec<D> all[6] = {saturated, nan, inf, flushed, subnormal, nonfinite};
-      for (int i = 0; i < 6; ++i) tallies[i] += hn::GetLane(hn::SumOfLanes(di, all[i]));
-    }
-  };
+// Per-lane counters of the six tallies (int32 lanes).
+template <class D>
+struct TallyLanes {
+  hn::Vec<D> saturated, nan, inf, flushed, subnormal, nonfinite;
+  explicit TallyLanes(D di)
+      : saturated(hn::Zero(di)),
+        nan(hn::Zero(di)),
+        inf(hn::Zero(di)),
+        flushed(hn::Zero(di)),
+        subnormal(hn::Zero(di)),
+        nonfinite(hn::Zero(di)) {}
+  template <class M>
+  static hn::Vec<D> Count(D di, hn::Vec<D> acc, M mask) {
+    return hn::Sub(acc, hn::VecFromMask(di, mask));  // a true lane is -1
+  }
+  void AddTo(D di, int64_t* tallies) const {
+    const hn::Vec<D> all[6] = {saturated, nan, inf, flushed, subnormal, nonfinite};
+    for (int i = 0; i < 6; ++i) tallies[i] += hn::GetLane(hn::SumOfLanes(di, all[i]));
+  }
 };
 
 void TallyFp8(ElementType type, float limit, const float* values, const uint8_t* codes,
@@ -737,7 +736,7 @@ void TallyFp8(ElementType type, float limit, const float* values, const uint8_t*
     const hn::RebindToSigned<decltype(d)> di;
     const hn::Rebind<uint8_t, decltype(d)> d8;
     const size_t lanes = hn::Lanes(d);
-    using Lanes = TallyVectors::Lanes<decltype(di)>;
+    using Lanes = TallyLanes<decltype(di)>;
     Lanes acc(di);
     const auto limit_v = hn::Set(d, limit);
     size_t i = 0;
@@ -802,7 +801,7 @@ void TallyNvfp4(float tensor_scale, const float* values, const uint8_t* packed,
   const hn::RebindToSigned<decltype(d)> di;
   const hn::Rebind<uint8_t, decltype(d)> d8;
   const size_t lanes = hn::Lanes(d);
-  using Lanes = TallyVectors::Lanes<decltype(di)>;
+  using Lanes = TallyLanes<decltype(di)>;
   Lanes acc(di);
   const auto count_nibbles = [&](hn::Vec<decltype(d)> v, hn::Vec<decltype(di)> magnitude,
                                  hn::Vec<decltype(d)> limit) {
@@ -979,6 +978,14 @@ namespace {
 void require(bool condition, const char* what) {
   if (!condition) throw std::invalid_argument(std::string("numerics: ") + what);
 }
+// NVFP4 spans: n elements a multiple of 16, n / 2 packed bytes, n / 16 block scales.
+void require_nvfp4_sizes(size_t n, size_t packed_bytes, size_t block_scales, const char* what) {
+  if (n % 16 != 0 || packed_bytes < n / 2 || block_scales < n / 16) {
+    throw std::invalid_argument(std::string("numerics: ") + what +
+                                ": n must be a multiple of 16, with n / 2 packed bytes and "
+                                "n / 16 block scales");
+  }
+}
 }  // namespace
 
 std::string simd_target_name() {
@@ -1019,16 +1026,14 @@ void float_to_bf16_bulk(std::span<const float> input, std::span<uint16_t> output
 void encode_nvfp4(float tensor_scale, std::span<const float> input, std::span<uint8_t> packed,
                   std::span<uint8_t> block_scales) {
   const size_t n = input.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "encode_nvfp4: n must be a multiple of 16 and outputs large enough");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "encode_nvfp4");
   HWY_DYNAMIC_DISPATCH(EncodeNvfp4)
   (tensor_scale, input.data(), packed.data(), block_scales.data(), n);
 }
 void decode_nvfp4(float tensor_scale, std::span<const uint8_t> packed,
                   std::span<const uint8_t> block_scales, std::span<float> output) {
   const size_t n = output.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "decode_nvfp4: n must be a multiple of 16 and inputs large enough");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "decode_nvfp4");
   HWY_DYNAMIC_DISPATCH(DecodeNvfp4)
   (tensor_scale, packed.data(), block_scales.data(), output.data(), n);
 }
@@ -1036,16 +1041,14 @@ void decode_nvfp4(float tensor_scale, std::span<const uint8_t> packed,
 void encode_nvfp4_from_bf16(float tensor_scale, std::span<const uint16_t> input,
                             std::span<uint8_t> packed, std::span<uint8_t> block_scales) {
   const size_t n = input.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "encode_nvfp4_from_bf16: n must be a multiple of 16 and outputs large enough");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "encode_nvfp4_from_bf16");
   HWY_DYNAMIC_DISPATCH(EncodeNvfp4Bf16)
   (tensor_scale, input.data(), packed.data(), block_scales.data(), n);
 }
 void decode_nvfp4_to_bf16(float tensor_scale, std::span<const uint8_t> packed,
                           std::span<const uint8_t> block_scales, std::span<uint16_t> output) {
   const size_t n = output.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "decode_nvfp4_to_bf16: n must be a multiple of 16 and inputs large enough");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "decode_nvfp4_to_bf16");
   HWY_DYNAMIC_DISPATCH(DecodeNvfp4Bf16)
   (tensor_scale, packed.data(), block_scales.data(), output.data(), n);
 }
@@ -1074,8 +1077,7 @@ void tally_fp8(ElementType type, float scale, std::span<const float> values,
 void tally_nvfp4(float tensor_scale, std::span<const float> values, std::span<const uint8_t> packed,
                  std::span<const uint8_t> block_scales, EncodeCounts& counts) {
   const size_t n = values.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "tally_nvfp4: n must be a multiple of 16 and inputs large enough");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "tally_nvfp4");
   int64_t tallies[6] = {};
   HWY_DYNAMIC_DISPATCH(TallyNvfp4)
   (tensor_scale, values.data(), packed.data(), block_scales.data(), n, tallies);
@@ -1093,8 +1095,7 @@ void finite_abs_max_into(std::span<const float> values, std::span<float> amax) {
 void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,
                             std::span<uint8_t> packed, std::span<uint8_t> block_scales) {
   const size_t n = input.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "encode_nvfp4_reference: bad sizes");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "encode_nvfp4_reference");
   for (size_t block = 0; block < n / 16; ++block) {
     float amax = 0.0f;
     for (size_t j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(input[block * 16 + j]));
@@ -1117,8 +1118,7 @@ void encode_nvfp4_reference(float tensor_scale, std::span<const float> input,
 void decode_nvfp4_reference(float tensor_scale, std::span<const uint8_t> packed,
                             std::span<const uint8_t> block_scales, std::span<float> output) {
   const size_t n = output.size();
-  require(n % 16 == 0 && packed.size() >= n / 2 && block_scales.size() >= n / 16,
-          "decode_nvfp4_reference: bad sizes");
+  require_nvfp4_sizes(n, packed.size(), block_scales.size(), "decode_nvfp4_reference");
   for (size_t i = 0; i < n; ++i) {
     const float effective = fp8_e4m3_to_float(block_scales[i / 16]) * tensor_scale;
     const uint8_t byte = packed[i / 2];
