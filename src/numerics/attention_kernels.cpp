@@ -1,13 +1,20 @@
-// Blocked SIMD kernels for attention-error analysis: scores = Q K^T, out += P V, and a
-// vectorised exp-and-sum. Register tiles of 4 queries x 3 vectors keep the FMA units busy
-// (12 accumulators, 7 loads per 12 FMAs); K is transposed per block so both GEMMs stream
-// contiguous rows. Results are deterministic: the reduction order over the head dimension
-// and over keys is fixed and independent of the thread count.
+// Blocked SIMD kernels for attention: scores = Q K^T and out += P V, in two layouts. The
+// row form (score_block, accumulate_weighted: the reference model's attention) transposes K
+// per block; the transposed form (the quant analysis's many queries per key block) keeps
+// scores as [key][query] with the queries in the vector lanes, reads K in place and does
+// the softmax bookkeeping down whole columns. Register tiles of 4 rows x 3 vectors keep the
+// FMA units busy (12 accumulators, 7 loads per 12 FMAs). Results are deterministic: the
+// reduction order over the head dimension and over keys is fixed, the same in both forms,
+// and independent of the thread count.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
+
+#include <fmt/format.h>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "numerics/attention_kernels.cpp"
@@ -78,16 +85,17 @@ HWY_INLINE bool Transpose8x8(const float* HWY_RESTRICT src, size_t src_stride,
 // give identical bits.
 // acc[i][v] += sum over k ascending of a[i * a_stride + k] * b[k * b_stride + v * lanes]:
 // the one inner loop of both attention products.
+// (a_step: the distance between consecutive k in a; 1 unless a is stored transposed.)
 template <int kQ, int kV, class D>
 HWY_INLINE void MulAddTile(D d, const float* a, size_t a_stride, const float* b, size_t b_stride,
-                           size_t steps, hn::Vec<D> (&acc)[kQ][kV]) {
+                           size_t steps, hn::Vec<D> (&acc)[kQ][kV], size_t a_step = 1) {
   using V = hn::Vec<D>;
   const size_t lanes = hn::Lanes(d);
   for (size_t k = 0; k < steps; ++k) {
     V row[kV];
     KV_UNROLL for (int v = 0; v < kV; ++v) row[v] = hn::LoadU(d, b + k * b_stride + v * lanes);
     KV_UNROLL for (int i = 0; i < kQ; ++i) {
-      const V broadcast = hn::Set(d, a[i * a_stride + k]);
+      const V broadcast = hn::Set(d, a[i * a_stride + k * a_step]);
       KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(broadcast, row[v], acc[i][v]);
     }
   }
@@ -235,80 +243,227 @@ void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float*
   }
 }
 
-// out[i] = exp(x[i] - shift) (out may be x); returns the sum (in a fixed lane-then-tail
-// order).
-float ExpAndSum(const float* x, float* out, size_t n, float shift) {
-  const hn::ScalableTag<float> d;
+// ---- Transposed forms: scores as [key][query], queries along the vector lanes. Keys are
+// read in place (no transpose), and the softmax bookkeeping works on whole columns.
+
+// Scores of kK keys starting at key j against kV vectors of queries starting at q.
+template <int kK, int kV, class D>
+HWY_INLINE void ScoreTileTransposed(D d, const float* queries_t, size_t queries_pitch, size_t pitch,
+                                    size_t dim, const float* keys, size_t key_stride,
+                                    hn::Vec<D> scale_v, float* scores_t, size_t j, size_t q) {
   const size_t lanes = hn::Lanes(d);
-  const auto shift_v = hn::Set(d, shift);
-  auto sum_v = hn::Zero(d);
-  // Highway's Exp converts x / ln 2 to int32 before its range check (below -104 it returns
-  // 0): NaN, -inf or huge inputs are undefined behaviour on its emulated targets. Such lanes
-  // are kept out of Exp and given the 0 it would return; lanes in range are unchanged.
-  const auto lower = hn::Set(d, -104.0f), upper = hn::Set(d, 100.0f);
-  size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::Sub(hn::LoadU(d, x + i), shift_v);
-    const auto in_range = hn::Ge(v, lower);  // false for NaN
-    const auto e = hn::IfThenElseZero(
-        in_range, hn::Exp(d, hn::IfThenElse(in_range, hn::Min(v, upper), lower)));
-    hn::StoreU(e, d, out + i);
-    sum_v = hn::Add(sum_v, e);
-  }
-  float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
-  for (; i < n; ++i) {
-    out[i] = std::exp(x[i] - shift);
-    sum += out[i];
-  }
-  return sum;
+  hn::Vec<D> acc[kK][kV];
+  KV_UNROLL for (int i = 0; i < kK; ++i) KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+      hn::Zero(d);
+  MulAddTile<kK, kV>(d, keys + j * key_stride, key_stride, queries_t + q, queries_pitch, dim, acc);
+  KV_UNROLL for (int i = 0; i < kK; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+      hn::StoreU(hn::Mul(acc[i][v], scale_v), d, scores_t + (j + i) * pitch + q + v * lanes);
 }
 
-// Largest value, NaN lanes ignored (as std::max(m, x) does); -inf for an empty range.
-float MaxIgnoringNan(const float* x, size_t n) {
+// scores_t[j * columns + q] = scale * sum_d keys[j * key_stride + d] *
+// queries_t[d * queries_pitch + q] for every q < columns (a multiple of the vector length).
+// The products are summed over d ascending from zero, as ScoreBlock sums them, so the
+// scores have the same bits.
+void ScoreBlockTransposed(const float* queries_t, size_t queries_pitch, size_t columns, size_t dim,
+                          const float* keys, size_t nk, size_t key_stride, float scale,
+                          float* scores_t) {
   const hn::ScalableTag<float> d;
-  const size_t lanes = hn::Lanes(d);
-  const auto lowest = hn::Set(d, -std::numeric_limits<float>::infinity());
-  auto m = lowest;
-  size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::LoadU(d, x + i);
-    m = hn::Max(m, hn::IfThenElse(hn::IsNaN(v), lowest, v));
-  }
-  float result = hn::GetLane(hn::MaxOfLanes(d, m));
-  for (; i < n; ++i) result = std::max(result, x[i]);
-  return result;
+  const auto scale_v = hn::Set(d, scale);
+  const size_t pitch = columns;
+  // Query tiles outer, keys inner: a tile's queries (dim x 3 vectors) stay in L1 while
+  // the keys stream past, 4 rows at a time; the rows of the next 4 keys are fetched ahead
+  // (they are a page apart, the hardware prefetcher restarts on each).
+  ForVectorTiles(d, pitch, [&](auto count, size_t q) {
+    constexpr int kV = decltype(count)::value;
+    size_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+      for (size_t ahead = j + 4; ahead < std::min(nk, j + 8); ++ahead) {
+        for (size_t k = 0; k < dim; k += 16) hwy::Prefetch(keys + ahead * key_stride + k);
+      }
+      ScoreTileTransposed<4, kV>(d, queries_t, queries_pitch, pitch, dim, keys, key_stride, scale_v,
+                                 scores_t, j, q);
+    }
+    for (; j < nk; ++j) {
+      ScoreTileTransposed<1, kV>(d, queries_t, queries_pitch, pitch, dim, keys, key_stride, scale_v,
+                                 scores_t, j, q);
+    }
+  });
 }
 
-// sum p (s - t) (NaN propagates), and over finite s - t: sum (s - t)^2 and sum s^2.
-void ScoreDivergence(const float* s, const float* t, const float* p, size_t n,
-                     double* weighted_difference, double* error_squared,
-                     double* reference_squared) {
+// out[q * out_stride + c] += sum_j weights_t[j * pitch + q] * values[j * value_stride + c]
+// for q < nq: AccumulateWeighted with the weights stored transposed (same sums, same bits).
+// The values are read in place (see PackRows).
+void AccumulateWeightedTransposed(const float* weights_t, size_t pitch, size_t nq, size_t nk,
+                                  const float* values, size_t value_stride, size_t dim, float* out,
+                                  size_t out_stride, const float* out_scale) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
-  auto kl = hn::Zero(d), err = hn::Zero(d), ref = hn::Zero(d);
-  size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto sv = hn::LoadU(d, s + i);
-    const auto diff = hn::Sub(sv, hn::LoadU(d, t + i));
-    kl = hn::MulAdd(hn::LoadU(d, p + i), diff, kl);
-    const auto finite = hn::IsFinite(diff);
-    err = hn::MulAdd(hn::IfThenElseZero(finite, diff), hn::IfThenElseZero(finite, diff), err);
-    ref = hn::MulAdd(hn::IfThenElseZero(finite, sv), hn::IfThenElseZero(finite, sv), ref);
-  }
-  double kl_sum = hn::GetLane(hn::SumOfLanes(d, kl));
-  double err_sum = hn::GetLane(hn::SumOfLanes(d, err));
-  double ref_sum = hn::GetLane(hn::SumOfLanes(d, ref));
-  for (; i < n; ++i) {
-    const double diff = double(s[i]) - double(t[i]);
-    kl_sum += double(p[i]) * diff;
-    if (std::isfinite(diff)) {
-      err_sum += diff * diff;
-      ref_sum += double(s[i]) * s[i];
+  const size_t dim_vector = dim / lanes * lanes;
+  ForVectorTiles(d, dim_vector, [&](auto count, size_t c) {
+    constexpr int kV = decltype(count)::value;
+    const auto tile = [&](auto queries, size_t q) {
+      constexpr int kQ = decltype(queries)::value;
+      hn::Vec<decltype(d)> acc[kQ][kV];
+      float* o = out + q * out_stride + c;
+      KV_UNROLL for (int i = 0; i < kQ; ++i) {
+        const auto scale = hn::Set(d, out_scale ? out_scale[q + i] : 1.0f);
+        KV_UNROLL for (int v = 0; v < kV; ++v) acc[i][v] =
+            hn::Mul(hn::LoadU(d, o + i * out_stride + v * lanes), scale);
+      }
+      MulAddTile<kQ, kV>(d, weights_t + q, 1, values + c, value_stride, nk, acc, pitch);
+      KV_UNROLL for (int i = 0; i < kQ; ++i) KV_UNROLL for (int v = 0; v < kV; ++v)
+          hn::StoreU(acc[i][v], d, o + i * out_stride + v * lanes);
+    };
+    size_t q = 0;
+    for (; q + 4 <= nq; q += 4) tile(std::integral_constant<int, 4>(), q);
+    for (; q < nq; ++q) tile(std::integral_constant<int, 1>(), q);
+  });
+  for (size_t qi = 0; qi < nq; ++qi) {
+    for (size_t c = dim_vector; c < dim; ++c) {
+      float sum = out[qi * out_stride + c] * (out_scale ? out_scale[qi] : 1.0f);
+      for (size_t j = 0; j < nk; ++j)
+        sum = ScalarMulAdd(weights_t[j * pitch + qi], values[j * value_stride + c], sum);
+      out[qi * out_stride + c] = sum;
     }
   }
-  *weighted_difference += kl_sum;
-  *error_squared += err_sum;
-  *reference_squared += ref_sum;
+}
+
+// dst[j * dst_pitch + c] = src[j * src_stride + c] for c < width, with the rows a few
+// ahead prefetched: rows a page apart defeat the hardware prefetcher, and rows a power of
+// two apart would put a column of them in one L1 set, so they are packed before a GEMM
+// walks down their columns.
+void PackRows(const float* src, size_t rows, size_t src_stride, size_t width, float* dst,
+              size_t dst_pitch) {
+  constexpr size_t kAhead = 6;
+  for (size_t j = 0; j < rows; ++j) {
+    if (j + kAhead < rows) {
+      const float* ahead = src + (j + kAhead) * src_stride;
+      for (size_t c = 0; c < width; c += 16) hwy::Prefetch(ahead + c);
+    }
+    std::copy_n(src + j * src_stride, width, dst + j * dst_pitch);
+  }
+}
+
+// exp(v) per lane. Highway's Exp converts x / ln 2 to int32 before its range check (below
+// -104 it returns 0): NaN, -inf or huge inputs are undefined behaviour on its emulated
+// targets. Such lanes are kept out of Exp and given the 0 it would return (NaN too); lanes
+// in range are unchanged.
+template <class D>
+HWY_INLINE hn::Vec<D> GuardedExp(D d, hn::Vec<D> v) {
+  const auto lower = hn::Set(d, -104.0f), upper = hn::Set(d, 100.0f);
+  const auto in_range = hn::Ge(v, lower);  // false for NaN
+  return hn::IfThenElseZero(in_range,
+                            hn::Exp(d, hn::IfThenElse(in_range, hn::Min(v, upper), lower)));
+}
+
+// Column maxima of x [rows][pitch], NaN ignored (-inf for a column of NaN or no rows).
+void ColumnMaxIgnoringNan(const float* x, size_t rows, size_t pitch, float* column_max) {
+  const hn::ScalableTag<float> d;
+  const auto lowest = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (size_t q = 0; q < pitch; q += hn::Lanes(d)) {
+    auto m = lowest;
+    for (size_t j = 0; j < rows; ++j) {
+      const auto v = hn::LoadU(d, x + j * pitch + q);
+      m = hn::Max(m, hn::IfThenElse(hn::IsNaN(v), lowest, v));
+    }
+    hn::StoreU(m, d, column_max + q);
+  }
+}
+
+// out[j][q] = exp(x[j][q] - shift[q]) (out may be x); column_sums[q] = their sum over j
+// ascending, compensated (Kahan): the sums become partition functions whose logarithms are
+// subtracted from each other for KL, where a plain float sum's error would show.
+void ColumnExpAndSum(const float* x, size_t rows, size_t pitch, const float* shift, float* out,
+                     float* column_sums) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  using V = hn::Vec<decltype(d)>;
+  // (Once a sum overflows, the compensation would be inf - inf: it is dropped, and the sum
+  // stays inf as a plain sum would.)
+  const auto add = [](V& sum, V& compensation, V value) {
+    const V y = hn::Sub(value, compensation);
+    const V t = hn::Add(sum, y);
+    const V c = hn::Sub(hn::Sub(t, sum), y);
+    compensation = hn::IfThenElseZero(hn::IsFinite(c), c);
+    sum = t;
+  };
+  // Two vectors of columns at a time: two independent Exp chains in flight.
+  size_t q = 0;
+  for (; q + 2 * lanes <= pitch; q += 2 * lanes) {
+    const auto shift0 = hn::LoadU(d, shift + q), shift1 = hn::LoadU(d, shift + q + lanes);
+    V sum0 = hn::Zero(d), sum1 = hn::Zero(d), c0 = hn::Zero(d), c1 = hn::Zero(d);
+    for (size_t j = 0; j < rows; ++j) {
+      const auto e0 = GuardedExp(d, hn::Sub(hn::LoadU(d, x + j * pitch + q), shift0));
+      const auto e1 = GuardedExp(d, hn::Sub(hn::LoadU(d, x + j * pitch + q + lanes), shift1));
+      hn::StoreU(e0, d, out + j * pitch + q);
+      hn::StoreU(e1, d, out + j * pitch + q + lanes);
+      add(sum0, c0, e0);
+      add(sum1, c1, e1);
+    }
+    hn::StoreU(sum0, d, column_sums + q);
+    hn::StoreU(sum1, d, column_sums + q + lanes);
+  }
+  for (; q < pitch; q += lanes) {
+    const auto shift_v = hn::LoadU(d, shift + q);
+    V sum = hn::Zero(d), c = hn::Zero(d);
+    for (size_t j = 0; j < rows; ++j) {
+      const auto e = GuardedExp(d, hn::Sub(hn::LoadU(d, x + j * pitch + q), shift_v));
+      hn::StoreU(e, d, out + j * pitch + q);
+      add(sum, c, e);
+    }
+    hn::StoreU(sum, d, column_sums + q);
+  }
+}
+
+// Per column q of [rows][pitch]: weighted_difference[q] = sum_j w (r - o) (NaN/inf
+// propagate); over the finite r - o, error_squared[q] = sum (r - o)^2 and
+// reference_squared[q] = sum r^2; other_max[q] = max of o, NaN ignored. Sums run over j
+// ascending.
+void ColumnDivergence(const float* reference, const float* other, const float* weights, size_t rows,
+                      size_t pitch, float* weighted_difference, float* error_squared,
+                      float* reference_squared, float* other_max) {
+  const hn::ScalableTag<float> d;
+  const auto lowest = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (size_t q = 0; q < pitch; q += hn::Lanes(d)) {
+    auto kl = hn::Zero(d), err = hn::Zero(d), ref = hn::Zero(d), m = lowest;
+    for (size_t j = 0; j < rows; ++j) {
+      const size_t at = j * pitch + q;
+      const auto r = hn::LoadU(d, reference + at), o = hn::LoadU(d, other + at);
+      const auto diff = hn::Sub(r, o);
+      kl = hn::MulAdd(hn::LoadU(d, weights + at), diff, kl);
+      const auto finite = hn::IsFinite(diff);
+      const auto finite_diff = hn::IfThenElseZero(finite, diff);
+      const auto finite_ref = hn::IfThenElseZero(finite, r);
+      err = hn::MulAdd(finite_diff, finite_diff, err);
+      ref = hn::MulAdd(finite_ref, finite_ref, ref);
+      m = hn::Max(m, hn::IfThenElse(hn::IsNaN(o), lowest, o));
+    }
+    hn::StoreU(kl, d, weighted_difference + q);
+    hn::StoreU(err, d, error_squared + q);
+    hn::StoreU(ref, d, reference_squared + q);
+    hn::StoreU(m, d, other_max + q);
+  }
+}
+
+// Appends j * pitch + q for every x[j][q] >= threshold[q] with q < columns (NaN never);
+// returns how many. In row order, then column order.
+size_t ColumnSelectAtLeast(const float* x, size_t rows, size_t pitch, size_t columns,
+                           const float* threshold, int32_t* out) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  size_t found = 0;
+  for (size_t j = 0; j < rows; ++j) {
+    for (size_t q = 0; q < columns; q += lanes) {
+      const auto hit = hn::Ge(hn::LoadU(d, x + j * pitch + q), hn::LoadU(d, threshold + q));
+      if (hn::AllFalse(d, hit)) continue;  // the common case once the top k settle
+      uint8_t bits[8] = {};
+      hn::StoreMaskBits(d, hit, bits);
+      for (size_t lane = 0; lane < lanes && q + lane < columns; ++lane) {
+        if ((bits[lane / 8] >> (lane % 8)) & 1) out[found++] = int32_t(j * pitch + q + lane);
+      }
+    }
+  }
+  return found;
 }
 
 // Peak FMA throughput probe: 12 independent accumulator chains, `iterations` rounds.
@@ -351,11 +506,88 @@ namespace kvaudit::numerics {
 
 HWY_EXPORT(ScoreBlock);
 HWY_EXPORT(AccumulateWeighted);
-HWY_EXPORT(ExpAndSum);
 HWY_EXPORT(FmaProbe);
-HWY_EXPORT(MaxIgnoringNan);
-HWY_EXPORT(ScoreDivergence);
 HWY_EXPORT(FloatLanes);
+HWY_EXPORT(ScoreBlockTransposed);
+HWY_EXPORT(AccumulateWeightedTransposed);
+HWY_EXPORT(ColumnMaxIgnoringNan);
+HWY_EXPORT(ColumnExpAndSum);
+HWY_EXPORT(ColumnDivergence);
+HWY_EXPORT(ColumnSelectAtLeast);
+HWY_EXPORT(PackRows);
+
+namespace {
+// Column kernels work on whole vectors: the pitch must be a multiple of the lane count.
+void require_pitch(int64_t pitch, const char* what) {
+  if (pitch < 1 || pitch % int64_t(HWY_DYNAMIC_DISPATCH(FloatLanes)()) != 0) {
+    throw std::invalid_argument(
+        fmt::format("{}: pitch {} is not a multiple of the vector length "
+                    "(use column_pitch)",
+                    what, pitch));
+  }
+}
+}  // namespace
+
+int64_t column_pitch(int64_t columns) {
+  const int64_t lanes = int64_t(HWY_DYNAMIC_DISPATCH(FloatLanes)());
+  return std::max<int64_t>(1, (columns + lanes - 1) / lanes) * lanes;
+}
+
+void score_block_transposed(const float* queries_t, int64_t queries_pitch, int64_t columns,
+                            int64_t dim, const float* keys, int64_t key_count, int64_t key_stride,
+                            float scale, float* scores_t) {
+  require_pitch(columns, "score_block_transposed");
+  if (queries_pitch < columns) throw std::invalid_argument("score_block_transposed: pitch");
+  HWY_DYNAMIC_DISPATCH(ScoreBlockTransposed)
+  (queries_t, size_t(queries_pitch), size_t(columns), size_t(dim), keys, size_t(key_count),
+   size_t(key_stride), scale, scores_t);
+}
+
+void pack_rows(const float* src, int64_t rows, int64_t src_stride, int64_t width, float* dst,
+               int64_t dst_pitch) {
+  HWY_DYNAMIC_DISPATCH(PackRows)
+  (src, size_t(rows), size_t(src_stride), size_t(width), dst, size_t(dst_pitch));
+}
+
+void accumulate_weighted_transposed(const float* weights_t, int64_t pitch, int64_t query_count,
+                                    int64_t key_count, const float* values, int64_t value_stride,
+                                    int64_t dim, float* out, int64_t out_stride,
+                                    const float* out_scale) {
+  if (query_count > pitch) throw std::invalid_argument("accumulate_weighted_transposed: pitch");
+  HWY_DYNAMIC_DISPATCH(AccumulateWeightedTransposed)
+  (weights_t, size_t(pitch), size_t(query_count), size_t(key_count), values, size_t(value_stride),
+   size_t(dim), out, size_t(out_stride), out_scale);
+}
+
+void column_max_ignoring_nan(const float* x, int64_t rows, int64_t pitch, float* column_max) {
+  require_pitch(pitch, "column_max_ignoring_nan");
+  HWY_DYNAMIC_DISPATCH(ColumnMaxIgnoringNan)(x, size_t(rows), size_t(pitch), column_max);
+}
+
+void column_exp_and_sum(const float* x, int64_t rows, int64_t pitch, const float* shift, float* out,
+                        float* column_sums) {
+  require_pitch(pitch, "column_exp_and_sum");
+  HWY_DYNAMIC_DISPATCH(ColumnExpAndSum)(x, size_t(rows), size_t(pitch), shift, out, column_sums);
+}
+
+void column_divergence(const float* reference, const float* other, const float* weights,
+                       int64_t rows, int64_t pitch, float* weighted_difference,
+                       float* error_squared, float* reference_squared, float* other_max) {
+  require_pitch(pitch, "column_divergence");
+  HWY_DYNAMIC_DISPATCH(ColumnDivergence)
+  (reference, other, weights, size_t(rows), size_t(pitch), weighted_difference, error_squared,
+   reference_squared, other_max);
+}
+
+int64_t column_select_at_least(const float* x, int64_t rows, int64_t pitch, int64_t columns,
+                               const float* threshold, int32_t* out) {
+  require_pitch(pitch, "column_select_at_least");
+  if (columns > pitch || rows * pitch > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("column_select_at_least: columns or block too large");
+  }
+  return int64_t(HWY_DYNAMIC_DISPATCH(ColumnSelectAtLeast)(x, size_t(rows), size_t(pitch),
+                                                           size_t(columns), threshold, out));
+}
 
 void score_block(const float* queries, int64_t query_count, int64_t query_stride, const float* keys,
                  int64_t key_count, int64_t key_stride, int64_t dim, float scale, float* scores) {
@@ -370,21 +602,6 @@ void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_
   HWY_DYNAMIC_DISPATCH(AccumulateWeighted)
   (weights, size_t(query_count), size_t(key_count), values, size_t(value_stride), size_t(dim), out,
    size_t(out_stride));
-}
-
-float exp_and_sum(std::span<const float> values, float shift, std::span<float> out) {
-  if (out.size() < values.size()) throw std::invalid_argument("exp_and_sum: output too small");
-  return HWY_DYNAMIC_DISPATCH(ExpAndSum)(values.data(), out.data(), values.size(), shift);
-}
-
-float max_ignoring_nan(std::span<const float> values) {
-  return HWY_DYNAMIC_DISPATCH(MaxIgnoringNan)(values.data(), values.size());
-}
-void score_divergence(const float* reference, const float* other, const float* weights,
-                      int64_t count, double* weighted_difference, double* error_squared,
-                      double* reference_squared) {
-  HWY_DYNAMIC_DISPATCH(ScoreDivergence)
-  (reference, other, weights, size_t(count), weighted_difference, error_squared, reference_squared);
 }
 
 float fma_probe(int64_t iterations) {

@@ -303,15 +303,46 @@ void score_block(const float* queries, int64_t query_count, int64_t query_stride
 void accumulate_weighted(const float* weights, int64_t query_count, int64_t key_count,
                          const float* values, int64_t value_stride, int64_t dim, float* out,
                          int64_t out_stride);
-// out[i] = exp(values[i] - shift) (out may be values), returns their sum.
-float exp_and_sum(std::span<const float> values, float shift, std::span<float> out);
-// Largest value with NaN ignored; -inf when empty.
-float max_ignoring_nan(std::span<const float> values);
-// Adds sum w (r - o) to *weighted_difference (NaN/inf propagate, on purpose) and, over the
-// pairs where r - o is finite, sum (r - o)^2 and sum r^2 to the other two.
-void score_divergence(const float* reference, const float* other, const float* weights,
-                      int64_t count, double* weighted_difference, double* error_squared,
-                      double* reference_squared);
+// Transposed forms for many queries against one key block: scores as [key][query] with
+// the queries along the vector lanes, so keys are read in place and the softmax
+// bookkeeping runs down whole columns. A pitch (the row length of a [key][query] or
+// [dim][query] array) must come from column_pitch: a multiple of the vector length, the
+// lanes past the real queries being padding that the kernels compute and callers ignore.
+int64_t column_pitch(int64_t columns);
+// scores_t[j * columns + q] = scale * dot(keys[j * key_stride ...],
+// queries_t[... * queries_pitch + q]) for q < columns (a pitch), bit-identical to
+// score_block's scores. queries_t may start at any column of a wider array.
+void score_block_transposed(const float* queries_t, int64_t queries_pitch, int64_t columns,
+                            int64_t dim, const float* keys, int64_t key_count, int64_t key_stride,
+                            float scale, float* scores_t);
+// out[q * out_stride + c] = out[...] * out_scale[q] (if out_scale is given, the online
+// softmax's rescale) + sum_j weights_t[j * pitch + q] * values[j * value_stride + c] for
+// q < query_count, bit-identical to scaling out and then accumulate_weighted. Values are
+// read in place: rows a page or a power of two apart are slow to walk down, pack them
+// first (pack_rows).
+void accumulate_weighted_transposed(const float* weights_t, int64_t pitch, int64_t query_count,
+                                    int64_t key_count, const float* values, int64_t value_stride,
+                                    int64_t dim, float* out, int64_t out_stride,
+                                    const float* out_scale = nullptr);
+// dst[j * dst_pitch + c] = src[j * src_stride + c] for c < width, rows fetched ahead.
+void pack_rows(const float* src, int64_t rows, int64_t src_stride, int64_t width, float* dst,
+               int64_t dst_pitch);
+// Column-wise over x[rows][pitch], sums in row order:
+// column_max[q] = max_j x[j][q], NaN ignored (-inf when none).
+void column_max_ignoring_nan(const float* x, int64_t rows, int64_t pitch, float* column_max);
+// out[j][q] = exp(x[j][q] - shift[q]) (out may be x), column_sums[q] = sum_j out[j][q].
+void column_exp_and_sum(const float* x, int64_t rows, int64_t pitch, const float* shift, float* out,
+                        float* column_sums);
+// Per column: weighted_difference[q] = sum_j weights (reference - other) (NaN/inf
+// propagate, on purpose) and, over the pairs where reference - other is finite, the sums
+// of (reference - other)^2 and reference^2; other_max[q] = max_j other[j][q], NaN ignored.
+void column_divergence(const float* reference, const float* other, const float* weights,
+                       int64_t rows, int64_t pitch, float* weighted_difference,
+                       float* error_squared, float* reference_squared, float* other_max);
+// Writes j * pitch + q for every x[j][q] >= threshold[q] with q < columns (never NaN), row
+// by row; returns how many (out needs room for rows * columns).
+int64_t column_select_at_least(const float* x, int64_t rows, int64_t pitch, int64_t columns,
+                               const float* threshold, int32_t* out);
 // Peak-FMA probe for benchmarks: runs `iterations` rounds of independent FMA chains;
 // fma_probe_flops says how many floating-point operations that was on this target.
 float fma_probe(int64_t iterations);

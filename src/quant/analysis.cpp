@@ -24,7 +24,9 @@ using numerics::KvFormat;
 using numerics::KvRole;
 using numerics::ScaleStrategy;
 
-constexpr int64_t kKeyBlock = 256;  // keys per score block (fits L2 with 64 queries)
+// Keys per score block: a block's scores ([key][column], three of them), its packed values
+// and the keys stay in L2 with several contexts' queries.
+constexpr int64_t kKeyBlock = 128;
 
 int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
   if (format.strategy != ScaleStrategy::kivi || tokens < format.residual_tokens) {
@@ -33,8 +35,10 @@ int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
   return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
 }
 
-// Keeps the k largest (score, index) pairs seen so far, cheaply: candidates above the
-// current threshold go into a buffer that is pruned back to k when it grows to 4k.
+// Keeps the k largest (score, index) pairs seen so far (NaN never; ties to the lower
+// index), cheaply: candidates go into a buffer that is pruned back to k when it reaches
+// 4k. Candidates may be a superset of what an exact scan keeps (pruning sorts that out):
+// the scan offers every non-NaN score until k are kept, then those above the threshold.
 struct TopK {
   int k = 0;
   float threshold = -std::numeric_limits<float>::infinity();
@@ -47,41 +51,15 @@ struct TopK {
     items.resize(size_t(k));
     threshold = std::min_element(items.begin(), items.end())->first;
   }
-  // block_max: the largest non-NaN score of the block (-inf if none). Once k items are
-  // kept, a block whose maximum is not above the threshold adds nothing: skipped whole.
-  // Otherwise the scores above the threshold are picked without a branch per score (they
-  // are few, and a branch on each mispredicted); the threshold used is the one at the
-  // block's start, so the candidates are a superset of what an exact scan keeps, and
-  // pruning gives the same top k.
-  void add(const float* scores, int64_t count, int64_t first_index, float block_max) {
-    if (int(items.size()) >= k && !(block_max > threshold)) return;
-    int64_t j = 0;
-    for (; j < count && int(items.size()) < k; ++j) {  // filling up: NaN left out
-      if (!std::isnan(scores[j])) items.push_back({scores[j], first_index + j});
-    }
-    if (j == count) return;
-    thread_local std::vector<int32_t> above;
-    above.resize(size_t(count));
-    const float t = threshold;
-    int64_t n = 0;
-    for (; j < count; ++j) {
-      above[size_t(n)] = int32_t(j);
-      n += scores[j] > t;
-    }
-    if (n > k) {
-      // Only the block's own best k can reach the top k (the block alone has k better than
-      // any other); scores often trend upward over positions, when most of a block passes.
-      std::nth_element(above.begin(), above.begin() + (k - 1), above.begin() + n,
-                       [&](int32_t a, int32_t b) {
-                         return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-                       });
-      n = k;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t at = above[size_t(i)];
-      items.push_back({scores[at], first_index + at});
-      if (int(items.size()) >= 4 * k) prune();
-    }
+  bool full() const { return int(items.size()) >= k; }
+  // The lowest score still worth offering (the scan keeps scores >= it).
+  float scan_threshold() const {
+    return full() ? std::nextafter(threshold, std::numeric_limits<float>::infinity())
+                  : -std::numeric_limits<float>::infinity();
+  }
+  void offer(float score, int64_t index) {
+    items.push_back({score, index});
+    if (int(items.size()) >= 4 * k) prune();
   }
   std::vector<int64_t> indices() {
     prune();
@@ -92,85 +70,186 @@ struct TopK {
   }
 };
 
-// Online softmax over keys for nq queries of one KV head.
+// Online softmax over keys for the query rows of one KV head, one stream (the reference or
+// a format). Rows are [context][position x query head of the group].
 struct SoftmaxState {
-  std::vector<float> max_logit, sum_exp, output;  // [nq], [nq], [nq * dim]
-  std::vector<double> kl_partial;                 // [nq] sum exp(s - m_s) (s - t) (formats)
+  std::vector<float> max_logit, output;  // [rows], [rows * dim]
+  // [rows] sum exp(s - max_logit), and (formats) sum exp(s - m_s) (s - t): in double, as
+  // KL subtracts the logarithms of two such sums that are nearly equal.
+  std::vector<double> sum_exp, kl_partial;
   std::vector<TopK> top;
-  void init(int64_t nq, int64_t dim, int k) {
-    max_logit.assign(size_t(nq), -std::numeric_limits<float>::infinity());
-    sum_exp.assign(size_t(nq), 0.0f);
-    output.assign(size_t(nq * dim), 0.0f);
-    kl_partial.assign(size_t(nq), 0.0);
-    top.assign(size_t(nq), TopK{k, -std::numeric_limits<float>::infinity(), {}});
+  void init(int64_t rows, int64_t dim, int k) {
+    max_logit.assign(size_t(rows), -std::numeric_limits<float>::infinity());
+    sum_exp.assign(size_t(rows), 0.0);
+    output.assign(size_t(rows * dim), 0.0f);
+    kl_partial.assign(size_t(rows), 0.0);
+    top.assign(size_t(rows), TopK{k, -std::numeric_limits<float>::infinity(), {}});
   }
 };
 
-// Everything one (context, KV head) accumulates: the reference and one state per format.
+// Everything one KV head accumulates, for every context: the queries, the reference and
+// one state per format. The queries are columns, context after context (`context_pitch`
+// columns each, zero padding after the nq real ones), so the contexts that all cover a
+// key block are one matrix: the block's keys and values are read once for all of them.
 struct HeadAccumulator {
-  std::vector<float> queries;  // [nq, dim] (query heads of this KV head x positions)
+  std::vector<float> queries_t;  // [dim][contexts * context_pitch]
   SoftmaxState reference;
   std::vector<SoftmaxState> formats;
-  std::vector<double> score_error_sq, score_ref_sq;  // per format
+  std::vector<double> score_error_sq, score_ref_sq;  // [context * formats + format]
 };
 
-// Folds keys [first, first + count) of one KV head into an accumulator. `keys[f]` and
+// The layout of a fold: contexts [context_begin, context_end) of one head.
+struct FoldShape {
+  int64_t nq = 0;             // queries (rows) per context
+  int64_t context_pitch = 0;  // columns per context
+  int64_t queries_pitch = 0;  // row length of queries_t
+  int64_t dim = 0;
+  size_t context_begin = 0, context_end = 0;
+  int64_t columns() const { return int64_t(context_end - context_begin) * context_pitch; }
+  // Calls visit(column, row, context) for every real query of the fold.
+  template <class Visit>
+  void for_each_query(const Visit& visit) const {
+    for (size_t ci = context_begin; ci < context_end; ++ci) {
+      const int64_t column = int64_t(ci - context_begin) * context_pitch;
+      for (int64_t q = 0; q < nq; ++q) visit(size_t(column + q), size_t(int64_t(ci) * nq + q), ci);
+    }
+  }
+};
+
+// Per-block scratch of one thread: [key][column] arrays and per-column values.
+struct FoldScratch {
+  std::vector<float> ref_scores, probabilities, scores;  // [count, columns]
+  std::vector<float> block_max, shift, sums, kl, error_sq, ref_sq, thresholds,
+      output_rescale;                           // [columns]
+  std::vector<double> rescale, format_rescale;  // [columns]
+  std::vector<int32_t> candidates;              // [count * columns]
+  std::vector<float> packed_values;             // [count, value_pitch]
+  std::vector<TopK*> column_top;                // [columns]
+  void size(int64_t count, int64_t columns, int64_t value_pitch) {
+    for (auto* v : {&ref_scores, &probabilities, &scores}) v->resize(size_t(count * columns));
+    for (auto* v :
+         {&block_max, &shift, &sums, &kl, &error_sq, &ref_sq, &thresholds, &output_rescale}) {
+      v->assign(size_t(columns), 0.0f);
+    }
+    rescale.resize(size_t(columns));
+    format_rescale.resize(size_t(columns));
+    candidates.resize(size_t(count * columns));
+    packed_values.resize(size_t(count * value_pitch));
+    column_top.assign(size_t(columns), nullptr);
+  }
+};
+
+// Offers a block's scores ([count][columns], keys from `first`) to the queries' top k.
+// Skipped whole when no query's block maximum reaches its threshold (the common case).
+void offer_block(std::vector<TopK>& top, const float* scores_t, int64_t count,
+                 const FoldShape& shape, int64_t first, FoldScratch& scratch) {
+  const int64_t columns = shape.columns();
+  bool any = false;
+  // Padding columns: a threshold nothing reaches but +inf (which padding never holds:
+  // its scores are 0 or NaN).
+  std::fill(scratch.thresholds.begin(), scratch.thresholds.end(),
+            std::numeric_limits<float>::infinity());
+  shape.for_each_query([&](size_t column, size_t row, size_t) {
+    TopK& t = top[row];
+    scratch.column_top[column] = &t;
+    scratch.thresholds[column] = t.scan_threshold();
+    any = any || !t.full() || scratch.block_max[column] >= scratch.thresholds[column];
+  });
+  if (!any) return;
+  const int64_t found = numerics::column_select_at_least(
+      scores_t, count, columns, columns, scratch.thresholds.data(), scratch.candidates.data());
+  for (int64_t i = 0; i < found; ++i) {
+    const int32_t at = scratch.candidates[size_t(i)];
+    TopK* t = scratch.column_top[size_t(at % columns)];
+    if (t) t->offer(scores_t[at], first + at / columns);
+  }
+}
+
+// Folds keys [first, first + count) of one KV head into the rows of contexts
+// [shape.context_begin, shape.context_end), which all cover these keys. `keys[f]` and
 // `values[f]` point at the head's slice of token `first` (row stride `stride`); index 0 is
-// the reference. Score buffers are per call (thread-local).
-void fold_block(HeadAccumulator& acc, int64_t nq, int64_t dim, int64_t stride,
+// the reference. Scores are [key][column] (score_block_transposed), so the per-query
+// bookkeeping runs down columns, a vector of queries at a time. Every column's figures are
+// those of a fold of its context alone.
+void fold_block(HeadAccumulator& acc, const FoldShape& shape, int64_t stride,
                 const std::vector<const float*>& keys, const std::vector<const float*>& values,
                 int64_t first, int64_t count) {
   const size_t streams = keys.size();
+  const size_t format_count = streams - 1;
+  const int64_t dim = shape.dim, columns = shape.columns();
+  const int64_t value_pitch = dim + 8;  // off a power of two (see pack_rows)
   const float inv_sqrt_dim = float(1.0 / std::sqrt(double(dim)));
-  thread_local std::vector<float> scores, ref_scores, probabilities;
-  scores.resize(size_t(nq * count));
-  ref_scores.resize(size_t(nq * count));
-  probabilities.resize(size_t(nq * count));
-  numerics::score_block(acc.queries.data(), nq, dim, keys[0], count, stride, dim, inv_sqrt_dim,
-                        ref_scores.data());
-  // Reference softmax update; keep exp(s - m_new) for the KL terms.
+  thread_local FoldScratch scratch;
+  scratch.size(count, columns, value_pitch);
+  float* const ref_scores = scratch.ref_scores.data();
+  float* const probabilities = scratch.probabilities.data();
+  float* const scores = scratch.scores.data();
+  const float* queries_t =
+      acc.queries_t.data() + int64_t(shape.context_begin) * shape.context_pitch;
+  // The online-softmax step for one stream: new maxima, rescale of the running sums (the
+  // outputs' rescale is left in output_rescale for accumulate), exp of the block (in place
+  // into `weights`) and its column sums. Padding columns keep a zero shift; their values
+  // are never read.
+  const auto softmax_step = [&](SoftmaxState& state, const float* block_scores, float* weights,
+                                std::vector<double>& rescale) {
+    shape.for_each_query([&](size_t column, size_t row, size_t) {
+      const float m = std::max(state.max_logit[row], scratch.block_max[column]);
+      rescale[column] = std::exp(double(state.max_logit[row]) - double(m));
+      state.max_logit[row] = m;
+      scratch.shift[column] = m;
+    });
+    numerics::column_exp_and_sum(block_scores, count, columns, scratch.shift.data(), weights,
+                                 scratch.sums.data());
+    shape.for_each_query([&](size_t column, size_t row, size_t) {
+      state.sum_exp[row] = state.sum_exp[row] * rescale[column] + scratch.sums[column];
+      scratch.output_rescale[column] = float(rescale[column]);
+    });
+  };
+  // out = out * rescale + weights V for every context of the fold, V packed once.
+  const auto accumulate = [&](const float* weights, const float* stream_values,
+                              SoftmaxState& state) {
+    numerics::pack_rows(stream_values, count, stride, dim, scratch.packed_values.data(),
+                        value_pitch);
+    for (size_t ci = shape.context_begin; ci < shape.context_end; ++ci) {
+      const int64_t column = int64_t(ci - shape.context_begin) * shape.context_pitch;
+      numerics::accumulate_weighted_transposed(weights + column, columns, shape.nq, count,
+                                               scratch.packed_values.data(), value_pitch, dim,
+                                               state.output.data() + int64_t(ci) * shape.nq * dim,
+                                               dim, scratch.output_rescale.data() + column);
+    }
+  };
+  numerics::score_block_transposed(queries_t, shape.queries_pitch, columns, dim, keys[0], count,
+                                   stride, inv_sqrt_dim, ref_scores);
+  numerics::column_max_ignoring_nan(ref_scores, count, columns, scratch.block_max.data());
   SoftmaxState& ref = acc.reference;
-  std::vector<float> rescale(static_cast<size_t>(nq));
-  for (int64_t q = 0; q < nq; ++q) {
-    const float* s = ref_scores.data() + q * count;
-    const float block_max = numerics::max_ignoring_nan({s, size_t(count)});
-    const float m = std::max(ref.max_logit[size_t(q)], block_max);
-    rescale[size_t(q)] = std::exp(ref.max_logit[size_t(q)] - m);
-    ref.max_logit[size_t(q)] = m;
-    const float block_sum = numerics::exp_and_sum(
-        {s, size_t(count)}, m, {probabilities.data() + q * count, size_t(count)});
-    ref.sum_exp[size_t(q)] = ref.sum_exp[size_t(q)] * rescale[size_t(q)] + block_sum;
-    for (int64_t c = 0; c < dim; ++c) ref.output[size_t(q * dim + c)] *= rescale[size_t(q)];
-    ref.top[size_t(q)].add(s, count, first, block_max);
-  }
-  numerics::accumulate_weighted(probabilities.data(), nq, count, values[0], stride, dim,
-                                ref.output.data(), dim);
+  offer_block(ref.top, ref_scores, count, shape, first, scratch);
+  // The reference keeps exp(s - m_new) for the KL terms.
+  softmax_step(ref, ref_scores, probabilities, scratch.rescale);
+  accumulate(probabilities, values[0], ref);
   for (size_t f = 1; f < streams; ++f) {
     SoftmaxState& state = acc.formats[f - 1];
-    numerics::score_block(acc.queries.data(), nq, dim, keys[f], count, stride, dim, inv_sqrt_dim,
-                          scores.data());
-    double error_sq = 0, ref_sq = 0;
-    for (int64_t q = 0; q < nq; ++q) {
-      const float* s = ref_scores.data() + q * count;
-      const float* t = scores.data() + q * count;
-      const float* p = probabilities.data() + q * count;
-      double kl = 0;  // NaN/inf in t propagate: the query is then non-finite
-      numerics::score_divergence(s, t, p, count, &kl, &error_sq, &ref_sq);
-      state.kl_partial[size_t(q)] = state.kl_partial[size_t(q)] * rescale[size_t(q)] + kl;
-      const float block_max = numerics::max_ignoring_nan({t, size_t(count)});
-      state.top[size_t(q)].add(t, count, first, block_max);
-      const float m = std::max(state.max_logit[size_t(q)], block_max);
-      const float r = std::exp(state.max_logit[size_t(q)] - m);
-      state.max_logit[size_t(q)] = m;
-      const float block_sum =
-          numerics::exp_and_sum({t, size_t(count)}, m, {scores.data() + q * count, size_t(count)});
-      state.sum_exp[size_t(q)] = state.sum_exp[size_t(q)] * r + block_sum;
-      for (int64_t c = 0; c < dim; ++c) state.output[size_t(q * dim + c)] *= r;
+    numerics::score_block_transposed(queries_t, shape.queries_pitch, columns, dim, keys[f], count,
+                                     stride, inv_sqrt_dim, scores);
+    // NaN/inf in the format's scores propagate into KL: the query is then non-finite.
+    numerics::column_divergence(ref_scores, scores, probabilities, count, columns,
+                                scratch.kl.data(), scratch.error_sq.data(), scratch.ref_sq.data(),
+                                scratch.block_max.data());
+    for (size_t ci = shape.context_begin; ci < shape.context_end; ++ci) {
+      double error_sq = 0, ref_sq = 0;
+      const int64_t column = int64_t(ci - shape.context_begin) * shape.context_pitch;
+      for (int64_t q = 0; q < shape.nq; ++q) {
+        error_sq += scratch.error_sq[size_t(column + q)];
+        ref_sq += scratch.ref_sq[size_t(column + q)];
+      }
+      acc.score_error_sq[ci * format_count + (f - 1)] += error_sq;
+      acc.score_ref_sq[ci * format_count + (f - 1)] += ref_sq;
     }
-    acc.score_error_sq[f - 1] += error_sq;
-    acc.score_ref_sq[f - 1] += ref_sq;
-    numerics::accumulate_weighted(scores.data(), nq, count, values[f], stride, dim,
-                                  state.output.data(), dim);
+    shape.for_each_query([&](size_t column, size_t row, size_t) {
+      state.kl_partial[row] = state.kl_partial[row] * scratch.rescale[column] + scratch.kl[column];
+    });
+    offer_block(state.top, scores, count, shape, first, scratch);
+    softmax_step(state, scores, scores, scratch.format_rescale);
+    accumulate(scores, values[f], state);
   }
 }
 
@@ -270,28 +349,34 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     }
   }
 
-  // Attention accumulators: [context][kv head].
+  // Attention accumulators: [kv head], rows [context][position x query head of the group].
   const int64_t nq = int64_t(group) * options.query_positions;
-  std::vector<std::vector<HeadAccumulator>> heads(contexts.size());
+  const int64_t context_pitch = numerics::column_pitch(nq);
+  const int64_t queries_pitch = context_pitch * int64_t(contexts.size());
+  const int64_t all_rows = nq * int64_t(contexts.size());
+  std::vector<HeadAccumulator> heads(static_cast<size_t>(shape.kv_heads));
+  for (HeadAccumulator& acc : heads) {
+    acc.queries_t.assign(size_t(dim * queries_pitch), 0.0f);
+    acc.reference.init(all_rows, dim, options.top_k);
+    acc.formats.resize(formats.size());
+    for (SoftmaxState& s : acc.formats) s.init(all_rows, dim, options.top_k);
+    acc.score_error_sq.assign(contexts.size() * formats.size(), 0.0);
+    acc.score_ref_sq.assign(contexts.size() * formats.size(), 0.0);
+  }
   {
     std::vector<float> q_rows(size_t(options.query_positions * shape.q_heads * dim));
     for (size_t ci = 0; ci < contexts.size(); ++ci) {
       source.queries(contexts[ci], options.query_positions, q_rows);
-      heads[ci].resize(size_t(shape.kv_heads));
       for (int h = 0; h < shape.kv_heads; ++h) {
-        HeadAccumulator& acc = heads[ci][size_t(h)];
-        acc.queries.resize(size_t(nq * dim));
+        std::vector<float>& queries_t = heads[size_t(h)].queries_t;
         for (int p = 0; p < options.query_positions; ++p) {
           for (int g = 0; g < group; ++g) {
             const float* src = q_rows.data() + (int64_t(p) * shape.q_heads + h * group + g) * dim;
-            std::copy_n(src, dim, acc.queries.data() + (int64_t(p) * group + g) * dim);
+            const int64_t column = int64_t(ci) * context_pitch + int64_t(p) * group + g;
+            for (int64_t c = 0; c < dim; ++c)
+              queries_t[size_t(c * queries_pitch + column)] = src[c];
           }
         }
-        acc.reference.init(nq, dim, options.top_k);
-        acc.formats.resize(formats.size());
-        for (SoftmaxState& s : acc.formats) s.init(nq, dim, options.top_k);
-        acc.score_error_sq.assign(formats.size(), 0.0);
-        acc.score_ref_sq.assign(formats.size(), 0.0);
       }
     }
   }
@@ -370,9 +455,15 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     }
   };
 
+  // An attention task: one KV head and a run of consecutive contexts [context_begin,
+  // context_end) folded together over `usable` tokens of the chunk. Contexts that cover the
+  // whole chunk with the shared decoded K/V go in runs; one that ends in the chunk, or that
+  // sees KIVI-patched K/V, goes alone.
   struct AttentionTask {
-    size_t context;
+    size_t context_begin, context_end;
     int head;
+    int64_t usable;
+    bool shared;  // may take more contexts
   };
   double attention_thread_seconds = 0.0, flops = 0.0;
   double load_thread_seconds = 0.0, codec_thread_seconds = 0.0, error_thread_seconds = 0.0;
@@ -389,15 +480,20 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     std::vector<std::vector<std::vector<float>>> kivi_k(contexts.size()), kivi_v(contexts.size());
     if (current) {
       const int64_t first = current->first;
+      std::vector<AttentionTask> runs;  // head 0
       for (size_t ci = 0; ci < contexts.size(); ++ci) {
         const int64_t context = contexts[ci];
         if (first >= context) continue;
         const int64_t usable = std::min(current->count, context - first);
-        kivi_k[ci].resize(formats.size());
-        kivi_v[ci].resize(formats.size());
+        bool patched = false;
         for (size_t f = 0; f < formats.size(); ++f) {
           const int64_t q_end = kivi_quantized_tokens(formats[f], context) - first;
           if (formats[f].strategy != ScaleStrategy::kivi || q_end >= usable) continue;
+          if (!patched) {
+            kivi_k[ci].resize(formats.size());
+            kivi_v[ci].resize(formats.size());
+          }
+          patched = true;
           kivi_k[ci][f] = current->dec_k[f];
           kivi_v[ci][f] = current->dec_v[f];
           const size_t begin = size_t(std::max<int64_t>(0, q_end) * n), end = size_t(usable * n);
@@ -409,9 +505,20 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
             numerics::bf16_to_float_bulk(tmp, std::span<float>(*dst).subspan(begin, end - begin));
           }
         }
-        for (int h = 0; h < shape.kv_heads; ++h) attention_tasks.push_back({ci, h});
+        const bool shared = !patched && usable == current->count;
+        if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
+          runs.back().context_end = ci + 1;
+        } else {
+          runs.push_back({ci, ci + 1, 0, usable, shared});
+        }
         flops += 4.0 * double(nq) * double(usable) * double(dim) * double(shape.kv_heads) *
                  double(formats.size() + 1);
+      }
+      for (int h = 0; h < shape.kv_heads; ++h) {
+        for (AttentionTask run : runs) {
+          run.head = h;
+          attention_tasks.push_back(run);
+        }
       }
     }
     const int64_t attention_count = int64_t(attention_tasks.size());
@@ -426,23 +533,24 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
       }
       const auto task_start = std::chrono::steady_clock::now();
       const AttentionTask& work = attention_tasks[size_t(task)];
-      const size_t ci = work.context;
+      const size_t ci = work.context_begin;  // the patched K/V, if any, are this context's
       const int h = work.head;
       const int64_t first = current->first;
-      const int64_t usable = std::min(current->count, contexts[ci] - first);
-      HeadAccumulator& acc = heads[ci][size_t(h)];
+      const FoldShape fold{nq,  context_pitch,      queries_pitch,
+                           dim, work.context_begin, work.context_end};
+      HeadAccumulator& acc = heads[size_t(h)];
       std::vector<const float*> keys(formats.size() + 1), values(formats.size() + 1);
-      for (int64_t b = 0; b < usable; b += kKeyBlock) {
-        const int64_t block = std::min(kKeyBlock, usable - b);
+      for (int64_t b = 0; b < work.usable; b += kKeyBlock) {
+        const int64_t block = std::min(kKeyBlock, work.usable - b);
         const int64_t offset = b * n + int64_t(h) * dim;
         keys[0] = current->ref_k.data() + offset;
         values[0] = current->ref_v.data() + offset;
         for (size_t f = 0; f < formats.size(); ++f) {
-          const bool patched = !kivi_k[ci][f].empty();
+          const bool patched = !kivi_k[ci].empty() && !kivi_k[ci][f].empty();
           keys[f + 1] = (patched ? kivi_k[ci][f] : current->dec_k[f]).data() + offset;
           values[f + 1] = (patched ? kivi_v[ci][f] : current->dec_v[f]).data() + offset;
         }
-        fold_block(acc, nq, dim, n, keys, values, first + b, block);
+        fold_block(acc, fold, n, keys, values, first + b, block);
       }
       attention_seconds[size_t(task)] = seconds_since(task_start);
     });
@@ -473,22 +581,22 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
       point.context_tokens = contexts[ci];
       double kl_sum = 0, out_err = 0, out_ref = 0, agree = 0, err_sq = 0, ref_sq = 0;
       int64_t finite = 0;
-      for (HeadAccumulator& acc : heads[ci]) {
-        err_sq += acc.score_error_sq[f];
-        ref_sq += acc.score_ref_sq[f];
+      for (HeadAccumulator& acc : heads) {
+        err_sq += acc.score_error_sq[ci * formats.size() + f];
+        ref_sq += acc.score_ref_sq[ci * formats.size() + f];
         SoftmaxState& ref = acc.reference;
         SoftmaxState& st = acc.formats[f];
-        for (int64_t q = 0; q < nq; ++q) {
+        for (int64_t row = int64_t(ci) * nq; row < int64_t(ci + 1) * nq; ++row) {
+          const size_t q = size_t(row);
           ++point.queries;
-          const double log_z_ref =
-              ref.max_logit[size_t(q)] + std::log(double(ref.sum_exp[size_t(q)]));
-          const double log_z = st.max_logit[size_t(q)] + std::log(double(st.sum_exp[size_t(q)]));
-          const double kl = st.kl_partial[size_t(q)] / ref.sum_exp[size_t(q)] - log_z_ref + log_z;
+          const double log_z_ref = ref.max_logit[q] + std::log(double(ref.sum_exp[q]));
+          const double log_z = st.max_logit[q] + std::log(double(st.sum_exp[q]));
+          const double kl = st.kl_partial[q] / ref.sum_exp[q] - log_z_ref + log_z;
           double e = 0, r = 0;
           bool ok = std::isfinite(kl);
           for (int64_t c = 0; c < dim && ok; ++c) {
-            const double o_ref = ref.output[size_t(q * dim + c)] / ref.sum_exp[size_t(q)];
-            const double o = st.output[size_t(q * dim + c)] / st.sum_exp[size_t(q)];
+            const double o_ref = ref.output[q * size_t(dim) + size_t(c)] / ref.sum_exp[q];
+            const double o = st.output[q * size_t(dim) + size_t(c)] / st.sum_exp[q];
             ok = std::isfinite(o);
             e += (o - o_ref) * (o - o_ref);
             r += o_ref * o_ref;
@@ -502,8 +610,8 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
           point.kl_max = std::max(point.kl_max, std::max(0.0, kl));
           out_err += e;
           out_ref += r;
-          const std::vector<int64_t> a = ref.top[size_t(q)].indices();
-          const std::vector<int64_t> b = st.top[size_t(q)].indices();
+          const std::vector<int64_t> a = ref.top[q].indices();
+          const std::vector<int64_t> b = st.top[q].indices();
           std::vector<int64_t> common;
           std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
           agree += a.empty() ? 1.0 : double(common.size()) / double(a.size());

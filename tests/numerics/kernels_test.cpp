@@ -632,19 +632,168 @@ TEST(AttentionKernels, ScoresAndWeightedSumsMatchNaiveLoops) {
         }
       }
     }
-    std::vector<float> x = {0.0f, 1.0f, -2.0f, 3.5f, 0.25f, -10.0f, 4.0f, 2.0f, 1.0f, 0.5f, -1.0f};
-    std::vector<float> expect(x.size());
-    double sum = 0;
-    for (size_t i = 0; i < x.size(); ++i) sum += expect[i] = std::exp(x[i] - 4.0f);
-    std::vector<float> out(x.size());
-    EXPECT_NEAR(exp_and_sum(x, 4.0f, out), sum, 1e-5 * sum);
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], expect[i], 1e-6 * (1 + expect[i]));
-    // In place gives the same bits.
-    const float got = exp_and_sum(x, 4.0f, x);
-    EXPECT_NEAR(got, sum, 1e-5 * sum);
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i], out[i]);
     EXPECT_GT(fma_probe_flops(10), 0);
     EXPECT_TRUE(std::isfinite(fma_probe(1000)));
+  });
+}
+
+// The transposed forms give the row forms' bits (the analysis and the model must agree on
+// what a score is), for any column offset, tile leftovers and out_scale.
+TEST(AttentionKernels, TransposedFormsMatchTheRowForms) {
+  ForEachTarget([&] {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    for (auto [nq, nk, dim] : {std::tuple{1, 1, 2}, std::tuple{9, 13, 40}, std::tuple{64, 131, 128},
+                               std::tuple{20, 4, 6}, std::tuple{3, 70, 130}}) {
+      const int64_t pitch = column_pitch(nq);
+      ASSERT_GE(pitch, nq);
+      const int64_t wide = pitch * 2, offset = pitch;  // queries in the second half
+      const int64_t stride = dim + 5;
+      std::vector<float> q(size_t(nq * dim)), k(size_t(nk * stride)), v(size_t(nk * stride));
+      for (float& x : q) x = normal(rng);
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      std::vector<float> queries_t(size_t(dim * wide), 0.0f);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t c = 0; c < dim; ++c)
+          queries_t[size_t(c * wide + offset + i)] = q[size_t(i * dim + c)];
+      }
+      std::vector<float> rows(size_t(nq * nk)), columns(size_t(nk * pitch));
+      score_block(q.data(), nq, dim, k.data(), nk, stride, dim, 0.25f, rows.data());
+      score_block_transposed(queries_t.data() + offset, wide, pitch, dim, k.data(), nk, stride,
+                             0.25f, columns.data());
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t j = 0; j < nk; ++j) {
+          ASSERT_EQ(columns[size_t(j * pitch + i)], rows[size_t(i * nk + j)]) << i << " " << j;
+        }
+      }
+      // Weighted sums: scale then accumulate_weighted, against the fused form.
+      std::vector<float> scale(static_cast<size_t>(nq));
+      for (float& x : scale) x = std::exp(-std::fabs(normal(rng)));
+      std::vector<float> expect(size_t(nq * dim)), got(size_t(nq * dim));
+      for (size_t i = 0; i < expect.size(); ++i) expect[i] = got[i] = normal(rng);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t c = 0; c < dim; ++c) expect[size_t(i * dim + c)] *= scale[size_t(i)];
+      }
+      accumulate_weighted(rows.data(), nq, nk, v.data(), stride, dim, expect.data(), dim);
+      accumulate_weighted_transposed(columns.data(), pitch, nq, nk, v.data(), stride, dim,
+                                     got.data(), dim, scale.data());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], expect[i]) << i;
+      // Without a scale the output is only added to.
+      std::vector<float> plain(size_t(nq * dim), 1.0f), plain_rows(size_t(nq * dim), 1.0f);
+      accumulate_weighted(rows.data(), nq, nk, v.data(), stride, dim, plain_rows.data(), dim);
+      accumulate_weighted_transposed(columns.data(), pitch, nq, nk, v.data(), stride, dim,
+                                     plain.data(), dim);
+      EXPECT_EQ(plain, plain_rows);
+      // Packing rows keeps the values and the sums.
+      std::vector<float> packed(size_t(nk * (dim + 8)), -1.0f);
+      pack_rows(v.data(), nk, stride, dim, packed.data(), dim + 8);
+      for (int64_t j = 0; j < nk; ++j) {
+        for (int64_t c = 0; c < dim; ++c)
+          ASSERT_EQ(packed[size_t(j * (dim + 8) + c)], v[size_t(j * stride + c)]);
+        ASSERT_EQ(packed[size_t(j * (dim + 8) + dim)], -1.0f);  // padding untouched
+      }
+    }
+    if (column_pitch(1) > 1) {  // a pitch off the vector length
+      EXPECT_THROW(
+          score_block_transposed(nullptr, 64, column_pitch(1) + 1, 8, nullptr, 0, 8, 1.0f, nullptr),
+          std::invalid_argument);
+    }
+    EXPECT_THROW(
+        score_block_transposed(nullptr, 8, column_pitch(9), 8, nullptr, 0, 8, 1.0f, nullptr),
+        std::invalid_argument);  // queries narrower than the columns
+    EXPECT_THROW(column_max_ignoring_nan(nullptr, 0, 0, nullptr), std::invalid_argument);
+  });
+}
+
+// Column statistics against plain loops in double, with NaN, infinities and -inf shifts.
+TEST(AttentionKernels, ColumnStatisticsMatchPlainLoops) {
+  ForEachTarget([&] {
+    std::mt19937 rng(9);
+    std::normal_distribution<float> normal;
+    const float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (auto [rows, columns] : {std::pair{1, 1}, std::pair{37, 9}, std::pair{256, 64},
+                                 std::pair{5, 33}, std::pair{0, 8}}) {
+      const int64_t pitch = column_pitch(columns);
+      std::vector<float> s(size_t(rows * pitch)), t(size_t(rows * pitch)), p(size_t(rows * pitch));
+      for (size_t i = 0; i < s.size(); ++i) {
+        s[i] = 4.0f * normal(rng);
+        t[i] = s[i] + 0.01f * normal(rng);
+        p[i] = std::fabs(normal(rng));
+      }
+      if (rows > 3 && columns > 2) {  // specials in column 1 and 2
+        t[size_t(1 * pitch + 1)] = nan;
+        t[size_t(2 * pitch + 1)] = inf;
+        s[size_t(3 * pitch + 2)] = -inf;
+        t[size_t(0 * pitch + 2)] = -inf;
+      }
+      std::vector<float> shift(static_cast<size_t>(pitch));
+      for (int64_t q = 0; q < pitch; ++q) shift[size_t(q)] = q == 0 ? -inf : float(q % 5);
+      std::vector<float> column_max(static_cast<size_t>(pitch)), sums(static_cast<size_t>(pitch));
+      std::vector<float> e(s.size()), kl(static_cast<size_t>(pitch)),
+          err(static_cast<size_t>(pitch));
+      std::vector<float> ref(static_cast<size_t>(pitch)), other_max(static_cast<size_t>(pitch));
+      column_max_ignoring_nan(t.data(), rows, pitch, column_max.data());
+      column_exp_and_sum(s.data(), rows, pitch, shift.data(), e.data(), sums.data());
+      column_divergence(s.data(), t.data(), p.data(), rows, pitch, kl.data(), err.data(),
+                        ref.data(), other_max.data());
+      for (int64_t q = 0; q < columns; ++q) {
+        double m = -inf, sum = 0, kl_sum = 0, err_sum = 0, ref_sum = 0;
+        for (int64_t j = 0; j < rows; ++j) {
+          const size_t at = size_t(j * pitch + q);
+          if (!std::isnan(t[at])) m = std::max(m, double(t[at]));
+          const double x = double(s[at]) - double(shift[size_t(q)]);
+          // (float: exp(100), for a -inf shift, overflows to inf)
+          const double expect_e =
+              x < -104.0 || std::isnan(x) ? 0.0 : double(float(std::exp(std::min(x, 100.0))));
+          if (std::isinf(expect_e)) {
+            ASSERT_EQ(e[at], expect_e) << j << " " << q;
+          } else {
+            ASSERT_NEAR(e[at], expect_e, 2e-6 * expect_e) << j << " " << q;
+          }
+          sum += expect_e;
+          const double diff = double(s[at]) - double(t[at]);
+          kl_sum += double(p[at]) * diff;
+          if (std::isfinite(diff)) {
+            err_sum += diff * diff;
+            ref_sum += double(s[at]) * s[at];
+          }
+        }
+        EXPECT_EQ(column_max[size_t(q)], float(m)) << q;
+        EXPECT_EQ(other_max[size_t(q)], float(m)) << q;
+        // Compensated: within a few ulps of the exact sum whatever the row count.
+        if (std::isinf(sum)) {
+          EXPECT_EQ(sums[size_t(q)], sum) << q;
+        } else {
+          EXPECT_NEAR(sums[size_t(q)], sum, 4e-7 * sum) << q;
+        }
+        if (std::isnan(kl_sum)) {
+          EXPECT_TRUE(std::isnan(kl[size_t(q)])) << q;
+        } else if (std::isinf(kl_sum)) {
+          EXPECT_EQ(kl[size_t(q)], float(kl_sum)) << q;
+        } else {
+          EXPECT_NEAR(kl[size_t(q)], kl_sum, 1e-4 * (1 + std::fabs(kl_sum))) << q;
+        }
+        EXPECT_NEAR(err[size_t(q)], err_sum, 1e-4 * err_sum + 1e-9) << q;
+        EXPECT_NEAR(ref[size_t(q)], ref_sum, 1e-4 * ref_sum) << q;
+      }
+      // Selection: every score >= its column's threshold, row by row, NaN never.
+      std::vector<float> threshold(static_cast<size_t>(pitch));
+      for (int64_t q = 0; q < pitch; ++q) threshold[size_t(q)] = q % 3 == 0 ? -inf : 2.0f;
+      std::vector<int32_t> found(size_t(std::max(1, rows * columns)));
+      const int64_t count =
+          column_select_at_least(t.data(), rows, pitch, columns, threshold.data(), found.data());
+      std::vector<int32_t> expect;
+      for (int64_t j = 0; j < rows; ++j) {
+        for (int64_t q = 0; q < columns; ++q) {
+          if (t[size_t(j * pitch + q)] >= threshold[size_t(q)])
+            expect.push_back(int32_t(j * pitch + q));
+        }
+      }
+      ASSERT_EQ(count, int64_t(expect.size()));
+      EXPECT_TRUE(std::equal(expect.begin(), expect.end(), found.begin()));
+    }
   });
 }
 

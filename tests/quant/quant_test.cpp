@@ -185,6 +185,27 @@ TEST(Quant, StreamingMetricsMatchBruteForce) {
   }
 }
 
+// KL near 1e-6 (a fine format on well-behaved data) is a difference of two log-partition
+// functions of size ~10: float sums there would leave it off by tens of percent.
+TEST(Quant, SmallKlMatchesBruteForce) {
+  const auto source = make_synthetic("gaussian", {6, 2, 64}, 700, 5);
+  AnalysisOptions options;
+  options.contexts = {129, 700};
+  options.query_positions = 3;
+  options.top_k = 8;
+  options.chunk_tokens = 64;
+  numerics::ThreadPool pool(2);
+  for (const char* spec : {"fp8_e5m2:token", "bf16"}) {
+    const numerics::KvFormat format = parse_kv_format(spec);
+    const QuantAnalysis a = analyze(*source, {format}, options, pool);
+    for (int64_t context : options.contexts) {
+      const AttentionPoint& p = find_point(a, format.spec, context);
+      const Reference r = brute_force(*source, format, context, 3, 8);
+      EXPECT_NEAR(p.kl_mean, r.kl_mean, 0.01 * r.kl_mean + 1e-10) << spec << " " << context;
+    }
+  }
+}
+
 TEST(Quant, LosslessFormatHasNoAttentionError) {
   const auto source = make_synthetic("gaussian", {8, 4, 64}, 512);
   AnalysisOptions options;
