@@ -8,5 +8,5 @@ set -eu
 BUILD=${1:-build}
 echo "== bench_codecs: 1 GiB BF16, 2 threads, best of 5"
 "$BUILD/bench/bench_codecs" 1 2 5
-echo "== bench_attention: 128K context, 8 KV heads x 128, 2 threads, best of 3 rounds"
+echo "== bench_attention: 128K context, 8 KV heads x 128, 2 threads, best of 5 rounds"
 "$BUILD/bench/bench_attention" 128k 2
