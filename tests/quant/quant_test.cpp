@@ -6,6 +6,7 @@
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -157,13 +158,20 @@ Reference brute_force(const QkvSource& source, const numerics::KvFormat& format,
   return r;
 }
 
-TEST(Quant, StreamingMetricsMatchBruteForce) {
-  const auto source = make_synthetic("outlier-keys", {4, 2, 32}, 1500, 3);
+// Options that brute_force(..., 3, 8) reproduces.
+AnalysisOptions brute_force_options(std::vector<int64_t> contexts, int64_t chunk_tokens) {
   AnalysisOptions options;
-  options.contexts = {200, 1500};
+  options.contexts = std::move(contexts);
   options.query_positions = 3;
   options.top_k = 8;
-  options.chunk_tokens = 256;  // several chunks and a partial one
+  options.chunk_tokens = chunk_tokens;
+  return options;
+}
+
+TEST(Quant, StreamingMetricsMatchBruteForce) {
+  const auto source = make_synthetic("outlier-keys", {4, 2, 32}, 1500, 3);
+  // Chunks of 256: several chunks and a partial one.
+  const AnalysisOptions options = brute_force_options({200, 1500}, 256);
   numerics::ThreadPool pool(2);
   for (const char* spec : {"fp8_e4m3:tensor", "int4:g32", "nvfp4"}) {
     const numerics::KvFormat format = parse_kv_format(spec);
@@ -185,15 +193,12 @@ TEST(Quant, StreamingMetricsMatchBruteForce) {
   }
 }
 
-// KL near 1e-6 (a fine format on well-behaved data) is a difference of two log-partition
-// functions of size ~10: float sums there would leave it off by tens of percent.
+// KL near 1e-6 (a fine format on well-behaved data) is the difference of two log-partition
+// functions of size ~10, so their sums must be right to ~1e-9: held to 1% of a double
+// brute force (the float scores themselves leave ~0.5%).
 TEST(Quant, SmallKlMatchesBruteForce) {
   const auto source = make_synthetic("gaussian", {6, 2, 64}, 700, 5);
-  AnalysisOptions options;
-  options.contexts = {129, 700};
-  options.query_positions = 3;
-  options.top_k = 8;
-  options.chunk_tokens = 64;
+  const AnalysisOptions options = brute_force_options({129, 700}, 64);
   numerics::ThreadPool pool(2);
   for (const char* spec : {"fp8_e5m2:token", "bf16"}) {
     const numerics::KvFormat format = parse_kv_format(spec);
