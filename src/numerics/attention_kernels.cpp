@@ -197,27 +197,33 @@ HWY_INLINE void AccumulateTile(D d, const float* weights, size_t nk, const float
       hn::StoreU(acc[i][v], d, out + i * out_stride + c + v * lanes);
 }
 
+// dst[j * dst_pitch + c] = src[j * src_stride + c] for c < width, with the rows a few
+// ahead prefetched: rows a page apart defeat the hardware prefetcher, and rows a power of
+// two apart would put a column of them in one L1 set, so they are packed before a GEMM
+// walks down their columns.
+void PackRows(const float* src, size_t rows, size_t src_stride, size_t width, float* dst,
+              size_t dst_pitch) {
+  constexpr size_t kAhead = 6;
+  for (size_t j = 0; j < rows; ++j) {
+    if (j + kAhead < rows) {
+      const float* ahead = src + (j + kAhead) * src_stride;
+      for (size_t c = 0; c < width; c += 16) hwy::Prefetch(ahead + c);
+    }
+    std::copy_n(src + j * src_stride, width, dst + j * dst_pitch);
+  }
+}
+
 // out[q * out_stride + c] += sum_j weights[q * nk + j] * values[j * value_stride + c]
 void AccumulateWeighted(const float* weights, size_t nq, size_t nk, const float* values,
                         size_t value_stride, size_t dim, float* out, size_t out_stride) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const size_t dim_vector = dim / lanes * lanes;
-  // Pack the value rows contiguously with a padded pitch: the head slices of a KV row are
-  // a power-of-two apart, which would put every row of a column tile in one L1 set.
+  // The head slices of a KV row are a page apart: packed with a padded pitch first.
   const size_t pitch = dim_vector + 8;
   thread_local std::vector<float> packed;
   packed.resize(nk * pitch);
-  // The rows are a page apart: prefetching a few rows ahead hides the page walks and the
-  // prefetcher's restart on every row.
-  constexpr size_t kAhead = 6;
-  for (size_t j = 0; j < nk; ++j) {
-    if (j + kAhead < nk) {
-      const float* ahead = values + (j + kAhead) * value_stride;
-      for (size_t c = 0; c < dim_vector; c += 16) hwy::Prefetch(ahead + c);
-    }
-    std::copy_n(values + j * value_stride, dim_vector, packed.data() + j * pitch);
-  }
+  PackRows(values, nk, value_stride, dim_vector, packed.data(), pitch);
   // Column tiles outer, query rows inner: a tile's packed values (keys x 3 vectors) stay
   // in L1 while every query's weights pass over them.
   ForVectorTiles(d, dim_vector, [&](auto count, size_t c) {
@@ -325,22 +331,6 @@ void AccumulateWeightedTransposed(const float* weights_t, size_t pitch, size_t n
         sum = ScalarMulAdd(weights_t[j * pitch + qi], values[j * value_stride + c], sum);
       out[qi * out_stride + c] = sum;
     }
-  }
-}
-
-// dst[j * dst_pitch + c] = src[j * src_stride + c] for c < width, with the rows a few
-// ahead prefetched: rows a page apart defeat the hardware prefetcher, and rows a power of
-// two apart would put a column of them in one L1 set, so they are packed before a GEMM
-// walks down their columns.
-void PackRows(const float* src, size_t rows, size_t src_stride, size_t width, float* dst,
-              size_t dst_pitch) {
-  constexpr size_t kAhead = 6;
-  for (size_t j = 0; j < rows; ++j) {
-    if (j + kAhead < rows) {
-      const float* ahead = src + (j + kAhead) * src_stride;
-      for (size_t c = 0; c < width; c += 16) hwy::Prefetch(ahead + c);
-    }
-    std::copy_n(src + j * src_stride, width, dst + j * dst_pitch);
   }
 }
 
