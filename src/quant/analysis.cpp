@@ -106,12 +106,12 @@ struct FoldShape {
   int64_t dim = 0;
   size_t context_begin = 0, context_end = 0;
   int64_t columns() const { return int64_t(context_end - context_begin) * context_pitch; }
-  // Calls visit(column, row, context) for every real query of the fold.
+  // Calls visit(column, row) for every real query of the fold.
   template <class Visit>
   void for_each_query(const Visit& visit) const {
     for (size_t ci = context_begin; ci < context_end; ++ci) {
       const int64_t column = int64_t(ci - context_begin) * context_pitch;
-      for (int64_t q = 0; q < nq; ++q) visit(size_t(column + q), size_t(int64_t(ci) * nq + q), ci);
+      for (int64_t q = 0; q < nq; ++q) visit(size_t(column + q), size_t(int64_t(ci) * nq + q));
     }
   }
 };
@@ -149,7 +149,7 @@ void offer_block(std::vector<TopK>& top, const float* scores_t, int64_t count,
   // its scores are 0 or NaN).
   std::fill(scratch.thresholds.begin(), scratch.thresholds.end(),
             std::numeric_limits<float>::infinity());
-  shape.for_each_query([&](size_t column, size_t row, size_t) {
+  shape.for_each_query([&](size_t column, size_t row) {
     TopK& t = top[row];
     scratch.column_top[column] = &t;
     scratch.thresholds[column] = t.scan_threshold();
@@ -192,7 +192,7 @@ void fold_block(HeadAccumulator& acc, const FoldShape& shape, int64_t stride,
   // are never read.
   const auto softmax_step = [&](SoftmaxState& state, const float* block_scores, float* weights,
                                 std::vector<double>& rescale) {
-    shape.for_each_query([&](size_t column, size_t row, size_t) {
+    shape.for_each_query([&](size_t column, size_t row) {
       const float m = std::max(state.max_logit[row], scratch.block_max[column]);
       rescale[column] = std::exp(double(state.max_logit[row]) - double(m));
       state.max_logit[row] = m;
@@ -200,7 +200,7 @@ void fold_block(HeadAccumulator& acc, const FoldShape& shape, int64_t stride,
     });
     numerics::column_exp_and_sum(block_scores, count, columns, scratch.shift.data(), weights,
                                  scratch.sums.data());
-    shape.for_each_query([&](size_t column, size_t row, size_t) {
+    shape.for_each_query([&](size_t column, size_t row) {
       state.sum_exp[row] = state.sum_exp[row] * rescale[column] + scratch.sums[column];
       scratch.output_rescale[column] = float(rescale[column]);
     });
@@ -244,7 +244,7 @@ void fold_block(HeadAccumulator& acc, const FoldShape& shape, int64_t stride,
       acc.score_error_sq[ci * format_count + (f - 1)] += error_sq;
       acc.score_ref_sq[ci * format_count + (f - 1)] += ref_sq;
     }
-    shape.for_each_query([&](size_t column, size_t row, size_t) {
+    shape.for_each_query([&](size_t column, size_t row) {
       state.kl_partial[row] = state.kl_partial[row] * scratch.rescale[column] + scratch.kl[column];
     });
     offer_block(state.top, scores, count, shape, first, scratch);
