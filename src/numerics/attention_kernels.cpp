@@ -535,6 +535,9 @@ void score_block_transposed(const float* queries_t, int64_t queries_pitch, int64
 
 void pack_rows(const float* src, int64_t rows, int64_t src_stride, int64_t width, float* dst,
                int64_t dst_pitch) {
+  if (rows < 0 || width < 0 || dst_pitch < width || src_stride < 0) {
+    throw std::invalid_argument("pack_rows: negative size or a pitch narrower than the rows");
+  }
   HWY_DYNAMIC_DISPATCH(PackRows)
   (src, size_t(rows), size_t(src_stride), size_t(width), dst, size_t(dst_pitch));
 }

@@ -295,8 +295,9 @@ EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvR
                              std::span<float> decoded, ThreadPool* pool = nullptr);
 
 // ---------------------------------------------------------------- attention kernels
-// Blocked SIMD GEMMs for attention-error analysis (fixed reduction order; deterministic).
-// scores[q * key_count + j] = scale * dot(queries[q * query_stride ...], keys[j * key_stride ...])
+// Blocked SIMD GEMMs for attention (fixed reduction order; deterministic). Row form, as the
+// reference model uses it: scores[q * key_count + j] = scale * dot(queries[q * query_stride ...],
+// keys[j * key_stride ...])
 void score_block(const float* queries, int64_t query_count, int64_t query_stride, const float* keys,
                  int64_t key_count, int64_t key_stride, int64_t dim, float scale, float* scores);
 // out[q * out_stride + c] += sum_j weights[q * key_count + j] * values[j * value_stride + c]

@@ -703,6 +703,7 @@ TEST(AttentionKernels, TransposedFormsMatchTheRowForms) {
         score_block_transposed(nullptr, 8, column_pitch(9), 8, nullptr, 0, 8, 1.0f, nullptr),
         std::invalid_argument);  // queries narrower than the columns
     EXPECT_THROW(column_max_ignoring_nan(nullptr, 0, 0, nullptr), std::invalid_argument);
+    EXPECT_THROW(pack_rows(nullptr, 1, 8, 8, nullptr, 4), std::invalid_argument);
   });
 }
 
