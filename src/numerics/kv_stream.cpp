@@ -4,6 +4,7 @@
 // group_tokens has left the residual window of residual_tokens.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -33,6 +34,72 @@ bool is_kivi(const KvFormat& format) {
 int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
   if (tokens < format.residual_tokens) return 0;
   return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
+}
+
+// Formats with one scale for every element (FP8 with no scale or a per-tensor one, or a
+// per-head one when there is one head; NVFP4, whose blocks of 16 tile the rows): a run of
+// rows codes and counts like one long row, so round_trip sends batches of rows through the
+// bulk kernels whole instead of row by row (same decoded bits and counts as the row codec;
+// tests hold them to it). nullopt for every other format.
+std::optional<EncodeCounts> round_trip_one_scale(const KvFormat& format, const KvLayout& layout,
+                                                 const StaticAmax& calibration,
+                                                 std::span<const float> rows,
+                                                 std::span<float> decoded, ThreadPool* pool) {
+  const bool nvfp4 = format.kind == KvFormatKind::nvfp4;
+  const bool fp8 =
+      format.kind == KvFormatKind::plain && is_fp8(format.element) &&
+      (format.strategy == ScaleStrategy::none || format.strategy == ScaleStrategy::tensor ||
+       (format.strategy == ScaleStrategy::head && layout.kv_heads == 1));
+  if (!nvfp4 && !fp8) return std::nullopt;
+  const float scale = format.strategy == ScaleStrategy::none
+                          ? 1.0f
+                          : static_scales(format, layout, calibration).at(0);
+  if (fp8 && !(scale > 0.0f)) return std::nullopt;  // the row codec's all-zero path
+  // Batches: whole NVFP4 blocks and Hadamard segments (head_dim is then a power of two).
+  constexpr int64_t kBatch = 16384;
+  const int64_t total = int64_t(rows.size());
+  const int64_t batches = (total + kBatch - 1) / kBatch;
+  const int tasks = int(std::clamp<int64_t>(batches / 4, 1, 256));
+  std::vector<EncodeCounts> task_counts(static_cast<size_t>(tasks));
+  auto body = [&](int task, int64_t begin, int64_t end) {
+    std::vector<uint8_t> codes(static_cast<size_t>(kBatch)),
+        block_scales(static_cast<size_t>(kBatch / 16));
+    std::vector<float> rotated;
+    EncodeCounts& counts = task_counts[size_t(task)];
+    for (int64_t batch = begin; batch < end; ++batch) {
+      const int64_t at = batch * kBatch;
+      const size_t count = size_t(std::min(kBatch, total - at));
+      std::span<const float> input = rows.subspan(size_t(at), count);
+      const std::span<float> output = decoded.subspan(size_t(at), count);
+      if (format.hadamard) {
+        rotated.assign(input.begin(), input.end());
+        hadamard_rows(rotated, layout.head_dim);
+        input = rotated;
+      }
+      if (nvfp4) {
+        const std::span<uint8_t> packed(codes.data(), count / 2),
+            scales(block_scales.data(), count / 16);
+        encode_nvfp4(scale, input, packed, scales);
+        tally_nvfp4(scale, input, packed, scales, counts);
+        decode_nvfp4(scale, packed, scales, output);
+      } else {
+        const std::span<uint8_t> fp8_codes(codes.data(), count);
+        encode_fp8(format.element, format.overflow, scale, input, fp8_codes);
+        tally_fp8(format.element, scale, input, fp8_codes, counts);
+        decode_fp8(format.element, scale, fp8_codes, output);
+      }
+      if (format.hadamard) hadamard_rows(output, layout.head_dim);
+    }
+  };
+  if (pool) {
+    pool->parallel_for(batches, tasks, body);
+  } else {
+    for (int task = 0; task < tasks; ++task)
+      body(task, batches * task / tasks, batches * (task + 1) / tasks);
+  }
+  EncodeCounts total_counts;
+  for (const EncodeCounts& counts : task_counts) total_counts.merge(counts);
+  return total_counts;
 }
 
 }  // namespace
@@ -214,6 +281,10 @@ EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvR
         fmt::format("round_trip: {} values is not a whole number of rows of {}, or the output "
                     "({} values) is smaller",
                     rows.size(), n, decoded.size()));
+  }
+  if (std::optional<EncodeCounts> counts =
+          round_trip_one_scale(format, layout, calibration, rows, decoded, pool)) {
+    return *counts;
   }
   const int64_t tokens = int64_t(rows.size()) / n;
   const RowCodec codec(format, layout, role, calibration);

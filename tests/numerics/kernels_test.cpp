@@ -12,11 +12,14 @@
 
 #include <gtest/gtest.h>
 
+#include "common/counts.h"
 #include "hwy/targets.h"
 #include "numerics/numerics.h"
 
 namespace kvaudit::numerics {
 namespace {
+
+using testing::expect_same_counts;
 
 const ElementType kFp8Types[] = {ElementType::fp8_e4m3, ElementType::fp8_e4m3fnuz,
                                  ElementType::fp8_e5m2};
@@ -446,16 +449,6 @@ EncodeCounts tally_reference(ElementType type, std::span<const float> values,
     counts.saturated += c == CodeClass::max_finite && std::fabs(v) > limits[i];
   }
   return counts;
-}
-
-void expect_same_counts(const EncodeCounts& a, const EncodeCounts& b, const std::string& what) {
-  EXPECT_EQ(a.elements, b.elements) << what;
-  EXPECT_EQ(a.saturated, b.saturated) << what;
-  EXPECT_EQ(a.became_nan, b.became_nan) << what;
-  EXPECT_EQ(a.became_inf, b.became_inf) << what;
-  EXPECT_EQ(a.flushed_to_zero, b.flushed_to_zero) << what;
-  EXPECT_EQ(a.subnormal, b.subnormal) << what;
-  EXPECT_EQ(a.nonfinite_input, b.nonfinite_input) << what;
 }
 
 TEST(Kernels, EncodeTalliesMatchCodeClasses) {
