@@ -6,7 +6,7 @@
 // of `repeats` rounds, each round probing the peak and then running the sweep, so a busy
 // host (this machine's cores are shared) weighs on both alike.
 // usage: bench_attention [max_context=128k] [threads=2] [formats=fp8_e4m3:tensor,nvfp4]
-//                        [chunk_tokens=the analysis default] [repeats=5]
+//                        [step_tokens=the analysis default] [repeats=5]
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   numerics::ThreadPool pool(threads);
 
   quant::AnalysisOptions options;
-  if (argc > 4) options.chunk_tokens = std::atoll(argv[4]);
+  if (argc > 4) options.step_tokens = std::atoll(argv[4]);
   const int repeats = argc > 5 ? std::max(1, std::atoi(argv[5])) : 5;
   options.contexts.clear();
   for (int64_t c = 1024; c <= max_context; c *= 4) options.contexts.push_back(c);

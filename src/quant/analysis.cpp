@@ -1,9 +1,10 @@
-// The quant analysis: one streaming pass over the K/V tokens in chunks. Each chunk is
-// encoded and decoded in every format (round_trip, exactly as a cache stores it), the
-// tensor error is accumulated, and every requested context length whose range covers the
-// chunk folds it into online-softmax states for the reference and for each format, so a
-// 128K-token sweep never materialises a whole tensor. KL divergence is accumulated online
-// too: KL = sum p (s - t) - logsumexp(s) + logsumexp(t), with s/t reference/format logits.
+// The quant analysis: one streaming pass over the K/V tokens, a task per KV head. Each
+// step of tokens is encoded and decoded in every format (round_trip, exactly as a cache
+// stores it), the tensor error is accumulated, and every requested context length whose
+// range covers a key block folds it into online-softmax states for the reference and for
+// each format, so a 128K-token sweep never materialises a whole tensor. KL divergence is
+// accumulated online too: KL = sum p (s - t) - logsumexp(s) + logsumexp(t), with s/t
+// reference/format logits.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -11,6 +12,8 @@
 #include <iterator>
 #include <limits>
 #include <mutex>
+#include <numeric>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -27,6 +30,39 @@ using numerics::ScaleStrategy;
 // Keys per score block: a block's scores ([key][column], three of them), its packed values
 // and the keys stay in L2 with several contexts' queries.
 constexpr int64_t kKeyBlock = 128;
+
+// Whether the round trip of one head's part of each row gives the bits of that head's
+// part of the whole-row round trip: when every scale the format uses lies within one head
+// (static per tensor, head or channel; per token-head; groups and blocks that tile a head).
+// A per-token scale spans the whole row.
+bool head_separable(const KvFormat& format, const numerics::KvLayout& layout) {
+  if (layout.kv_heads == 1) return true;
+  switch (format.strategy) {
+    case ScaleStrategy::token:
+      return false;
+    case ScaleStrategy::group:
+    case ScaleStrategy::kivi:
+    case ScaleStrategy::block:
+      return format.group_size > 0 && layout.head_dim % format.group_size == 0;
+    default:
+      return true;
+  }
+}
+
+// Head h's share of a (layer, role)'s static calibration, for a one-head layout.
+numerics::StaticAmax calibration_of_head(const KvFormat& format, const numerics::KvLayout& layout,
+                                         const numerics::StaticAmax& calibration, int h) {
+  const auto slice = [&](const std::vector<float>& all) -> std::vector<float> {
+    if (all.empty()) return all;
+    if (format.strategy == ScaleStrategy::head) return {all.at(size_t(h))};
+    if (format.strategy == ScaleStrategy::channel) {
+      const auto begin = all.begin() + int64_t(h) * layout.head_dim;
+      return {begin, begin + layout.head_dim};
+    }
+    return all;  // one per tensor
+  };
+  return {slice(calibration.amax), slice(calibration.scales)};
+}
 
 int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
   if (format.strategy != ScaleStrategy::kivi || tokens < format.residual_tokens) {
@@ -283,16 +319,17 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
   if (options.top_k < 1) throw InputError("--top-k", "must be at least 1");
   const int64_t total = contexts.back();
   result.tokens = total;
-  // Spans of tokens are the unit of preparation work (reading K/V, round trips, tensor
-  // error): whole KIVI groups, so a span's quantised rows are whole groups. Chunks, the
-  // unit of attention work, are whole spans.
-  int64_t span = 32;
+  // A step: the tokens a head task reads, round-trips and folds at a time, whole KIVI
+  // groups (a step's quantised rows are whole groups).
+  int64_t groups = 1;
   for (const KvFormat& format : formats) {
-    if (format.strategy == ScaleStrategy::kivi) span = std::max<int64_t>(span, format.group_tokens);
+    if (format.strategy == ScaleStrategy::kivi)
+      groups = std::lcm(groups, int64_t(format.group_tokens));
   }
-  const int64_t chunk = std::max(span, options.chunk_tokens / span * span);
-  const int64_t chunks = (total + chunk - 1) / chunk;
-  const int64_t spans_per_chunk = chunk / span;
+  if (options.step_tokens < 1) throw InputError("step", "must be at least one token");
+  const int64_t step = (options.step_tokens + groups - 1) / groups * groups;
+  // The calibration pass reads spans of whole steps.
+  const int64_t span = step;
   const auto read_rows = [&](KvRole role, int64_t first, int64_t count, std::span<float> out) {
     if (role == KvRole::key) {
       source.keys(first, count, out);
@@ -383,188 +420,194 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
 
   result.calibration_seconds = seconds_since(calibration_start);
 
-  // Pass 2: stream the chunks, software-pipelined: each round runs, in one parallel_for,
-  // the attention of the chunk prepared in the previous round (a task per context and KV
-  // head) and the preparation of the next chunk (a task per span: read K/V, round-trip
-  // them through every format, tally, add the tensor error). Two chunk buffers alternate.
-  // Partial results are kept per span and merged in span order, so the figures do not
-  // depend on the thread count or on which task ran where.
-  struct ChunkBuffers {
-    int64_t first = 0, count = 0;
-    std::vector<float> ref_k, ref_v;
-    std::vector<std::vector<float>> dec_k, dec_v;  // [format]
-  };
-  std::array<ChunkBuffers, 2> buffers;
-  for (ChunkBuffers& b : buffers) {
-    b.ref_k.resize(size_t(chunk * n));
-    b.ref_v.resize(size_t(chunk * n));
-    b.dec_k.assign(formats.size(), std::vector<float>(size_t(chunk * n)));
-    b.dec_v.assign(formats.size(), std::vector<float>(size_t(chunk * n)));
+  // Pass 2: a task per KV head walks the tokens a step at a time: it reads the head's K
+  // and V, round-trips them through every format, tallies them and adds the tensor error,
+  // then folds each key block into every context that covers it. What a step touches is
+  // the head's own and small (a few hundred KB: it stays in L2, where the GEMMs run at
+  // full speed; a pipeline of shared whole-row chunks ran them from memory at half). The
+  // per-head results merge in head order, so the figures do not depend on the thread
+  // count. Formats whose scales span heads (one per token over the whole row) are
+  // round-tripped on whole rows and cut; their counts are taken once, by head 0.
+  const numerics::KvLayout head_layout{1, int(dim)};
+  std::vector<char> separable(formats.size());
+  std::vector<std::array<numerics::StaticAmax, 2>> head_calibration(formats.size() *
+                                                                    size_t(shape.kv_heads));
+  bool whole_rows = false;
+  for (size_t f = 0; f < formats.size(); ++f) {
+    separable[f] = head_separable(formats[f], layout);
+    whole_rows = whole_rows || !separable[f];
+    for (int h = 0; h < shape.kv_heads; ++h) {
+      for (size_t role = 0; role < 2; ++role) {
+        head_calibration[f * size_t(shape.kv_heads) + size_t(h)][role] =
+            calibration_of_head(formats[f], layout, calibration[f][role], h);
+      }
+    }
   }
-  struct SpanResult {
+  struct HeadResult {
     std::vector<numerics::EncodeCounts> counts;  // [format * 2 + role]
     std::vector<numerics::ErrorStats> errors;    // [format * 2 + role]
-    double load_seconds = 0, codec_seconds = 0, error_seconds = 0;
+    double load_seconds = 0, codec_seconds = 0, error_seconds = 0, attention_seconds = 0;
   };
-  std::vector<SpanResult> span_results(static_cast<size_t>(spans_per_chunk));
-
-  const auto prepare_span = [&](ChunkBuffers& chunk_buffers, int64_t span_index, SpanResult& out) {
-    const int64_t begin = span_index * span;
-    const int64_t count = std::min(span, chunk_buffers.count - begin);
-    const int64_t first = chunk_buffers.first + begin;
-    const size_t offset = size_t(begin * n), size = size_t(count * n);
-    out.load_seconds = out.codec_seconds = out.error_seconds = 0.0;
+  std::vector<HeadResult> head_results(static_cast<size_t>(shape.kv_heads));
+  // A run of contexts folded together over `usable` keys of a block: contexts that cover
+  // the whole block with the shared decoded K/V go in runs; one that ends in the block, or
+  // that sees KIVI-patched K/V, goes alone.
+  struct ContextRun {
+    size_t context_begin, context_end;
+    int64_t usable;
+    bool shared;  // may take more contexts
+  };
+  const size_t format_count = formats.size();
+  pool.parallel_for(shape.kv_heads, shape.kv_heads, [&](int h, int64_t, int64_t) {
+    HeadResult& out = head_results[size_t(h)];
+    out.counts.assign(format_count * 2, numerics::EncodeCounts{});
+    out.errors.assign(format_count * 2, numerics::ErrorStats{});
+    HeadAccumulator& acc = heads[size_t(h)];
     auto clock = std::chrono::steady_clock::now();
     const auto lap = [&](double& seconds) {
       const auto now = std::chrono::steady_clock::now();
       seconds += std::chrono::duration<double>(now - clock).count();
       clock = now;
     };
-    read_rows(KvRole::key, first, count, std::span(chunk_buffers.ref_k).subspan(offset, size));
-    read_rows(KvRole::value, first, count, std::span(chunk_buffers.ref_v).subspan(offset, size));
-    lap(out.load_seconds);
-    out.counts.assign(formats.size() * 2, numerics::EncodeCounts{});
-    out.errors.assign(formats.size() * 2, numerics::ErrorStats{});
-    for (size_t f = 0; f < formats.size(); ++f) {
-      for (KvRole role : {KvRole::key, KvRole::value}) {
-        const bool key = role == KvRole::key;
-        const std::span<const float> ref =
-            std::span<const float>(key ? chunk_buffers.ref_k : chunk_buffers.ref_v)
-                .subspan(offset, size);
-        const std::span<float> dec =
-            std::span<float>(key ? chunk_buffers.dec_k[f] : chunk_buffers.dec_v[f])
-                .subspan(offset, size);
-        // KIVI: tokens from the residual window of the largest context on stay BF16 (they
-        // are BF16 for every smaller context too); the rest is quantised group by group.
-        KvFormat format = formats[f];
-        const int64_t quantized_end =
-            std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
-        format.residual_tokens = 0;
-        const size_t tail = size_t(quantized_end * n);
-        out.counts[f * 2 + size_t(role)] = numerics::round_trip_into(
-            format, layout, role, calibration[f][size_t(role)], ref.subspan(0, tail), dec);
-        if (tail < size) {  // the BF16 tail
-          std::vector<uint16_t> as_bf16(size - tail);
-          numerics::float_to_bf16_bulk(ref.subspan(tail), as_bf16);
-          numerics::bf16_to_float_bulk(as_bf16, dec.subspan(tail));
-        }
-        lap(out.codec_seconds);
-        out.errors[f * 2 + size_t(role)].add(ref, dec);
-        lap(out.error_seconds);
+    // The head's rows of one step, [step, dim]: the reference and each format's decoded
+    // K and V; whole rows [step, n] for formats that need them; KIVI-patched copies of a
+    // block for a context that ends inside it.
+    std::vector<float> ref_k(size_t(step * dim)), ref_v(size_t(step * dim));
+    std::vector<std::vector<float>> dec_k(format_count, std::vector<float>(size_t(step * dim)));
+    std::vector<std::vector<float>> dec_v = dec_k, patched_k = dec_k, patched_v = dec_k;
+    std::vector<float> rows_k, rows_v, rows_decoded;
+    std::vector<uint16_t> as_bf16;
+    const auto cut_head = [&](const std::vector<float>& rows, int64_t count, float* head_rows) {
+      for (int64_t t = 0; t < count; ++t)
+        std::copy_n(rows.data() + t * n + int64_t(h) * dim, dim, head_rows + t * dim);
+    };
+    // dst[i] = bf16(src[i]) widened back, for i < count.
+    const auto to_bf16 = [&](const float* src, float* dst, size_t count) {
+      as_bf16.resize(count);
+      numerics::float_to_bf16_bulk({src, count}, as_bf16);
+      numerics::bf16_to_float_bulk(as_bf16, {dst, count});
+    };
+    std::vector<ContextRun> runs;
+    std::vector<char> patched(contexts.size());
+    std::vector<const float*> keys(format_count + 1), values(format_count + 1);
+    for (int64_t first = 0; first < total; first += step) {
+      const int64_t count = std::min(step, total - first);
+      const size_t size = size_t(count * dim);
+      if (whole_rows) {
+        rows_k.resize(size_t(count * n));
+        rows_v.resize(size_t(count * n));
+        read_rows(KvRole::key, first, count, rows_k);
+        read_rows(KvRole::value, first, count, rows_v);
+        cut_head(rows_k, count, ref_k.data());
+        cut_head(rows_v, count, ref_v.data());
+      } else {
+        source.head_keys(first, count, h, std::span(ref_k).first(size));
+        source.head_values(first, count, h, std::span(ref_v).first(size));
       }
+      lap(out.load_seconds);
+      for (size_t f = 0; f < format_count; ++f) {
+        for (KvRole role : {KvRole::key, KvRole::value}) {
+          const bool key = role == KvRole::key;
+          const std::span<const float> ref =
+              std::span<const float>(key ? ref_k : ref_v).first(size);
+          std::vector<float>& decoded = key ? dec_k[f] : dec_v[f];
+          // KIVI: tokens from the residual window of the largest context on stay BF16 (they
+          // are BF16 for every smaller context too); the rest is quantised group by group.
+          KvFormat format = formats[f];
+          const int64_t quantized_end =
+              std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
+          format.residual_tokens = 0;
+          const size_t index = f * 2 + size_t(role);
+          if (separable[f]) {
+            out.counts[index].merge(numerics::round_trip_into(
+                format, head_layout, role,
+                head_calibration[f * size_t(shape.kv_heads) + size_t(h)][size_t(role)],
+                ref.first(size_t(quantized_end * dim)), decoded));
+          } else {
+            const std::vector<float>& rows = key ? rows_k : rows_v;
+            rows_decoded.resize(rows.size());
+            const numerics::EncodeCounts counts = numerics::round_trip_into(
+                format, layout, role, calibration[f][size_t(role)],
+                std::span(rows).first(size_t(quantized_end * n)), rows_decoded);
+            if (h == 0) out.counts[index].merge(counts);
+            cut_head(rows_decoded, quantized_end, decoded.data());
+          }
+          if (quantized_end < count) {  // the BF16 tail
+            to_bf16(ref.data() + quantized_end * dim, decoded.data() + quantized_end * dim,
+                    size_t((count - quantized_end) * dim));
+          }
+          lap(out.codec_seconds);
+          out.errors[index].add(ref, std::span<const float>(decoded).first(size));
+          lap(out.error_seconds);
+        }
+      }
+      for (int64_t b = 0; b < count; b += kKeyBlock) {
+        const int64_t block = std::min(kKeyBlock, count - b), block_first = first + b;
+        runs.clear();
+        for (size_t ci = 0; ci < contexts.size(); ++ci) {
+          const int64_t context = contexts[ci];
+          patched[ci] = false;
+          if (block_first >= context) continue;
+          const int64_t usable = std::min(block, context - block_first);
+          for (const KvFormat& format : formats) {
+            patched[ci] =
+                patched[ci] || (format.strategy == ScaleStrategy::kivi &&
+                                kivi_quantized_tokens(format, context) - block_first < usable);
+          }
+          const bool shared = !patched[ci] && usable == block;
+          if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
+            runs.back().context_end = ci + 1;
+          } else {
+            runs.push_back({ci, ci + 1, usable, shared});
+          }
+        }
+        for (const ContextRun& run : runs) {
+          const size_t ci = run.context_begin;
+          keys[0] = ref_k.data() + b * dim;
+          values[0] = ref_v.data() + b * dim;
+          for (size_t f = 0; f < format_count; ++f) {
+            keys[f + 1] = dec_k[f].data() + b * dim;
+            values[f + 1] = dec_v[f].data() + b * dim;
+            const int64_t quantized = kivi_quantized_tokens(formats[f], contexts[ci]) - block_first;
+            if (!patched[ci] || formats[f].strategy != ScaleStrategy::kivi ||
+                quantized >= run.usable)
+              continue;
+            // KIVI at a context that ends in this block: its tokens at and past the
+            // context's quantised prefix are BF16.
+            const size_t kept = size_t(std::max<int64_t>(0, quantized) * dim);
+            const size_t used = size_t(run.usable * dim);
+            for (auto [decoded, copy, reference] :
+                 {std::tuple{keys[f + 1], &patched_k[f], keys[0]},
+                  std::tuple{values[f + 1], &patched_v[f], values[0]}}) {
+              std::copy_n(decoded, kept, copy->data());
+              to_bf16(reference + kept, copy->data() + kept, used - kept);
+            }
+            keys[f + 1] = patched_k[f].data();
+            values[f + 1] = patched_v[f].data();
+          }
+          const FoldShape fold{nq,  context_pitch,     queries_pitch,
+                               dim, run.context_begin, run.context_end};
+          fold_block(acc, fold, dim, keys, values, block_first, run.usable);
+        }
+      }
+      lap(out.attention_seconds);
     }
-  };
-
-  // An attention task: one KV head and a run of consecutive contexts [context_begin,
-  // context_end) folded together over `usable` tokens of the chunk. Contexts that cover the
-  // whole chunk with the shared decoded K/V go in runs; one that ends in the chunk, or that
-  // sees KIVI-patched K/V, goes alone.
-  struct AttentionTask {
-    size_t context_begin, context_end;
-    int head;
-    int64_t usable;
-    bool shared;  // may take more contexts
-  };
+  });
   double attention_thread_seconds = 0.0, flops = 0.0;
   double load_thread_seconds = 0.0, codec_thread_seconds = 0.0, error_thread_seconds = 0.0;
-  for (int64_t round = 0; round <= chunks; ++round) {
-    ChunkBuffers* next = round < chunks ? &buffers[size_t(round % 2)] : nullptr;
-    ChunkBuffers* current = round > 0 ? &buffers[size_t((round - 1) % 2)] : nullptr;
-    if (next) {
-      next->first = round * chunk;
-      next->count = std::min(chunk, total - next->first);
+  for (const HeadResult& part : head_results) {
+    for (size_t i = 0; i < format_count * 2; ++i) {
+      result.tensors[i].counts.merge(part.counts[i]);
+      result.tensors[i].error.merge(part.errors[i]);
     }
-    std::vector<AttentionTask> attention_tasks;
-    // KIVI at a context that ends in this chunk: tokens at and past its quantised prefix
-    // are BF16. Patched copies [context][format], made before the round starts.
-    std::vector<std::vector<std::vector<float>>> kivi_k(contexts.size()), kivi_v(contexts.size());
-    if (current) {
-      const int64_t first = current->first;
-      std::vector<AttentionTask> runs;  // head 0
-      for (size_t ci = 0; ci < contexts.size(); ++ci) {
-        const int64_t context = contexts[ci];
-        if (first >= context) continue;
-        const int64_t usable = std::min(current->count, context - first);
-        bool patched = false;
-        for (size_t f = 0; f < formats.size(); ++f) {
-          const int64_t q_end = kivi_quantized_tokens(formats[f], context) - first;
-          if (formats[f].strategy != ScaleStrategy::kivi || q_end >= usable) continue;
-          if (!patched) {
-            kivi_k[ci].resize(formats.size());
-            kivi_v[ci].resize(formats.size());
-          }
-          patched = true;
-          kivi_k[ci][f] = current->dec_k[f];
-          kivi_v[ci][f] = current->dec_v[f];
-          const size_t begin = size_t(std::max<int64_t>(0, q_end) * n), end = size_t(usable * n);
-          std::vector<uint16_t> tmp(end - begin);
-          for (auto [src, dst] : {std::pair{&current->ref_k, &kivi_k[ci][f]},
-                                  std::pair{&current->ref_v, &kivi_v[ci][f]}}) {
-            numerics::float_to_bf16_bulk(std::span<const float>(*src).subspan(begin, end - begin),
-                                         tmp);
-            numerics::bf16_to_float_bulk(tmp, std::span<float>(*dst).subspan(begin, end - begin));
-          }
-        }
-        const bool shared = !patched && usable == current->count;
-        if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
-          runs.back().context_end = ci + 1;
-        } else {
-          runs.push_back({ci, ci + 1, 0, usable, shared});
-        }
-        flops += 4.0 * double(nq) * double(usable) * double(dim) * double(shape.kv_heads) *
-                 double(formats.size() + 1);
-      }
-      for (int h = 0; h < shape.kv_heads; ++h) {
-        for (AttentionTask run : runs) {
-          run.head = h;
-          attention_tasks.push_back(run);
-        }
-      }
-    }
-    const int64_t attention_count = int64_t(attention_tasks.size());
-    const int64_t prepare_count = next ? (next->count + span - 1) / span : 0;
-    std::vector<double> attention_seconds(attention_tasks.size(), 0.0);
-    // Attention tasks first: they are the long ones; the short preparation tasks fill in.
-    const int64_t tasks = attention_count + prepare_count;
-    pool.parallel_for(tasks, int(tasks), [&](int task, int64_t, int64_t) {
-      if (task >= attention_count) {
-        prepare_span(*next, task - attention_count, span_results[size_t(task - attention_count)]);
-        return;
-      }
-      const auto task_start = std::chrono::steady_clock::now();
-      const AttentionTask& work = attention_tasks[size_t(task)];
-      const size_t ci = work.context_begin;  // the patched K/V, if any, are this context's
-      const int h = work.head;
-      const int64_t first = current->first;
-      const FoldShape fold{nq,  context_pitch,      queries_pitch,
-                           dim, work.context_begin, work.context_end};
-      HeadAccumulator& acc = heads[size_t(h)];
-      std::vector<const float*> keys(formats.size() + 1), values(formats.size() + 1);
-      for (int64_t b = 0; b < work.usable; b += kKeyBlock) {
-        const int64_t block = std::min(kKeyBlock, work.usable - b);
-        const int64_t offset = b * n + int64_t(h) * dim;
-        keys[0] = current->ref_k.data() + offset;
-        values[0] = current->ref_v.data() + offset;
-        for (size_t f = 0; f < formats.size(); ++f) {
-          const bool patched = !kivi_k[ci].empty() && !kivi_k[ci][f].empty();
-          keys[f + 1] = (patched ? kivi_k[ci][f] : current->dec_k[f]).data() + offset;
-          values[f + 1] = (patched ? kivi_v[ci][f] : current->dec_v[f]).data() + offset;
-        }
-        fold_block(acc, fold, n, keys, values, first + b, block);
-      }
-      attention_seconds[size_t(task)] = seconds_since(task_start);
-    });
-    for (double seconds : attention_seconds) attention_thread_seconds += seconds;
-    for (int64_t t = 0; t < prepare_count; ++t) {
-      const SpanResult& part = span_results[size_t(t)];
-      for (size_t i = 0; i < formats.size() * 2; ++i) {
-        result.tensors[i].counts.merge(part.counts[i]);
-        result.tensors[i].error.merge(part.errors[i]);
-      }
-      load_thread_seconds += part.load_seconds;
-      codec_thread_seconds += part.codec_seconds;
-      error_thread_seconds += part.error_seconds;
-    }
+    load_thread_seconds += part.load_seconds;
+    codec_thread_seconds += part.codec_seconds;
+    error_thread_seconds += part.error_seconds;
+    attention_thread_seconds += part.attention_seconds;
+  }
+  for (int64_t context : contexts) {
+    flops += 4.0 * double(nq) * double(context) * double(dim) * double(shape.kv_heads) *
+             double(format_count + 1);
   }
   // Parts overlap in time: each is reported as its tasks' thread time over the threads.
   const double threads = pool.threads();

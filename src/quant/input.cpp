@@ -182,6 +182,12 @@ class FileSource final : public QkvSource {
   void values(int64_t first, int64_t count, std::span<float> out) const override {
     copy_rows(v_, first, count, out);
   }
+  void head_keys(int64_t first, int64_t count, int head, std::span<float> out) const override {
+    copy_head(k_, first, count, head, out);
+  }
+  void head_values(int64_t first, int64_t count, int head, std::span<float> out) const override {
+    copy_head(v_, first, count, head, out);
+  }
   void queries(int64_t context_tokens, int count, std::span<float> out) const override {
     const int64_t width = int64_t(shape_.q_heads) * shape_.head_dim;
     for (int i = 0; i < count; ++i) {
@@ -205,6 +211,13 @@ class FileSource final : public QkvSource {
   static void copy_rows(const Array& a, int64_t first, int64_t count, std::span<float> out) {
     const int64_t width = int64_t(a.shape[1] * a.shape[2]);
     std::copy_n(a.data.data() + first * width, count * width, out.data());
+  }
+  static void copy_head(const Array& a, int64_t first, int64_t count, int head,
+                        std::span<float> out) {
+    const int64_t heads = int64_t(a.shape[1]), dim = int64_t(a.shape[2]);
+    for (int64_t t = 0; t < count; ++t) {
+      std::copy_n(a.data.data() + ((first + t) * heads + head) * dim, dim, out.data() + t * dim);
+    }
   }
   std::string description_;
   Array k_, v_, q_;

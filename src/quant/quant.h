@@ -37,6 +37,11 @@ class QkvSource {
   virtual int64_t tokens() const = 0;  // K/V tokens available
   virtual void keys(int64_t first, int64_t count, std::span<float> out) const = 0;
   virtual void values(int64_t first, int64_t count, std::span<float> out) const = 0;
+  // One KV head's part of those rows, [count, head_dim]: out[t * head_dim + c] =
+  // keys(first + t)[head * head_dim + c]. The defaults read whole rows; sources override
+  // them to produce only that head.
+  virtual void head_keys(int64_t first, int64_t count, int head, std::span<float> out) const;
+  virtual void head_values(int64_t first, int64_t count, int head, std::span<float> out) const;
   // Queries for the decode steps right after a context of `context_tokens` tokens.
   virtual void queries(int64_t context_tokens, int count, std::span<float> out) const = 0;
   virtual std::string description() const = 0;
@@ -87,7 +92,10 @@ struct AnalysisOptions {
   std::vector<int64_t> contexts = {1024, 4096, 16384};  // ascending, <= source tokens
   int query_positions = 16;                             // decode steps after each context
   int top_k = 32;
-  int64_t chunk_tokens = 256;
+  // Tokens a head's task reads, round-trips and folds at a time (rounded up to whole
+  // KIVI groups): its buffers stay in L2. Results depend on it only through the order of
+  // float sums.
+  int64_t step_tokens = 128;
   // "calibrated" static scales come from the amax over all analysed K (V) tokens.
   bool calibrate = true;
 };
@@ -100,10 +108,9 @@ struct QuantAnalysis {
   std::vector<TensorMetrics> tensors;     // per format, K then V
   std::vector<AttentionPoint> attention;  // per format x context, context ascending
   double attention_flops = 0.0;           // multiply-adds x 2 in the Q K^T and P V products
-  // Time of each part. The analysis pass overlaps its parts (attention of one chunk runs
-  // beside the reading and round trips of the next), so those are their tasks' thread time
-  // divided by the thread count; the calibration pass (reading every K/V token, amax) runs
-  // alone and is wall time.
+  // Time of each part. The analysis pass runs its parts in every head's task, so those
+  // are their tasks' thread time divided by the thread count; the calibration pass
+  // (reading every K/V token, amax) runs alone and is wall time.
   double attention_seconds = 0.0;
   double calibration_seconds = 0.0, load_seconds = 0.0, codec_seconds = 0.0,
          tensor_error_seconds = 0.0;

@@ -84,36 +84,29 @@ class SyntheticSource final : public QkvSource {
                        seed_, shape_.q_heads, shape_.kv_heads, shape_.head_dim);
   }
 
+  // Whole rows fetch the next row's window of the bank ahead; one head's slices, being
+  // an eighth as long, fetch a few rows ahead (kHeadAhead) to cover the same latency.
   void keys(int64_t first, int64_t count, std::span<float> out) const override {
-    const int d = shape_.head_dim, n = shape_.kv_heads * d;
-    for (int64_t t = 0; t < count; ++t) {
-      const int64_t token = first + t;
-      float* row = out.data() + t * n;
-      const float* z = draw(Tensor::key, token, n);
-      if (t + 1 < count) prefetch_row(draw(Tensor::key, token + 1, n), n);
-      for (int i = 0; i < n; ++i) row[i] = key_mean_[size_t(i)] + key_std_[size_t(i)] * z[i];
-      if (profile_ == Profile::outlier_keys) {
-        if (token == 0) {  // the sink: a strong component along the queries' direction
-          for (int i = 0; i < n; ++i) row[i] += 70.0f * sink_direction_[size_t(i)];
-        }
-        rope(row, shape_.kv_heads, token);
-      }
-    }
+    const int n = shape_.kv_heads * shape_.head_dim;
+    for (int64_t t = 0; t < count; ++t)
+      key_heads(first + t, 0, shape_.kv_heads, out.data() + t * n, t + 1 < count ? 1 : 0);
   }
-
+  void head_keys(int64_t first, int64_t count, int head, std::span<float> out) const override {
+    const int d = shape_.head_dim;
+    for (int64_t t = 0; t < count; ++t)
+      key_heads(first + t, head, head + 1, out.data() + t * d,
+                t + kHeadAhead < count ? kHeadAhead : 0);
+  }
   void values(int64_t first, int64_t count, std::span<float> out) const override {
     const int n = shape_.kv_heads * shape_.head_dim;
-    float sigma = 1.0f;
-    if (profile_ == Profile::outlier_keys) sigma = 0.02f;
-    if (profile_ == Profile::small_values) sigma = 0.002f;
-    for (int64_t t = 0; t < count; ++t) {
-      const int64_t token = first + t;
-      const float* z = draw(Tensor::value, token, n);
-      if (t + 1 < count) prefetch_row(draw(Tensor::value, token + 1, n), n);
-      // Sinks carry little value (their job is to absorb attention).
-      const float s = profile_ == Profile::outlier_keys && token == 0 ? sigma * 0.1f : sigma;
-      for (int i = 0; i < n; ++i) out[size_t(t * n + i)] = s * z[i];
-    }
+    for (int64_t t = 0; t < count; ++t)
+      value_heads(first + t, 0, shape_.kv_heads, out.data() + t * n, t + 1 < count ? 1 : 0);
+  }
+  void head_values(int64_t first, int64_t count, int head, std::span<float> out) const override {
+    const int d = shape_.head_dim;
+    for (int64_t t = 0; t < count; ++t)
+      value_heads(first + t, head, head + 1, out.data() + t * d,
+                  t + kHeadAhead < count ? kHeadAhead : 0);
   }
 
   void queries(int64_t context_tokens, int count, std::span<float> out) const override {
@@ -145,6 +138,40 @@ class SyntheticSource final : public QkvSource {
   // row's window while this row is computed hides most of the misses.
   static void prefetch_row(const float* z, int n) {
     for (int i = 0; i < n; i += 16) __builtin_prefetch(z + i);
+  }
+
+  static constexpr int kHeadAhead = 4;
+
+  // Heads [head_begin, head_end) of a token's key row into out; a row's elements do not
+  // depend on which heads are asked for. ahead > 0: the row `ahead` tokens on is coming.
+  void key_heads(int64_t token, int head_begin, int head_end, float* out, int ahead) const {
+    const int d = shape_.head_dim, n = shape_.kv_heads * d;
+    const int begin = head_begin * d, width = (head_end - head_begin) * d;
+    const float* z = draw(Tensor::key, token, n) + begin;
+    if (ahead > 0) prefetch_row(draw(Tensor::key, token + ahead, n) + begin, width);
+    const float* mean = key_mean_.data() + begin;
+    const float* std = key_std_.data() + begin;
+    for (int i = 0; i < width; ++i) out[i] = mean[i] + std[i] * z[i];
+    if (profile_ == Profile::outlier_keys) {
+      if (token == 0) {  // the sink: a strong component along the queries' direction
+        const float* sink = sink_direction_.data() + begin;
+        for (int i = 0; i < width; ++i) out[i] += 70.0f * sink[i];
+      }
+      rope(out, head_end - head_begin, token);
+    }
+  }
+
+  void value_heads(int64_t token, int head_begin, int head_end, float* out, int ahead) const {
+    const int d = shape_.head_dim, n = shape_.kv_heads * d;
+    const int begin = head_begin * d, width = (head_end - head_begin) * d;
+    float sigma = 1.0f;
+    if (profile_ == Profile::outlier_keys) sigma = 0.02f;
+    if (profile_ == Profile::small_values) sigma = 0.002f;
+    const float* z = draw(Tensor::value, token, n) + begin;
+    if (ahead > 0) prefetch_row(draw(Tensor::value, token + ahead, n) + begin, width);
+    // Sinks carry little value (their job is to absorb attention).
+    const float s = profile_ == Profile::outlier_keys && token == 0 ? sigma * 0.1f : sigma;
+    for (int i = 0; i < width; ++i) out[i] = s * z[i];
   }
 
   // n consecutive standard normals for one row (a window of the bank chosen by a hash).

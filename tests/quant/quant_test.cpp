@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/counts.h"
 #include "quant/quant.h"
 #include "util/util.h"
 
@@ -159,18 +160,18 @@ Reference brute_force(const QkvSource& source, const numerics::KvFormat& format,
 }
 
 // Options that brute_force(..., 3, 8) reproduces.
-AnalysisOptions brute_force_options(std::vector<int64_t> contexts, int64_t chunk_tokens) {
+AnalysisOptions brute_force_options(std::vector<int64_t> contexts, int64_t step_tokens) {
   AnalysisOptions options;
   options.contexts = std::move(contexts);
   options.query_positions = 3;
   options.top_k = 8;
-  options.chunk_tokens = chunk_tokens;
+  options.step_tokens = step_tokens;
   return options;
 }
 
 TEST(Quant, StreamingMetricsMatchBruteForce) {
   const auto source = make_synthetic("outlier-keys", {4, 2, 32}, 1500, 3);
-  // Chunks of 256: several chunks and a partial one.
+  // Steps of 256: several and a partial one.
   const AnalysisOptions options = brute_force_options({200, 1500}, 256);
   numerics::ThreadPool pool(2);
   for (const char* spec : {"fp8_e4m3:tensor", "int4:g32", "nvfp4"}) {
@@ -235,6 +236,102 @@ TEST(Quant, KiviAttentionUsesTheResidualWindowOfEachContext) {
   const AttentionPoint& long_ctx = find_point(a, "int4:kivi", 500);
   EXPECT_LT(short_ctx.output_rel_error, 0.01);  // all BF16
   EXPECT_GT(long_ctx.output_rel_error, 0.03);   // mostly 4-bit
+}
+
+// One head's rows are the slices of whole rows: the synthetic generator's own head path,
+// and QkvSource's default (cut from whole rows) through a source that has only whole rows.
+void expect_head_rows_are_slices(const QkvSource& source, int64_t first, int64_t count) {
+  const AttentionShape shape = source.shape();
+  const int64_t dim = shape.head_dim, n = int64_t(shape.kv_heads) * dim;
+  std::vector<float> keys(size_t(count * n)), values(keys.size()), head(size_t(count * dim));
+  source.keys(first, count, keys);
+  source.values(first, count, values);
+  for (int h = 0; h < shape.kv_heads; ++h) {
+    for (const auto& [rows, is_key] : {std::pair{&keys, true}, std::pair{&values, false}}) {
+      if (is_key) {
+        source.head_keys(first, count, h, head);
+      } else {
+        source.head_values(first, count, h, head);
+      }
+      for (int64_t t = 0; t < count; ++t) {
+        for (int64_t c = 0; c < dim; ++c) {
+          ASSERT_EQ(head[size_t(t * dim + c)], (*rows)[size_t(t * n + h * dim + c)])
+              << source.description() << " head " << h << " token " << first + t;
+        }
+      }
+    }
+  }
+}
+
+class WholeRowsOnly final : public QkvSource {
+ public:
+  explicit WholeRowsOnly(const QkvSource& inner) : inner_(inner) {}
+  AttentionShape shape() const override { return inner_.shape(); }
+  int64_t tokens() const override { return inner_.tokens(); }
+  void keys(int64_t first, int64_t count, std::span<float> out) const override {
+    inner_.keys(first, count, out);
+  }
+  void values(int64_t first, int64_t count, std::span<float> out) const override {
+    inner_.values(first, count, out);
+  }
+  void queries(int64_t context_tokens, int count, std::span<float> out) const override {
+    inner_.queries(context_tokens, count, out);
+  }
+  std::string description() const override { return "whole rows of " + inner_.description(); }
+
+ private:
+  const QkvSource& inner_;
+};
+
+TEST(Quant, HeadRowsAreSlicesOfWholeRows) {
+  for (const char* profile : {"outlier-keys", "gaussian", "small-values"}) {
+    const auto source = make_synthetic(profile, {8, 4, 32}, 400, 9);
+    expect_head_rows_are_slices(*source, 0, 70);    // the sink, a RoPE anchor crossed
+    expect_head_rows_are_slices(*source, 333, 67);  // to the last token
+    expect_head_rows_are_slices(WholeRowsOnly(*source), 60, 9);
+  }
+}
+
+// The analysis round-trips each KV head on its own (whole rows, cut, for a scale per
+// token over every head). Its tensor metrics must be those of round-tripping whole rows,
+// for every kind of scale and with the static ones calibrated on all tokens.
+TEST(Quant, PerHeadRoundTripsMatchWholeRows) {
+  const AttentionShape shape{8, 4, 32};
+  const int64_t tokens = 600;
+  const auto source = make_synthetic("outlier-keys", shape, tokens, 7);
+  std::vector<numerics::KvFormat> formats;
+  for (const char* spec : {"fp8_e4m3:tensor", "fp8_e4m3:none+nan", "fp8_e5m2:head",
+                           "fp8_e4m3fnuz:channel", "fp8_e4m3:token", "int8:token_head", "int4:g16",
+                           "nvfp4", "mxfp4", "fp8_e4m3:tensor+hadamard", "int4:kivi"}) {
+    formats.push_back(parse_kv_format(spec));
+  }
+  AnalysisOptions options;
+  options.contexts = {250, tokens};
+  options.query_positions = 2;
+  options.step_tokens = 64;
+  numerics::ThreadPool pool(2);
+  const QuantAnalysis a = analyze(*source, formats, options, pool);
+  const numerics::KvLayout layout = shape.kv_layout();
+  std::vector<float> keys(size_t(tokens * layout.row_elements())), values(keys.size());
+  source->keys(0, tokens, keys);
+  source->values(0, tokens, values);
+  for (const numerics::KvFormat& format : formats) {
+    for (KvRole role : {KvRole::key, KvRole::value}) {
+      const std::vector<float>& rows = role == KvRole::key ? keys : values;
+      const numerics::RoundTripResult whole = numerics::round_trip(
+          format, layout, role, numerics::calibrate_amax(format, layout, rows), rows);
+      numerics::ErrorStats error;
+      error.add(rows, whole.decoded);
+      const TensorMetrics& m = find(a, format.spec, role);
+      const std::string what = format.spec + " " + std::string(numerics::kv_role_name(role));
+      testing::expect_same_counts(m.counts, whole.counts, what);
+      EXPECT_EQ(m.error.count, error.count) << what;
+      EXPECT_EQ(m.error.max_abs_error, error.max_abs_error) << what;
+      EXPECT_NEAR(m.error.sum_squared_error.value(), error.sum_squared_error.value(),
+                  1e-12 * error.sum_squared_error.value())
+          << what;
+    }
+  }
 }
 
 TEST(Quant, RejectsBadRequests) {
@@ -313,6 +410,8 @@ TEST(QuantInput, ReadsNpyFolderAndSafetensors) {
   EXPECT_EQ(st->shape().q_heads, 2);
   st->keys(3, 1, row);
   EXPECT_EQ(row[0], 24.0f);
+  expect_head_rows_are_slices(*source, 2, 8);
+  expect_head_rows_are_slices(*st, 0, 10);
   std::filesystem::remove_all(dir);
 }
 
