@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "numerics/row_codec.h"
 
@@ -94,6 +95,22 @@ uint32_t load_code(const uint8_t* codes, int64_t index, int bits) {
 // Largest finite magnitude of a segment; NaN and inf never set a dynamic scale.
 float finite_amax(const float* x, int count) {
   return finite_abs_max({x, size_t(count)});
+}
+
+// The finite minimum and maximum of x ({+inf, -inf} when nothing is finite).
+std::array<float, 2> finite_range(const float* x, int count) {
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+  for (int i = 0; i < count; ++i) {
+    if (!std::isfinite(x[i])) continue;
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  return {lo, hi};
+}
+
+// max |x| over the finite x of a finite range, as finite_amax gives it (0 when empty).
+float range_amax(const float* range) {
+  return range[0] > range[1] ? 0.0f : std::max(std::fabs(range[0]), std::fabs(range[1]));
 }
 
 }  // namespace
@@ -184,23 +201,19 @@ void RowCodec::decode_segment_scaled(const uint8_t* codes, int code_offset, int 
 // Integer segment with a dynamic scale: symmetric q = rint(x / s), s = amax / qmax; or
 // asymmetric q = rint((x - min) / s), s = (max - min) / (2^bits - 1), decoded q * s + min.
 void RowCodec::encode_segment_int(const float* x, int count, uint8_t* codes, int code_offset,
-                                  float* scale_out, float* min_out, EncodeCounts* counts) const {
+                                  float* scale_out, float* min_out, EncodeCounts* counts,
+                                  const float* range) const {
   const ElementType type = format_.element;
   const int bits = element_traits(type).bits;
   const float qmax = float(element_traits(type).max_finite);
   float scale = 0.0f, minimum = 0.0f;
   if (format_.asymmetric) {
-    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-    for (int i = 0; i < count; ++i) {
-      if (!std::isfinite(x[i])) continue;
-      lo = std::min(lo, x[i]);
-      hi = std::max(hi, x[i]);
-    }
+    auto [lo, hi] = range ? std::array<float, 2>{range[0], range[1]} : finite_range(x, count);
     if (lo > hi) lo = hi = 0.0f;  // nothing finite
     minimum = lo;
     scale = (hi - lo) / float((1 << bits) - 1);
   } else {
-    scale = finite_amax(x, count) / qmax;
+    scale = (range ? range_amax(range) : finite_amax(x, count)) / qmax;
   }
   const uint32_t mask = (1u << bits) - 1;
   for (int i = 0; i < count; ++i) {
@@ -234,7 +247,11 @@ void RowCodec::encode_segment_int(const float* x, int count, uint8_t* codes, int
   if (min_out) *min_out = minimum;
 }
 
-void RowCodec::encode_row(const float* row, uint8_t* out, EncodeCounts* counts) const {
+void RowCodec::encode_row(const float* row, uint8_t* out, EncodeCounts* counts,
+                          const float* range) const {
+  if (range && format_.strategy != ScaleStrategy::token) {
+    throw std::invalid_argument("encode_row: a given range needs a per-token strategy");
+  }
   const ElementType type = format_.element;
   const int n = int(row_elements_);
   const int bits = element_traits(type).bits;
@@ -281,11 +298,12 @@ void RowCodec::encode_row(const float* row, uint8_t* out, EncodeCounts* counts) 
     const int count = std::min(segment, n - begin);
     if (is_int && dynamic) {
       float scale = 0.0f, minimum = 0.0f;
-      encode_segment_int(row + begin, count, out, begin, &scale, &minimum, counts);
+      encode_segment_int(row + begin, count, out, begin, &scale, &minimum, counts, range);
       put_float(format_.asymmetric ? 2 * slot : slot, scale);
       if (format_.asymmetric) put_float(2 * slot + 1, minimum);
     } else if (dynamic) {
-      const float scale = finite_amax(row + begin, count) / float(element_traits(type).max_finite);
+      const float amax = range ? range_amax(range) : finite_amax(row + begin, count);
+      const float scale = amax / float(element_traits(type).max_finite);
       encode_segment_scaled(row + begin, count, scale, out, begin, counts);
       put_float(slot, scale);
     } else {

@@ -727,68 +727,113 @@ struct TallyLanes {
   }
 };
 
+// Adds one vector of (input, code) pairs to the FP8 tallies (codes in int32 lanes).
+template <ElementType kType, class D, class Lanes>
+HWY_INLINE void TallyFp8Vector(D d, Lanes& acc, hn::Vec<D> v, hn::Vec<hn::RebindToSigned<D>> code,
+                               hn::Vec<D> limit_v) {
+  constexpr Fp8Constants k = fp8_constants(kType);
+  const hn::RebindToSigned<D> di;
+  const auto magnitude = hn::And(code, hn::Set(di, 0x7F));
+  const auto finite = hn::RebindMask(di, hn::IsFinite(v));
+  acc.nonfinite = Lanes::Count(di, acc.nonfinite, hn::Not(finite));
+  auto nan = magnitude > hn::Set(di, k.max_code);
+  auto zero = magnitude == hn::Zero(di);
+  if constexpr (k.fnuz) {
+    nan = code == hn::Set(di, 0x80);
+    zero = code == hn::Zero(di);
+  } else if constexpr (k.ieee_specials) {
+    nan = magnitude > hn::Set(di, k.special_from);
+    const auto inf = magnitude == hn::Set(di, k.special_from);
+    acc.inf = Lanes::Count(di, acc.inf, hn::And(finite, inf));
+  }
+  acc.nan = Lanes::Count(di, acc.nan, hn::And(finite, nan));
+  const auto nonzero_input = hn::RebindMask(di, hn::Ne(v, hn::Zero(d)));
+  acc.flushed = Lanes::Count(di, acc.flushed, hn::And(finite, hn::And(zero, nonzero_input)));
+  const auto subnormal =
+      hn::And(magnitude > hn::Zero(di), magnitude < hn::Set(di, 1 << k.mantissa_bits));
+  acc.subnormal = Lanes::Count(di, acc.subnormal, hn::And(finite, subnormal));
+  const auto past_limit = hn::RebindMask(di, hn::Abs(v) > limit_v);
+  acc.saturated =
+      Lanes::Count(di, acc.saturated,
+                   hn::And(finite, hn::And(magnitude == hn::Set(di, k.max_code), past_limit)));
+}
+
+// The scalar form of one (input, code) pair, for tails.
+template <ElementType kType>
+void TallyFp8Scalar(float v, int32_t code, float limit, int64_t* tallies) {
+  constexpr Fp8Constants k = fp8_constants(kType);
+  if (!std::isfinite(v)) {
+    ++tallies[5];
+    return;
+  }
+  const int32_t magnitude = code & 0x7F;
+  const bool nan = k.fnuz ? code == 0x80
+                          : (k.ieee_specials ? magnitude > k.special_from : magnitude > k.max_code);
+  const bool zero = k.fnuz ? code == 0 : magnitude == 0;
+  tallies[0] += magnitude == k.max_code && std::fabs(v) > limit;
+  tallies[1] += nan;
+  tallies[2] += k.ieee_specials && magnitude == k.special_from;
+  tallies[3] += zero && v != 0.0f;
+  tallies[4] += magnitude > 0 && magnitude < (1 << k.mantissa_bits);
+}
+
+// int32 lane counters are flushed to the totals at least this often (they cannot overflow).
+constexpr size_t kTallyFlushElements = size_t(1) << 30;
+
 void TallyFp8(ElementType type, float limit, const float* values, const uint8_t* codes,
               size_t count, int64_t* tallies) {
   WithFp8Type(type, [&](auto flavour) {
     constexpr ElementType kType = decltype(flavour)::value;
-    constexpr Fp8Constants k = fp8_constants(kType);
     const hn::ScalableTag<float> d;
     const hn::RebindToSigned<decltype(d)> di;
     const hn::Rebind<uint8_t, decltype(d)> d8;
     const size_t lanes = hn::Lanes(d);
     using Lanes = TallyLanes<decltype(di)>;
-    Lanes acc(di);
     const auto limit_v = hn::Set(d, limit);
     size_t i = 0;
-    // int32 lane counters: flushed to the totals well before they could overflow.
     while (i + lanes <= count) {
-      const size_t end = std::min(count, i + (size_t(1) << 30));
+      Lanes acc(di);
+      const size_t end = std::min(count, i + kTallyFlushElements);
       for (; i + lanes <= end; i += lanes) {
-        const auto v = hn::LoadU(d, values + i);
-        const auto code = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-        const auto magnitude = hn::And(code, hn::Set(di, 0x7F));
-        const auto finite = hn::RebindMask(di, hn::IsFinite(v));
-        acc.nonfinite = Lanes::Count(di, acc.nonfinite, hn::Not(finite));
-        auto nan = magnitude > hn::Set(di, k.max_code);
-        auto zero = magnitude == hn::Zero(di);
-        if constexpr (k.fnuz) {
-          nan = code == hn::Set(di, 0x80);
-          zero = code == hn::Zero(di);
-        } else if constexpr (k.ieee_specials) {
-          nan = magnitude > hn::Set(di, k.special_from);
-          const auto inf = magnitude == hn::Set(di, k.special_from);
-          acc.inf = Lanes::Count(di, acc.inf, hn::And(finite, inf));
-        }
-        acc.nan = Lanes::Count(di, acc.nan, hn::And(finite, nan));
-        const auto nonzero_input = hn::RebindMask(di, hn::Ne(v, hn::Zero(d)));
-        acc.flushed = Lanes::Count(di, acc.flushed, hn::And(finite, hn::And(zero, nonzero_input)));
-        const auto subnormal =
-            hn::And(magnitude > hn::Zero(di), magnitude < hn::Set(di, 1 << k.mantissa_bits));
-        acc.subnormal = Lanes::Count(di, acc.subnormal, hn::And(finite, subnormal));
-        const auto past_limit = hn::RebindMask(di, hn::Abs(v) > limit_v);
-        acc.saturated = Lanes::Count(
-            di, acc.saturated,
-            hn::And(finite, hn::And(magnitude == hn::Set(di, k.max_code), past_limit)));
+        TallyFp8Vector<kType>(d, acc, hn::LoadU(d, values + i),
+                              hn::PromoteTo(di, hn::LoadU(d8, codes + i)), limit_v);
       }
       acc.AddTo(di, tallies);
-      acc = Lanes(di);
+    }
+    for (; i < count; ++i) TallyFp8Scalar<kType>(values[i], codes[i], limit, tallies);
+  });
+}
+
+// EncodeFp8Float, TallyFp8 and DecodeFp8Float in one pass, the codes never leaving the
+// registers: output[i] = decode(encode(input[i] / scale)) * scale, tallies as TallyFp8's.
+void RoundTripFp8Float(ElementType type, Overflow overflow, float scale, const float* input,
+                       float* output, size_t count, int64_t* tallies) {
+  WithFp8Type(type, [&](auto flavour) {
+    constexpr ElementType kType = decltype(flavour)::value;
+    const hn::ScalableTag<float> d;
+    const hn::RebindToSigned<decltype(d)> di;
+    const size_t lanes = hn::Lanes(d);
+    using Lanes = TallyLanes<decltype(di)>;
+    const float limit = float(element_traits(kType).max_finite) * scale;
+    const auto limit_v = hn::Set(d, limit), scale_v = hn::Set(d, scale);
+    const auto overflow_code = hn::Set(di, fp8_overflow_code(kType, overflow));
+    size_t i = 0;
+    while (i + lanes <= count) {
+      Lanes acc(di);
+      const size_t end = std::min(count, i + kTallyFlushElements);
+      for (; i + lanes <= end; i += lanes) {
+        const auto v = hn::LoadU(d, input + i);
+        // (EncodeFp8Lanes gives each lane its code byte, 0..255: what encode stores.)
+        const auto code = EncodeFp8Lanes<kType>(d, hn::Div(v, scale_v), overflow_code);
+        TallyFp8Vector<kType>(d, acc, v, code, limit_v);
+        hn::StoreU(hn::Mul(DecodeFp8Lanes<kType>(d, code), scale_v), d, output + i);
+      }
+      acc.AddTo(di, tallies);
     }
     for (; i < count; ++i) {
-      const float v = values[i];
-      if (!std::isfinite(v)) {
-        ++tallies[5];
-        continue;
-      }
-      const int32_t code = codes[i], magnitude = code & 0x7F;
-      const bool nan =
-          k.fnuz ? code == 0x80
-                 : (k.ieee_specials ? magnitude > k.special_from : magnitude > k.max_code);
-      const bool zero = k.fnuz ? code == 0 : magnitude == 0;
-      tallies[0] += magnitude == k.max_code && std::fabs(v) > limit;
-      tallies[1] += nan;
-      tallies[2] += k.ieee_specials && magnitude == k.special_from;
-      tallies[3] += zero && v != 0.0f;
-      tallies[4] += magnitude > 0 && magnitude < (1 << k.mantissa_bits);
+      const uint32_t code = encode_element(type, input[i] / scale, overflow);
+      TallyFp8Scalar<kType>(input[i], int32_t(code), limit, tallies);
+      output[i] = decode_element(type, code) * scale;
     }
   });
 }
@@ -967,6 +1012,7 @@ HWY_EXPORT(DecodeNvfp4);
 HWY_EXPORT(EncodeNvfp4Bf16);
 HWY_EXPORT(DecodeNvfp4Bf16);
 HWY_EXPORT(TallyFp8);
+HWY_EXPORT(RoundTripFp8Float);
 HWY_EXPORT(TallyNvfp4);
 HWY_EXPORT(FiniteAbsMax);
 HWY_EXPORT(FiniteAbsMaxInto);
@@ -1072,6 +1118,15 @@ void tally_fp8(ElementType type, float scale, std::span<const float> values,
   int64_t tallies[6] = {};
   HWY_DYNAMIC_DISPATCH(TallyFp8)(type, limit, values.data(), codes.data(), values.size(), tallies);
   add_tallies(tallies, int64_t(values.size()), counts);
+}
+
+void round_trip_fp8(ElementType type, Overflow overflow, float scale, std::span<const float> input,
+                    std::span<float> output, EncodeCounts& counts) {
+  require(is_fp8(type) && output.size() >= input.size(), "round_trip_fp8: bad type or size");
+  int64_t tallies[6] = {};
+  HWY_DYNAMIC_DISPATCH(RoundTripFp8Float)
+  (type, overflow, scale, input.data(), output.data(), input.size(), tallies);
+  add_tallies(tallies, int64_t(input.size()), counts);
 }
 
 void tally_nvfp4(float tensor_scale, std::span<const float> values, std::span<const uint8_t> packed,

@@ -4,6 +4,7 @@
 // group_tokens has left the residual window of residual_tokens.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 
@@ -62,8 +63,8 @@ std::optional<EncodeCounts> round_trip_one_scale(const KvFormat& format, const K
   const int tasks = int(std::clamp<int64_t>(batches / 4, 1, 256));
   std::vector<EncodeCounts> task_counts(static_cast<size_t>(tasks));
   auto body = [&](int task, int64_t begin, int64_t end) {
-    std::vector<uint8_t> codes(static_cast<size_t>(kBatch)),
-        block_scales(static_cast<size_t>(kBatch / 16));
+    std::vector<uint8_t> codes(static_cast<size_t>(kBatch / 2)),
+        block_scales(static_cast<size_t>(kBatch / 16));  // NVFP4's
     std::vector<float> rotated;
     EncodeCounts& counts = task_counts[size_t(task)];
     for (int64_t batch = begin; batch < end; ++batch) {
@@ -83,10 +84,7 @@ std::optional<EncodeCounts> round_trip_one_scale(const KvFormat& format, const K
         tally_nvfp4(scale, input, packed, scales, counts);
         decode_nvfp4(scale, packed, scales, output);
       } else {
-        const std::span<uint8_t> fp8_codes(codes.data(), count);
-        encode_fp8(format.element, format.overflow, scale, input, fp8_codes);
-        tally_fp8(format.element, scale, input, fp8_codes, counts);
-        decode_fp8(format.element, scale, fp8_codes, output);
+        round_trip_fp8(format.element, format.overflow, scale, input, output, counts);
       }
       if (format.hadamard) hadamard_rows(output, layout.head_dim);
     }
@@ -345,6 +343,62 @@ EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvR
   float_to_bf16_bulk(rows.subspan(residual_begin), as_bf16);
   bf16_to_float_bulk(as_bf16, decoded.subspan(residual_begin, rows.size() - residual_begin));
   return total;
+}
+
+void token_row_ranges(const KvFormat& format, const KvLayout& layout, std::span<const float> rows,
+                      std::span<float> ranges) {
+  const int64_t n = layout.row_elements();
+  const int64_t tokens = int64_t(rows.size()) / n;
+  if (format.strategy != ScaleStrategy::token || int64_t(rows.size()) % n != 0 ||
+      int64_t(ranges.size()) < 2 * tokens) {
+    throw std::invalid_argument("token_row_ranges: not a per-token format, or bad sizes");
+  }
+  std::vector<float> rotated;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::span<const float> row = rows.subspan(size_t(t * n), size_t(n));
+    if (format.hadamard) {
+      rotated.assign(row.begin(), row.end());
+      hadamard_rows(rotated, layout.head_dim);
+      row = rotated;
+    }
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    for (float x : row) {
+      if (!std::isfinite(x)) continue;
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    ranges[size_t(2 * t)] = lo;
+    ranges[size_t(2 * t + 1)] = hi;
+  }
+}
+
+EncodeCounts round_trip_head_rows(const KvFormat& format, int head_dim, KvRole role,
+                                  std::span<const float> head_rows, std::span<const float> ranges,
+                                  std::span<float> decoded) {
+  const KvLayout head_layout{1, head_dim};
+  validate(format, head_layout);
+  const int64_t tokens = int64_t(head_rows.size()) / head_dim;
+  if (format.strategy != ScaleStrategy::token || int64_t(head_rows.size()) % head_dim != 0 ||
+      int64_t(ranges.size()) < 2 * tokens || decoded.size() < head_rows.size()) {
+    throw std::invalid_argument("round_trip_head_rows: not a per-token format, or bad sizes");
+  }
+  const RowCodec codec(format, head_layout, role, {});
+  std::vector<uint8_t> codes(size_t(codec.row_bytes()));
+  std::vector<float> rotated(static_cast<size_t>(head_dim));
+  EncodeCounts counts;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* row = head_rows.data() + t * head_dim;
+    float* out = decoded.data() + t * head_dim;
+    if (format.hadamard) {
+      std::copy_n(row, head_dim, rotated.begin());
+      hadamard_rows(rotated, head_dim);
+      row = rotated.data();
+    }
+    codec.encode_row(row, codes.data(), &counts, ranges.data() + 2 * t);
+    codec.decode_row(codes.data(), out);
+    if (format.hadamard) hadamard_rows({out, size_t(head_dim)}, head_dim);
+  }
+  return counts;
 }
 
 }  // namespace kvaudit::numerics

@@ -269,6 +269,10 @@ void tally_fp8(ElementType type, float scale, std::span<const float> values,
                std::span<const uint8_t> codes, EncodeCounts& counts);
 void tally_nvfp4(float tensor_scale, std::span<const float> values, std::span<const uint8_t> packed,
                  std::span<const uint8_t> block_scales, EncodeCounts& counts);
+// encode_fp8, tally_fp8 and decode_fp8 in one pass (the codes stay in registers):
+// output[i] = decode(encode(input[i] / scale)) * scale, the counts added to `counts`.
+void round_trip_fp8(ElementType type, Overflow overflow, float scale, std::span<const float> input,
+                    std::span<float> output, EncodeCounts& counts);
 
 // Largest |x| over the finite values (0 if none), and its element-wise form: amax[i] =
 // max(amax[i], |values[i]|) where values[i] is finite (amax must hold non-negative values).
@@ -293,6 +297,18 @@ RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRol
 EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvRole role,
                              const StaticAmax& calibration, std::span<const float> rows,
                              std::span<float> decoded, ThreadPool* pool = nullptr);
+
+// A per-token strategy (ScaleStrategy::token) on one KV head's part of each row: the
+// scale of a row comes from the whole row, so the whole rows' finite {minimum, maximum}
+// (after the Hadamard rotation, when the format has one) are taken first, ranges[2 t]
+// and ranges[2 t + 1] for token t ({+inf, -inf} for a row with nothing finite); then
+// round_trip_head_rows codes one head's rows [tokens, head_dim] with them, giving that
+// head's part of round_trip of the whole rows, bit for bit, and its counts.
+void token_row_ranges(const KvFormat& format, const KvLayout& layout, std::span<const float> rows,
+                      std::span<float> ranges);
+EncodeCounts round_trip_head_rows(const KvFormat& format, int head_dim, KvRole role,
+                                  std::span<const float> head_rows, std::span<const float> ranges,
+                                  std::span<float> decoded);
 
 // ---------------------------------------------------------------- attention kernels
 // Blocked SIMD GEMMs for attention (fixed reduction order; deterministic). Row form, as the

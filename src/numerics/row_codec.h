@@ -19,8 +19,12 @@ class RowCodec {
   int64_t row_bytes() const { return row_bytes_; }
   bool key_groups() const { return key_groups_; }  // KIVI keys: encode whole token groups
 
-  // row: [row_elements] -> out: [row_bytes]. counts may be null.
-  void encode_row(const float* row, uint8_t* out, EncodeCounts* counts) const;
+  // row: [row_elements] -> out: [row_bytes]. counts may be null. range (a per-token
+  // strategy only, else null): the finite {minimum, maximum} the scale is taken from, in
+  // place of the row's own: a row that is one head's part of a wider one codes as it does
+  // inside the whole.
+  void encode_row(const float* row, uint8_t* out, EncodeCounts* counts,
+                  const float* range = nullptr) const;
   void decode_row(const uint8_t* in, float* out) const;
 
   // KIVI keys: rows [tokens, row_elements] quantised per channel over the group.
@@ -36,7 +40,8 @@ class RowCodec {
   void decode_segment_scaled(const uint8_t* codes, int code_offset, int count, float scale,
                              float* out) const;
   void encode_segment_int(const float* x, int count, uint8_t* codes, int code_offset,
-                          float* scale_out, float* min_out, EncodeCounts* counts) const;
+                          float* scale_out, float* min_out, EncodeCounts* counts,
+                          const float* range) const;
 
   KvFormat format_;
   KvLayout layout_;

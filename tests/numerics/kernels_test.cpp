@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/counts.h"
@@ -449,6 +450,45 @@ EncodeCounts tally_reference(ElementType type, std::span<const float> values,
     counts.saturated += c == CodeClass::max_finite && std::fabs(v) > limits[i];
   }
   return counts;
+}
+
+// round_trip_fp8 (one fused pass) against encode_fp8, tally_fp8 and decode_fp8 in turn:
+// every flavour and overflow mode, values from subnormal to past the limit, NaN and inf,
+// lengths that leave scalar tails.
+TEST(Kernels, FusedFp8RoundTripMatchesEncodeTallyDecode) {
+  ForEachTarget([&] {
+    std::mt19937 rng(17);
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> exponent(-12.0f, 6.0f);
+    std::vector<float> values(4099);
+    for (float& v : values) v = normal(rng) * std::pow(2.0f, exponent(rng));
+    for (size_t i = 0; i < values.size(); i += 97) values[i] = i % 2 ? INFINITY : NAN;
+    values[1] = -INFINITY;
+    values[2] = 0.0f;
+    values[3] = -0.0f;
+    for (ElementType type : kFp8Types) {
+      for (Overflow overflow : {Overflow::saturate, Overflow::nan_inf}) {
+        for (float scale : {1.0f, 0.37f, 3.5f}) {
+          for (size_t length : {values.size(), size_t{7}, size_t{0}}) {
+            const std::span<const float> input(values.data(), length);
+            std::vector<uint8_t> codes(length);
+            std::vector<float> separate(length), fused(length);
+            EncodeCounts separate_counts, fused_counts;
+            encode_fp8(type, overflow, scale, input, codes);
+            tally_fp8(type, scale, input, codes, separate_counts);
+            decode_fp8(type, scale, codes, separate);
+            round_trip_fp8(type, overflow, scale, input, fused, fused_counts);
+            const std::string what =
+                fmt::format("{} overflow {} scale {} length {}", element_traits(type).name,
+                            int(overflow), scale, length);
+            ASSERT_EQ(std::memcmp(separate.data(), fused.data(), length * sizeof(float)), 0)
+                << what;
+            expect_same_counts(fused_counts, separate_counts, what);
+          }
+        }
+      }
+    }
+  });
 }
 
 TEST(Kernels, EncodeTalliesMatchCodeClasses) {

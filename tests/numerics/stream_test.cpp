@@ -90,6 +90,49 @@ TEST(KvStream, BulkRoundTripMatchesTheRowCodecBitForBit) {
   }
 }
 
+// A scale per token over every head, applied to one head's rows with the whole rows'
+// ranges, codes that head exactly as round_trip codes the whole rows; the heads' counts
+// add up to the whole rows'. Data with NaN, inf and a row with nothing finite.
+TEST(KvStream, HeadRowsWithWholeRowRangesMatchWholeRowRoundTrip) {
+  const KvLayout layout{4, 32};
+  const int64_t tokens = 90, n = layout.row_elements();
+  std::vector<float> rows = wide_rows(tokens, layout, 31);
+  for (int64_t c = 0; c < n; ++c) rows[size_t(7 * n + c)] = c % 2 ? NAN : -INFINITY;
+  for (const char* spec : {"fp8_e4m3:token", "fp8_e5m2:token+hadamard", "int8:token", "int4",
+                           "int4:token+asym", "int8:token+hadamard+asym"}) {
+    const KvFormat format = parse_kv_format(spec);
+    for (KvRole role : {KvRole::key, KvRole::value}) {
+      const RoundTripResult whole = round_trip(format, layout, role, {}, rows);
+      std::vector<float> ranges(size_t(2 * tokens));
+      token_row_ranges(format, layout, rows, ranges);
+      EncodeCounts counts;
+      for (int h = 0; h < layout.kv_heads; ++h) {
+        std::vector<float> head(size_t(tokens * layout.head_dim)), decoded(head.size());
+        for (int64_t t = 0; t < tokens; ++t) {
+          std::copy_n(rows.data() + t * n + h * layout.head_dim, layout.head_dim,
+                      head.data() + t * layout.head_dim);
+        }
+        counts.merge(round_trip_head_rows(format, layout.head_dim, role, head, ranges, decoded));
+        for (int64_t t = 0; t < tokens; ++t) {
+          ASSERT_EQ(std::memcmp(decoded.data() + t * layout.head_dim,
+                                whole.decoded.data() + t * n + h * layout.head_dim,
+                                size_t(layout.head_dim) * sizeof(float)),
+                    0)
+              << spec << " head " << h << " token " << t;
+        }
+      }
+      expect_same_counts(counts, whole.counts, spec);
+    }
+  }
+  std::vector<float> one_row(32), one_range(2), out(32);
+  EXPECT_THROW(round_trip_head_rows(parse_kv_format("fp8_e4m3:tensor"), 32, KvRole::key, one_row,
+                                    one_range, out),
+               std::invalid_argument);
+  EXPECT_THROW(
+      round_trip_head_rows(parse_kv_format("int8:token"), 32, KvRole::key, one_row, {}, out),
+      std::invalid_argument);
+}
+
 TEST(KvStream, StreamingAndBulkRoundTripAgreeForEveryFormat) {
   const KvLayout layout{2, 64};
   const int64_t tokens = 300;  // crosses KIVI's residual window and several groups
