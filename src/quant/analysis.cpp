@@ -338,12 +338,32 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     }
   };
 
-  // Pass 1: calibration (amax over every analysed token) for static scales. Each task reads
-  // its spans and takes every format's amax of them while they are in cache; maxima merge
-  // in any order to the same result.
+  // How pass 2 round-trips each format one KV head at a time: on the head's own rows; on
+  // them with each row's whole-row range (a scale per token over every head); or, for
+  // scales that span heads any other way, on whole rows, cut.
+  enum class HeadPath { own_rows, token_ranges, whole_rows };
+  std::vector<HeadPath> head_path(formats.size());
+  bool whole_rows = false, any_token_ranges = false;
+  // [format][role]: every token's whole-row range, for the token_ranges formats.
+  std::vector<std::array<std::vector<float>, 2>> token_ranges(formats.size());
+  for (size_t f = 0; f < formats.size(); ++f) {
+    head_path[f] = head_separable(formats[f], layout)            ? HeadPath::own_rows
+                   : formats[f].strategy == ScaleStrategy::token ? HeadPath::token_ranges
+                                                                 : HeadPath::whole_rows;
+    whole_rows = whole_rows || head_path[f] == HeadPath::whole_rows;
+    if (head_path[f] == HeadPath::token_ranges) {
+      any_token_ranges = true;
+      for (auto& ranges : token_ranges[f]) ranges.resize(size_t(2 * total));
+    }
+  }
+
+  // Pass 1: calibration (amax over every analysed token) for static scales, and the
+  // whole-row ranges of per-token formats. Each task reads its spans and takes every
+  // format's amax of them while they are in cache; maxima merge in any order to the same
+  // result.
   const auto calibration_start = std::chrono::steady_clock::now();
   std::vector<std::array<numerics::StaticAmax, 2>> calibration(formats.size());
-  if (options.calibrate) {
+  if (options.calibrate || any_token_ranges) {
     std::mutex merge_mutex;
     const int64_t spans = (total + span - 1) / span;
     pool.parallel_for(spans, int(std::min<int64_t>(spans, 256)), [&](int, int64_t b, int64_t e) {
@@ -355,6 +375,12 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
         for (KvRole role : {KvRole::key, KvRole::value}) {
           read_rows(role, first, count, rows);
           for (size_t f = 0; f < formats.size(); ++f) {
+            if (head_path[f] == HeadPath::token_ranges) {
+              numerics::token_row_ranges(formats[f], layout, rows,
+                                         std::span(token_ranges[f][size_t(role)])
+                                             .subspan(size_t(2 * first), size_t(2 * count)));
+            }
+            if (!options.calibrate) continue;
             const numerics::StaticAmax part = numerics::calibrate_amax(formats[f], layout, rows);
             auto& amax = local[f][size_t(role)].amax;
             if (amax.empty()) amax.assign(part.amax.size(), 0.0f);
@@ -389,7 +415,10 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
   // Attention accumulators: [kv head], rows [context][position x query head of the group].
   const int64_t nq = int64_t(group) * options.query_positions;
   const int64_t context_pitch = numerics::column_pitch(nq);
-  const int64_t queries_pitch = context_pitch * int64_t(contexts.size());
+  // Padded by 8 floats: a row length of a multiple of 4 cache lines (5 contexts of 64
+  // queries) puts a query tile's rows in a quarter of L1's sets, and it no longer stays
+  // in L1 while the keys stream past.
+  const int64_t queries_pitch = context_pitch * int64_t(contexts.size()) + 8;
   const int64_t all_rows = nq * int64_t(contexts.size());
   std::vector<HeadAccumulator> heads(static_cast<size_t>(shape.kv_heads));
   for (HeadAccumulator& acc : heads) {
@@ -426,16 +455,13 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
   // the head's own and small (a few hundred KB: it stays in L2, where the GEMMs run at
   // full speed; a pipeline of shared whole-row chunks ran them from memory at half). The
   // per-head results merge in head order, so the figures do not depend on the thread
-  // count. Formats whose scales span heads (one per token over the whole row) are
-  // round-tripped on whole rows and cut; their counts are taken once, by head 0.
+  // count. A scale per token over every head is taken from the row's range (pass 1);
+  // formats whose scales span heads any other way (groups wider than a head) are
+  // round-tripped on whole rows and cut, their counts taken once, by head 0's task.
   const numerics::KvLayout head_layout{1, int(dim)};
-  std::vector<char> separable(formats.size());
   std::vector<std::array<numerics::StaticAmax, 2>> head_calibration(formats.size() *
                                                                     size_t(shape.kv_heads));
-  bool whole_rows = false;
   for (size_t f = 0; f < formats.size(); ++f) {
-    separable[f] = head_separable(formats[f], layout);
-    whole_rows = whole_rows || !separable[f];
     for (int h = 0; h < shape.kv_heads; ++h) {
       for (size_t role = 0; role < 2; ++role) {
         head_calibration[f * size_t(shape.kv_heads) + size_t(h)][role] =
@@ -458,34 +484,51 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     bool shared;  // may take more contexts
   };
   const size_t format_count = formats.size();
-  pool.parallel_for(shape.kv_heads, shape.kv_heads, [&](int h, int64_t, int64_t) {
-    HeadResult& out = head_results[size_t(h)];
-    out.counts.assign(format_count * 2, numerics::EncodeCounts{});
-    out.errors.assign(format_count * 2, numerics::ErrorStats{});
-    HeadAccumulator& acc = heads[size_t(h)];
+  // Tasks: a KV head each; when a format needs whole rows, a run of heads per thread, so
+  // whole rows are read and round-tripped once per step per thread rather than per head.
+  const int tasks = whole_rows ? std::clamp(pool.threads(), 1, shape.kv_heads) : shape.kv_heads;
+  pool.parallel_for(shape.kv_heads, tasks, [&](int, int64_t head_begin, int64_t head_end) {
+    for (int64_t h = head_begin; h < head_end; ++h) {
+      head_results[size_t(h)].counts.assign(format_count * 2, numerics::EncodeCounts{});
+      head_results[size_t(h)].errors.assign(format_count * 2, numerics::ErrorStats{});
+    }
+    // The task's time, by part, is kept with its first head.
+    HeadResult& timing = head_results[size_t(head_begin)];
     auto clock = std::chrono::steady_clock::now();
     const auto lap = [&](double& seconds) {
       const auto now = std::chrono::steady_clock::now();
       seconds += std::chrono::duration<double>(now - clock).count();
       clock = now;
     };
-    // The head's rows of one step, [step, dim]: the reference and each format's decoded
-    // K and V; whole rows [step, n] for formats that need them; KIVI-patched copies of a
-    // block for a context that ends inside it.
+    // One head's rows of a step, [step, dim]: the reference and each format's decoded K
+    // and V, and KIVI-patched copies of a block for a context that ends inside it. Whole
+    // rows [step, n] of the step and, for each format that needs them, their round trips.
     std::vector<float> ref_k(size_t(step * dim)), ref_v(size_t(step * dim));
     std::vector<std::vector<float>> dec_k(format_count, std::vector<float>(size_t(step * dim)));
     std::vector<std::vector<float>> dec_v = dec_k, patched_k = dec_k, patched_v = dec_k;
-    std::vector<float> rows_k, rows_v, rows_decoded;
+    std::vector<float> rows_k, rows_v;
+    std::vector<std::array<std::vector<float>, 2>> rows_decoded(format_count);  // [format][role]
     std::vector<uint16_t> as_bf16;
-    const auto cut_head = [&](const std::vector<float>& rows, int64_t count, float* head_rows) {
+    const auto cut_head = [&](const std::vector<float>& rows, int64_t h, int64_t count,
+                              float* head_rows) {
       for (int64_t t = 0; t < count; ++t)
-        std::copy_n(rows.data() + t * n + int64_t(h) * dim, dim, head_rows + t * dim);
+        std::copy_n(rows.data() + t * n + h * dim, dim, head_rows + t * dim);
     };
     // dst[i] = bf16(src[i]) widened back, for i < count.
     const auto to_bf16 = [&](const float* src, float* dst, size_t count) {
       as_bf16.resize(count);
       numerics::float_to_bf16_bulk({src, count}, as_bf16);
       numerics::bf16_to_float_bulk(as_bf16, {dst, count});
+    };
+    // KIVI: tokens from the residual window of the largest context on stay BF16 (they are
+    // BF16 for every smaller context too); the rest is quantised group by group. Returns
+    // the format as round-tripped and the step's quantised token count.
+    const auto step_format = [&](size_t f, int64_t first, int64_t count) {
+      KvFormat format = formats[f];
+      const int64_t quantized_end =
+          std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
+      format.residual_tokens = 0;
+      return std::pair{format, quantized_end};
     };
     std::vector<ContextRun> runs;
     std::vector<char> patched(contexts.size());
@@ -498,99 +541,117 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
         rows_v.resize(size_t(count * n));
         read_rows(KvRole::key, first, count, rows_k);
         read_rows(KvRole::value, first, count, rows_v);
-        cut_head(rows_k, count, ref_k.data());
-        cut_head(rows_v, count, ref_v.data());
-      } else {
-        source.head_keys(first, count, h, std::span(ref_k).first(size));
-        source.head_values(first, count, h, std::span(ref_v).first(size));
-      }
-      lap(out.load_seconds);
-      for (size_t f = 0; f < format_count; ++f) {
-        for (KvRole role : {KvRole::key, KvRole::value}) {
-          const bool key = role == KvRole::key;
-          const std::span<const float> ref =
-              std::span<const float>(key ? ref_k : ref_v).first(size);
-          std::vector<float>& decoded = key ? dec_k[f] : dec_v[f];
-          // KIVI: tokens from the residual window of the largest context on stay BF16 (they
-          // are BF16 for every smaller context too); the rest is quantised group by group.
-          KvFormat format = formats[f];
-          const int64_t quantized_end =
-              std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
-          format.residual_tokens = 0;
-          const size_t index = f * 2 + size_t(role);
-          if (separable[f]) {
-            out.counts[index].merge(numerics::round_trip_into(
-                format, head_layout, role,
-                head_calibration[f * size_t(shape.kv_heads) + size_t(h)][size_t(role)],
-                ref.first(size_t(quantized_end * dim)), decoded));
-          } else {
-            const std::vector<float>& rows = key ? rows_k : rows_v;
-            rows_decoded.resize(rows.size());
+        lap(timing.load_seconds);
+        for (size_t f = 0; f < format_count; ++f) {
+          if (head_path[f] != HeadPath::whole_rows) continue;
+          const auto [format, quantized_end] = step_format(f, first, count);
+          for (KvRole role : {KvRole::key, KvRole::value}) {
+            const std::vector<float>& rows = role == KvRole::key ? rows_k : rows_v;
+            std::vector<float>& decoded = rows_decoded[f][size_t(role)];
+            decoded.resize(rows.size());
             const numerics::EncodeCounts counts = numerics::round_trip_into(
                 format, layout, role, calibration[f][size_t(role)],
-                std::span(rows).first(size_t(quantized_end * n)), rows_decoded);
-            if (h == 0) out.counts[index].merge(counts);
-            cut_head(rows_decoded, quantized_end, decoded.data());
+                std::span(rows).first(size_t(quantized_end * n)), decoded);
+            // Every task round-trips the whole rows: the task of head 0 counts them.
+            if (head_begin == 0) head_results[0].counts[f * 2 + size_t(role)].merge(counts);
           }
-          if (quantized_end < count) {  // the BF16 tail
-            to_bf16(ref.data() + quantized_end * dim, decoded.data() + quantized_end * dim,
-                    size_t((count - quantized_end) * dim));
-          }
-          lap(out.codec_seconds);
-          out.errors[index].add(ref, std::span<const float>(decoded).first(size));
-          lap(out.error_seconds);
         }
+        lap(timing.codec_seconds);
       }
-      for (int64_t b = 0; b < count; b += kKeyBlock) {
-        const int64_t block = std::min(kKeyBlock, count - b), block_first = first + b;
-        runs.clear();
-        for (size_t ci = 0; ci < contexts.size(); ++ci) {
-          const int64_t context = contexts[ci];
-          patched[ci] = false;
-          if (block_first >= context) continue;
-          const int64_t usable = std::min(block, context - block_first);
-          for (const KvFormat& format : formats) {
-            patched[ci] =
-                patched[ci] || (format.strategy == ScaleStrategy::kivi &&
-                                kivi_quantized_tokens(format, context) - block_first < usable);
-          }
-          const bool shared = !patched[ci] && usable == block;
-          if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
-            runs.back().context_end = ci + 1;
-          } else {
-            runs.push_back({ci, ci + 1, usable, shared});
-          }
+      for (int64_t h = head_begin; h < head_end; ++h) {
+        HeadResult& out = head_results[size_t(h)];
+        HeadAccumulator& acc = heads[size_t(h)];
+        if (whole_rows) {
+          cut_head(rows_k, h, count, ref_k.data());
+          cut_head(rows_v, h, count, ref_v.data());
+        } else {
+          source.head_keys(first, count, int(h), std::span(ref_k).first(size));
+          source.head_values(first, count, int(h), std::span(ref_v).first(size));
         }
-        for (const ContextRun& run : runs) {
-          const size_t ci = run.context_begin;
-          keys[0] = ref_k.data() + b * dim;
-          values[0] = ref_v.data() + b * dim;
-          for (size_t f = 0; f < format_count; ++f) {
-            keys[f + 1] = dec_k[f].data() + b * dim;
-            values[f + 1] = dec_v[f].data() + b * dim;
-            const int64_t quantized = kivi_quantized_tokens(formats[f], contexts[ci]) - block_first;
-            if (!patched[ci] || formats[f].strategy != ScaleStrategy::kivi ||
-                quantized >= run.usable)
-              continue;
-            // KIVI at a context that ends in this block: its tokens at and past the
-            // context's quantised prefix are BF16.
-            const size_t kept = size_t(std::max<int64_t>(0, quantized) * dim);
-            const size_t used = size_t(run.usable * dim);
-            for (auto [decoded, copy, reference] :
-                 {std::tuple{keys[f + 1], &patched_k[f], keys[0]},
-                  std::tuple{values[f + 1], &patched_v[f], values[0]}}) {
-              std::copy_n(decoded, kept, copy->data());
-              to_bf16(reference + kept, copy->data() + kept, used - kept);
+        lap(timing.load_seconds);
+        for (size_t f = 0; f < format_count; ++f) {
+          const auto [format, quantized_end] = step_format(f, first, count);
+          for (KvRole role : {KvRole::key, KvRole::value}) {
+            const bool key = role == KvRole::key;
+            const std::span<const float> ref =
+                std::span<const float>(key ? ref_k : ref_v).first(size);
+            std::vector<float>& decoded = key ? dec_k[f] : dec_v[f];
+            const size_t index = f * 2 + size_t(role);
+            if (head_path[f] == HeadPath::own_rows) {
+              out.counts[index].merge(numerics::round_trip_into(
+                  format, head_layout, role,
+                  head_calibration[f * size_t(shape.kv_heads) + size_t(h)][size_t(role)],
+                  ref.first(size_t(quantized_end * dim)), decoded));
+            } else if (head_path[f] == HeadPath::token_ranges) {
+              out.counts[index].merge(numerics::round_trip_head_rows(
+                  format, int(dim), role, ref.first(size_t(quantized_end * dim)),
+                  std::span<const float>(token_ranges[f][size_t(role)])
+                      .subspan(size_t(2 * first), size_t(2 * quantized_end)),
+                  decoded));
+            } else {
+              cut_head(rows_decoded[f][size_t(role)], h, quantized_end, decoded.data());
             }
-            keys[f + 1] = patched_k[f].data();
-            values[f + 1] = patched_v[f].data();
+            if (quantized_end < count) {  // the BF16 tail
+              to_bf16(ref.data() + quantized_end * dim, decoded.data() + quantized_end * dim,
+                      size_t((count - quantized_end) * dim));
+            }
+            lap(timing.codec_seconds);
+            out.errors[index].add(ref, std::span<const float>(decoded).first(size));
+            lap(timing.error_seconds);
           }
-          const FoldShape fold{nq,  context_pitch,     queries_pitch,
-                               dim, run.context_begin, run.context_end};
-          fold_block(acc, fold, dim, keys, values, block_first, run.usable);
         }
+        for (int64_t b = 0; b < count; b += kKeyBlock) {
+          const int64_t block = std::min(kKeyBlock, count - b), block_first = first + b;
+          runs.clear();
+          for (size_t ci = 0; ci < contexts.size(); ++ci) {
+            const int64_t context = contexts[ci];
+            patched[ci] = false;
+            if (block_first >= context) continue;
+            const int64_t usable = std::min(block, context - block_first);
+            for (const KvFormat& format : formats) {
+              patched[ci] =
+                  patched[ci] || (format.strategy == ScaleStrategy::kivi &&
+                                  kivi_quantized_tokens(format, context) - block_first < usable);
+            }
+            const bool shared = !patched[ci] && usable == block;
+            if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
+              runs.back().context_end = ci + 1;
+            } else {
+              runs.push_back({ci, ci + 1, usable, shared});
+            }
+          }
+          for (const ContextRun& run : runs) {
+            const size_t ci = run.context_begin;
+            keys[0] = ref_k.data() + b * dim;
+            values[0] = ref_v.data() + b * dim;
+            for (size_t f = 0; f < format_count; ++f) {
+              keys[f + 1] = dec_k[f].data() + b * dim;
+              values[f + 1] = dec_v[f].data() + b * dim;
+              const int64_t quantized =
+                  kivi_quantized_tokens(formats[f], contexts[ci]) - block_first;
+              if (!patched[ci] || formats[f].strategy != ScaleStrategy::kivi ||
+                  quantized >= run.usable)
+                continue;
+              // KIVI at a context that ends in this block: its tokens at and past the
+              // context's quantised prefix are BF16.
+              const size_t kept = size_t(std::max<int64_t>(0, quantized) * dim);
+              const size_t used = size_t(run.usable * dim);
+              for (auto [decoded, copy, reference] :
+                   {std::tuple{keys[f + 1], &patched_k[f], keys[0]},
+                    std::tuple{values[f + 1], &patched_v[f], values[0]}}) {
+                std::copy_n(decoded, kept, copy->data());
+                to_bf16(reference + kept, copy->data() + kept, used - kept);
+              }
+              keys[f + 1] = patched_k[f].data();
+              values[f + 1] = patched_v[f].data();
+            }
+            const FoldShape fold{nq,  context_pitch,     queries_pitch,
+                                 dim, run.context_begin, run.context_end};
+            fold_block(acc, fold, dim, keys, values, block_first, run.usable);
+          }
+        }
+        lap(timing.attention_seconds);
       }
-      lap(out.attention_seconds);
     }
   });
   double attention_thread_seconds = 0.0, flops = 0.0;

@@ -292,9 +292,10 @@ TEST(Quant, HeadRowsAreSlicesOfWholeRows) {
   }
 }
 
-// The analysis round-trips each KV head on its own (whole rows, cut, for a scale per
-// token over every head). Its tensor metrics must be those of round-tripping whole rows,
-// for every kind of scale and with the static ones calibrated on all tokens.
+// The analysis round-trips each KV head on its own: with the whole rows' ranges for a
+// scale per token, on whole rows cut for groups wider than a head (g64 here). Its tensor
+// metrics must be those of round-tripping whole rows, for every kind of scale and with
+// the static ones calibrated on all tokens.
 TEST(Quant, PerHeadRoundTripsMatchWholeRows) {
   const AttentionShape shape{8, 4, 32};
   const int64_t tokens = 600;
@@ -302,7 +303,8 @@ TEST(Quant, PerHeadRoundTripsMatchWholeRows) {
   std::vector<numerics::KvFormat> formats;
   for (const char* spec : {"fp8_e4m3:tensor", "fp8_e4m3:none+nan", "fp8_e5m2:head",
                            "fp8_e4m3fnuz:channel", "fp8_e4m3:token", "int8:token_head", "int4:g16",
-                           "nvfp4", "mxfp4", "fp8_e4m3:tensor+hadamard", "int4:kivi"}) {
+                           "nvfp4", "mxfp4", "fp8_e4m3:tensor+hadamard", "int4:kivi",
+                           "int4:token+asym", "int8:token+hadamard", "int4:g64"}) {
     formats.push_back(parse_kv_format(spec));
   }
   AnalysisOptions options;
