@@ -243,6 +243,7 @@ double stored_bits_per_element(const KvFormat& format, const KvLayout& layout, K
 
 StaticAmax calibrate_amax(const KvFormat& format, const KvLayout& layout,
                           std::span<const float> rows) {
+  validate_kv_layout(format, layout);
   StaticAmax result;
   const int64_t n = layout.row_elements();
   size_t shape = 0;

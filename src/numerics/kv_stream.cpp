@@ -14,9 +14,8 @@
 #include "util/util.h"
 
 namespace kvaudit::numerics {
-namespace {
 
-void validate(const KvFormat& format, const KvLayout& layout) {
+void validate_kv_layout(const KvFormat& format, const KvLayout& layout) {
   if (layout.kv_heads < 1 || layout.head_dim < 1)
     throw InputError("kv layout", "kv_heads and head_dim must be positive");
   const int n = layout.row_elements();
@@ -26,6 +25,8 @@ void validate(const KvFormat& format, const KvLayout& layout) {
   if (format.kind == KvFormatKind::nvfp4 && n % 16 != 0)
     throw InputError(format.spec, fmt::format("nvfp4 needs rows of a multiple of 16, got {}", n));
 }
+
+namespace {
 
 bool is_kivi(const KvFormat& format) {
   return format.strategy == ScaleStrategy::kivi;
@@ -152,7 +153,7 @@ struct KvStream::Impl {
 };
 
 KvStream::KvStream(KvFormat format, KvLayout layout, KvRole role, StaticAmax calibration) {
-  validate(format, layout);
+  validate_kv_layout(format, layout);
   impl_ = std::make_unique<Impl>(std::move(format), layout, role, std::move(calibration));
 }
 KvStream::~KvStream() = default;
@@ -272,7 +273,7 @@ RoundTripResult round_trip(const KvFormat& format, const KvLayout& layout, KvRol
 EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvRole role,
                              const StaticAmax& calibration, std::span<const float> rows,
                              std::span<float> decoded, ThreadPool* pool) {
-  validate(format, layout);
+  validate_kv_layout(format, layout);
   const int64_t n = layout.row_elements();
   if (int64_t(rows.size()) % n != 0 || decoded.size() < rows.size()) {
     throw std::invalid_argument(
@@ -376,7 +377,7 @@ EncodeCounts round_trip_head_rows(const KvFormat& format, int head_dim, KvRole r
                                   std::span<const float> head_rows, std::span<const float> ranges,
                                   std::span<float> decoded) {
   const KvLayout head_layout{1, head_dim};
-  validate(format, head_layout);
+  validate_kv_layout(format, head_layout);
   const int64_t tokens = int64_t(head_rows.size()) / head_dim;
   if (format.strategy != ScaleStrategy::token || int64_t(head_rows.size()) % head_dim != 0 ||
       int64_t(ranges.size()) < 2 * tokens || decoded.size() < head_rows.size()) {

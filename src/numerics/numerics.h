@@ -134,6 +134,9 @@ struct KvLayout {
   int head_dim = 128;
   int row_elements() const { return kv_heads * head_dim; }
 };
+// Throws InputError (naming the format) when a format cannot take this layout: a Hadamard
+// rotation needs a power-of-two head_dim, NVFP4 rows of a multiple of 16.
+void validate_kv_layout(const KvFormat& format, const KvLayout& layout);
 
 // Calibrated absolute maxima for static scales of one (layer, role), measured on what is
 // quantised (after the Hadamard rotation when the format has one; calibrate_amax does this).

@@ -316,6 +316,7 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
                                           contexts.back(), source.tokens()));
   }
   if (formats.empty()) throw InputError("--formats", "no format given");
+  for (const KvFormat& format : formats) numerics::validate_kv_layout(format, layout);
   if (options.top_k < 1) throw InputError("--top-k", "must be at least 1");
   const int64_t total = contexts.back();
   result.tokens = total;

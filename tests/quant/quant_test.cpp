@@ -345,6 +345,13 @@ TEST(Quant, RejectsBadRequests) {
   options.contexts = {0};
   EXPECT_THROW(analyze(*source, {parse_kv_format("bf16")}, options, pool), InputError);
   EXPECT_THROW(make_synthetic("nope", {4, 2, 32}, 10), InputError);
+  // A Hadamard rotation needs a power-of-two head_dim: a clear error, not a crash.
+  const auto odd_heads = make_synthetic("gaussian", {4, 2, 24}, 100);
+  options.contexts = {50};
+  EXPECT_THROW(analyze(*odd_heads, {parse_kv_format("fp8_e4m3:tensor+hadamard")}, options, pool),
+               InputError);
+  EXPECT_THROW(analyze(*odd_heads, {parse_kv_format("int8:token+hadamard")}, options, pool),
+               InputError);
   EXPECT_THROW(make_synthetic("gaussian", {3, 2, 32}, 10), InputError);
 }
 
