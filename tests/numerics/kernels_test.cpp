@@ -481,7 +481,9 @@ TEST(Kernels, FusedFp8RoundTripMatchesEncodeTallyDecode) {
             const std::string what =
                 fmt::format("{} overflow {} scale {} length {}", element_traits(type).name,
                             int(overflow), scale, length);
-            ASSERT_EQ(std::memcmp(separate.data(), fused.data(), length * sizeof(float)), 0)
+            // (memcmp may not be given the null data() of empty vectors.)
+            ASSERT_TRUE(length == 0 ||
+                        std::memcmp(separate.data(), fused.data(), length * sizeof(float)) == 0)
                 << what;
             expect_same_counts(fused_counts, separate_counts, what);
           }

@@ -61,7 +61,7 @@ std::vector<float> wide_rows(int64_t tokens, const KvLayout& layout, uint32_t se
 TEST(KvStream, BulkRoundTripMatchesTheRowCodecBitForBit) {
   ThreadPool pool(2);
   for (const KvLayout layout : {KvLayout{2, 64}, KvLayout{1, 64}, KvLayout{3, 32}}) {
-    const int64_t tokens = 700;  // several bulk batches and a partial one
+    const int64_t tokens = 300;  // two bulk batches (16K elements) and a partial one
     const std::vector<float> rows = wide_rows(tokens, layout, 21);
     for (const char* spec : kAllFormats) {
       const KvFormat format = parse_kv_format(spec);
