@@ -41,8 +41,9 @@ test-release: build
 # model) and the shell stories that serve or calibrate that model (live_story,
 # calibrate_cli, probe_cli). Under ASan+UBSan they took 1-3 minutes each, about half of the
 # sanitizer stage; the tiny-model forward/eval/calibrate/serve/probe tests cover the same
-# code here.
-ASAN_EXCLUDE ?= ^(Fixture(Model)?[.]|shell[.](live_story|calibrate_cli|probe_cli)$$)
+# code here. html_render spends its ~50 s in the headless browser that draws the pages:
+# its kvaudit runs (check, quant --html) are in check_cli and quant_cli too.
+ASAN_EXCLUDE ?= ^(Fixture(Model)?[.]|shell[.](live_story|calibrate_cli|probe_cli|html_render)$$)
 test-asan: asan
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS) -E '$(ASAN_EXCLUDE)'
 

@@ -56,9 +56,10 @@ check "logs --expect unknown key" 2 $?
 
 # With the checkpoint the launch served (the demo checkpoint: FP8 KV declared, no
 # scales), the FP8 launch's scale-1.0 fallback is proven and check agrees on the dtype.
+# (The build's shared copy, made once for every test that needs it.)
 if [ -x "$BUILD/kvaudit_make_checkpoint" ]; then
-  "$BUILD/kvaudit_make_checkpoint" "$SRC/examples/qwen3.5-397b-a17b-nvfp4/manifest.json" "$TMP/ckpt" > /dev/null
-  "$BIN" logs "$FIX/journal_qwen35_fp8_then_bf16.log" --launch 1 --checkpoint "$TMP/ckpt" \
+  ckpt=$("$SRC/tools/ensure-demo-checkpoint.sh" "$BUILD") || { echo "FAIL demo checkpoint"; exit 1; }
+  "$BIN" logs "$FIX/journal_qwen35_fp8_then_bf16.log" --launch 1 --checkpoint "$ckpt" \
     --expect kv_cache_dtype=fp8_e4m3 --expect scale_fallback=true --json > "$TMP/fp8.json"
   check "logs --launch 1 --checkpoint: scale fallback proven" 0 $?
   json "$TMP/fp8.json" "[f['id'] for f in d['findings']]" | grep -q "check-agrees" || { echo "FAIL no check-agrees"; fail=1; }
