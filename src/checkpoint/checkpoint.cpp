@@ -25,7 +25,8 @@ json read_json_file(const fs::path& path) {
   if (text.empty()) throw InputError(path.string(), "file is empty, expected JSON");
   try {
     return json::parse(text);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {
+    // Syntax errors, and numbers past a double's range (out_of_range, not parse_error).
     // nlohmann's message carries the byte position; drop its "[json.exception...]" prefix.
     std::string message = error.what();
     if (auto pos = message.find("] "); pos != std::string::npos) message = message.substr(pos + 2);

@@ -98,7 +98,7 @@ EngineData load_engine_data(std::string_view engine) {
   std::string text = read_text_file(data.file);
   try {
     data.document = json::parse(text);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // syntax, or a number out of range
     throw InputError(data.file.string(), std::string("invalid JSON: ") + error.what());
   }
   for (const char* key : {"engine", "latest_known_version", "launch", "kv_cache_dtype_choices",

@@ -108,7 +108,7 @@ std::unique_ptr<Model> Model::load(const fs::path& dir) {
   nlohmann::json config_json;
   try {
     config_json = nlohmann::json::parse(read_text_file(config_path, 16 << 20));
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // syntax, or a number out of range
     throw InputError(label, fmt::format("not valid JSON: {}", error.what()));
   }
   std::unique_ptr<Model> model(new Model());

@@ -253,6 +253,12 @@ TEST_F(Malformed, InvalidConfigJson) {
   write("config.json", R"({"model_type": "llama",)");
   expect_error("config.json", "invalid JSON");
 }
+// A number past a double's range is nlohmann's out_of_range, not a parse_error: it must
+// still be a one-line error (found by fuzz_config).
+TEST_F(Malformed, ConfigNumberOutOfRange) {
+  write("config.json", R"({"model_type": "llama", "hidden_size": 1e99999})");
+  expect_error("config.json", "invalid JSON: number overflow");
+}
 TEST_F(Malformed, ConfigNotObject) {
   write("config.json", "[1,2,3]");
   expect_error("config.json", "expected a JSON object");
