@@ -38,6 +38,26 @@ int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
   return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
 }
 
+// Runs body(counts, begin, end) over [0, units) in `tasks` contiguous parts, on the pool
+// when there is one, each part with its own counts; returns their sum (in task order, so
+// it does not depend on the threads).
+template <class Body>
+EncodeCounts run_counted(ThreadPool* pool, int64_t units, int tasks, const Body& body) {
+  std::vector<EncodeCounts> task_counts(static_cast<size_t>(tasks));
+  const auto part = [&](int task, int64_t begin, int64_t end) {
+    body(task_counts[size_t(task)], begin, end);
+  };
+  if (pool) {
+    pool->parallel_for(units, tasks, part);
+  } else {
+    for (int task = 0; task < tasks; ++task)
+      part(task, units * task / tasks, units * (task + 1) / tasks);
+  }
+  EncodeCounts total;
+  for (const EncodeCounts& counts : task_counts) total.merge(counts);
+  return total;
+}
+
 // Formats with one scale for every element (FP8 with no scale or a per-tensor one, or a
 // per-head one when there is one head; NVFP4, whose blocks of 16 tile the rows): a run of
 // rows codes and counts like one long row, so round_trip sends batches of rows through the
@@ -62,12 +82,10 @@ std::optional<EncodeCounts> round_trip_one_scale(const KvFormat& format, const K
   const int64_t total = int64_t(rows.size());
   const int64_t batches = (total + kBatch - 1) / kBatch;
   const int tasks = int(std::clamp<int64_t>(batches / 4, 1, 256));
-  std::vector<EncodeCounts> task_counts(static_cast<size_t>(tasks));
-  auto body = [&](int task, int64_t begin, int64_t end) {
+  return run_counted(pool, batches, tasks, [&](EncodeCounts& counts, int64_t begin, int64_t end) {
     std::vector<uint8_t> codes(static_cast<size_t>(kBatch / 2)),
         block_scales(static_cast<size_t>(kBatch / 16));  // NVFP4's
     std::vector<float> rotated;
-    EncodeCounts& counts = task_counts[size_t(task)];
     for (int64_t batch = begin; batch < end; ++batch) {
       const int64_t at = batch * kBatch;
       const size_t count = size_t(std::min(kBatch, total - at));
@@ -89,16 +107,7 @@ std::optional<EncodeCounts> round_trip_one_scale(const KvFormat& format, const K
       }
       if (format.hadamard) hadamard_rows(output, layout.head_dim);
     }
-  };
-  if (pool) {
-    pool->parallel_for(batches, tasks, body);
-  } else {
-    for (int task = 0; task < tasks; ++task)
-      body(task, batches * task / tasks, batches * (task + 1) / tasks);
-  }
-  EncodeCounts total_counts;
-  for (const EncodeCounts& counts : task_counts) total_counts.merge(counts);
-  return total_counts;
+  });
 }
 
 }  // namespace
@@ -293,51 +302,43 @@ EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvR
   const int64_t unit_tokens = kivi ? format.group_tokens : 1;
   const int64_t units = quantized / unit_tokens;
   const int tasks = int(std::clamp<int64_t>(units / 16, 1, 256));
-  std::vector<EncodeCounts> task_counts(static_cast<size_t>(tasks));
-  auto body = [&](int task, int64_t begin, int64_t end) {
-    std::vector<float> input(size_t(unit_tokens * n));
-    std::vector<uint8_t> codes(size_t(unit_tokens * codec.row_bytes()));
-    std::vector<float> group_scale(static_cast<size_t>(n)), group_minimum(static_cast<size_t>(n));
-    EncodeCounts& counts = task_counts[size_t(task)];
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t first = unit * unit_tokens;
-      const float* source = rows.data() + first * n;
-      if (kivi) {  // KIVI quantises the BF16 values the residual window held
-        std::vector<uint16_t> as_bf16(input.size());
-        float_to_bf16_bulk({source, input.size()}, as_bf16);
-        bf16_to_float_bulk(as_bf16, input);
-        source = input.data();
-      }
-      if (format.hadamard) {
-        if (source != input.data()) std::copy_n(source, input.size(), input.begin());
-        hadamard_rows(input, layout.head_dim);
-        source = input.data();
-      }
-      float* out = decoded.data() + first * n;
-      if (codec.key_groups()) {
-        codec.encode_key_group(source, int(unit_tokens), codes.data(), group_scale.data(),
-                               group_minimum.data(), &counts);
-        for (int64_t t = 0; t < unit_tokens; ++t) {
-          codec.decode_key_row(codes.data() + t * codec.row_bytes(), group_scale.data(),
-                               group_minimum.data(), out + t * n);
+  const EncodeCounts total =
+      run_counted(pool, units, tasks, [&](EncodeCounts& counts, int64_t begin, int64_t end) {
+        std::vector<float> input(size_t(unit_tokens * n));
+        std::vector<uint8_t> codes(size_t(unit_tokens * codec.row_bytes()));
+        std::vector<float> group_scale(static_cast<size_t>(n)),
+            group_minimum(static_cast<size_t>(n));
+        for (int64_t unit = begin; unit < end; ++unit) {
+          const int64_t first = unit * unit_tokens;
+          const float* source = rows.data() + first * n;
+          if (kivi) {  // KIVI quantises the BF16 values the residual window held
+            std::vector<uint16_t> as_bf16(input.size());
+            float_to_bf16_bulk({source, input.size()}, as_bf16);
+            bf16_to_float_bulk(as_bf16, input);
+            source = input.data();
+          }
+          if (format.hadamard) {
+            if (source != input.data()) std::copy_n(source, input.size(), input.begin());
+            hadamard_rows(input, layout.head_dim);
+            source = input.data();
+          }
+          float* out = decoded.data() + first * n;
+          if (codec.key_groups()) {
+            codec.encode_key_group(source, int(unit_tokens), codes.data(), group_scale.data(),
+                                   group_minimum.data(), &counts);
+            for (int64_t t = 0; t < unit_tokens; ++t) {
+              codec.decode_key_row(codes.data() + t * codec.row_bytes(), group_scale.data(),
+                                   group_minimum.data(), out + t * n);
+            }
+          } else {
+            for (int64_t t = 0; t < unit_tokens; ++t) {
+              codec.encode_row(source + t * n, codes.data() + t * codec.row_bytes(), &counts);
+              codec.decode_row(codes.data() + t * codec.row_bytes(), out + t * n);
+            }
+          }
+          if (format.hadamard) hadamard_rows({out, size_t(unit_tokens * n)}, layout.head_dim);
         }
-      } else {
-        for (int64_t t = 0; t < unit_tokens; ++t) {
-          codec.encode_row(source + t * n, codes.data() + t * codec.row_bytes(), &counts);
-          codec.decode_row(codes.data() + t * codec.row_bytes(), out + t * n);
-        }
-      }
-      if (format.hadamard) hadamard_rows({out, size_t(unit_tokens * n)}, layout.head_dim);
-    }
-  };
-  if (pool) {
-    pool->parallel_for(units, tasks, body);
-  } else {
-    for (int task = 0; task < tasks; ++task)
-      body(task, units * task / tasks, units * (task + 1) / tasks);
-  }
-  EncodeCounts total;
-  for (const EncodeCounts& counts : task_counts) total.merge(counts);
+      });
   // The residual window (KIVI only) stays BF16.
   const size_t residual_begin = size_t(quantized * n);
   std::vector<uint16_t> as_bf16(rows.size() - residual_begin);

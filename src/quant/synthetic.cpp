@@ -84,29 +84,17 @@ class SyntheticSource final : public QkvSource {
                        seed_, shape_.q_heads, shape_.kv_heads, shape_.head_dim);
   }
 
-  // Whole rows fetch the next row's window of the bank ahead; one head's slices, being
-  // an eighth as long, fetch a few rows ahead (kHeadAhead) to cover the same latency.
   void keys(int64_t first, int64_t count, std::span<float> out) const override {
-    const int n = shape_.kv_heads * shape_.head_dim;
-    for (int64_t t = 0; t < count; ++t)
-      key_heads(first + t, 0, shape_.kv_heads, out.data() + t * n, t + 1 < count ? 1 : 0);
+    generate(&SyntheticSource::key_heads, first, count, 0, shape_.kv_heads, out);
   }
   void head_keys(int64_t first, int64_t count, int head, std::span<float> out) const override {
-    const int d = shape_.head_dim;
-    for (int64_t t = 0; t < count; ++t)
-      key_heads(first + t, head, head + 1, out.data() + t * d,
-                t + kHeadAhead < count ? kHeadAhead : 0);
+    generate(&SyntheticSource::key_heads, first, count, head, head + 1, out);
   }
   void values(int64_t first, int64_t count, std::span<float> out) const override {
-    const int n = shape_.kv_heads * shape_.head_dim;
-    for (int64_t t = 0; t < count; ++t)
-      value_heads(first + t, 0, shape_.kv_heads, out.data() + t * n, t + 1 < count ? 1 : 0);
+    generate(&SyntheticSource::value_heads, first, count, 0, shape_.kv_heads, out);
   }
   void head_values(int64_t first, int64_t count, int head, std::span<float> out) const override {
-    const int d = shape_.head_dim;
-    for (int64_t t = 0; t < count; ++t)
-      value_heads(first + t, head, head + 1, out.data() + t * d,
-                  t + kHeadAhead < count ? kHeadAhead : 0);
+    generate(&SyntheticSource::value_heads, first, count, head, head + 1, out);
   }
 
   void queries(int64_t context_tokens, int count, std::span<float> out) const override {
@@ -142,6 +130,22 @@ class SyntheticSource final : public QkvSource {
   }
 
   static constexpr int kHeadAhead = 4;
+
+  // Tokens [first, first + count) of heads [head_begin, head_end) into out, row after row,
+  // by key_heads or value_heads. Whole rows fetch the next row's window of the bank ahead;
+  // one head's part, an eighth as long, fetches a few rows ahead (kHeadAhead) to cover the
+  // same latency.
+  using HeadsOfRow = void (SyntheticSource::*)(int64_t token, int head_begin, int head_end,
+                                               float* out, int ahead) const;
+  void generate(HeadsOfRow heads_of_row, int64_t first, int64_t count, int head_begin, int head_end,
+                std::span<float> out) const {
+    const int width = (head_end - head_begin) * shape_.head_dim;
+    const int ahead = head_end - head_begin == shape_.kv_heads ? 1 : kHeadAhead;
+    for (int64_t t = 0; t < count; ++t) {
+      (this->*heads_of_row)(first + t, head_begin, head_end, out.data() + t * width,
+                            t + ahead < count ? ahead : 0);
+    }
+  }
 
   // Heads [head_begin, head_end) of a token's key row into out; a row's elements do not
   // depend on which heads are asked for. ahead > 0: the row `ahead` tokens on is coming.
