@@ -16,9 +16,9 @@ namespace kvaudit::audit {
 struct CheckInput {
   checkpoint::ModelFacts model;
   engines::LaunchFlags flags;
-  engines::EngineData engine;
-  bool version_given = false;  // false: judged against the latest known behaviour
-  double read_seconds = 0;     // time spent reading the checkpoint
+  const engines::EngineModel* engine = nullptr;  // engines::engine_model(flags.engine)
+  bool version_given = false;                    // false: judged against the latest known behaviour
+  double read_seconds = 0;                       // time spent reading the checkpoint
 };
 
 struct CheckResult {

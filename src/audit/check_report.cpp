@@ -26,11 +26,26 @@ std::string layer_summary(const checkpoint::ModelFacts& model) {
 }
 
 std::string scale_source_text(const engines::ResolvedKv& resolved) {
-  if (resolved.scale_source == "unit_default") return "none: scale 1.0 (engine default)";
-  if (resolved.scale_source == "checkpoint")
-    return fmt::format("checkpoint ({} tensors)", resolved.loaded_scale_names.size());
-  if (resolved.scale_source == "dynamic") return "dynamic (computed from the first batch)";
-  if (resolved.scale_source == "quantization_param_path") return "--quantization-param-path JSON";
+  using engines::ScaleSource;
+  switch (resolved.scale_source) {
+    case ScaleSource::unit_default:
+      return resolved.dtype && resolved.dtype->scales == engines::ScaleSemantics::nvfp4_global
+                 ? "none: global scale 1.0 (engine default), block scales dynamic"
+                 : "none: scale 1.0 (engine default)";
+    case ScaleSource::checkpoint:
+      return fmt::format("checkpoint ({} tensors)", resolved.loaded_scale_names.size());
+    case ScaleSource::calculated:
+      return "calculated (from the first batch)";
+    case ScaleSource::quantization_param_path:
+      return "--quantization-param-path JSON";
+    case ScaleSource::dynamic_by_design:
+      return fmt::format("dynamic by design ({})",
+                         engines::scale_semantics_name(resolved.dtype->scales));
+    case ScaleSource::unknown:
+      return "unknown (checkpoint not read)";
+    case ScaleSource::not_applicable:
+      break;
+  }
   return "not applicable (16-bit cache)";
 }
 
@@ -43,9 +58,9 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
   out.command = "check";
   std::string version = input.version_given
                             ? input.flags.engine_version
-                            : "latest known (" + input.engine.latest_known_version + ")";
+                            : "latest known (" + input.engine->latest_known_version + ")";
   out.title =
-      fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine.engine, version);
+      fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine->engine, version);
 
   out.facts.push_back(
       Fact{"architecture", "Architecture",
@@ -81,7 +96,7 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
   }
   out.facts.push_back(Fact{
       "launch", "Launch",
-      fmt::format("{} tp={} pp={} dp={}{} ({})", input.engine.engine, input.flags.tp,
+      fmt::format("{} tp={} pp={} dp={}{} ({})", input.engine->engine, input.flags.tp,
                   input.flags.pp, input.flags.dp, input.flags.dp_attention ? " dp-attention" : "",
                   input.flags.source.empty() ? "flags" : input.flags.source),
       ""});
@@ -125,35 +140,57 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
   out.verdict_severity = critical  ? Severity::critical
                          : warning ? Severity::warning
                                    : Severity::info;
-  out.verdict = critical
-                    ? fmt::format(
-                          "FAIL: {} critical, {} warning finding(s): the KV cache loses precision "
-                          "silently with this launch",
-                          critical, warning)
-                : warning ? fmt::format("WARN: no critical finding, {} warning(s)", warning)
-                          : fmt::format("OK: KV cache {} with scales from {}",
-                                        resolved.kv_cache_dtype, resolved.scale_source);
+  out.verdict =
+      critical ? fmt::format(
+                     "FAIL: {} critical, {} warning finding(s): the KV cache loses precision "
+                     "silently with this launch",
+                     critical, warning)
+      : warning            ? fmt::format("WARN: no critical finding, {} warning(s)", warning)
+      : resolved.quantized ? fmt::format("OK: KV cache {}, scales: {}", resolved.kv_cache_dtype,
+                                         scale_source_text(resolved))
+                           : fmt::format("OK: KV cache {} (full precision, no scales involved)",
+                                         resolved.kv_cache_dtype);
 
   json dropped = json::array();
+  auto provenance_json = [](const engines::Provenance& p) {
+    json out = {{"reference", p.reference},
+                {"status", engines::rule_status_name(p.status)},
+                {"verified", p.verified}};
+    if (!p.verified) out["bound"] = p.bound;
+    return out;
+  };
   for (const auto& drop : resolved.dropped)
     dropped.push_back({{"rule", drop.rule_id},
-                       {"reference", drop.reference},
-                       {"status", drop.status},
+                       {"reason", drop.reason},
+                       {"provenance", provenance_json(drop.provenance)},
                        {"tensors", drop.tensor_names}});
-  out.payload["engine"] = {{"name", input.engine.engine},
+  json failures = json::array();
+  for (const auto& failure : resolved.startup_failures)
+    failures.push_back({{"id", failure.id},
+                        {"message", failure.message},
+                        {"cause", failure.cause},
+                        {"provenance", provenance_json(failure.provenance)}});
+  out.payload["engine"] = {{"name", input.engine->engine},
                            {"version", input.version_given ? input.flags.engine_version
-                                                           : input.engine.latest_known_version},
+                                                           : input.engine->latest_known_version},
                            {"version_assumed", !input.version_given},
-                           {"data_file", input.engine.file.string()}};
-  out.payload["resolved_kv"] = {{"kv_cache_dtype", resolved.kv_cache_dtype},
-                                {"requested", resolved.requested},
-                                {"scale_source", resolved.scale_source},
-                                {"rule", resolved.rule_id},
-                                {"reason", resolved.reason},
-                                {"reference", resolved.rule_reference},
-                                {"loaded_scale_tensors", resolved.loaded_scale_names.size()},
-                                {"dropped_scales", dropped},
-                                {"engine_logs_scale_warning", resolved.scale_warning_logged}};
+                           {"newer_than_known", resolved.version_newer_than_known},
+                           {"data_file", input.engine->file}};
+  out.payload["resolved_kv"] = {
+      {"kv_cache_dtype", resolved.kv_cache_dtype},
+      {"requested", resolved.requested},
+      {"model_dtype", resolved.model_dtype},
+      {"quantized", resolved.quantized},
+      {"scale_source", engines::scale_source_name(resolved.scale_source)},
+      {"rule", resolved.rule_id},
+      {"reason", resolved.reason},
+      {"rule_provenance", provenance_json(resolved.rule_provenance)},
+      {"loaded_scale_tensors", resolved.loaded_scale_names.size()},
+      {"ignored_scale_tensors", resolved.ignored_by_design.size()},
+      {"skipped_layers", resolved.skipped_layers},
+      {"dropped_scales", dropped},
+      {"startup_failures", failures},
+      {"engine_logs_scale_warning", resolved.scale_warning_text.has_value()}};
   out.payload["model"] = {{"dir", model.dir.string()},
                           {"architecture", model.architecture},
                           {"model_type", model.model_type},

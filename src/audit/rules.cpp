@@ -1,395 +1,158 @@
-// The check rules. Each is a small function that appends findings; engine
-// specifics (messages, references, fallback semantics) come from the engine data.
+// The check rules about the dtype and the launch, and the rule table. Each rule is a
+// small function that appends findings; what the engine does comes from the engine
+// model (the resolution and its rules), never from an engine-name branch.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <set>
 
-#include "audit/audit.h"
+#include "audit/internal.h"
 #include "numerics/numerics.h"
 
 namespace kvaudit::audit {
 
-namespace {
-
 using checkpoint::LayerKind;
-using checkpoint::ModelFacts;
-using checkpoint::ScaleRole;
-using checkpoint::ScaleTensor;
 using engines::ResolvedKv;
-using nlohmann::json;
 using report::Evidence;
 using report::Finding;
 using report::Severity;
 
-struct Context {
-  const CheckInput& input;
-  const ResolvedKv& resolved;
-  std::vector<Finding>& findings;
-  const ModelFacts& model() const { return input.model; }
-  const engines::LaunchFlags& flags() const { return input.flags; }
-  const json& data() const { return input.engine.document; }
-  std::string engine_label() const {
-    return fmt::format("{} {}", input.engine.engine,
-                       input.version_given
-                           ? input.flags.engine_version
-                           : "(latest known: " + input.engine.latest_known_version + ")");
-  }
-  std::string launch_label() const { return flags().source.empty() ? "launch" : flags().source; }
-};
+// ---------------------------------------------------------------- shared helpers
 
-// What a format does to values at a given scale: thresholds in real units.
-struct FormatLimits {
-  float max_finite;     // saturates here (CUDA __NV_SATFINITE)
-  float overflow_nan;   // torch cast: NaN (E4M3) or inf (E5M2) from here
-  float min_normal;     // below: subnormal, fewer mantissa bits
-  float flush_to_zero;  // at or below: stored as 0
-  int mantissa_bits;
-};
-
-std::optional<FormatLimits> limits_of(const std::string& dtype) {
-  if (dtype == "fp8_e4m3")
-    return FormatLimits{numerics::fp8_e4m3_to_float(0x7E), 480.0f,
-                        numerics::fp8_e4m3_to_float(0x08), numerics::fp8_e4m3_to_float(0x01) / 2,
-                        3};
-  if (dtype == "fp8_e5m2")
-    return FormatLimits{numerics::fp8_e5m2_to_float(0x7B), 61440.0f,
-                        numerics::fp8_e5m2_to_float(0x04), numerics::fp8_e5m2_to_float(0x01) / 2,
-                        2};
-  return std::nullopt;
+std::string Context::engine_label() const {
+  return fmt::format("{} {}", input.engine->engine,
+                     input.version_given
+                         ? input.flags.engine_version
+                         : "(latest known: " + input.engine->latest_known_version + ")");
 }
 
-std::string float_text(float value) {
+std::string Context::fix_flag(const std::string& dtype) const {
+  std::string spelling = engines::cli_spelling(engine(), resolved.version, dtype);
+  return fmt::format("launch with --kv-cache-dtype {}", spelling.empty() ? dtype : spelling);
+}
+
+std::optional<FormatLimits> limits_of(const engines::KvDtype* dtype) {
+  if (!dtype || !dtype->quantized) return std::nullopt;
+  const numerics::ElementTraits& traits = numerics::element_traits(dtype->element);
+  if (!traits.is_float) return std::nullopt;
+  return FormatLimits{traits.max_finite, traits.torch_overflow_from, traits.min_normal,
+                      traits.min_subnormal / 2, !traits.has_inf};
+}
+
+std::string float_text(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
   return fmt::format("{:g}", value);
 }
 
-std::string names_preview(const std::vector<std::string>& names, size_t shown = 3) {
+std::string names_preview(const std::vector<std::string>& names, size_t shown) {
   std::string text;
   for (size_t i = 0; i < names.size() && i < shown; ++i) text += (i ? ", " : "") + names[i];
   if (names.size() > shown) text += fmt::format(" (+{} more)", names.size() - shown);
   return text;
 }
 
-std::string fix_flag(const Context& /*ctx*/, const std::string& value) {
-  return fmt::format("launch with --kv-cache-dtype {}", value);
-}
-
-std::string quant_evidence_key(const ModelFacts& model) {
-  if (!model.quant) return "";
-  if (!model.quant->kv_algo_key.empty())
-    return model.quant->source_key + "." + model.quant->kv_algo_key;
-  return model.quant->source_key + ".kv_cache_scheme";
-}
-
-std::vector<int> attention_layers(const ModelFacts& model) {
+std::vector<int> attention_layers(const checkpoint::ModelFacts& model) {
   std::vector<int> indices;
   for (const auto& layer : model.layers)
     if (layer.kind != LayerKind::linear_attention) indices.push_back(layer.index);
   return indices;
 }
 
-void rule_dtype_rejected(Context& ctx) {
-  auto choices = engines::kv_cache_dtype_choices(ctx.input.engine, ctx.resolved.version);
-  if (choices.empty() ||
-      std::find(choices.begin(), choices.end(), ctx.flags().kv_cache_dtype) != choices.end())
-    return;
-  ctx.findings.push_back(
-      Finding{"kv-dtype-rejected",
-              Severity::critical,
-              fmt::format("{} does not accept --kv-cache-dtype {}", ctx.engine_label(),
-                          ctx.flags().kv_cache_dtype),
-              "The server will refuse to start with this value.",
-              {{ctx.launch_label(), "--kv-cache-dtype", ctx.flags().kv_cache_dtype},
-               {ctx.input.engine.file.string(), "kv_cache_dtype_choices",
-                fmt::format("{}", fmt::join(choices, ", "))}},
-              fmt::format("use one of: {}", fmt::join(choices, ", ")),
-              "server_args / CacheConfig --kv-cache-dtype choices"});
+std::string reference_text(const engines::Provenance& provenance) {
+  if (provenance.status == engines::RuleStatus::code || provenance.reference.empty())
+    return provenance.reference;
+  return fmt::format("{} [{}]", provenance.reference, engines::rule_status_name(provenance.status));
+}
+
+void add_provenance(const Context& ctx, const engines::Provenance& provenance,
+                    std::vector<Evidence>& evidence) {
+  if (!provenance.verified)
+    evidence.push_back(
+        {ctx.data_file(), "version bound (inferred, not read in a release)", provenance.bound});
+}
+
+// ---------------------------------------------------------------- dtype and launch
+
+void rule_startup_failures(Context& ctx) {
+  for (const auto& failure : ctx.resolved.startup_failures) {
+    const bool rejected = failure.id == "kv-dtype-rejected";
+    const bool non_scalar = failure.id == "scale-non-scalar";
+    std::vector<Evidence> evidence = {{ctx.launch_label(), "cause", failure.cause},
+                                      {ctx.data_file(), "engine error", failure.message}};
+    add_provenance(ctx, failure.provenance, evidence);
+    std::string fix =
+        rejected     ? fmt::format("use one of: {}", fmt::join(engines::kv_cache_dtype_choices(
+                                                                   ctx.engine(), ctx.resolved.version),
+                                                               ", "))
+        : non_scalar ? "reduce to per-tensor scales (max over heads: kvaudit calibrate "
+                       "--granularity tensor), or use an engine version that accepts "
+                       "per-head scales"
+                     : "change the launch (or the checkpoint) as the cause says, or use an "
+                       "engine version without this failure";
+    ctx.findings.push_back(Finding{
+        rejected     ? "kv-dtype-rejected"
+        : non_scalar ? "scale-per-head-unsupported"
+                     : "startup-failure",
+        Severity::critical, fmt::format("{} will not start: {}", ctx.engine_label(), failure.cause),
+        fmt::format("The server stops during start-up ({}) instead of serving.", failure.message),
+        evidence, fix, reference_text(failure.provenance)});
+  }
 }
 
 void rule_auto_quantized(Context& ctx) {
-  const ModelFacts& model = ctx.model();
+  const auto& model = ctx.model();
   if (!model.quant) return;
-  bool declares = !model.quant->kv_cache_quant_algo.empty() || model.quant->has_kv_cache_scheme;
+  const bool declares =
+      !model.quant->kv_cache_quant_algo.empty() || model.quant->has_kv_cache_scheme;
   if (!declares) return;
-  std::string declared = !model.quant->kv_cache_quant_algo.empty()
-                             ? model.quant->kv_cache_quant_algo
-                             : model.quant->kv_cache_scheme.dump();
-  bool auto_chose = ctx.resolved.rule_id != "explicit" &&
-                    ctx.resolved.rule_id.find("model-dtype") == std::string::npos;
-  if (ctx.resolved.quantized && auto_chose) {
-    bool overrides_cli = ctx.resolved.requested != "auto";
-    // Forced to what the launch asked for anyway: nothing is overridden, nothing to report.
-    if (overrides_cli && ctx.resolved.requested == ctx.resolved.kv_cache_dtype) return;
+  const std::string declared = !model.quant->kv_cache_quant_algo.empty()
+                                   ? model.quant->kv_cache_quant_algo
+                                   : model.quant->kv_cache_scheme.dump();
+  const std::string key =
+      model.quant->source_key + "." +
+      (model.quant->kv_algo_key.empty() ? "kv_cache_scheme" : model.quant->kv_algo_key);
+  const ResolvedKv& r = ctx.resolved;
+  const bool auto_chose = r.rule_id != "explicit" && r.rule_id != "auto-model-dtype" &&
+                          r.kv_cache_dtype != r.model_dtype;
+  std::vector<Evidence> evidence = {
+      {model.quant->source_file, key, declared},
+      {ctx.launch_label(), "--kv-cache-dtype",
+       ctx.flags().kv_cache_dtype_flag.empty() ? "auto (default)" : ctx.flags().kv_cache_dtype},
+      {ctx.data_file(), "auto_resolution." + r.rule_id, r.reason}};
+  add_provenance(ctx, r.rule_provenance, evidence);
+  if (r.quantized && auto_chose) {
+    const bool overrides_cli = r.requested != "auto";
+    if (overrides_cli && r.requested == r.kv_cache_dtype) return;  // forced to what was asked
     ctx.findings.push_back(Finding{
         overrides_cli ? "kv-quant-overrides-cli" : "kv-auto-quantized",
         overrides_cli ? Severity::critical : Severity::warning,
-        overrides_cli ? fmt::format("{} ignores --kv-cache-dtype {} and stores the KV cache as {}",
-                                    ctx.engine_label(), ctx.flags().kv_cache_dtype,
-                                    ctx.resolved.kv_cache_dtype)
-                      : fmt::format("The checkpoint declares a {} KV cache; {} enables it under "
-                                    "--kv-cache-dtype auto ({})",
-                                    declared, ctx.engine_label(), ctx.resolved.kv_cache_dtype),
+        overrides_cli
+            ? fmt::format("{} ignores --kv-cache-dtype {} and stores the KV cache as {}",
+                          ctx.engine_label(), ctx.flags().kv_cache_dtype, r.kv_cache_dtype)
+            : fmt::format("The checkpoint declares a {} KV cache; {} enables it under "
+                          "--kv-cache-dtype auto ({})",
+                          declared, ctx.engine_label(), r.kv_cache_dtype),
         fmt::format("The KV cache is quantized to {} without anyone asking for it; accuracy then "
                     "depends entirely on the KV scales (see the scale findings).",
-                    ctx.resolved.kv_cache_dtype),
-        {{model.quant->source_file, quant_evidence_key(model), declared},
-         {ctx.launch_label(), "--kv-cache-dtype",
-          ctx.flags().kv_cache_dtype_flag.empty() ? "auto (default)" : ctx.flags().kv_cache_dtype},
-         {ctx.input.engine.file.string(), "auto_resolution." + ctx.resolved.rule_id,
-          ctx.resolved.reason}},
-        fmt::format(
-            "decide explicitly: {} for full precision, or keep {} only with calibrated scales "
-            "(kvaudit calibrate)",
-            fix_flag(ctx, "bf16"), ctx.resolved.kv_cache_dtype),
-        ctx.resolved.rule_reference});
-  } else if (!ctx.resolved.quantized && ctx.resolved.requested == "auto") {
+                    r.kv_cache_dtype),
+        evidence,
+        fmt::format("decide explicitly: {} for full precision, or keep {} only with calibrated "
+                    "scales (kvaudit calibrate)",
+                    ctx.fix_flag(r.model_dtype == "fp16" ? "fp16" : "bf16"), r.kv_cache_dtype),
+        reference_text(r.rule_provenance)});
+  } else if (!r.quantized && r.requested == "auto") {
     ctx.findings.push_back(Finding{
-        "kv-declared-not-enabled",
-        Severity::info,
+        "kv-declared-not-enabled", Severity::info,
         fmt::format("The checkpoint declares a {} KV cache but {} keeps it in {} under auto",
-                    declared, ctx.engine_label(), ctx.resolved.kv_cache_dtype),
+                    declared, ctx.engine_label(), r.kv_cache_dtype),
         "No accuracy risk from the KV cache; the declared format (and its capacity gain) is "
         "unused.",
-        {{model.quant->source_file, quant_evidence_key(model), declared}},
+        evidence,
         "nothing to fix for accuracy; pass the quantized --kv-cache-dtype explicitly only with "
         "calibrated scales",
-        ctx.resolved.rule_reference});
+        reference_text(r.rule_provenance)});
   }
-}
-
-// Per attention layer: the k and v values the engine will end up with.
-struct LayerScales {
-  std::vector<const ScaleTensor*> k, v;
-};
-
-std::map<int, LayerScales> loaded_scales_by_layer(const Context& ctx) {
-  std::set<std::string> loaded(ctx.resolved.loaded_scale_names.begin(),
-                               ctx.resolved.loaded_scale_names.end());
-  std::map<int, LayerScales> by_layer;
-  for (const auto& scale : ctx.model().kv_scales) {
-    if (!loaded.count(scale.name)) continue;
-    auto& entry = by_layer[scale.layer];
-    if (scale.role != ScaleRole::v) entry.k.push_back(&scale);
-    if (scale.role != ScaleRole::k) entry.v.push_back(&scale);
-  }
-  return by_layer;
-}
-
-void rule_unit_scale(Context& ctx) {
-  if (!ctx.resolved.quantized) return;
-  const ModelFacts& model = ctx.model();
-  auto limits = limits_of(ctx.resolved.kv_cache_dtype);
-  std::string numeric_meaning =
-      limits ? fmt::format(
-                   "at scale 1.0, |K|,|V| above {} saturate (CUDA kernels) or become {} from {} "
-                   "(PyTorch casts), values below {} lose mantissa bits (subnormal) and values at "
-                   "or below {} are stored as 0",
-                   float_text(limits->max_finite),
-                   ctx.resolved.kv_cache_dtype == "fp8_e4m3" ? "NaN" : "inf",
-                   float_text(limits->overflow_nan), float_text(limits->min_normal),
-                   float_text(limits->flush_to_zero))
-             : "at scale 1.0 the format's range is used as is, without calibration";
-  std::vector<int> attention = attention_layers(model);
-  if (ctx.resolved.scale_source == "unit_default") {
-    std::vector<Evidence> evidence;
-    evidence.push_back(
-        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype});
-    if (model.has_weights && model.kv_scales.empty()) {
-      // Name the tensors a ModelOpt export writes beside each K/V projection.
-      std::vector<std::string> expected;
-      for (const auto& weight : model.kv_projection_weights) {
-        std::string name = weight.substr(0, weight.size() - std::string_view(".weight").size());
-        expected.push_back(name + (name.ends_with("k_proj") ? ".k_scale" : ".v_scale"));
-      }
-      evidence.push_back({model.dir.string(),
-                          fmt::format("k/v scale tensors among {} tensors in {} shard(s)",
-                                      model.tensor_count, model.shard_files.size()),
-                          "none"});
-      if (!expected.empty())
-        evidence.push_back({model.dir.string(),
-                            fmt::format("missing ({} tensors, one per K/V projection of the {} "
-                                        "attention layers)",
-                                        expected.size(), attention.size()),
-                            names_preview(expected, 2)});
-    } else if (model.has_weights) {
-      evidence.push_back({model.dir.string(), "k/v scale tensors",
-                          fmt::format("{} present, none loaded (see the scales-dropped finding)",
-                                      model.kv_scales.size())});
-    } else
-      evidence.push_back(
-          {model.config_file, "safetensors", "not read (bare config): scales unknown"});
-    const json& fallback = ctx.data()["fallback"];
-    bool logged = fallback.value("both_missing", json::object()).value("logged", false);
-    evidence.push_back({ctx.input.engine.file.string(), "fallback.both_missing",
-                        fmt::format("scale 1.0, {}", logged ? "logged" : "not logged")});
-    if (ctx.resolved.scale_warning_logged)
-      evidence.push_back({"server log", "warning", ctx.resolved.scale_warning_text});
-    ctx.findings.push_back(Finding{
-        "fp8-unit-scale", Severity::critical,
-        fmt::format("{} KV cache with no usable scales: {} uses scale 1.0 for every layer",
-                    ctx.resolved.kv_cache_dtype, ctx.engine_label()),
-        fmt::format("Silent precision loss that grows with context: {}.", numeric_meaning),
-        evidence,
-        fmt::format("{} (2x KV memory), or calibrate scales the engine loads: kvaudit calibrate "
-                    "--model DIR --engine {} --format {}",
-                    fix_flag(ctx, "bf16"), ctx.input.engine.engine, ctx.resolved.kv_cache_dtype),
-        fallback.value("reference", "")});
-    return;
-  }
-  if (ctx.resolved.scale_source != "checkpoint") return;
-  // Some attention layers may still lack scales.
-  auto by_layer = loaded_scales_by_layer(ctx);
-  std::vector<std::string> missing;
-  for (int layer : attention)
-    if (!by_layer.count(layer)) missing.push_back(std::to_string(layer));
-  if (missing.empty()) return;
-  ctx.findings.push_back(Finding{
-      "fp8-partial-scales",
-      Severity::critical,
-      fmt::format("{} of {} attention layers have no loaded KV scale and run at scale 1.0",
-                  missing.size(), attention.size()),
-      fmt::format("Those layers lose precision silently: {}.", numeric_meaning),
-      {{model.dir.string(), "layers without k/v scales", names_preview(missing, 8)}},
-      "export scales for every attention layer (kvaudit calibrate), or " + fix_flag(ctx, "bf16"),
-      ctx.data()["fallback"].value("reference", "")});
-}
-
-void rule_dropped_scales(Context& ctx) {
-  for (const auto& drop : ctx.resolved.dropped) {
-    bool matters = ctx.resolved.quantized && ctx.resolved.scale_source != "dynamic" &&
-                   ctx.resolved.scale_source != "quantization_param_path";
-    ctx.findings.push_back(Finding{
-        "scales-dropped",
-        matters ? Severity::critical : Severity::info,
-        fmt::format("{} KV scale tensor(s) are in the checkpoint but {} does not load them",
-                    drop.tensor_names.size(), ctx.engine_label()),
-        matters
-            ? fmt::format("The scales were calibrated but the cache runs at scale 1.0 instead: {}.",
-                          drop.reason)
-            : fmt::format(
-                  "No effect with a {} KV cache, but it bites as soon as FP8 is enabled: {}.",
-                  ctx.resolved.kv_cache_dtype, drop.reason),
-        {{ctx.model().dir.string(), "tensors", names_preview(drop.tensor_names)},
-         {ctx.model().config_file, "architectures[0]", ctx.model().architecture},
-         {ctx.input.engine.file.string(), "scale_loading." + drop.rule_id,
-          drop.status.empty() ? "applies to this version" : drop.status}},
-        matters ? fmt::format("{}; or use an engine version with the fix (check it with kvaudit "
-                              "logs after launch)",
-                              fix_flag(ctx, "bf16"))
-                : "none needed now",
-        drop.reference.empty()
-            ? "vllm/model_executor/model_loader/weight_utils.py maybe_remap_kv_scale_name"
-            : drop.reference});
-  }
-}
-
-void rule_scale_values(Context& ctx) {
-  if (ctx.model().kv_scales.empty()) return;
-  std::vector<std::string> invalid;
-  bool all_unit = true;
-  float smallest = INFINITY, largest = 0;
-  std::string smallest_name, largest_name;
-  for (const auto& scale : ctx.model().kv_scales) {
-    for (float value : scale.values) {
-      if (!(value > 0) || std::isinf(value)) {
-        invalid.push_back(fmt::format("{} = {}", scale.name, float_text(value)));
-        continue;
-      }
-      if (value != 1.0f) all_unit = false;
-      if (value < smallest) smallest = value, smallest_name = scale.name;
-      if (value > largest) largest = value, largest_name = scale.name;
-    }
-  }
-  const json& fallback = ctx.data()["fallback"];
-  if (!invalid.empty()) {
-    bool missing_semantics = fallback.value("non_positive_is_missing", false);
-    ctx.findings.push_back(Finding{
-        "scale-values-invalid",
-        Severity::critical,
-        fmt::format("{} KV scale value(s) are zero, negative, NaN or infinite", invalid.size()),
-        missing_semantics
-            ? "The engine treats non-positive scales as missing (scale 1.0, silently) and a NaN or "
-              "inf scale turns every cached value into NaN/inf."
-            : "Such a scale corrupts every cached value of its layer.",
-        {{ctx.model().dir.string(), "scale values", names_preview(invalid)}},
-        "re-export or recalibrate the scales (kvaudit calibrate); until then " +
-            fix_flag(ctx, "bf16"),
-        fallback.value("reference", "")});
-  }
-  if (all_unit && invalid.empty()) {
-    ctx.findings.push_back(Finding{
-        "scale-values-unit",
-        Severity::warning,
-        fmt::format("All {} KV scale tensors are exactly 1.0", ctx.model().kv_scales.size()),
-        "Placeholder scales: the checkpoint looks calibrated but the cache behaves exactly as with "
-        "no scales (clipping large keys, flushing small values).",
-        {{ctx.model().dir.string(), "scale values", "1.0 everywhere"}},
-        "calibrate real scales (kvaudit calibrate) or " + fix_flag(ctx, "bf16"),
-        "ENGINE-FACTS §3"});
-  } else if (largest > 0 && smallest < INFINITY && largest / smallest > 1000.0f) {
-    ctx.findings.push_back(Finding{
-        "scale-values-inconsistent",
-        Severity::warning,
-        fmt::format("KV scales differ by {:.0f}x across layers", largest / smallest),
-        "Scales that far apart usually mean a unit or export error in some layers (e.g. amax "
-        "stored instead of amax/448).",
-        {{ctx.model().dir.string(), smallest_name, float_text(smallest)},
-         {ctx.model().dir.string(), largest_name, float_text(largest)}},
-        "inspect the exporter's output; recalibrate with kvaudit calibrate",
-        "ENGINE-FACTS §3"});
-  }
-}
-
-void rule_one_sided(Context& ctx) {
-  std::map<int, std::pair<int, int>> counts;  // layer -> (k, v)
-  for (const auto& scale : ctx.model().kv_scales) {
-    auto& entry = counts[scale.layer];
-    if (scale.role != ScaleRole::v) ++entry.first;
-    if (scale.role != ScaleRole::k) ++entry.second;
-  }
-  std::vector<std::string> one_sided;
-  for (const auto& [layer, kv] : counts)
-    if ((kv.first == 0) != (kv.second == 0))
-      one_sided.push_back(
-          fmt::format("layer {} has only {}", layer, kv.first ? "k_scale" : "v_scale"));
-  if (one_sided.empty()) return;
-  std::string semantics = ctx.data()["fallback"].value("one_missing", "");
-  ctx.findings.push_back(Finding{
-      "scale-one-sided",
-      Severity::warning,
-      fmt::format("{} layer(s) have only one of k_scale / v_scale", one_sided.size()),
-      semantics == "max_of_present"
-          ? "The engine uses the one present (the larger) for both K and V: V, usually far smaller "
-            "than K, then loses precision or flushes to zero."
-          : "The missing side falls back to scale 1.0.",
-      {{ctx.model().dir.string(), "scales", names_preview(one_sided)}},
-      "export both k_scale and v_scale for every attention layer (kvaudit calibrate)",
-      ctx.data()["fallback"].value("reference", "")});
-}
-
-void rule_per_head(Context& ctx) {
-  std::vector<std::string> vectors;
-  for (const auto& scale : ctx.model().kv_scales)
-    if (scale.values.size() > 1)
-      vectors.push_back(fmt::format("{} [{}]", scale.name, scale.values.size()));
-  if (vectors.empty() || !ctx.resolved.quantized) return;
-  const json& fallback = ctx.data()["fallback"];
-  if (fallback.value("non_scalar", "") != "startup_error") return;
-  ctx.findings.push_back(Finding{
-      "scale-per-head-unsupported",
-      Severity::critical,
-      fmt::format("{} KV scale tensor(s) are per-head vectors; {} supports per-tensor scales only",
-                  vectors.size(), ctx.engine_label()),
-      fmt::format("The server fails at load time ('{}') instead of serving.",
-                  fallback.value("non_scalar_message", "")),
-      {{ctx.model().dir.string(), "non-scalar scales", names_preview(vectors)}},
-      "reduce to per-tensor scales (max over heads: kvaudit calibrate --granularity tensor), or "
-      "serve with vLLM, which accepts per-head scales",
-      fallback.value("reference", "")});
 }
 
 void rule_e5m2(Context& ctx) {
@@ -401,50 +164,44 @@ void rule_e5m2(Context& ctx) {
       "Every cached value carries up to 12.5% relative rounding error (E4M3: 6.25%); the range is "
       "wide, so nothing clips, but precision is lost everywhere.",
       {{ctx.launch_label(), "--kv-cache-dtype", ctx.flags().kv_cache_dtype}},
-      fmt::format("prefer fp8_e4m3 with calibrated scales, or {}", fix_flag(ctx, "bf16")),
-      "ENGINE-FACTS §1"});
+      fmt::format("prefer fp8_e4m3 with calibrated scales, or {}", ctx.fix_flag("bf16")),
+      "ENGINE-FACTS 1"});
 }
 
-int dtype_rank(const std::string& dtype) {
-  if (dtype == "float32" || dtype == "fp32") return 32;
-  if (dtype == "bfloat16" || dtype == "bf16" || dtype == "float16" || dtype == "fp16") return 16;
-  return 0;
-}
-
-void rule_hybrid_state(Context& ctx) {
-  const auto& linear = ctx.model().linear_attention;
-  if (!linear || linear->ssm_dtype.empty()) return;
-  const json hybrid = ctx.data().value("hybrid_state", json::object());
-  std::string used = ctx.flags().mamba_ssm_dtype;
-  std::string origin = "launch flag " + hybrid.value("flag", std::string("--mamba-ssm-dtype"));
-  if (used.empty()) {
-    used = hybrid.value("default", "");
-    origin = "engine default";
-    if (used == "auto") return;  // follows the config
+// Accepted dtypes that corrupt on some models (vLLM float16 cache on a bf16 model).
+void rule_dtype_hazards(Context& ctx) {
+  for (const auto& hazard : ctx.engine().dtype_hazards) {
+    if (!hazard.versions.contains(ctx.resolved.version)) continue;
+    auto has = [](const std::vector<std::string>& list, const std::string& value) {
+      return std::find(list.begin(), list.end(), value) != list.end();
+    };
+    const std::string trained = engines::normalise_dtype(ctx.model().torch_dtype);
+    if (!has(hazard.dtypes, ctx.resolved.kv_cache_dtype) || !has(hazard.model_dtypes, trained))
+      continue;
+    std::vector<Evidence> evidence = {
+        {ctx.model().config_file, "torch_dtype", ctx.model().torch_dtype},
+        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype}};
+    add_provenance(ctx, hazard.provenance, evidence);
+    ctx.findings.push_back(
+        Finding{"kv-dtype-corrupts", Severity::critical,
+                fmt::format("{} stores a {} KV cache for a {} model: the values are corrupted",
+                            ctx.engine_label(), ctx.resolved.kv_cache_dtype, trained),
+                hazard.consequence + ".", evidence,
+                fmt::format("{} (or --kv-cache-dtype auto)", ctx.fix_flag(trained)),
+                reference_text(hazard.provenance)});
   }
-  if (used.empty() || dtype_rank(used) == 0 || dtype_rank(used) >= dtype_rank(linear->ssm_dtype))
-    return;
-  ctx.findings.push_back(Finding{
-      "hybrid-state-precision",
-      Severity::warning,
-      fmt::format("Linear-attention (GDN/Mamba) state kept in {} but the config asks for {}", used,
-                  linear->ssm_dtype),
-      "The recurrent state accumulates over the whole context; rounding it every token compounds "
-      "into drift on long inputs.",
-      {{ctx.model().config_file, "mamba_ssm_dtype", linear->ssm_dtype},
-       {ctx.launch_label(), origin, used}},
-      fmt::format("launch with {} {}", hybrid.value("flag", "--mamba-ssm-dtype"),
-                  linear->ssm_dtype),
-      hybrid.value("reference", "")});
 }
 
 void rule_fp16_serving(Context& ctx) {
-  std::string trained = ctx.model().torch_dtype;
+  const std::string trained = ctx.model().torch_dtype;
   if (trained != "bfloat16") return;
-  std::string served = ctx.flags().dtype;
-  bool fp16_weights = served == "float16" || served == "half" || served == "fp16";
-  bool fp16_cache = ctx.resolved.kv_cache_dtype == "fp16";
+  const std::string served = engines::normalise_dtype(ctx.flags().dtype);
+  const bool fp16_weights = served == "fp16";
+  const bool fp16_cache = ctx.resolved.kv_cache_dtype == "fp16";
   if (!fp16_weights && !fp16_cache) return;
+  // An engine-specific corruption of a float16 cache is its own, more severe finding.
+  for (const auto& finding : ctx.findings)
+    if (finding.id == "kv-dtype-corrupts" && !fp16_weights) return;
   ctx.findings.push_back(Finding{
       "fp16-serving-bf16-model",
       Severity::warning,
@@ -454,14 +211,91 @@ void rule_fp16_serving(Context& ctx) {
       "and turn outputs into NaN or garbage.",
       {{ctx.model().config_file, "torch_dtype", trained},
        {ctx.launch_label(), fp16_weights ? "--dtype" : "--kv-cache-dtype",
-        fp16_weights ? served : ctx.flags().kv_cache_dtype}},
+        fp16_weights ? ctx.flags().dtype : ctx.flags().kv_cache_dtype}},
       "serve with --dtype bfloat16 (and a bf16 KV cache)",
-      "ENGINE-FACTS §1"});
+      "ENGINE-FACTS 1"});
+}
+
+// vLLM --kv-cache-dtype-skip-layers: which layers stay in the model dtype.
+void rule_skip_layers(Context& ctx) {
+  const std::string& spec = ctx.flags().kv_cache_dtype_skip_layers;
+  if (spec.empty() || !ctx.resolved.quantized) return;
+  const auto& skipped = ctx.resolved.skipped_layers;
+  std::vector<std::string> names;
+  for (int layer : skipped) names.push_back(std::to_string(layer));
+  if (skipped.empty()) {
+    ctx.findings.push_back(Finding{
+        "kv-skip-layers-no-effect",
+        Severity::warning,
+        fmt::format("--kv-cache-dtype-skip-layers {} matches no attention layer of this model",
+                    spec),
+        fmt::format("Every attention layer is stored as {}; the layers meant to stay in {} are "
+                    "quantized too.",
+                    ctx.resolved.kv_cache_dtype, ctx.resolved.model_dtype),
+        {{ctx.launch_label(), "--kv-cache-dtype-skip-layers", spec},
+         {ctx.model().config_file, "sliding-window layers",
+          std::to_string(std::count_if(
+              ctx.model().layers.begin(), ctx.model().layers.end(),
+              [](const auto& l) { return l.kind == LayerKind::sliding_attention; }))}},
+        "name existing layer indices, or 'sliding_window' only for models with sliding-window "
+        "layers",
+        "vllm/model_executor/layers/attention/attention.py (skipped layers get kv_cache_dtype "
+        "auto)"});
+    return;
+  }
+  ctx.findings.push_back(Finding{
+      "kv-skip-layers",
+      Severity::info,
+      fmt::format("{} of {} attention layers stay in {} (--kv-cache-dtype-skip-layers); the rest "
+                  "are {}",
+                  skipped.size(), attention_layers(ctx.model()).size(), ctx.resolved.model_dtype,
+                  ctx.resolved.kv_cache_dtype),
+      "The skipped layers keep full precision and their own (larger) page size; scale findings "
+      "below count only the quantized layers.",
+      {{ctx.launch_label(), "--kv-cache-dtype-skip-layers", spec},
+       {ctx.model().config_file, "skipped layers", names_preview(names, 8)}},
+      "none",
+      "vllm/config/cache.py kv_cache_dtype_skip_layers"});
+}
+
+int state_rank(const std::string& dtype) {
+  const std::string canonical = engines::normalise_dtype(dtype);
+  if (canonical == "fp32") return 32;
+  if (canonical == "bf16" || canonical == "fp16") return 16;
+  return 0;
+}
+
+void rule_hybrid_state(Context& ctx) {
+  const auto& linear = ctx.model().linear_attention;
+  if (!linear || linear->ssm_dtype.empty()) return;
+  const engines::EngineDefaults& defaults = ctx.engine().defaults_for(ctx.resolved.version);
+  const auto& spellings = ctx.engine().launch.flags;
+  const std::string flag =
+      spellings.count("mamba_ssm_dtype") ? spellings.at("mamba_ssm_dtype").front() : "";
+  std::string used = ctx.flags().mamba_ssm_dtype;
+  std::string origin = "launch flag " + flag;
+  if (used.empty()) {
+    used = defaults.mamba_ssm_dtype;
+    origin = "engine default";
+    if (used == "auto" || used == "from_model_config") return;  // follows the config
+  }
+  if (state_rank(used) == 0 || state_rank(used) >= state_rank(linear->ssm_dtype)) return;
+  std::vector<Evidence> evidence = {{ctx.model().config_file, "mamba_ssm_dtype", linear->ssm_dtype},
+                                    {ctx.launch_label(), origin, used}};
+  add_provenance(ctx, defaults.provenance, evidence);
+  ctx.findings.push_back(Finding{
+      "hybrid-state-precision", Severity::warning,
+      fmt::format("Linear-attention (GDN/Mamba) state kept in {} but the config asks for {}", used,
+                  linear->ssm_dtype),
+      "The recurrent state accumulates over the whole context; rounding it every token compounds "
+      "into drift on long inputs (sglang#10258: GSM8K 0.955 -> 0.945 for fp32 -> bf16 state).",
+      evidence, fmt::format("launch with {} {}", flag, linear->ssm_dtype),
+      reference_text(defaults.provenance)});
 }
 
 void rule_context_length(Context& ctx) {
   const auto& context = ctx.flags().context_length;
-  int64_t max_positions = ctx.model().max_position_embeddings;
+  const int64_t max_positions = ctx.model().max_position_embeddings;
   if (!context || max_positions <= 0 || *context <= max_positions) return;
   if (!ctx.model().rope_scaling.is_null()) return;
   ctx.findings.push_back(Finding{
@@ -474,59 +308,55 @@ void rule_context_length(Context& ctx) {
       {{ctx.launch_label(), "context length", std::to_string(*context)},
        {ctx.model().config_file, "max_position_embeddings", std::to_string(max_positions)},
        {ctx.model().config_file, "rope_scaling", "absent"}},
-      fmt::format(
-          "keep the context at or below {}, or configure rope scaling (e.g. yarn) the model "
-          "was validated with",
-          max_positions),
+      fmt::format("keep the context at or below {}, or configure rope scaling (e.g. yarn) the "
+                  "model was validated with",
+                  max_positions),
       "config.json max_position_embeddings / rope_scaling"});
 }
 
-void rule_dynamic_disabled(Context& ctx) {
-  if (!ctx.flags().calculate_kv_scales || !ctx.model().linear_attention) return;
-  const json dynamic = ctx.data().value("dynamic_scales", json::object());
-  if (!dynamic.value("disabled_for_hybrid", false)) return;
-  ctx.findings.push_back(Finding{
-      "dynamic-scales-disabled",
-      Severity::warning,
-      "--calculate-kv-scales is ignored for this hybrid (linear-attention) model",
-      "The engine logs 'Disabling calculate_kv_scales for hybrid model' and falls back to the "
-      "checkpoint scales or 1.0.",
-      {{ctx.launch_label(), "--calculate-kv-scales", "set"},
-       {ctx.model().config_file, "model_type", ctx.model().model_type}},
-      "provide calibrated scales in the checkpoint (kvaudit calibrate) or use a bf16 KV cache",
-      dynamic.value("reference", "")});
-}
-
-void rule_param_path(Context& ctx) {
-  const json info = ctx.data().value("quantization_param_path", json::object());
-  if (ctx.flags().quantization_param_path.empty() || info.empty() || !ctx.resolved.quantized)
-    return;
-  if (!engines::version_in_range(ctx.resolved.version, info.value("broken_versions", ""))) return;
-  ctx.findings.push_back(Finding{
-      "param-path-not-applied",
-      Severity::warning,
-      "Scales from --quantization-param-path may not be applied by this version",
-      info.value("reason", "") + ".",
-      {{ctx.launch_label(), "--quantization-param-path", ctx.flags().quantization_param_path},
-       {ctx.input.engine.file.string(), "quantization_param_path.status",
-        info.value("status", "")}},
-      "confirm after launch with kvaudit logs; prefer scales inside the checkpoint",
-      info.value("reference", "")});
-}
-
-void rule_misleading_warning(Context& ctx) {
-  if (!ctx.resolved.scale_warning_logged || ctx.resolved.scale_source == "unit_default") return;
-  ctx.findings.push_back(Finding{
-      "scale-warning-false-alarm",
-      Severity::info,
-      "The engine will log a scale-1.0 warning that does not apply here",
-      fmt::format(
-          "'{}' is printed because --quantization-param-path is unset, yet the checkpoint's "
-          "per-layer scales do load.",
-          ctx.resolved.scale_warning_text),
-      {{ctx.input.engine.file.string(), "warnings", ctx.resolved.scale_warning_text}},
-      "none: verify with kvaudit logs instead of grepping for the warning",
-      "sgl-project/sglang#31224"});
+// Flags with a life cycle: deprecated, disabled for hybrids, harmful on hybrids before
+// the guard. (Removed flags are start-up failures.)
+void rule_flag_lifecycle(Context& ctx) {
+  const engines::Version& version = ctx.resolved.version;
+  for (const auto& rule : ctx.engine().flag_rules) {
+    if (!engines::flag_given(ctx.engine(), ctx.flags(), rule.flag) ||
+        !rule.exists.contains(version))
+      continue;
+    std::vector<Evidence> evidence = {{ctx.launch_label(), rule.flag, "set"}};
+    add_provenance(ctx, rule.provenance, evidence);
+    const bool hybrid = ctx.model().linear_attention.has_value();
+    if (hybrid && rule.disabled_for_hybrid.contains(version)) {
+      evidence.push_back({ctx.model().config_file, "model_type", ctx.model().model_type});
+      ctx.findings.push_back(Finding{
+          "dynamic-scales-disabled", Severity::warning,
+          fmt::format("{} is ignored for this hybrid (linear-attention) model", rule.flag),
+          "The engine logs 'Disabling calculate_kv_scales for hybrid model' and falls back to the "
+          "checkpoint scales or 1.0.",
+          evidence,
+          "provide calibrated scales in the checkpoint (kvaudit calibrate) or use a bf16 KV cache",
+          reference_text(rule.provenance)});
+    } else if (hybrid && !rule.hybrid_hazard.empty() && ctx.resolved.quantized) {
+      evidence.push_back({ctx.model().config_file, "model_type", ctx.model().model_type});
+      ctx.findings.push_back(Finding{
+          "dynamic-scales-hybrid-garbage", Severity::critical,
+          fmt::format("{} on a hybrid (linear-attention) model in {}: {}", rule.flag,
+                      ctx.engine_label(), rule.hybrid_hazard),
+          "The frozen scales are wrong for every layer: output degrades to gibberish without an "
+          "error.",
+          evidence,
+          fmt::format("drop {} and provide calibrated scales (kvaudit calibrate), or {}", rule.flag,
+                      ctx.fix_flag("bf16")),
+          reference_text(rule.provenance)});
+    }
+    if (rule.deprecated.contains(version))
+      ctx.findings.push_back(Finding{
+          "flag-deprecated", Severity::info,
+          fmt::format("{} is deprecated in {} and removed in later releases", rule.flag,
+                      ctx.engine_label()),
+          fmt::format("An upgrade will stop this launch from starting ({}).", rule.removed_error),
+          evidence, fmt::format("drop {} before upgrading: {}", rule.flag, rule.meaning),
+          reference_text(rule.provenance)});
+  }
 }
 
 void rule_unknown_architecture(Context& ctx) {
@@ -543,19 +373,37 @@ void rule_unknown_architecture(Context& ctx) {
       ""});
 }
 
-void rule_version_assumed(Context& ctx) {
-  if (ctx.input.version_given) return;
-  ctx.findings.push_back(
-      Finding{"engine-version-assumed",
-              Severity::info,
-              fmt::format("No --engine-version: judged against the latest known {} behaviour ({})",
-                          ctx.input.engine.engine, ctx.input.engine.latest_known_version),
-              "Older releases may resolve dtypes or load scales differently.",
-              {{ctx.input.engine.file.string(), "latest_known_version",
-                ctx.input.engine.latest_known_version}},
-              "pass --engine-version with the version you deploy",
-              ""});
+void rule_version(Context& ctx) {
+  const auto& engine = ctx.engine();
+  if (!ctx.input.version_given) {
+    ctx.findings.push_back(Finding{
+        "engine-version-assumed",
+        Severity::info,
+        fmt::format("No --engine-version: judged against the latest known {} behaviour ({})",
+                    engine.engine, engine.latest_known_version),
+        "Older releases may resolve dtypes or load scales differently.",
+        {{ctx.data_file(), "latest_known_version", engine.latest_known_version}},
+        "pass --engine-version with the version you deploy",
+        ""});
+    return;
+  }
+  if (ctx.resolved.version_newer_than_known)
+    ctx.findings.push_back(Finding{
+        "engine-version-newer",
+        Severity::info,
+        fmt::format("{} {} is newer than the newest release kvaudit knows ({}): the verdict may "
+                    "be stale",
+                    engine.engine, ctx.flags().engine_version, engine.latest_known_version),
+        "A newer release may resolve dtypes, load scales or fall back differently than the data "
+        "says; the findings apply the newest known behaviour.",
+        {{ctx.data_file(), "latest_known_version", engine.latest_known_version}},
+        "check the release notes for KV-cache changes; verify the launch with kvaudit logs",
+        ""});
 }
+
+// ---------------------------------------------------------------- the table
+
+namespace {
 
 using Rule = void (*)(Context&);
 struct NamedRule {
@@ -563,22 +411,26 @@ struct NamedRule {
   Rule rule;
 };
 const NamedRule kRules[] = {
-    {"kv-dtype-rejected", rule_dtype_rejected},
+    {"startup-failures", rule_startup_failures},
     {"kv-auto-quantized", rule_auto_quantized},
+    {"kv-skip-layers", rule_skip_layers},
     {"fp8-unit-scale", rule_unit_scale},
+    {"nvfp4-unit-global-scale", rule_nvfp4_global_scale},
+    {"modelopt-kv-fp8-cast", rule_modelopt_kv_cast},
     {"scales-dropped", rule_dropped_scales},
-    {"scale-values-invalid", rule_scale_values},
+    {"scales-ignored-by-design", rule_scales_ignored},
+    {"scale-values", rule_scale_values},
     {"scale-one-sided", rule_one_sided},
-    {"scale-per-head-unsupported", rule_per_head},
     {"fp8-e5m2", rule_e5m2},
-    {"hybrid-state-precision", rule_hybrid_state},
+    {"kv-dtype-corrupts", rule_dtype_hazards},
     {"fp16-serving-bf16-model", rule_fp16_serving},
+    {"hybrid-state-precision", rule_hybrid_state},
     {"context-beyond-max-position", rule_context_length},
-    {"dynamic-scales-disabled", rule_dynamic_disabled},
+    {"flag-lifecycle", rule_flag_lifecycle},
     {"param-path-not-applied", rule_param_path},
     {"scale-warning-false-alarm", rule_misleading_warning},
     {"unknown-architecture", rule_unknown_architecture},
-    {"engine-version-assumed", rule_version_assumed},
+    {"engine-version", rule_version},
 };
 
 }  // namespace
@@ -590,8 +442,9 @@ std::vector<std::string> rule_ids() {
 }
 
 CheckResult run_check(const CheckInput& input) {
+  if (!input.engine) throw std::logic_error("run_check: no engine model");
   CheckResult result;
-  result.resolved = engines::resolve_kv(input.model, input.flags, input.engine);
+  result.resolved = engines::resolve_kv(input.model, input.flags, *input.engine);
   Context ctx{input, result.resolved, result.findings};
   for (const auto& rule : kRules) rule.rule(ctx);
   std::stable_sort(result.findings.begin(), result.findings.end(),

@@ -242,18 +242,20 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
         "is not empty and holds no earlier calibrate output; refusing to overwrite it");
   if (request.tp < 1 || request.tp > 1024) throw InputError("--tp", "must lie in 1..1024");
 
-  const engines::EngineData data = engines::load_engine_data(request.engine);
+  const engines::EngineModel& engine = engines::engine_model(request.engine);
+  auto version = engines::parse_version(request.engine_version);
+  if (!version)
+    throw InputError("--engine-version", "cannot read version '" + request.engine_version + "'");
   const std::string engine_label =
       fmt::format("{} {}", request.engine,
                   request.engine_version.empty() ? "(latest known)" : request.engine_version);
   if (request.granularity == Granularity::head) {
-    const json fallback = data.document.value("fallback", json::object());
-    if (fallback.value("non_scalar", "") != "per_head_supported")
+    const engines::FallbackRule& fallback = engine.fallback_for(*version);
+    if (fallback.non_scalar != engines::NonScalarRule::per_head_for_ct_attn_head)
       throw InputError(
           "--granularity head",
           fmt::format("{} takes only per-tensor KV scales ({}: \"{}\"); use --granularity tensor",
-                      engine_label, fallback.value("reference", "engine data"),
-                      fallback.value("non_scalar_message", "non-scalar scales are refused")));
+                      engine_label, fallback.provenance.reference, fallback.non_scalar_error));
   }
 
   std::vector<Carrier> candidates;
@@ -264,7 +266,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
     candidates.push_back(Carrier::compressed_tensors);
   else if (method.empty())
     candidates.push_back(Carrier::kv_only_compressed_tensors);
-  const bool sglang_json = data.document.contains("quantization_param_path");
+  const bool sglang_json = engine.has_quantization_param_path;
   if (sglang_json && request.granularity == Granularity::tensor)
     candidates.push_back(Carrier::quantization_param_path);
 
@@ -279,7 +281,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
     engines::LaunchFlags flags;
     flags.engine = request.engine;
     flags.engine_version = request.engine_version;
-    flags.kv_cache_dtype = request.engine == "vllm" ? "fp8" : "fp8_e4m3";
+    flags.kv_cache_dtype = engines::cli_spelling(engine, *version, "fp8_e4m3");
     flags.kv_cache_dtype_flag = "--kv-cache-dtype";
     if (carrier == Carrier::quantization_param_path)
       flags.quantization_param_path = (out_dir / kParamPathFile).string();
@@ -287,7 +289,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
     ScratchFolder scratch{scratch_name(out_dir.parent_path(), "view")};
     checkpoint::ModelFacts seen =
         checkpoint::read_checkpoint(merged_view(model.dir, files, scratch.path));
-    engines::ResolvedKv resolved = engines::resolve_kv(seen, flags, data);
+    engines::ResolvedKv resolved = engines::resolve_kv(seen, flags, engine);
 
     CarrierAttempt attempt{carrier, false, "", ""};
     const std::string wanted =
@@ -298,7 +300,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
         if (std::binary_search(tensor_names.begin(), tensor_names.end(), name)) {
           if (attempt.why.empty()) {
             attempt.why = fmt::format("{} ({})", drop.reason, drop.rule_id);
-            attempt.reference = drop.reference;
+            attempt.reference = drop.provenance.reference;
           }
           ours_dropped.push_back(name);
         }
@@ -312,14 +314,20 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
           "the checkpoint already holds {} KV scale tensors (e.g. {} in {}) that the engine would "
           "load too, in an undefined order; remove them from the checkpoint first",
           model.kv_scales.size(), model.kv_scales[0].name, model.kv_scales[0].shard_file);
-    } else if (ours_dropped.empty() && resolved.scale_source == wanted) {
+    } else if (!resolved.startup_failures.empty()) {
+      attempt.why = fmt::format("the server would not start: {} ({})",
+                                resolved.startup_failures.front().cause,
+                                resolved.startup_failures.front().message);
+      attempt.reference = resolved.startup_failures.front().provenance.reference;
+    } else if (ours_dropped.empty() &&
+               engines::scale_source_name(resolved.scale_source) == wanted) {
       attempt.works = true;
       attempt.why = carrier == Carrier::quantization_param_path
                         ? "SGLang reads the JSON given with --quantization-param-path"
                         : fmt::format("{} scale tensors loaded", tensor_names.size());
     } else if (attempt.why.empty()) {
-      attempt.why =
-          fmt::format("the engine data resolves the scale source to {}", resolved.scale_source);
+      attempt.why = fmt::format("the engine data resolves the scale source to {}",
+                                engines::scale_source_name(resolved.scale_source));
     }
     result.attempts.push_back(attempt);
     if (!attempt.works) continue;

@@ -113,24 +113,25 @@ void add_calibration_to_report(const CalibrationSummary& summary, report::Report
                           {"v_scale", layer.v_scale},
                           {"k_amax", layer.k_amax},
                           {"v_amax", layer.v_amax}});
-  out.payload["calibration"] = {{"carrier", carrier_name(overlay.carrier)},
-                                {"launch_flags", overlay.launch_flags},
-                                {"files",
-                                 [&] {
-                                   nlohmann::json list = nlohmann::json::array();
-                                   for (const auto& file : overlay.files)
-                                     list.push_back(file.string());
-                                   return list;
-                                 }()},
-                                {"tensors", overlay.tensor_names},
-                                {"resolved_kv",
-                                 {{"kv_cache_dtype", overlay.resolved.kv_cache_dtype},
-                                  {"scale_source", overlay.resolved.scale_source}}},
-                                {"layers", std::move(layer_json)}};
+  out.payload["calibration"] = {
+      {"carrier", carrier_name(overlay.carrier)},
+      {"launch_flags", overlay.launch_flags},
+      {"files",
+       [&] {
+         nlohmann::json list = nlohmann::json::array();
+         for (const auto& file : overlay.files) list.push_back(file.string());
+         return list;
+       }()},
+      {"tensors", overlay.tensor_names},
+      {"resolved_kv",
+       {{"kv_cache_dtype", overlay.resolved.kv_cache_dtype},
+        {"scale_source", engines::scale_source_name(overlay.resolved.scale_source)}}},
+      {"layers", std::move(layer_json)}};
   out.verdict = fmt::format(
       "{} {} will load these scales ({}, {}); launch with: {}", summary.request.engine,
       summary.request.engine_version.empty() ? "(latest known)" : summary.request.engine_version,
-      carrier_name(overlay.carrier), overlay.resolved.scale_source, flags);
+      carrier_name(overlay.carrier), engines::scale_source_name(overlay.resolved.scale_source),
+      flags);
   out.verdict_severity = report::Severity::info;
 }
 

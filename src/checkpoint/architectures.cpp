@@ -51,6 +51,8 @@ constexpr std::array kKnownArchitectures = {
     KnownArchitecture{"qwen3_5_moe_text", Family::hybrid_gdn},
     KnownArchitecture{"deepseek_v3", Family::mla},
     KnownArchitecture{"deepseek_v2", Family::mla},
+    KnownArchitecture{"deepseek_v32", Family::mla},
+    KnownArchitecture{"glm_moe_dsa", Family::mla},
     KnownArchitecture{"gemma2", Family::gemma2},
     KnownArchitecture{"gemma3", Family::gemma3},
     KnownArchitecture{"gemma3_text", Family::gemma3},
@@ -162,6 +164,11 @@ void fill_architecture(const json& config, ModelFacts& facts) {
   std::string dtype = string_or(config, "torch_dtype", string_or(config, "dtype"));
   if (!dtype.empty()) facts.torch_dtype = dtype;
   facts.attention_sinks = family == Family::gpt_oss;
+  facts.mtp_layers =
+      positive_int(config,
+                   config.contains("num_nextn_predict_layers") ? "num_nextn_predict_layers"
+                                                               : "mtp_num_hidden_layers",
+                   0, 64);
 
   if (facts.num_layers == 0)
     throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
@@ -174,6 +181,7 @@ void fill_architecture(const json& config, ModelFacts& facts) {
     mla.qk_nope_head_dim = positive_int(config, "qk_nope_head_dim", 128, 1 << 16);
     mla.v_head_dim = positive_int(config, "v_head_dim", 128, 1 << 16);
     mla.q_lora_rank = positive_int(config, "q_lora_rank", 0, 1 << 16);
+    mla.index_head_dim = positive_int(config, "index_head_dim", 0, 1 << 16);
     facts.mla = mla;
   }
   if (family == Family::hybrid_gdn) {

@@ -184,6 +184,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
     text_config = &*it;
     facts.outer_model_type = text_of(config, "model_type");
   }
+  facts.multimodal = config.contains("vision_config") && config["vision_config"].is_object();
   if (auto it = config.find("architectures");
       it != config.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
     facts.architecture = (*it)[0].get<std::string>();

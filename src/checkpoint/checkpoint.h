@@ -124,6 +124,7 @@ struct MlaFacts {
   int qk_nope_head_dim = 0;
   int v_head_dim = 0;
   int q_lora_rank = 0;
+  int index_head_dim = 0;  // DSA/NSA lightning indexer key width (DeepSeek-V3.2, GLM-5); 0: none
 };
 
 // Gated DeltaNet / Mamba-style linear attention (Qwen3-Next, Qwen3.5).
@@ -195,6 +196,8 @@ struct ModelFacts {
   nlohmann::json rope_scaling;  // null when absent
   bool attention_sinks = false;
   int num_experts = 0;
+  bool multimodal = false;  // the config carries a vision tower (vision_config)
+  int mtp_layers = 0;       // multi-token-prediction (NEXTN / MTP) draft layers in the checkpoint
   std::vector<LayerFacts> layers;
   std::optional<MlaFacts> mla;
   std::optional<LinearAttentionFacts> linear_attention;

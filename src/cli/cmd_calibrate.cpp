@@ -6,6 +6,7 @@
 
 #include "calibrate/calibrate.h"
 #include "cli/commands.h"
+#include "engines/engines.h"
 #include "tokenizer/tokenizer.h"
 #include "util/util.h"
 
@@ -124,7 +125,7 @@ void add_calibrate_command(CLI::App& app, Runner& run) {
   command->add_option("--stats-out", flags->stats_out, "Also write the maxima used (JSON)");
   command->add_option("--engine", flags->engine, "Target engine")
       ->required()
-      ->check(CLI::IsMember({"sglang", "vllm"}));
+      ->check(CLI::IsMember(engines::known_engines()));
   command->add_option("--engine-version", flags->engine_version,
                       "Target engine version (default: latest known)");
   command->add_option("--format", flags->format, "KV cache format of the scales")

@@ -22,6 +22,7 @@ struct CheckOptions {
   std::string dtype;
   std::string mamba_ssm_dtype;
   bool calculate_kv_scales = false;
+  std::string skip_layers;
   std::string launch;
   std::string unit;
   std::string fail_on = "critical";
@@ -73,12 +74,13 @@ int run_check_command(CheckOptions& options) {
   if (!options.dtype.empty()) flags.dtype = options.dtype;
   if (!options.mamba_ssm_dtype.empty()) flags.mamba_ssm_dtype = options.mamba_ssm_dtype;
   flags.calculate_kv_scales |= options.calculate_kv_scales;
+  if (!options.skip_layers.empty()) flags.kv_cache_dtype_skip_layers = options.skip_layers;
   std::string checkpoint_path = options.checkpoint.empty() ? flags.model_path : options.checkpoint;
   if (checkpoint_path.empty())
     throw InputError("check", "no checkpoint folder given and the launch command names none");
 
   audit::CheckInput input;
-  input.engine = engines::load_engine_data(flags.engine);
+  input.engine = &engines::engine_model(flags.engine);
   input.version_given = !flags.engine_version.empty();
   if (input.version_given && !engines::parse_version(flags.engine_version))
     throw InputError("--engine-version", "cannot read version '" + flags.engine_version + "'");
@@ -104,7 +106,7 @@ void add_check_command(CLI::App& app, Runner& run) {
       app.add_subcommand("check", "Audit a checkpoint + launch for silent KV-cache precision loss");
   check->add_option("checkpoint", options->checkpoint, "Checkpoint folder (or a bare config.json)");
   check->add_option("--engine", options->engine, "sglang or vllm")
-      ->check(CLI::IsMember({"sglang", "vllm"}));
+      ->check(CLI::IsMember(engines::known_engines()));
   check->add_option("--engine-version", options->engine_version,
                     "Engine version, e.g. 0.5.9 (default: latest known)");
   check->add_option("--kv-cache-dtype", options->kv_cache_dtype,
@@ -121,6 +123,8 @@ void add_check_command(CLI::App& app, Runner& run) {
   check->add_option("--mamba-ssm-dtype", options->mamba_ssm_dtype,
                     "Linear-attention state dtype flag");
   check->add_flag("--calculate-kv-scales", options->calculate_kv_scales, "vLLM dynamic KV scales");
+  check->add_option("--kv-cache-dtype-skip-layers", options->skip_layers,
+                    "vLLM: layers kept in the model dtype (indices or sliding_window)");
   check->add_option("--launch", options->launch, "The engine's launch command line");
   check->add_option("--unit", options->unit,
                     "A systemd unit file whose ExecStart launches the engine");

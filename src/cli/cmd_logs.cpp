@@ -23,13 +23,13 @@ struct LogsFlags {
 };
 
 // What `kvaudit check` predicts for this launch (same checkpoint, the flags the log
-// printed): the resolved dtype must agree, and a scale source of 1.0 (or scales the
-// engine drops) decides the fallback the log alone cannot.
+// printed): the resolved dtype must agree. (The scale fallback the log alone cannot
+// decide is logs::cross_check_checkpoint's.)
 void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& model,
                          std::vector<report::Finding>& out) {
   audit::CheckInput input;
   input.model = model;
-  input.engine = engines::load_engine_data(launch.engine);
+  input.engine = &engines::engine_model(launch.engine);
   input.flags.engine = launch.engine;
   input.flags.engine_version = launch.engine_version;
   input.flags.kv_cache_dtype =
@@ -38,7 +38,9 @@ void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& mod
   input.flags.quantization_param_path = launch.quantization_param_path;
   input.flags.model_path = launch.model_path;
   input.flags.source = "log launch " + std::to_string(launch.index + 1);
-  input.version_given = !launch.engine_version.empty();
+  input.version_given =
+      !launch.engine_version.empty() && engines::parse_version(launch.engine_version);
+  if (!input.version_given) input.flags.engine_version.clear();
   audit::CheckResult result = audit::run_check(input);
   const std::string& predicted = result.resolved.kv_cache_dtype;
   const std::string& observed = launch.kv_cache_dtype_resolved;
@@ -56,17 +58,7 @@ void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& mod
          {{"log", "kv_cache_dtype", observed},
           {"check", result.resolved.rule_id, result.resolved.reason}},
          agree ? "" : "run kvaudit check with the launch's exact --engine-version and flags",
-         result.resolved.rule_reference});
-  }
-  bool dropped = !result.resolved.dropped.empty();
-  if (observed == predicted && (result.resolved.scale_source == "unit_default" || dropped) &&
-      !launch.scale_fallback.has_value()) {
-    launch.scale_fallback = true;
-    launch.scale_fallback_reason =
-        dropped
-            ? "kvaudit check: the checkpoint's KV scales are not loaded by this engine version (" +
-                  result.resolved.dropped.front().reference + ")"
-            : "kvaudit check: no KV scales reach the engine, so it uses 1.0";
+         result.resolved.rule_provenance.reference});
   }
 }
 
@@ -90,7 +82,9 @@ int run_logs(LogsFlags& f) {
     checkpoint::ModelFacts model = checkpoint::read_checkpoint(f.checkpoint);
     for (size_t i = 0; i < scan.launches.size(); ++i) {
       logs::Launch& launch = scan.launches[i];
-      if (!launch.engine.empty()) check_against_audit(launch, model, check_findings);
+      const auto known = engines::known_engines();
+      if (std::find(known.begin(), known.end(), launch.engine) != known.end())
+        check_against_audit(launch, model, check_findings);
       logs::cross_check_checkpoint(launch, model, i + 1 == scan.launches.size());
     }
   }

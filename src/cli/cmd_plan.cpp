@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "engines/engines.h"
 #include "logs/logs.h"
 #include "plan/plan.h"
 #include "util/util.h"
@@ -17,7 +18,10 @@ namespace {
 struct PlanFlags {
   std::string checkpoint;
   std::string engine = "sglang";
-  int tp = 1, pp = 1, dp = 1;
+  std::string engine_version;
+  int tp = 1, pp = 1, dp = 1, dcp = 1;
+  std::string mamba_ssm_dtype;
+  int speculative_draft_layers = 0;
   bool dp_attention = false;
   std::string kv_cache_dtypes;
   std::string gpu;
@@ -66,7 +70,10 @@ int run_plan(PlanFlags& f) {
 
   plan::PlanOptions options;
   options.engine = f.engine;
-  options.parallel = {f.tp, f.pp, f.dp, f.dp_attention};
+  options.engine_version = f.engine_version;
+  options.parallel = {f.tp, f.pp, f.dp, f.dp_attention, f.dcp};
+  options.mamba_ssm_dtype = f.mamba_ssm_dtype;
+  if (f.speculative_draft_layers > 0) options.speculative_draft_layers = f.speculative_draft_layers;
   options.kv_cache_dtypes = split_list(f.kv_cache_dtypes);
   if (!f.gpu.empty()) {
     plan::GpuPreset gpu = plan::find_gpu(f.gpu);
@@ -105,12 +112,18 @@ int run_plan(PlanFlags& f) {
                        "the log has " + std::to_string(scan.launches.size()) + " launches");
     const logs::Launch& launch = f.launch > 0 ? scan.launches[f.launch - 1] : scan.launches.back();
     options.engine = launch.engine.empty() ? options.engine : launch.engine;
+    if (options.engine_version.empty() && engines::parse_version(launch.engine_version))
+      options.engine_version = launch.engine_version;
     options.parallel.tp = launch.memory.tp > 0 ? launch.memory.tp : options.parallel.tp;
-    if (options.engine == "sglang" && !launch.memory.mem_fraction_static &&
-        !options.memory_fraction && options.gpu_memory_bytes) {
-      auto data = plan::load_capacity_data("sglang");
+    const engines::EngineModel& engine = engines::engine_model(options.engine);
+    auto version = engines::parse_version(options.engine_version);
+    if (!version)
+      throw InputError("--engine-version", "cannot read version '" + options.engine_version + "'");
+    const engines::MemFractionTable* table = engine.capacity.mem_fraction_for(*version);
+    if (table && !launch.memory.mem_fraction_static && !options.memory_fraction &&
+        options.gpu_memory_bytes) {
       options.memory_fraction =
-          plan::sglang_default_mem_fraction(data, *options.gpu_memory_bytes / plan::kMiB,
+          plan::sglang_default_mem_fraction(*table, *options.gpu_memory_bytes / plan::kMiB,
                                             options.parallel.tp, options.parallel.pp,
                                             options.parallel.dp_attention, options.parallel.dp)
               .mem_fraction_static;
@@ -136,8 +149,15 @@ void add_plan_command(CLI::App& app, Runner& run) {
                                      "(bytes/token/GPU, pool, tokens, concurrency)");
   cmd->add_option("checkpoint", flags->checkpoint, "Checkpoint folder or config.json")->required();
   cmd->add_option("--engine", flags->engine, "sglang or vllm")
-      ->check(CLI::IsMember({"sglang", "vllm"}));
+      ->check(CLI::IsMember(engines::known_engines()));
+  cmd->add_option("--engine-version", flags->engine_version,
+                  "Engine release whose sizing rules apply (default: the newest known)");
   cmd->add_option("--tp", flags->tp, "Tensor parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--dcp", flags->dcp, "Decode context parallel size")->check(CLI::PositiveNumber);
+  cmd->add_option("--mamba-ssm-dtype", flags->mamba_ssm_dtype,
+                  "Recurrent state dtype of GDN/Mamba hybrids (default: the engine's)");
+  cmd->add_option("--speculative-draft-layers", flags->speculative_draft_layers,
+                  "EAGLE/MTP draft layers sharing the KV pool (SGLang)");
   cmd->add_option("--pp", flags->pp, "Pipeline parallel size")->check(CLI::PositiveNumber);
   cmd->add_option("--dp", flags->dp, "Data parallel size (with --dp-attention)")
       ->check(CLI::PositiveNumber);

@@ -1,18 +1,24 @@
-// engines: what SGLang and vLLM do with the KV cache, as versioned data
-// (data/engines/<engine>.json) plus the small generic code that applies it:
-// launch-command parsing, version ranges, dtype resolution under `auto`, and
-// which checkpoint scales a given version loads. Knows engines, not findings.
+// engines: the one model of what SGLang and vLLM do with the KV cache, read from
+// data/engines/ (dtypes.json: the KV dtype vocabulary; <engine>.json: per version
+// range, dtype choices, auto resolution, scale names loaded or dropped, fallback
+// semantics and start-up aborts, removed flags, defaults, the engine's own log
+// messages; capacity/<engine>.json: sizing constants). Every file is linted when it
+// loads (unknown keys, bad version ranges, unknown dtypes or conventions, log
+// templates that do not compile are one-line errors). The small generic code that
+// applies it lives here too: launch-command parsing, version ranges, dtype
+// resolution, which scales load, what aborts start-up. Knows engines, not findings.
 #pragma once
 
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "checkpoint/checkpoint.h"
+#include "numerics/numerics.h"
 
 namespace kvaudit::engines {
 
@@ -26,13 +32,404 @@ struct Version {
 // "0.5.9", "v0.5.9", "0.5.9.post1", "0.5" and "0.5.x" (= highest 0.5), "latest" or "".
 std::optional<Version> parse_version(std::string_view text);
 std::string version_text(const Version& version);
+
 // ">=0.4.0 <0.5.10", "*", "<0.11.0": space-separated comparisons, all must hold.
+struct VersionRange {
+  enum class Op { ge, gt, le, lt, eq };
+  struct Clause {
+    Op op = Op::eq;
+    Version bound;
+  };
+  std::string text = "*";
+  std::vector<Clause> clauses;  // empty: every version
+  bool contains(const Version& version) const;
+};
+std::optional<VersionRange> parse_version_range(std::string_view text);  // nullopt: malformed
+// Convenience for one-off checks; a malformed range contains nothing.
 bool version_in_range(const Version& version, std::string_view range);
+
+// ---------------------------------------------------------------- provenance
+
+// Where a rule comes from. `verified` is false when its version bound was inferred
+// (from merge or release dates) rather than read in a release; findings say so.
+enum class RuleStatus { code, merged, open, closed_unmerged };
+std::string_view rule_status_name(RuleStatus status);
+struct Provenance {
+  std::string reference;  // source path + function, PR or issue
+  RuleStatus status = RuleStatus::code;
+  bool verified = true;
+  std::string bound;  // how the version bound is known, when it is not verified
+};
+
+// ---------------------------------------------------------------- dtype vocabulary
+
+// How a KV dtype gets its scales.
+enum class ScaleSemantics {
+  none,                    // 16/32-bit: no scales
+  static_per_tensor,       // one k and one v scale per layer, from the checkpoint (else 1.0)
+  nvfp4_global,            // NVFP4: checkpoint k/v scale is a global second level; blocks dynamic
+  dynamic_block,           // block scales computed at cache write (MX, SGLang FP4 block16)
+  dynamic_per_token_head,  // a scale per (token, head), computed at cache write, stored inline
+  packed_dynamic,          // packed layouts with their own dynamic scales (TurboQuant, DS MLA)
+};
+std::string_view scale_semantics_name(ScaleSemantics semantics);
+
+// One KV dtype: its canonical name (used across kvaudit), every other spelling it goes
+// by (CLI values, torch names, log spellings), and its storage layout.
+struct KvDtype {
+  std::string name;                    // "bf16", "fp8_e4m3", "nvfp4", "int8_per_token_head"
+  std::vector<std::string> spellings;  // "bfloat16", "torch.bfloat16", "float8_e4m3fn", ...
+  std::string torch_dtype;             // storage dtype as torch names it
+  numerics::ElementType element = numerics::ElementType::bf16;  // K element (V unless v_element)
+  std::optional<numerics::ElementType> v_element;               // when V is stored differently
+  int key_bits = 16;         // storage bits per K element (packed layouts: their effective bits)
+  int value_bits = 16;       // storage bits per V element
+  int block_elements = 0;    // one block scale per this many elements (0: none)
+  int block_scale_bits = 0;  // bits of each block scale
+  int scale_bytes_per_token_head = 0;       // inline per-(token, head) scales, K and V each
+  int fixed_mla_bytes_per_token_layer = 0;  // packed MLA layouts (fp8_ds_mla: 656)
+  ScaleSemantics scales = ScaleSemantics::none;
+  bool quantized = false;  // narrower than 16 bits: accuracy depends on scales or layout
+  std::string description;
+};
+
+// Loaded once from data_dir()/engines/dtypes.json (linted).
+const std::vector<KvDtype>& kv_dtypes();
+// By canonical name or any spelling, case-insensitively, "torch." prefix optional.
+const KvDtype* find_kv_dtype(std::string_view spelling);
+// Canonical name of a spelling; "auto" stays "auto"; "" when unknown.
+std::string normalise_dtype(std::string_view spelling);
+// True for a quantized KV dtype (false for 16/32-bit, "auto" and unknown spellings).
+bool is_quantized_dtype(std::string_view spelling);
+// Storage bits of one token's K and V for one head: data, block scales and inline
+// per-(token, head) scales. Exact (an integer count of bits).
+int64_t kv_bits_per_head(const KvDtype& dtype, int64_t k_head_dim, int64_t v_head_dim);
+
+// ---------------------------------------------------------------- engine model
+
+// What the checkpoint must look like for a rule to apply. Empty lists match anything.
+struct QuantMatch {
+  std::vector<std::string> quant_methods;  // globs: "modelopt*"; "none": no quantization config
+  std::vector<std::string> kv_cache_quant_algos;  // compared upper-case; "*": any declared
+  std::optional<bool> kv_cache_scheme;            // a compressed-tensors kv_cache_scheme present
+  std::optional<int> scheme_bits;
+  std::string scheme_type;                     // "float" / "int"
+  std::vector<std::string> scheme_strategies;  // "tensor", "attn_head"
+  std::vector<std::string> architectures;      // architectures[0], globs
+  std::vector<std::string> weight_algos;
+  std::optional<bool> hybrid;  // has linear-attention (GDN/Mamba) layers
+  bool matches(const checkpoint::ModelFacts& model) const;
+  bool empty() const {
+    return quant_methods.empty() && kv_cache_quant_algos.empty() && !kv_cache_scheme &&
+           !scheme_bits && scheme_type.empty() && scheme_strategies.empty() &&
+           architectures.empty() && weight_algos.empty() && !hybrid;
+  }
+};
+
+struct DtypeChoice {
+  std::string value;  // as typed on the CLI
+  std::string dtype;  // canonical dtype, or "auto"
+};
+struct StartupAbort {
+  std::string id;
+  std::string message;  // the engine's error, verbatim
+  Provenance provenance;
+};
+struct DtypeChoices {
+  VersionRange versions;
+  std::vector<DtypeChoice> accepted;
+  // Values argparse accepts that then stop start-up (value -> error).
+  std::map<std::string, StartupAbort> aborts;
+  Provenance provenance;
+};
+
+enum class AutoApplies { auto_only, any_request };
+struct AutoRule {
+  std::string id;
+  VersionRange versions;
+  AutoApplies applies = AutoApplies::auto_only;
+  QuantMatch when;
+  std::string resolves_to;  // canonical dtype, or "model_dtype"
+  std::string reason;
+  std::string log_message;  // template id the engine logs when this rule applies ("" none)
+  Provenance provenance;
+};
+
+// Which scale tensors of a naming convention (checkpoint::scale_conventions) an
+// engine's loaders map onto the attention layers.
+struct ScaleNameRule {
+  std::string id;
+  VersionRange versions;
+  std::vector<std::string> conventions;
+  bool loaded = true;
+  QuantMatch when;  // narrows to some checkpoints (architectures, methods)
+  std::string reason;
+  std::string log_message;  // template id the engine logs when it drops them
+  Provenance provenance;
+};
+
+// Scale parameters exist only when the quantization config creates a KV-cache method.
+struct KvMethodRule {
+  std::string id;
+  VersionRange versions;
+  std::vector<std::string> quant_methods;  // methods that create one (globs)
+  std::string reason;
+  Provenance provenance;
+};
+
+enum class OneScaleRule { present_for_both, startup_error };
+enum class ZeroScaleRule { missing, startup_error };
+enum class NonScalarRule { startup_error, per_head_for_ct_attn_head };
+struct FallbackRule {
+  VersionRange versions;
+  double both_missing_scale = 1.0;
+  std::string both_missing_message;  // template id logged when both fall back ("" silent)
+  OneScaleRule k_only = OneScaleRule::present_for_both;
+  OneScaleRule v_only = OneScaleRule::startup_error;
+  std::string one_missing_error;  // verbatim, for the startup_error cases
+  ZeroScaleRule zero = ZeroScaleRule::missing;
+  std::string zero_error;
+  NonScalarRule non_scalar = NonScalarRule::startup_error;
+  std::string non_scalar_error;
+  bool fnuz_doubles_scale = true;
+  Provenance provenance;
+};
+
+// A warning the engine prints about scales, predicted from the resolution.
+struct ScaleWarningRule {
+  std::string id;
+  VersionRange versions;
+  std::vector<std::string> dtypes;  // resolved canonical dtypes it fires for
+  bool when_no_quantization_param_path = false;
+  bool when_unit_scale = false;  // only when the scales in effect are 1.0
+  std::string log_message;       // template id
+  std::string meaning;
+  Provenance provenance;
+};
+
+struct FlagRule {  // a launch flag with a life cycle
+  std::string id;
+  std::string flag;                  // "--calculate-kv-scales"
+  VersionRange exists;               // releases that accept it
+  VersionRange deprecated;           // subset of exists that warns
+  VersionRange disabled_for_hybrid;  // releases that ignore it on GDN/Mamba hybrids
+  std::string hybrid_hazard;         // what it does to hybrids where it is not disabled
+  std::string removed_error;         // what a release without it says
+  std::string meaning;
+  Provenance provenance;
+};
+
+struct ParamPathRule {  // SGLang --quantization-param-path
+  std::string id;
+  VersionRange versions;
+  enum class Effect { not_applied, startup_error_without_loader } effect = Effect::not_applied;
+  std::vector<std::string> dtypes;  // resolved dtypes it applies to (empty: every quantized)
+  std::vector<std::string> architectures_with_loader;  // for startup_error_without_loader
+  std::string message;
+  std::string reason;
+  Provenance provenance;
+};
+
+// Start-up aborts that depend on the checkpoint (and, when given, the requested dtype).
+struct CheckpointAbort {
+  std::string id;
+  VersionRange versions;
+  std::vector<std::string> requested;   // canonical dtypes requested explicitly; empty: any
+  bool requires_scale_tensors = false;  // only when the checkpoint ships KV scale tensors
+  QuantMatch when;
+  std::string message;
+  Provenance provenance;
+};
+
+// A dtype that is accepted but known to corrupt on some models.
+struct DtypeHazard {
+  std::string id;
+  VersionRange versions;
+  std::vector<std::string> dtypes;
+  std::vector<std::string> model_dtypes;  // the served model dtype it bites
+  std::string consequence;
+  Provenance provenance;
+};
+
+// Engine defaults per version range (absent optional: no default, or computed).
+struct EngineDefaults {
+  VersionRange versions;
+  std::optional<double> memory_fraction;  // vLLM gpu_memory_utilization; SGLang: computed
+  std::optional<double> mamba_full_memory_ratio;
+  std::string mamba_ssm_dtype;  // "from_model_config" or a dtype ("float32")
+  std::string mamba_ssm_dtype_fallback = "float32";
+  std::string mamba_conv_dtype;  // "bfloat16"
+  std::vector<std::string> mamba_ssm_dtype_choices;
+  std::optional<int> page_size;
+  std::optional<double> swa_full_tokens_ratio;
+  std::optional<int> mamba_requests_per_slot;  // SGLang mamba cache / running-request ratio
+  bool fp4_dequant_workspace = false;          // SGLang FP4 prefill: one shared FP8 dequant buffer
+  double mm_reservation_mib = 0;               // SGLang: KV budget held back for multimodal models
+  Provenance provenance;
+};
+
+// ---------------------------------------------------------------- log messages
+
+// What a recognised line tells about its launch (logs/ decides what to do with it).
+enum class LogKind {
+  launch_args,           // server_args=ServerArgs(...) / non-default args
+  engine_version,        // vLLM API server version
+  engine_config,         // vLLM "Initializing ... engine (v...) with config: ..."
+  load_begin,            // memory before weights
+  load_end,              // memory after weights, model dtype
+  weights_loaded,        // vLLM weight memory
+  kv_dtype_used,         // the KV dtype the engine stores
+  kv_pool_allocated,     // SGLang pool: dtype, tokens, sizes
+  state_pool_allocated,  // Mamba/GDN state pool
+  swa_pool,              // sliding-window pool split
+  token_summary,         // SGLang max_total_num_tokens=...
+  memory_pool_end,
+  available_kv_memory,  // vLLM
+  kv_cache_size,        // vLLM GPU KV cache size / max concurrency
+  max_concurrency,
+  gpu_blocks,           // vLLM V0
+  scale_unit_fallback,  // the engine says it uses 1.0 (definitive)
+  scale_warning,        // a scale warning that does not prove a fallback (SGLang #31224)
+  scale_not_loaded,     // checkpoint scale names dropped
+  scales_loaded,        // scales loaded from a file
+  nvfp4_unit_global,    // NVFP4 global scale 1.0
+  ready,
+  startup_error,  // the engine's own error text
+  deprecation,
+  flag_ignored,    // a flag the engine disables for this model
+  dtype_fallback,  // the engine fell back to auto for a declaration it does not know
+};
+std::string_view log_kind_name(LogKind kind);
+
+// One log message as the engine writes it: its format string verbatim (printf `%s`,
+// `%d`, `%.2f` or Python `{}`, `{name}`, `{x:.2f}`, `{n:,}` placeholders), the fields
+// its placeholders carry, and the releases that print it.
+struct LogTemplate {
+  std::string id;
+  VersionRange versions;
+  LogKind kind = LogKind::ready;
+  std::string text;
+  std::vector<std::string> fields;  // one per placeholder, in order ("" to ignore one)
+  Provenance provenance;
+  std::string anchor;  // longest literal run, for the line pre-filter
+  std::shared_ptr<const struct CompiledTemplate> compiled;
+};
+// Captured placeholder texts, in template order, when `message` contains the template.
+std::optional<std::vector<std::string>> match_log_template(const LogTemplate& log,
+                                                           std::string_view message);
+// The field names log templates may carry (the logs module reads each).
+const std::vector<std::string>& log_field_names();
+
+// ---------------------------------------------------------------- capacity
+
+// Which sizing arithmetic plan applies (a key, not an engine name).
+enum class CapacityModel { sglang_token_pool, vllm_block_pool };
+
+// SGLang's default --mem-fraction-static (server_args.py _handle_gpu_memory_settings).
+struct MemFractionTier {
+  double below_mib = 0;
+  int chunked_prefill_size = 0;
+  int cuda_graph_bs_tp_lt4 = 0;
+  int cuda_graph_bs_tp_ge4 = 0;
+};
+struct MemFractionTable {
+  VersionRange versions;
+  double fallback_when_gpu_unknown = 0.88;
+  std::vector<MemFractionTier> tiers;
+  double reserved_constant_mib = 0;
+  double activation_mib_per_prefill_token = 0;
+  int activation_min_tokens = 0;
+  double cuda_graph_mib_per_batch = 0;
+  double parallel_mib_per_rank_over_8 = 0;
+  double dp_attention_mib_per_batch_per_dp = 0;
+  double large_gpu_threshold_mib = 0;
+  double large_gpu_min_reserved_mib = 0;
+  int round_decimals = 3;
+  std::string caveats;
+  Provenance provenance;
+};
+
+struct CapacityData {
+  CapacityModel model = CapacityModel::sglang_token_pool;
+  std::string file;
+  std::vector<std::string> plan_default_dtypes;
+  std::vector<MemFractionTable> mem_fraction_tables;
+  int mamba_pool_padding_slots = 0;  // SGLang MambaPool allocates slots + this
+  int kv_buffer_padding_pages = 0;   // SGLang KV buffers hold size + page_size rows
+  std::map<std::string, std::string> references;
+  const MemFractionTable* mem_fraction_for(const Version& version) const;
+};
+
+// ---------------------------------------------------------------- the model
+
+struct LaunchSpec {
+  std::vector<std::string> entry_points;  // "sglang serve", "-m sglang.launch_server", ...
+  bool positional_model = false;
+  std::map<std::string, std::vector<std::string>> flags;  // field -> spellings
+  std::vector<std::string> boolean_flags;
+};
+
+struct ServerInfoSpec {                  // how a live server reports its KV dtype
+  std::vector<std::string> endpoints;    // "/server_info", "/get_server_info"
+  bool reports_requested_dtype = false;  // true: "auto" may stand for a resolved FP8
+  Provenance provenance;
+};
+
+struct EngineModel {
+  std::string engine;
+  std::string file;
+  std::string latest_known_version;
+  LaunchSpec launch;
+  std::vector<DtypeChoices> dtype_choices;
+  std::vector<AutoRule> auto_rules;  // first match wins
+  std::vector<KvMethodRule> kv_method_rules;
+  std::vector<ScaleNameRule> scale_name_rules;  // per convention: first match wins
+  std::vector<ScaleNameRule> scale_drop_rules;  // per architecture / method, after the names
+  std::vector<FallbackRule> fallback_rules;
+  std::vector<ScaleWarningRule> scale_warnings;
+  std::vector<FlagRule> flag_rules;
+  std::vector<ParamPathRule> param_path_rules;
+  std::vector<CheckpointAbort> checkpoint_aborts;
+  std::vector<DtypeHazard> dtype_hazards;
+  std::vector<EngineDefaults> defaults;
+  std::vector<LogTemplate> log_templates;
+  std::optional<ServerInfoSpec> server_info;
+  bool has_quantization_param_path = false;
+  bool has_dynamic_scales_flag = false;  // a --calculate-kv-scales in some release
+  CapacityData capacity;
+
+  const LogTemplate* log_template(std::string_view id) const;
+  const DtypeChoices* choices_for(const Version& version) const;
+  const FallbackRule& fallback_for(const Version& version) const;
+  const EngineDefaults& defaults_for(const Version& version) const;
+};
+
+std::vector<std::string> known_engines();
+// The linted model of one engine (loaded once per process; InputError naming the file
+// and key when the data is wrong). Unknown engine: InputError("--engine", ...).
+const EngineModel& engine_model(std::string_view engine);
+// Loads and lints explicit files (tests, and data folders under $KVAUDIT_DATA_DIR).
+EngineModel load_engine_model(const std::filesystem::path& engine_file,
+                              const std::filesystem::path& capacity_file);
+std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& dtypes_file);
+// Every version a rule names as a bound, plus the latest: the points where behaviour
+// can change (for tests that sweep releases).
+std::vector<Version> boundary_versions(const EngineModel& model);
+
+// The --kv-cache-dtype values this version accepts (as spelled on the CLI), in order;
+// aborting values are not among them.
+std::vector<std::string> kv_cache_dtype_choices(const EngineModel& model, const Version& version);
+// CLI value -> canonical dtype for this engine and version ("" when not a choice).
+std::string cli_dtype(const EngineModel& model, const Version& version, std::string_view value);
+// The CLI spelling this version accepts for a canonical dtype ("" when none).
+std::string cli_spelling(const EngineModel& model, const Version& version, std::string_view dtype);
+// True when `version` is newer than the newest release the data knows.
+bool newer_than_known(const EngineModel& model, const Version& version);
 
 // ---------------------------------------------------------------- launch flags
 
 struct LaunchFlags {
-  std::string engine;          // "sglang" | "vllm"
+  std::string engine;          // an engine of known_engines()
   std::string engine_version;  // as given ("" = latest known behaviour)
   std::string kv_cache_dtype = "auto";
   std::string kv_cache_dtype_flag;  // spelling seen ("--kv-cache-dtype"), empty if defaulted
@@ -40,23 +437,26 @@ struct LaunchFlags {
   int tp = 1;
   int pp = 1;
   int dp = 1;
+  int dcp = 1;  // decode context parallel (SGLang --dcp-size / vLLM -dcp)
   bool dp_attention = false;
   std::string quantization_param_path;
-  std::string quantization;               // --quantization
-  std::string dtype = "auto";             // --dtype
-  std::optional<int64_t> context_length;  // --context-length / --max-model-len
-  std::optional<double> memory_fraction;  // --mem-fraction-static / --gpu-memory-utilization
-  std::string mamba_ssm_dtype;            // --mamba-ssm-dtype / --mamba-ssm-cache-dtype
-  bool calculate_kv_scales = false;       // vLLM --calculate-kv-scales
+  std::string quantization;                // --quantization
+  std::string dtype = "auto";              // --dtype
+  std::optional<int64_t> context_length;   // --context-length / --max-model-len
+  std::optional<double> memory_fraction;   // --mem-fraction-static / --gpu-memory-utilization
+  std::string mamba_ssm_dtype;             // --mamba-ssm-dtype / --mamba-ssm-cache-dtype
+  std::string kv_cache_dtype_skip_layers;  // vLLM: "sliding_window" or layer indices
+  std::string speculative_algorithm;       // EAGLE, NEXTN, ...
+  std::optional<int> speculative_draft_layers;
   std::optional<int64_t> max_total_tokens;
   std::optional<int> page_size;
-  std::string source;  // "flags", "launch command", "unit FILE"
+  std::string source;                // "flags", "launch command", "unit FILE"
+  bool calculate_kv_scales = false;  // vLLM --calculate-kv-scales (releases that have it)
   std::vector<std::string> ignored_arguments;
 };
 
 // Parses a shell command line (quotes, backslash-newlines, `bash -c '...'`, docker
-// wrappers) that starts SGLang or vLLM. Throws InputError(label, ...) when it
-// starts neither.
+// wrappers) that starts a known engine. Throws InputError(label, ...) otherwise.
 LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label);
 // Reads a systemd unit: [Service] ExecStart= with continuations, Environment=
 // (expanded in ExecStart as systemd does).
@@ -64,60 +464,81 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file);
 // Splits a command line into words as a POSIX shell would (no expansion).
 std::vector<std::string> split_shell_words(std::string_view command_line, const std::string& label);
 
-// ---------------------------------------------------------------- engine data
-
-// One engine's data file, loaded and checked. Rules keep their JSON so new fields
-// need no code; typed accessors below cover what the code reads.
-struct EngineData {
-  std::string engine;
-  std::filesystem::path file;
-  std::string latest_known_version;
-  nlohmann::json document;
-};
-EngineData load_engine_data(std::string_view engine);  // data_dir()/engines/<engine>.json
-std::vector<std::string> known_engines();
-
-// The --kv-cache-dtype values this version accepts (as spelled on the CLI).
-std::vector<std::string> kv_cache_dtype_choices(const EngineData& data, const Version& version);
-// CLI spelling -> normalised dtype ("bfloat16" -> "bf16", "fp8" -> "fp8_e4m3").
-std::string normalise_kv_dtype(const EngineData& data, std::string_view cli_value);
-
 // ---------------------------------------------------------------- resolution
 
-// How one layer's K/V scales end up in the engine.
-struct ScaleLoad {
-  int layer = -1;
-  std::optional<float> k_scale;  // what the engine will use, when it uses a checkpoint value
-  std::optional<float> v_scale;
+// Where the K/V scales in effect come from.
+enum class ScaleSource {
+  not_applicable,           // 16-bit cache
+  checkpoint,               // checkpoint tensors the loader maps
+  quantization_param_path,  // SGLang's JSON
+  calculated,               // vLLM --calculate-kv-scales (first batch)
+  dynamic_by_design,        // the dtype computes its own scales (per-token-head, MX blocks)
+  unit_default,             // none usable: 1.0
+  unknown,                  // the checkpoint was not read (probe without --checkpoint)
 };
+std::string_view scale_source_name(ScaleSource source);
 
 struct DroppedScales {
   std::string rule_id;
   std::string reason;
-  std::string reference;
-  std::string status;  // "open", "fixed in X", "fix merged, release unverified"
+  Provenance provenance;
   std::vector<std::string> tensor_names;
+};
+
+// Why the server will not start, predicted from the data.
+struct StartupFailure {
+  std::string id;
+  std::string message;  // the engine's error, verbatim where known
+  std::string cause;    // what in the inputs triggers it
+  Provenance provenance;
 };
 
 struct ResolvedKv {
   std::string engine;
   Version version;
-  std::string requested;       // normalised CLI value ("auto", "bf16", ...)
-  std::string kv_cache_dtype;  // normalised resolved dtype: bf16, fp16, fp8_e4m3, fp8_e5m2, ...
-  std::string rule_id;         // auto_resolution rule that decided
-  std::string rule_reference;
-  std::string reason;      // one sentence: why this dtype
-  bool quantized = false;  // resolved dtype narrower than 16 bits
-  // Where the scales come from: "not_applicable" (16-bit cache), "checkpoint",
-  // "quantization_param_path", "dynamic", "unit_default" (1.0).
-  std::string scale_source = "not_applicable";
+  bool version_newer_than_known = false;
+  std::string requested;           // canonical requested dtype ("auto", "bf16", ...)
+  bool requested_known = true;     // false: not a --kv-cache-dtype choice of this version
+  std::string kv_cache_dtype;      // canonical resolved dtype
+  const KvDtype* dtype = nullptr;  // vocabulary entry of kv_cache_dtype (null: unknown)
+  bool quantized = false;
+  std::string rule_id;  // auto rule that decided, or "explicit"
+  std::string reason;   // one sentence: why this dtype
+  Provenance rule_provenance;
+  std::string model_dtype;  // canonical dtype the model is served in
+  ScaleSource scale_source = ScaleSource::not_applicable;
   std::vector<DroppedScales> dropped;  // scales present but not loaded
   std::vector<std::string> loaded_scale_names;
-  bool scale_warning_logged = false;  // will the engine log a scale warning
-  std::string scale_warning_text;
+  std::vector<std::string> ignored_by_design;  // scale tensors the dtype does not use
+  // Layers kept in the model dtype (vLLM --kv-cache-dtype-skip-layers), by index.
+  std::vector<int> skipped_layers;
+  std::vector<StartupFailure> startup_failures;
+  std::optional<std::string> scale_warning_text;  // the scale warning the engine logs
+  std::string scale_warning_id;
+  std::string scale_warning_meaning;
+  const FallbackRule* fallback = nullptr;
 };
 
+// Whether the launch sets the field that `flag` (a spelling in the engine's launch data)
+// belongs to.
+bool flag_given(const EngineModel& engine, const LaunchFlags& flags, std::string_view flag);
+
 ResolvedKv resolve_kv(const checkpoint::ModelFacts& model, const LaunchFlags& flags,
-                      const EngineData& data);
+                      const EngineModel& engine);
+
+// What one layer's BaseKVCacheMethod makes of its loaded scalar scales (nullopt: none
+// loaded, the engine's -1.0): the k and v scales in effect, or the start-up error.
+// Shared by resolve_kv (audit) and serve, so both apply the same fallback semantics.
+struct LayerScales {
+  float k = 1.0f, v = 1.0f;
+  bool from_checkpoint = false;  // a loaded value is in effect
+  std::string error_id;          // "" unless start-up stops: scale-v-only, scale-zero, scale-nan
+  std::string error;             // the engine's error, verbatim
+};
+LayerScales apply_fallback(const FallbackRule& fallback, std::optional<float> k,
+                           std::optional<float> v);
+
+// The model dtype (canonical) an engine serves this checkpoint in under these flags.
+std::string served_model_dtype(const checkpoint::ModelFacts& model, const LaunchFlags& flags);
 
 }  // namespace kvaudit::engines

@@ -12,30 +12,39 @@ namespace kvaudit::engines {
 
 namespace {
 
-using nlohmann::json;
-
 bool is_wrapper_shell(const std::string& word) {
   return word == "bash" || word == "sh" || word == "/bin/bash" || word == "/bin/sh" ||
          word == "/usr/bin/bash" || word == "/usr/bin/env";
 }
 
+// Whether words[i...] start with an entry point as the engine data spells it:
+// "sglang serve" (program basename, then literal words), "-m sglang.launch_server"
+// (a module or a submodule of it), "launch_server.py" (a script).
+std::optional<size_t> match_entry_point(const std::vector<std::string>& words, size_t i,
+                                        const std::string& entry) {
+  std::vector<std::string> parts = split_list(entry, ' ');
+  if (parts.empty() || i + parts.size() > words.size()) return std::nullopt;
+  if (parts[0] == "-m") {
+    if (words[i] != "-m" || parts.size() != 2) return std::nullopt;
+    const std::string& module = words[i + 1];
+    if (module == parts[1] || module.rfind(parts[1] + ".", 0) == 0) return i + 2;
+    return std::nullopt;
+  }
+  const std::string& word = words[i];
+  size_t slash = word.find_last_of('/');
+  if ((slash == std::string::npos ? word : word.substr(slash + 1)) != parts[0]) return std::nullopt;
+  for (size_t k = 1; k < parts.size(); ++k)
+    if (words[i + k] != parts[k]) return std::nullopt;
+  return i + parts.size();
+}
+
 // Finds which engine a word list starts and where its arguments begin.
 std::optional<std::pair<std::string, size_t>> find_entry_point(
     const std::vector<std::string>& words) {
-  for (size_t i = 0; i < words.size(); ++i) {
-    const std::string& word = words[i];
-    auto base =
-        word.substr(word.find_last_of('/') == std::string::npos ? 0 : word.find_last_of('/') + 1);
-    if ((base == "sglang" || base == "vllm") && i + 1 < words.size() && words[i + 1] == "serve")
-      return std::pair{base, i + 2};
-    if (word == "-m" && i + 1 < words.size()) {
-      const std::string& module = words[i + 1];
-      if (module.rfind("sglang.launch_server", 0) == 0)
-        return std::pair{std::string("sglang"), i + 2};
-      if (module.rfind("vllm.entrypoints", 0) == 0) return std::pair{std::string("vllm"), i + 2};
-    }
-    if (base == "launch_server.py") return std::pair{std::string("sglang"), i + 1};
-  }
+  for (size_t i = 0; i < words.size(); ++i)
+    for (const std::string& engine : known_engines())
+      for (const std::string& entry : engine_model(engine).launch.entry_points)
+        if (auto next = match_entry_point(words, i, entry)) return std::pair{engine, *next};
   return std::nullopt;
 }
 
@@ -58,25 +67,27 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
     for (size_t i = 0; i + 2 < words.size(); ++i)
       if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
         return parse_launch_command(words[i + 2], label);
-    throw InputError(label,
-                     "launch command starts neither SGLang (python -m sglang.launch_server, "
-                     "sglang serve) nor vLLM (vllm serve, python -m vllm.entrypoints...)");
+    std::vector<std::string> known;
+    for (const std::string& engine : known_engines())
+      known.push_back(fmt::format("{} ({})", engine,
+                                  fmt::join(engine_model(engine).launch.entry_points, ", ")));
+    throw InputError(
+        label, fmt::format("launch command starts no known engine: {}", fmt::join(known, "; ")));
   }
   LaunchFlags flags;
   flags.engine = entry->first;
   flags.source = label;
-  EngineData data = load_engine_data(flags.engine);
-  const json& launch = data.document["launch"];
+  const LaunchSpec& launch = engine_model(flags.engine).launch;
   std::map<std::string, std::string> field_by_flag;
-  for (const auto& [field, spellings] : launch["flags"].items())
-    for (const auto& spelling : spellings) field_by_flag[spelling.get<std::string>()] = field;
-  std::vector<std::string> booleans = launch.value("boolean_flags", std::vector<std::string>{});
+  for (const auto& [field, spellings] : launch.flags)
+    for (const auto& spelling : spellings) field_by_flag[spelling] = field;
+  const std::vector<std::string>& booleans = launch.boolean_flags;
   auto is_boolean = [&](const std::string& flag) {
     return std::find(booleans.begin(), booleans.end(), flag) != booleans.end();
   };
 
   size_t i = entry->second;
-  if (launch.value("positional_model", false) && i < words.size() && words[i].rfind("-", 0) != 0)
+  if (launch.positional_model && i < words.size() && words[i].rfind("-", 0) != 0)
     flags.model_path = words[i++];
   for (; i < words.size(); ++i) {
     std::string word = words[i];
@@ -115,6 +126,14 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
       flags.pp = to_int(word, value, label);
     } else if (field == "dp") {
       flags.dp = to_int(word, value, label);
+    } else if (field == "dcp") {
+      flags.dcp = to_int(word, value, label);
+    } else if (field == "kv_cache_dtype_skip_layers") {
+      flags.kv_cache_dtype_skip_layers = value;
+    } else if (field == "speculative_algorithm") {
+      flags.speculative_algorithm = value;
+    } else if (field == "speculative_draft_layers") {
+      flags.speculative_draft_layers = to_int(word, value, label);
     } else if (field == "dp_attention") {
       flags.dp_attention = on;
     } else if (field == "quantization_param_path") {
@@ -144,7 +163,7 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
       flags.page_size = to_int(word, value, label);
     }
   }
-  if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0)
+  if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0 || flags.dcp == 0)
     throw InputError(label, "parallel sizes must be at least 1");
   return flags;
 }

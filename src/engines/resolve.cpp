@@ -1,11 +1,15 @@
-// resolve_kv: applies an engine's data to a checkpoint and launch flags: which
-// KV dtype the engine allocates and where its scales come from.
+// resolve_kv: applies an engine's model to a checkpoint and launch flags. In data-flow
+// order: the requested dtype, the dtype the engine allocates, the layers it keeps in the
+// model dtype, which checkpoint scales reach the attention layers, where the scales in
+// effect come from, and what stops the server from starting.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <map>
 
-#include "engines/engines.h"
+#include "engines/internal.h"
 #include "util/util.h"
 
 namespace kvaudit::engines {
@@ -13,169 +17,443 @@ namespace kvaudit::engines {
 namespace {
 
 using checkpoint::ModelFacts;
+using checkpoint::ScaleRole;
 using checkpoint::ScaleTensor;
-using nlohmann::json;
 
 std::string upper(std::string text) {
   for (auto& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return text;
 }
 
-bool list_matches(const json& rule, const char* key, const std::string& value) {
-  auto it = rule.find(key);
-  if (it == rule.end()) return true;  // no constraint
-  for (const auto& entry : *it) {
-    std::string wanted = entry.get<std::string>();
-    if (wanted == "*" || upper(wanted) == upper(value)) return true;
-  }
-  return false;
+bool any_glob(const std::vector<std::string>& patterns, const std::string& value) {
+  if (patterns.empty()) return true;
+  return std::any_of(patterns.begin(), patterns.end(),
+                     [&](const std::string& p) { return glob_match(p, value); });
 }
 
-bool rule_applies(const json& when, const ModelFacts& model) {
-  if (auto it = when.find("kv_cache_quant_algo"); it != when.end()) {
-    if (!model.quant || upper(model.quant->kv_cache_quant_algo) != upper(it->get<std::string>()))
-      return false;
-  }
-  if (auto it = when.find("kv_cache_scheme"); it != when.end()) {
-    bool has = model.quant && model.quant->has_kv_cache_scheme;
-    if (has != it->get<bool>()) return false;
-  }
-  if (auto it = when.find("quant_method"); it != when.end()) {
-    if (!model.quant || model.quant->method != it->get<std::string>()) return false;
-  }
-  return true;
+// ---------------------------------------------------------------- the dtype
+
+struct RequestedDtype {
+  std::string dtype;  // canonical, or the raw value when unknown
+  bool accepted = true;
+  const StartupAbort* abort = nullptr;
+};
+
+RequestedDtype read_request(const EngineModel& engine, const Version& version,
+                            const std::string& value) {
+  RequestedDtype out;
+  const DtypeChoices* choices = engine.choices_for(version);
+  out.dtype = cli_dtype(engine, version, value);
+  if (!out.dtype.empty()) return out;
+  out.accepted = false;
+  if (choices)
+    if (auto it = choices->aborts.find(value); it != choices->aborts.end()) out.abort = &it->second;
+  std::string canonical = normalise_dtype(value);
+  out.dtype = canonical.empty() ? value : canonical;
+  return out;
 }
 
-std::string model_kv_dtype(const EngineData& data, const ModelFacts& model,
-                           const LaunchFlags& flags) {
-  const json& aliases = data.document.value("model_dtype_aliases", json::object());
-  std::string dtype =
-      flags.dtype.empty() || flags.dtype == "auto" ? model.torch_dtype : flags.dtype;
-  if (dtype.empty()) return "bf16";
-  std::string normalised = aliases.contains(dtype) ? aliases[dtype].get<std::string>() : dtype;
-  // Both engines serve float32 checkpoints in bfloat16 under --dtype auto.
-  if (normalised == "fp32" && (flags.dtype.empty() || flags.dtype == "auto")) return "bf16";
-  return normalised;
+const AutoRule* pick_auto_rule(const EngineModel& engine, const Version& version,
+                               const ModelFacts& model, bool requested_auto) {
+  for (const AutoRule& rule : engine.auto_rules) {
+    if (!rule.versions.contains(version)) continue;
+    if (rule.applies == AutoApplies::auto_only && !requested_auto) continue;
+    if (!rule.when.matches(model)) continue;
+    return &rule;
+  }
+  return nullptr;
 }
 
-bool is_quantized(const std::string& dtype) {
-  return dtype.rfind("fp8", 0) == 0 || dtype.rfind("fp4", 0) == 0 || dtype == "nvfp4" ||
-         dtype == "mxfp8" || dtype.rfind("int", 0) == 0;
+// vLLM --kv-cache-dtype-skip-layers: "sliding_window" and/or layer indices.
+std::vector<int> skipped_layers(const ModelFacts& model, const std::string& spec) {
+  std::vector<int> out;
+  if (spec.empty()) return out;
+  std::vector<std::string> items = split_list(spec, ',');
+  for (const auto& layer : model.layers) {
+    if (layer.kind == checkpoint::LayerKind::linear_attention) continue;
+    bool skip = false;
+    for (const std::string& item : items) {
+      if (item == "sliding_window")
+        skip |= layer.kind == checkpoint::LayerKind::sliding_attention;
+      else if (item == std::to_string(layer.index))
+        skip = true;
+    }
+    if (skip) out.push_back(layer.index);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- scale names
+
+const ScaleNameRule* name_rule_for(const EngineModel& engine, const Version& version,
+                                   const ModelFacts& model, const ScaleTensor& scale) {
+  for (const ScaleNameRule& rule : engine.scale_name_rules) {
+    if (!rule.versions.contains(version) || !rule.when.matches(model)) continue;
+    if (std::find(rule.conventions.begin(), rule.conventions.end(), scale.convention) !=
+        rule.conventions.end())
+      return &rule;
+  }
+  return nullptr;  // the lint guarantees a rule; a scale of an unknown convention drops
+}
+
+void add_drop(std::vector<DroppedScales>& dropped, const std::string& id, const std::string& reason,
+              const Provenance& provenance, const std::string& tensor) {
+  for (auto& drop : dropped)
+    if (drop.rule_id == id) {
+      drop.tensor_names.push_back(tensor);
+      return;
+    }
+  dropped.push_back({id, reason, provenance, {tensor}});
+}
+
+// Which checkpoint scale tensors reach the attention layers.
+std::vector<const ScaleTensor*> loaded_scales(const EngineModel& engine, const Version& version,
+                                              const ModelFacts& model, ResolvedKv& resolved) {
+  std::vector<const ScaleTensor*> kept;
+  for (const ScaleTensor& scale : model.kv_scales) {
+    const ScaleNameRule* rule = name_rule_for(engine, version, model, scale);
+    if (rule && rule->loaded) {
+      kept.push_back(&scale);
+    } else if (rule) {
+      add_drop(resolved.dropped, rule->id, rule->reason, rule->provenance, scale.name);
+    } else {
+      add_drop(resolved.dropped, "unmapped-scale-name",
+               "no loader of this version maps this tensor name onto an attention layer", {},
+               scale.name);
+    }
+  }
+  // Scale parameters exist only when the quantization config creates a KV-cache method.
+  const std::string method = model.quant ? model.quant->method : "none";
+  for (const KvMethodRule& rule : engine.kv_method_rules) {
+    if (!rule.versions.contains(version) || kept.empty()) continue;
+    if (!any_glob(rule.quant_methods, method) || rule.quant_methods.empty()) {
+      for (const ScaleTensor* scale : kept)
+        add_drop(resolved.dropped, rule.id, rule.reason, rule.provenance, scale->name);
+      kept.clear();
+    }
+    break;
+  }
+  // Per-architecture and per-method loader gaps.
+  for (const ScaleNameRule& rule : engine.scale_drop_rules) {
+    if (!rule.versions.contains(version) || !rule.when.matches(model)) continue;
+    std::vector<const ScaleTensor*> still;
+    for (const ScaleTensor* scale : kept) {
+      bool hit = std::find(rule.conventions.begin(), rule.conventions.end(), "*") !=
+                     rule.conventions.end() ||
+                 std::find(rule.conventions.begin(), rule.conventions.end(), scale->convention) !=
+                     rule.conventions.end();
+      if (hit)
+        add_drop(resolved.dropped, rule.id, rule.reason, rule.provenance, scale->name);
+      else
+        still.push_back(scale);
+    }
+    kept = std::move(still);
+  }
+  return kept;
+}
+
+// ---------------------------------------------------------------- fallback
+
+// The loaded values of every layer through the version's fallback rule: non-scalar
+// scales, lone v scales, zeros and NaNs that stop start-up.
+void check_loaded_values(const FallbackRule& fallback, const ModelFacts& model,
+                         const std::vector<const ScaleTensor*>& kept, ResolvedKv& resolved) {
+  struct Layer {
+    std::optional<float> k, v;  // the last loaded value, as the loader overwrites
+    std::string non_scalar;     // name of a non-scalar scale tensor
+  };
+  std::map<int, Layer> layers;
+  for (const ScaleTensor* scale : kept) {
+    Layer& layer = layers[scale->layer];
+    if (scale->values.size() > 1) layer.non_scalar = scale->name;
+    if (scale->values.empty()) continue;
+    if (scale->role != ScaleRole::v) layer.k = scale->values.front();
+    if (scale->role != ScaleRole::k) layer.v = scale->values.front();
+  }
+  const bool ct_attn_head = model.quant && model.quant->method == "compressed-tensors" &&
+                            model.quant->kv_scheme_strategy == "attn_head";
+  for (const auto& [index, layer] : layers) {
+    if (!layer.non_scalar.empty()) {
+      if (fallback.non_scalar == NonScalarRule::per_head_for_ct_attn_head && ct_attn_head) continue;
+      resolved.startup_failures.push_back(
+          {"scale-non-scalar", fallback.non_scalar_error,
+           fmt::format("{} is not a scalar (per-tensor scales only{})", layer.non_scalar,
+                       fallback.non_scalar == NonScalarRule::per_head_for_ct_attn_head
+                           ? "; per-head only for compressed-tensors attn_head schemes"
+                           : ""),
+           fallback.provenance});
+      return;
+    }
+    LayerScales scales = apply_fallback(fallback, layer.k, layer.v);
+    if (scales.error_id.empty()) continue;
+    const std::string cause =
+        scales.error_id == "scale-nan" ? fmt::format("layer {} has a NaN k_scale", index)
+        : scales.error_id == "scale-zero"
+            ? fmt::format("layer {} has a k/v scale of exactly 0.0", index)
+        : scales.error_id == "scale-k-only"
+            ? fmt::format("layer {} has a k_scale but no usable v_scale", index)
+            : fmt::format("layer {} has a v_scale but no usable k_scale", index);
+    resolved.startup_failures.push_back(
+        {scales.error_id, scales.error, cause, fallback.provenance});
+    return;  // the first failing layer stops start-up
+  }
+}
+
+ScaleSource pick_scale_source(const EngineModel& engine, const Version& version,
+                              const ModelFacts& model, const LaunchFlags& flags,
+                              const std::vector<const ScaleTensor*>& kept, const KvDtype& dtype) {
+  if (!dtype.quantized) return ScaleSource::not_applicable;
+  if (dtype.scales == ScaleSemantics::dynamic_block ||
+      dtype.scales == ScaleSemantics::dynamic_per_token_head ||
+      dtype.scales == ScaleSemantics::packed_dynamic)
+    return ScaleSource::dynamic_by_design;
+  for (const FlagRule& rule : engine.flag_rules)
+    if (rule.flag == "--calculate-kv-scales" && flag_given(engine, flags, rule.flag) &&
+        rule.exists.contains(version) &&
+        !(model.linear_attention && rule.disabled_for_hybrid.contains(version)))
+      return ScaleSource::calculated;
+  if (!flags.quantization_param_path.empty() && engine.has_quantization_param_path &&
+      dtype.scales == ScaleSemantics::static_per_tensor)
+    return ScaleSource::quantization_param_path;
+  if (!kept.empty()) return ScaleSource::checkpoint;
+  // No checkpoint at all (a live server probed without --checkpoint): nobody knows.
+  if (!model.has_weights && model.config_file.empty()) return ScaleSource::unknown;
+  return ScaleSource::unit_default;
 }
 
 }  // namespace
 
-ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags, const EngineData& data) {
+// Both engines start every scale at -1.0 and branch: both present -> used; both
+// missing -> the default; else `assert k_scale > 0` and the larger is used for both. A
+// value is present when > 0 and missing when < 0 (SGLang: <= 0); anything else (NaN,
+// and 0.0 in vLLM) is neither, so it fails the assertion.
+LayerScales apply_fallback(const FallbackRule& fallback, std::optional<float> k,
+                           std::optional<float> v) {
+  enum class Side { missing, present, neither };
+  auto side_of = [&](std::optional<float> x) {
+    if (!x) return Side::missing;
+    if (*x > 0) return Side::present;
+    if (*x < 0 || (*x == 0 && fallback.zero == ZeroScaleRule::missing)) return Side::missing;
+    return Side::neither;
+  };
+  const Side ks = side_of(k), vs = side_of(v);
+  LayerScales out;
+  out.k = out.v = static_cast<float>(fallback.both_missing_scale);
+  if (ks == Side::present && vs == Side::present) {
+    out.k = *k, out.v = *v, out.from_checkpoint = true;
+  } else if (ks == Side::missing && vs == Side::missing) {
+    // the default, silently or with the engine's warning
+  } else if (ks == Side::present) {
+    if (fallback.k_only == OneScaleRule::startup_error) {
+      out.error_id = "scale-k-only", out.error = fallback.one_missing_error;
+    } else {
+      out.k = out.v = *k, out.from_checkpoint = true;  // max(k, v) with v <= 0 or NaN
+    }
+  } else {
+    const bool zero = (k && *k == 0) || (v && *v == 0);
+    const bool nan = k && std::isnan(*k);
+    out.error_id = nan ? "scale-nan" : zero ? "scale-zero" : "scale-v-only";
+    out.error = zero && fallback.zero == ZeroScaleRule::startup_error ? fallback.zero_error
+                                                                      : fallback.one_missing_error;
+  }
+  return out;
+}
+
+bool flag_given(const EngineModel& engine, const LaunchFlags& flags, std::string_view flag) {
+  for (const auto& [field, spellings] : engine.launch.flags) {
+    if (std::find(spellings.begin(), spellings.end(), flag) == spellings.end()) continue;
+    if (field == "calculate_kv_scales") return flags.calculate_kv_scales;
+    if (field == "kv_cache_dtype_skip_layers") return !flags.kv_cache_dtype_skip_layers.empty();
+    if (field == "quantization_param_path") return !flags.quantization_param_path.empty();
+    if (field == "mamba_ssm_dtype") return !flags.mamba_ssm_dtype.empty();
+    if (field == "dp_attention") return flags.dp_attention;
+    if (field == "speculative_algorithm") return !flags.speculative_algorithm.empty();
+  }
+  return false;
+}
+
+bool QuantMatch::matches(const ModelFacts& model) const {
+  const checkpoint::QuantFacts* quant = model.quant ? &*model.quant : nullptr;
+  if (!quant_methods.empty()) {
+    std::string method = quant ? quant->method : "none";
+    if (method.empty()) method = "none";
+    if (!any_glob(quant_methods, method)) return false;
+  }
+  if (!kv_cache_quant_algos.empty()) {
+    if (!quant || quant->kv_cache_quant_algo.empty()) return false;
+    bool hit = false;
+    for (const auto& algo : kv_cache_quant_algos)
+      hit |= algo == "*" || upper(algo) == upper(quant->kv_cache_quant_algo);
+    if (!hit) return false;
+  }
+  if (kv_cache_scheme && (quant && quant->has_kv_cache_scheme) != *kv_cache_scheme) return false;
+  if (scheme_bits && (!quant || quant->kv_scheme_bits != *scheme_bits)) return false;
+  if (!scheme_type.empty() && (!quant || quant->kv_scheme_type != scheme_type)) return false;
+  if (!scheme_strategies.empty() &&
+      (!quant || !any_glob(scheme_strategies, quant->kv_scheme_strategy)))
+    return false;
+  if (!architectures.empty() && !any_glob(architectures, model.architecture)) return false;
+  if (!weight_algos.empty() && (!quant || !any_glob(weight_algos, quant->weight_algo)))
+    return false;
+  if (hybrid && model.linear_attention.has_value() != *hybrid) return false;
+  return true;
+}
+
+std::string_view scale_source_name(ScaleSource source) {
+  switch (source) {
+    case ScaleSource::not_applicable:
+      return "not_applicable";
+    case ScaleSource::checkpoint:
+      return "checkpoint";
+    case ScaleSource::quantization_param_path:
+      return "quantization_param_path";
+    case ScaleSource::calculated:
+      return "calculated";
+    case ScaleSource::dynamic_by_design:
+      return "dynamic_by_design";
+    case ScaleSource::unit_default:
+      return "unit_default";
+    case ScaleSource::unknown:
+      return "unknown";
+  }
+  return "?";
+}
+
+std::string served_model_dtype(const ModelFacts& model, const LaunchFlags& flags) {
+  const bool automatic = flags.dtype.empty() || flags.dtype == "auto";
+  std::string dtype = normalise_dtype(automatic ? model.torch_dtype : flags.dtype);
+  // Both engines serve float32 checkpoints in bfloat16 under --dtype auto, and a
+  // config without a dtype in bfloat16.
+  if (dtype.empty() || dtype == "auto") return "bf16";
+  if (dtype == "fp32" && automatic) return "bf16";
+  return dtype;
+}
+
+ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
+                      const EngineModel& engine) {
   ResolvedKv resolved;
-  resolved.engine = data.engine;
+  resolved.engine = engine.engine;
   auto version = parse_version(flags.engine_version);
   if (!version)
     throw InputError("--engine-version",
                      fmt::format("cannot read version '{}'", flags.engine_version));
   resolved.version = *version;
-  resolved.requested = normalise_kv_dtype(data, flags.kv_cache_dtype);
+  resolved.version_newer_than_known = newer_than_known(engine, *version);
+  resolved.model_dtype = served_model_dtype(model, flags);
 
-  for (const auto& rule : data.document["auto_resolution"]) {
-    if (!version_in_range(*version, rule.value("versions", "*"))) continue;
-    bool overrides = rule.value("overrides_cli", false);
-    if (resolved.requested != "auto" && !overrides) continue;
-    if (!rule_applies(rule.value("when", json::object()), model)) continue;
-    std::string target = rule["resolves_to"].get<std::string>();
-    resolved.kv_cache_dtype = target == "model_dtype" ? model_kv_dtype(data, model, flags) : target;
-    resolved.rule_id = rule.value("id", "");
-    resolved.rule_reference = rule.value("reference", "");
-    resolved.reason = rule.value("reason", "");
-    break;
-  }
-  if (resolved.kv_cache_dtype.empty()) {
+  // 1. The request, as this version's argument parser reads it.
+  RequestedDtype request = read_request(engine, *version, flags.kv_cache_dtype);
+  resolved.requested = request.dtype;
+  resolved.requested_known = request.accepted;
+  if (request.abort)
+    resolved.startup_failures.push_back(
+        {request.abort->id, request.abort->message,
+         fmt::format("--kv-cache-dtype {} passes argument parsing, then start-up stops",
+                     flags.kv_cache_dtype),
+         request.abort->provenance});
+
+  // 2. The dtype the engine allocates.
+  const bool requested_auto = resolved.requested == "auto";
+  if (const AutoRule* rule = pick_auto_rule(engine, *version, model, requested_auto)) {
+    resolved.kv_cache_dtype =
+        rule->resolves_to == "model_dtype" ? resolved.model_dtype : rule->resolves_to;
+    resolved.rule_id = rule->id;
+    resolved.reason = rule->reason;
+    resolved.rule_provenance = rule->provenance;
+  } else if (requested_auto) {
+    resolved.kv_cache_dtype = resolved.model_dtype;
+    resolved.rule_id = "auto-model-dtype";
+    resolved.reason = "under --kv-cache-dtype auto the KV cache follows the model dtype";
+  } else {
     resolved.kv_cache_dtype = resolved.requested;
     resolved.rule_id = "explicit";
     resolved.reason = fmt::format("--kv-cache-dtype {} was given explicitly", flags.kv_cache_dtype);
   }
-  resolved.quantized = is_quantized(resolved.kv_cache_dtype);
+  resolved.dtype = find_kv_dtype(resolved.kv_cache_dtype);
+  resolved.quantized = resolved.dtype && resolved.dtype->quantized;
+  if (resolved.quantized)
+    resolved.skipped_layers = skipped_layers(model, flags.kv_cache_dtype_skip_layers);
 
-  // Which checkpoint scales the engine would load (reported even for a 16-bit cache:
-  // the drop bites the day FP8 is switched on).
-  const json& loading = data.document["scale_loading"];
-  std::vector<const ScaleTensor*> candidates;
-  for (const auto& scale : model.kv_scales) candidates.push_back(&scale);
-
-  auto ignored = loading.value("ignored_conventions", std::vector<std::string>{});
-  DroppedScales unmapped{"unmapped-scale-name", loading.value("ignored_reason", ""), "", "", {}};
-  std::vector<const ScaleTensor*> kept;
-  for (const ScaleTensor* scale : candidates) {
-    if (std::find(ignored.begin(), ignored.end(), scale->convention) != ignored.end())
-      unmapped.tensor_names.push_back(scale->name);
-    else
-      kept.push_back(scale);
-  }
-  if (!unmapped.tensor_names.empty()) resolved.dropped.push_back(unmapped);
-
-  std::string quant_method = model.quant ? model.quant->method : "";
-  std::string weight_algo = model.quant ? model.quant->weight_algo : "";
-  // Scale tensors land only in parameters a KV-cache quant method created; without one
-  // (no quantization config, or a weight-only method such as GPTQ) they are skipped.
-  if (auto need = loading.find("requires_kv_cache_method");
-      need != loading.end() && !kept.empty()) {
-    auto methods = need->value("quant_methods", std::vector<std::string>{});
-    if (std::find(methods.begin(), methods.end(), quant_method) == methods.end()) {
-      DroppedScales drop{need->value("id", ""),
-                         need->value("reason", ""),
-                         need->value("reference", ""),
-                         "how the loaders work",
-                         {}};
-      for (const ScaleTensor* scale : kept) drop.tensor_names.push_back(scale->name);
-      kept.clear();
-      resolved.dropped.push_back(std::move(drop));
-    }
-  }
-  for (const auto& rule : loading.value("dropped", json::array())) {
-    if (!version_in_range(*version, rule.value("versions", "*"))) continue;
-    if (!list_matches(rule, "architectures", model.architecture)) continue;
-    if (rule.contains("quant_methods") && !list_matches(rule, "quant_methods", quant_method))
-      continue;
-    if (rule.contains("weight_algos") && !list_matches(rule, "weight_algos", weight_algo)) continue;
-    DroppedScales drop{rule.value("id", ""),
-                       rule.value("reason", ""),
-                       rule.value("reference", ""),
-                       rule.value("status", ""),
-                       {}};
-    std::vector<const ScaleTensor*> still_kept;
-    for (const ScaleTensor* scale : kept) {
-      if (list_matches(rule, "conventions", scale->convention))
-        drop.tensor_names.push_back(scale->name);
-      else
-        still_kept.push_back(scale);
-    }
-    kept = std::move(still_kept);
-    if (!drop.tensor_names.empty()) resolved.dropped.push_back(std::move(drop));
-  }
+  // 3. Which checkpoint scales reach the attention layers (reported even for a 16-bit
+  // cache: a drop bites the day FP8 is switched on).
+  std::vector<const ScaleTensor*> kept = loaded_scales(engine, *version, model, resolved);
   for (const ScaleTensor* scale : kept) resolved.loaded_scale_names.push_back(scale->name);
-  if (!resolved.quantized) return resolved;
+  resolved.fallback = &engine.fallback_for(*version);
 
-  const json dynamic = data.document.value("dynamic_scales", json::object());
-  bool hybrid = model.linear_attention.has_value();
-  if (flags.calculate_kv_scales && !dynamic.empty() &&
-      !(hybrid && dynamic.value("disabled_for_hybrid", false)))
-    resolved.scale_source = "dynamic";
-  else if (!flags.quantization_param_path.empty() &&
-           data.document.contains("quantization_param_path"))
-    resolved.scale_source = "quantization_param_path";
-  else if (!kept.empty())
-    resolved.scale_source = "checkpoint";
-  else
-    resolved.scale_source = "unit_default";
+  // 4. Where the scales in effect come from.
+  if (resolved.dtype) {
+    resolved.scale_source =
+        pick_scale_source(engine, *version, model, flags, kept, *resolved.dtype);
+    if (resolved.scale_source == ScaleSource::dynamic_by_design) {
+      resolved.ignored_by_design = resolved.loaded_scale_names;
+      resolved.loaded_scale_names.clear();
+    }
+    if (resolved.dtype->quantized && (resolved.scale_source == ScaleSource::checkpoint ||
+                                      resolved.scale_source == ScaleSource::unit_default))
+      check_loaded_values(*resolved.fallback, model, kept, resolved);
+  }
 
-  for (const auto& warning : data.document.value("warnings", json::array())) {
-    auto dtypes = warning.value("when_kv_cache_dtype", std::vector<std::string>{});
-    if (std::find(dtypes.begin(), dtypes.end(), resolved.kv_cache_dtype) == dtypes.end()) continue;
-    if (warning.value("when_no_quantization_param_path", false) &&
-        !flags.quantization_param_path.empty())
+  // 5. What else stops start-up.
+  if (!requested_auto && !request.accepted && !request.abort) {
+    std::vector<std::string> choices = kv_cache_dtype_choices(engine, *version);
+    resolved.startup_failures.push_back(
+        {"kv-dtype-rejected",
+         fmt::format("argument --kv-cache-dtype: invalid choice: '{}' (choose from {})",
+                     flags.kv_cache_dtype, fmt::join(choices, ", ")),
+         fmt::format("{} {} does not accept --kv-cache-dtype {}", engine.engine,
+                     version_text(*version), flags.kv_cache_dtype),
+         engine.choices_for(*version) ? engine.choices_for(*version)->provenance : Provenance{}});
+  }
+  for (const FlagRule& rule : engine.flag_rules) {
+    if (flag_given(engine, flags, rule.flag) && !rule.exists.contains(*version))
+      resolved.startup_failures.push_back({"flag-removed-" + rule.id, rule.removed_error,
+                                           fmt::format("{} is not an argument of {} {}", rule.flag,
+                                                       engine.engine, version_text(*version)),
+                                           rule.provenance});
+  }
+  for (const CheckpointAbort& rule : engine.checkpoint_aborts) {
+    if (!rule.versions.contains(*version) || !rule.when.matches(model)) continue;
+    if (!rule.requested.empty() &&
+        (requested_auto || std::find(rule.requested.begin(), rule.requested.end(),
+                                     resolved.requested) == rule.requested.end()))
       continue;
-    if (warning.value("when_unit_scale", false) && resolved.scale_source != "unit_default")
+    if (rule.requires_scale_tensors && model.kv_scales.empty()) continue;
+    resolved.startup_failures.push_back(
+        {rule.id, rule.message,
+         rule.requested.empty()
+             ? fmt::format("{} with KV scale tensors in the checkpoint", model.architecture)
+             : fmt::format("--kv-cache-dtype {} with this checkpoint's quantization config",
+                           flags.kv_cache_dtype),
+         rule.provenance});
+  }
+  if (!flags.quantization_param_path.empty() && resolved.quantized)
+    for (const ParamPathRule& rule : engine.param_path_rules) {
+      if (!rule.versions.contains(*version) ||
+          rule.effect != ParamPathRule::Effect::startup_error_without_loader)
+        continue;
+      if (!rule.dtypes.empty() && std::find(rule.dtypes.begin(), rule.dtypes.end(),
+                                            resolved.kv_cache_dtype) == rule.dtypes.end())
+        continue;
+      if (any_glob(rule.architectures_with_loader, model.architecture)) continue;
+      resolved.startup_failures.push_back(
+          {rule.id, fmt::format(fmt::runtime(rule.message), model.architecture),
+           fmt::format("--quantization-param-path with {}, whose model class has no "
+                       "load_kv_cache_scales",
+                       model.architecture),
+           rule.provenance});
+    }
+
+  // 6. The scale warning the engine will print (what a user greps for).
+  for (const ScaleWarningRule& rule : engine.scale_warnings) {
+    if (!rule.versions.contains(*version)) continue;
+    if (std::find(rule.dtypes.begin(), rule.dtypes.end(), resolved.kv_cache_dtype) ==
+        rule.dtypes.end())
       continue;
-    resolved.scale_warning_logged = true;
-    resolved.scale_warning_text = warning.value("text", "");
+    if (rule.when_no_quantization_param_path && !flags.quantization_param_path.empty()) continue;
+    if (rule.when_unit_scale && resolved.scale_source != ScaleSource::unit_default) continue;
+    resolved.scale_warning_text = engine.log_template(rule.log_message)->text;
+    resolved.scale_warning_id = rule.id;
+    resolved.scale_warning_meaning = rule.meaning;
     break;
   }
   return resolved;

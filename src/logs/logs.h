@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "engines/engines.h"
 #include "plan/plan.h"
 #include "report/report.h"
 
@@ -54,9 +55,15 @@ LogLine normalise_line(std::string_view raw);
 
 struct LogEvent {
   int64_t line = 0;  // 1-based line number in the input
-  std::string kind;  // "traceback", "oom", "exception", "not_enough_memory", "exited", ...
+  // Failures: "traceback", "oom", "exception", "engine_error", "exited". Engine messages:
+  // the LogKind's name.
+  std::string kind;
   std::string text;  // the message (first 300 characters)
   bool after_ready = false;
+  // Engine messages only: what the template says the line means, which template, whose.
+  engines::LogKind message_kind = engines::LogKind::startup_error;
+  std::string template_id;
+  std::string engine;
 };
 
 struct Launch {
@@ -74,6 +81,7 @@ struct Launch {
   std::string kv_cache_dtype_requested;  // as written ("auto", "fp8_e4m3", "bf16"); "" unknown
   std::string kv_cache_dtype_resolved;   // normalised (bf16, fp16, fp8_e4m3, ...); "" unknown
   std::string resolved_evidence;         // the line that decided it
+  bool resolved_generic = false;         // decided by a bare "fp8" (any FP8 format) only
   std::string model_dtype;               // "bf16" ... from the engine's config line
   std::string quantization_param_path;
   std::vector<LogEvent> scale_messages;  // kind: sglang_no_scale_warning, vllm_unit_scale, ...

@@ -1,8 +1,9 @@
-// logs parse: what each recognised line says about its launch. Launch boundaries
-// come from start-up markers (systemd `Started`, SGLang `server_args=`, vLLM's
-// version, args and engine-config lines): a marker opens a new launch when the
-// current one has already passed that stage. Memory figures printed once per TP
-// rank keep the minimum, as the engines do.
+// logs parse: what each recognised line says about its launch. Lines are recognised by
+// the engines' own log messages (the templates in data/engines/<engine>.json), plus the
+// generic Python and systemd lines no engine data owns (tracebacks, exception lines,
+// OOM, unit start and exit). Launch boundaries come from start-up markers: a marker
+// opens a new launch when the current one has already passed that stage. Memory figures
+// printed once per TP rank keep the minimum, as the engines do.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,45 +17,35 @@ namespace kvaudit::logs {
 
 namespace {
 
+using engines::LogKind;
+
 enum Stage { kSystemd = 0, kVersion = 1, kArgs = 2, kEngineInit = 3, kLoading = 5, kReady = 8 };
 
 bool contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
 }
 
-// The number printed right after `key` (spaces skipped, thousands commas allowed).
-std::optional<double> number_after(std::string_view text, std::string_view key) {
-  size_t at = text.find(key);
-  if (at == std::string_view::npos) return std::nullopt;
-  size_t i = at + key.size();
-  while (i < text.size() && text[i] == ' ') ++i;
+std::string clip(std::string_view text, size_t n = 300) {
+  return std::string(text.substr(0, std::min(n, text.size())));
+}
+
+// A number as the engines print it ("1,573,854", "94.57", "-1.05").
+std::optional<double> parse_number(std::string_view text) {
   std::string digits;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' ||
-                             text[i] == ',' || (digits.empty() && text[i] == '-'))) {
-    if (text[i] == ',') {
-      // A comma then exactly three digits is a thousands separator; else it ends the number.
-      auto digit = [&](size_t k) {
-        return k < text.size() && std::isdigit(static_cast<unsigned char>(text[k]));
-      };
-      if (!digits.empty() && digit(i + 1) && digit(i + 2) && digit(i + 3) && !digit(i + 4)) {
-        ++i;
-        continue;
-      }
-      break;
-    }
-    digits += text[i++];
-  }
-  while (!digits.empty() && digits.back() == '.') digits.pop_back();
-  if (digits.empty() || digits == "-") return std::nullopt;
+  for (char c : text)
+    if (c != ',') digits.push_back(c);
+  while (!digits.empty() && digits.back() == ' ') digits.pop_back();
+  while (!digits.empty() && digits.front() == ' ') digits.erase(digits.begin());
+  if (digits.empty()) return std::nullopt;
   char* end = nullptr;
   double value = std::strtod(digits.c_str(), &end);
-  if (end != digits.c_str() + digits.size()) return std::nullopt;
+  if (end != digits.c_str() + digits.size() || !std::isfinite(value)) return std::nullopt;
   return value;
 }
 
-std::optional<int64_t> int_after(std::string_view text, std::string_view key) {
-  auto v = number_after(text, key);
-  if (!v || *v < 0 || *v > 9.0e18) return std::nullopt;
+std::optional<int64_t> parse_count(std::string_view text) {
+  auto v = parse_number(text);
+  if (!v || *v < 0 || *v > 9.0e18 || *v != std::floor(*v)) return std::nullopt;
   return static_cast<int64_t>(*v);
 }
 
@@ -73,11 +64,70 @@ std::string word_after(std::string_view text, std::string_view key) {
   return std::string(text.substr(i, j - i));
 }
 
-std::string clip(std::string_view text, size_t n = 300) {
-  return std::string(text.substr(0, std::min(n, text.size())));
+std::optional<int64_t> int_after(std::string_view text, std::string_view key) {
+  return parse_count(word_after(text, key));
 }
 
 }  // namespace
+
+// One template that matched a line, with its captures by field name.
+struct TemplateHit {
+  const engines::EngineModel* engine;
+  const engines::LogTemplate* log;
+  std::vector<std::string> captures;
+  std::optional<std::string> text(std::string_view field) const {
+    for (size_t i = 0; i < log->fields.size() && i < captures.size(); ++i)
+      if (log->fields[i] == field) return captures[i];
+    return std::nullopt;
+  }
+  std::optional<double> number(std::string_view field) const {
+    auto t = text(field);
+    return t ? parse_number(*t) : std::nullopt;
+  }
+  std::optional<int64_t> count(std::string_view field) const {
+    auto t = text(field);
+    return t ? parse_count(*t) : std::nullopt;
+  }
+};
+
+namespace {
+
+// Every engine's log templates, loaded once.
+const std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>>&
+all_templates() {
+  static const auto list = [] {
+    std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> out;
+    for (const std::string& name : engines::known_engines()) {
+      const engines::EngineModel& engine = engines::engine_model(name);
+      for (const auto& log : engine.log_templates) out.push_back({&engine, &log});
+    }
+    return out;
+  }();
+  return list;
+}
+
+bool is_marker(LogKind kind) {
+  return kind == LogKind::launch_args || kind == LogKind::engine_version ||
+         kind == LogKind::engine_config;
+}
+
+}  // namespace
+
+// The literal runs the scanner looks for: every template's anchor plus the generic lines.
+const std::vector<std::string>& scan_patterns() {
+  static const std::vector<std::string> patterns = [] {
+    std::vector<std::string> out;
+    for (const auto& [engine, log] : all_templates())
+      if (std::find(out.begin(), out.end(), log->anchor) == out.end()) out.push_back(log->anchor);
+    for (const char* generic :
+         {"Traceback (most recent call last)", "out of memory", "OutOfMemoryError",
+          "Scheduler hit an exception", "Error: ", "AssertionError", "Main process exited",
+          "Failed with result", "Started ", "Stopped "})
+      out.emplace_back(generic);
+    return out;
+  }();
+  return patterns;
+}
 
 Launch& LaunchBuilder::current(int64_t line_no, const std::string& timestamp) {
   if (launches_.empty()) {
@@ -117,7 +167,12 @@ void LaunchBuilder::record_failure(Launch& launch, const std::string& kind,
     ++launch.failures_dropped;
     return;
   }
-  launch.failures.push_back({line_no, kind, clip(message), launch.ready});
+  LogEvent event;
+  event.line = line_no;
+  event.kind = kind;
+  event.text = clip(message);
+  event.after_ready = launch.ready;
+  launch.failures.push_back(std::move(event));
 }
 
 void LaunchBuilder::apply_server_args(Launch& launch, const nlohmann::json& args, bool complete) {
@@ -146,7 +201,7 @@ void LaunchBuilder::apply_server_args(Launch& launch, const nlohmann::json& args
     launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
   if (auto ctx = num("context_length")) launch.context_length = static_cast<int64_t>(*ctx);
   std::string dtype = str("dtype");
-  if (!dtype.empty() && dtype != "auto") launch.model_dtype = plan::normalise_dtype_name(dtype);
+  if (!dtype.empty() && dtype != "auto") launch.model_dtype = engines::normalise_dtype(dtype);
 }
 
 void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args) {
@@ -165,33 +220,186 @@ void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args) 
   if (args.contains("max_model_len") && args["max_model_len"].is_number())
     launch.context_length = args["max_model_len"].get<int64_t>();
   if (args.contains("dtype") && args["dtype"].is_string()) {
-    std::string d = plan::normalise_dtype_name(args["dtype"].get<std::string>());
+    std::string d = engines::normalise_dtype(args["dtype"].get<std::string>());
     if (!d.empty() && d != "auto") launch.model_dtype = d;
   }
 }
 
-void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view message) {
+// vLLM's "with config: model='...', ..., dtype=torch.bfloat16, ... kv_cache_dtype=fp8, ...".
+void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view config) {
   launch.engine = "vllm";
-  size_t v = message.find("engine (v");
-  if (v != std::string_view::npos) {
-    size_t end = message.find(')', v);
-    if (end != std::string_view::npos)
-      launch.engine_version = std::string(message.substr(v + 9, end - v - 9));
-  }
-  std::string model = word_after(message, "model=");
+  std::string model = word_after(config, "model=");
   if (model.size() >= 2 && (model.front() == '\'' || model.front() == '"'))
     model = model.substr(1, model.size() - 2);
   if (!model.empty() && launch.model_path.empty()) launch.model_path = model;
-  std::string dtype = word_after(message, " dtype=");
+  std::string dtype = word_after(config, " dtype=");
   if (!dtype.empty()) {
-    std::string d = plan::normalise_dtype_name(dtype);
+    std::string d = engines::normalise_dtype(dtype);
     if (!d.empty()) launch.model_dtype = d;
   }
-  std::string kv = word_after(message, "kv_cache_dtype=");
+  std::string kv = word_after(config, "kv_cache_dtype=");
   if (!kv.empty() && launch.kv_cache_dtype_requested.empty()) launch.kv_cache_dtype_requested = kv;
-  if (auto tp = int_after(message, "tensor_parallel_size="))
+  if (auto tp = int_after(config, "tensor_parallel_size="))
     launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
-  if (auto ctx = int_after(message, "max_seq_len=")) launch.context_length = ctx;
+  if (auto ctx = int_after(config, "max_seq_len=")) launch.context_length = ctx;
+}
+
+void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& ts) {
+  const LogKind kind = hit.log->kind;
+  if (kind == LogKind::engine_version) {
+    Launch& launch = start_marker(kVersion, line_no, ts);
+    launch.engine = hit.engine->engine;
+    launch.engine_version = word_after(hit.text("engine_version").value_or(""), "");
+    return;
+  }
+  if (kind == LogKind::engine_config) {
+    Launch& launch = start_marker(kEngineInit, line_no, ts);
+    if (auto v = hit.text("engine_version")) launch.engine_version = *v;
+    apply_vllm_engine_config(launch, hit.text("engine_config").value_or(""));
+    launch.engine = hit.engine->engine;
+    return;
+  }
+  Launch& launch = start_marker(kArgs, line_no, ts);
+  if (auto repr = hit.text("server_args_repr")) {
+    ReprResult parsed = parse_python_repr(*repr);
+    apply_server_args(launch, parsed.value, parsed.complete);
+  } else if (auto args = hit.text("non_default_args_repr")) {
+    apply_vllm_args(launch, parse_python_repr(*args).value);
+  }
+  launch.engine = hit.engine->engine;
+}
+
+void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                               const std::string& message) {
+  auto loading = [&] { launch.stage = std::max<int>(launch.stage, kLoading); };
+  auto evidence = [&] { return fmt::format("log:{}: {}", line_no, clip(message, 120)); };
+  auto scale_message = [&] {
+    if (launch.scale_messages.size() < 64)
+      launch.scale_messages.push_back({line_no, std::string(engines::log_kind_name(hit.log->kind)),
+                                       clip(message), launch.ready, hit.log->kind, hit.log->id,
+                                       hit.engine->engine});
+  };
+  if (launch.engine.empty()) launch.engine = hit.engine->engine;
+  auto& memory = launch.memory;
+  switch (hit.log->kind) {
+    case LogKind::load_begin:
+      keep_min(memory.total_before_load_gib, hit.number("avail_mem_gib"));
+      loading();
+      break;
+    case LogKind::load_end: {
+      keep_min(memory.avail_after_weights_gib, hit.number("avail_mem_gib"));
+      if (auto usage = hit.number("mem_usage_gib")) launch.weights_gib = usage;
+      std::string dtype = word_after(hit.text("load_details").value_or(""), "dtype=");
+      if (!dtype.empty() && launch.model_dtype.empty())
+        launch.model_dtype = engines::normalise_dtype(dtype);
+      loading();
+      break;
+    }
+    case LogKind::weights_loaded:
+      launch.weights_gib = hit.number("weights_gib");
+      loading();
+      break;
+    case LogKind::kv_dtype_used: {
+      // Older vLLM prints "Using fp8 data type" for every FP8 cache: a bare "fp8" says
+      // less than an explicit request, which then decides (see finish()).
+      std::string raw = hit.text("kv_dtype").value_or("");
+      std::string d = engines::normalise_dtype(raw);
+      if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || raw != "fp8")) {
+        launch.kv_cache_dtype_resolved = d;
+        launch.resolved_evidence = evidence();
+        launch.resolved_generic = raw == "fp8";
+      }
+      loading();
+      break;
+    }
+    case LogKind::kv_pool_allocated: {
+      if (auto n = hit.count("pool_tokens")) memory.pool_tokens = n;
+      if (auto k = hit.number("k_gib")) memory.k_gib = k;
+      if (auto v = hit.number("v_gib")) memory.v_gib = v;
+      if (auto kv = hit.number("kv_gib")) memory.kv_gib = kv;
+      std::string d = engines::normalise_dtype(hit.text("kv_dtype").value_or(""));
+      if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic)) {
+        launch.kv_cache_dtype_resolved = d;
+        launch.resolved_evidence = evidence();
+        launch.resolved_generic = false;
+      }
+      if (!launch.max_total_tokens) launch.max_total_tokens = memory.pool_tokens;
+      loading();
+      break;
+    }
+    case LogKind::state_pool_allocated:
+      if (auto n = hit.count("mamba_slots")) memory.mamba_slots = n;
+      if (auto c = hit.number("conv_gib")) memory.conv_gib = c;
+      if (auto s = hit.number("ssm_gib")) memory.ssm_gib = s;
+      loading();
+      break;
+    case LogKind::swa_pool:
+      if (auto n = hit.count("full_tokens")) memory.full_tokens = n;
+      if (auto n = hit.count("swa_tokens")) memory.swa_tokens = n;
+      loading();
+      break;
+    case LogKind::token_summary:
+      memory.max_total_num_tokens = hit.count("max_total_num_tokens");
+      launch.max_total_tokens = memory.max_total_num_tokens;
+      launch.max_running_requests = hit.count("max_running_requests");
+      if (auto ctx = hit.count("context_len")) launch.context_length = ctx;
+      loading();
+      break;
+    case LogKind::memory_pool_end:
+      loading();
+      break;
+    case LogKind::available_kv_memory: {
+      std::optional<double> gib = hit.number("available_kv_gib");
+      if (auto details = hit.text("load_details")) {  // "... kv_cache_size=61.84GiB ..."
+        std::string size = word_after(*details, "kv_cache_size=");
+        gib = parse_number(size.substr(0, size.find("GiB")));
+      }
+      keep_min(memory.available_kv_gib, gib);
+      // V0 profiles print the weights on the same line (V1 logs them separately).
+      if (hit.text("weights_gib") || hit.text("load_details")) {
+        memory.vllm_v0 = true;
+        if (auto w = hit.number("weights_gib")) launch.weights_gib = w;
+      }
+      loading();
+      break;
+    }
+    case LogKind::kv_cache_size:
+      memory.gpu_kv_cache_tokens = hit.count("kv_cache_tokens");
+      launch.max_total_tokens = memory.gpu_kv_cache_tokens;
+      loading();
+      break;
+    case LogKind::max_concurrency:
+      memory.concurrency_context = hit.count("concurrency_context");
+      memory.concurrency_x = hit.number("concurrency_x");
+      loading();
+      break;
+    case LogKind::gpu_blocks:
+      memory.num_gpu_blocks = hit.count("gpu_blocks");
+      if (hit.text("cpu_blocks")) memory.vllm_v0 = true;  // CPU swap blocks exist only in V0
+      loading();
+      break;
+    case LogKind::scale_unit_fallback:
+    case LogKind::scale_warning:
+    case LogKind::scale_not_loaded:
+    case LogKind::scales_loaded:
+    case LogKind::nvfp4_unit_global:
+    case LogKind::flag_ignored:
+    case LogKind::dtype_fallback:
+    case LogKind::deprecation:
+      scale_message();
+      break;
+    case LogKind::ready:
+      launch.ready = true, launch.ready_line = line_no;
+      launch.stage = std::max<int>(launch.stage, kReady);
+      break;
+    case LogKind::startup_error:
+      record_failure(launch, "engine_error", message, line_no);
+      break;
+    case LogKind::launch_args:
+    case LogKind::engine_version:
+    case LogKind::engine_config:
+      break;  // markers: apply_marker
+  }
 }
 
 void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
@@ -209,160 +417,44 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
     return;
   }
 
-  // Launch markers.
-  if (size_t at = m.find("server_args=ServerArgs("); at != std::string::npos) {
-    Launch& launch = start_marker(kArgs, line_no, ts);
-    ReprResult parsed = parse_python_repr(std::string_view(m).substr(at + 12));
-    apply_server_args(launch, parsed.value, parsed.complete);
-    return;
+  // Every template that matches; of several of one kind (an older message that extends a
+  // newer one, say), the longest says the most.
+  std::vector<TemplateHit> hits;
+  for (const auto& [engine, log] : all_templates()) {
+    auto captures = engines::match_log_template(*log, m);
+    if (!captures) continue;
+    auto same = std::find_if(hits.begin(), hits.end(), [&](const TemplateHit& h) {
+      return h.log->kind == log->kind && h.engine == engine;
+    });
+    if (same == hits.end())
+      hits.push_back({engine, log, std::move(*captures)});
+    else if (log->text.size() > same->log->text.size())
+      *same = {engine, log, std::move(*captures)};
   }
-  if (contains(m, "vLLM API server version")) {
-    Launch& launch = start_marker(kVersion, line_no, ts);
-    launch.engine = "vllm";
-    launch.engine_version = word_after(m, "vLLM API server version");
-    return;
-  }
-  if (size_t at = m.find("non-default args:"); at != std::string::npos) {
-    Launch& launch = start_marker(kArgs, line_no, ts);
-    ReprResult parsed = parse_python_repr(std::string_view(m).substr(at + 17));
-    apply_vllm_args(launch, parsed.value);
-    return;
-  }
-  if (contains(m, "LLM engine (v")) {
-    Launch& launch = start_marker(kEngineInit, line_no, ts);
-    apply_vllm_engine_config(launch, m);
-    return;
-  }
+  for (const TemplateHit& hit : hits)
+    if (is_marker(hit.log->kind)) {
+      apply_marker(hit, line_no, ts);
+      return;
+    }
 
   Launch& launch = current(line_no, ts);
   if (!line.rank.empty() && launch.ranks_seen.size() < 1024) launch.ranks_seen.insert(line.rank);
-  auto loading = [&] { launch.stage = std::max<int>(launch.stage, kLoading); };
-  auto mark_vllm = [&] {
-    if (launch.engine.empty()) launch.engine = "vllm";
-  };
+  bool engine_error = false;
+  for (const TemplateHit& hit : hits) {
+    apply_fact(launch, hit, line_no, m);
+    engine_error |= hit.log->kind == LogKind::startup_error;
+  }
+  if (engine_error) return;
 
-  // SGLang start-up.
-  if (contains(m, "Load weight begin")) {
-    if (launch.engine.empty()) launch.engine = "sglang";
-    keep_min(launch.memory.total_before_load_gib, number_after(m, "avail mem="));
-    loading();
-  } else if (contains(m, "Load weight end")) {
-    if (launch.engine.empty()) launch.engine = "sglang";
-    keep_min(launch.memory.avail_after_weights_gib, number_after(m, "avail mem="));
-    if (auto usage = number_after(m, "mem usage=")) launch.weights_gib = usage;
-    std::string dtype = word_after(m, "dtype=");
-    if (!dtype.empty() && launch.model_dtype.empty())
-      launch.model_dtype = plan::normalise_dtype_name(dtype);
-    loading();
-  } else if (contains(m, "Using KV cache dtype")) {
-    std::string d = plan::normalise_dtype_name(word_after(m, "Using KV cache dtype:"));
-    if (!d.empty())
-      launch.kv_cache_dtype_resolved = d,
-      launch.resolved_evidence = fmt::format("log:{}: {}", line_no, clip(m, 120));
-    loading();
-  } else if (contains(m, "KV Cache is allocated")) {
-    if (launch.engine.empty()) launch.engine = "sglang";
-    if (auto n = int_after(m, "#tokens:")) launch.memory.pool_tokens = n;
-    if (auto k = number_after(m, "K size:")) launch.memory.k_gib = k;
-    if (auto v = number_after(m, "V size:")) launch.memory.v_gib = v;
-    if (auto kv = number_after(m, "KV size:")) launch.memory.kv_gib = kv;
-    std::string d = plan::normalise_dtype_name(word_after(m, "dtype:"));
-    if (!d.empty() && launch.kv_cache_dtype_resolved.empty())
-      launch.kv_cache_dtype_resolved = d,
-      launch.resolved_evidence = fmt::format("log:{}: {}", line_no, clip(m, 120));
-    if (!launch.max_total_tokens) launch.max_total_tokens = launch.memory.pool_tokens;
-    loading();
-  } else if (contains(m, "Mamba Cache is allocated")) {
-    if (auto n = int_after(m, "max_mamba_cache_size:")) launch.memory.mamba_slots = n;
-    if (auto c = number_after(m, "conv_state size:")) launch.memory.conv_gib = c;
-    if (auto s = number_after(m, "ssm_state size:")) launch.memory.ssm_gib = s;
-    loading();
-  } else if (contains(m, "max_total_num_tokens=")) {
-    launch.memory.max_total_num_tokens = int_after(m, "max_total_num_tokens=");
-    launch.max_total_tokens = launch.memory.max_total_num_tokens;
-    launch.max_running_requests = int_after(m, "max_running_requests=");
-    if (auto ctx = int_after(m, "context_len=")) launch.context_length = ctx;
-    loading();
-  } else if (contains(m, "fired up and ready to roll")) {
-    launch.ready = true, launch.ready_line = line_no;
-    launch.stage = std::max<int>(launch.stage, kReady);
-  } else if (contains(m, "Using FP8 KV cache but no scaling factors")) {
-    if (launch.scale_messages.size() < 64)
-      launch.scale_messages.push_back({line_no, "sglang_no_scale_warning", clip(m), launch.ready});
-  }
-  // vLLM start-up.
-  else if (contains(m, "Available KV cache memory")) {
-    mark_vllm();
-    launch.engine = launch.engine.empty() ? "vllm" : launch.engine;
-    keep_min(launch.memory.available_kv_gib, number_after(m, "Available KV cache memory:"));
-    loading();
-  } else if (contains(m, "GPU KV cache size")) {
-    mark_vllm();
-    launch.memory.gpu_kv_cache_tokens = int_after(m, "GPU KV cache size:");
-    launch.max_total_tokens = launch.memory.gpu_kv_cache_tokens;
-    loading();
-  } else if (contains(m, "Maximum concurrency for")) {
-    mark_vllm();
-    launch.memory.concurrency_context = int_after(m, "Maximum concurrency for");
-    launch.memory.concurrency_x = number_after(m, "tokens per request:");
-    loading();
-  } else if (contains(m, "# GPU blocks:") || contains(m, "# cuda blocks:")) {
-    mark_vllm();
-    launch.memory.num_gpu_blocks = contains(m, "# GPU blocks:") ? int_after(m, "# GPU blocks:")
-                                                                : int_after(m, "# cuda blocks:");
-    launch.memory.vllm_v0 = contains(m, "CPU blocks") || launch.memory.vllm_v0;
-    loading();
-  } else if (contains(m, "reserved for KV Cache is")) {
-    mark_vllm();
-    keep_min(launch.memory.available_kv_gib, number_after(m, "reserved for KV Cache is"));
-    launch.memory.vllm_v0 = true;
-    if (auto w = number_after(m, "model weights take")) launch.weights_gib = w;
-    loading();
-  } else if (contains(m, "Memory profiling results:")) {
-    mark_vllm();
-    keep_min(launch.memory.available_kv_gib, number_after(m, "kv_cache_size="));
-    launch.memory.vllm_v0 = true;
-    loading();
-  } else if (contains(m, "Loading model weights took") || contains(m, "Model loading took")) {
-    mark_vllm();
-    launch.weights_gib = contains(m, "Model loading took")
-                             ? number_after(m, "Model loading took")
-                             : number_after(m, "Loading model weights took");
-    if (launch.engine.empty()) launch.engine = "vllm";
-    loading();
-  } else if (contains(m, "Using fp8 data type to store kv")) {
-    mark_vllm();
-    if (launch.kv_cache_dtype_resolved.empty())
-      launch.kv_cache_dtype_resolved = "fp8_e4m3",
-      launch.resolved_evidence = fmt::format("log:{}: {}", line_no, clip(m, 120));
-    if (launch.scale_messages.size() < 64)
-      launch.scale_messages.push_back({line_no, "vllm_fp8_accuracy_note", clip(m), launch.ready});
-  } else if (contains(m, "Using KV cache scaling factor")) {
-    mark_vllm();
-    if (launch.scale_messages.size() < 64)
-      launch.scale_messages.push_back({line_no,
-                                       contains(m, "factor 1.0") ? "vllm_unit_scale" : "vllm_scale",
-                                       clip(m), launch.ready});
-  } else if (contains(m, "not found the expected name")) {
-    mark_vllm();
-    if ((contains(m, "scale") || contains(m, "kv_cache")) && launch.scale_messages.size() < 64)
-      launch.scale_messages.push_back({line_no, "vllm_scale_not_loaded", clip(m), launch.ready});
-  } else if (contains(m, "Application startup complete")) {
-    mark_vllm();
-    launch.ready = true, launch.ready_line = line_no;
-    launch.stage = std::max<int>(launch.stage, kReady);
-  }
-  // Failures.
-  else if (contains(m, "out of memory") || contains(m, "OutOfMemoryError")) {
+  // Generic failures (Python, CUDA), which no engine template owns.
+  if (contains(m, "out of memory") || contains(m, "OutOfMemoryError")) {
     record_failure(launch, "oom", m, line_no);
-  } else if (contains(m, "Not enough memory")) {
-    record_failure(launch, "not_enough_memory", m, line_no);
   } else if (contains(m, "Traceback (most recent call last)") ||
              contains(m, "Scheduler hit an exception")) {
     if (launch.engine.empty() && contains(m, "Scheduler hit an exception"))
       launch.engine = "sglang";
     record_failure(launch, "traceback", m, line_no);
-  } else if (contains(m, "Error: ") || contains(m, "AssertionError")) {
+  } else if (hits.empty() && (contains(m, "Error: ") || contains(m, "AssertionError"))) {
     // The exception line that ends a traceback: "ValueError: ...". Only lines that
     // start with an exception name, not request logs that quote one.
     size_t colon = m.find("Error");
@@ -385,10 +477,12 @@ void LaunchBuilder::finish(LogScan& out) {
     }
     if (launch.memory.tp <= 0) launch.memory.tp = std::max(1, launch.tp);
     if (launch.memory.pp <= 0) launch.memory.pp = std::max(1, launch.pp);
-    // Resolved dtype when no line said it: an explicit request is what the engine
-    // allocates; `auto` follows the model dtype (ModelOpt FP8 under auto logs it).
-    std::string requested = plan::normalise_dtype_name(launch.kv_cache_dtype_requested);
-    if (launch.kv_cache_dtype_resolved.empty() && !requested.empty() && requested != "auto") {
+    // Resolved dtype when no line said it (or only a bare "fp8" did): an explicit request
+    // is what the engine allocates; vLLM's auto follows the model dtype.
+    std::string requested = engines::normalise_dtype(launch.kv_cache_dtype_requested);
+    if ((launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic) && !requested.empty() &&
+        requested != "auto" &&
+        (launch.kv_cache_dtype_resolved.empty() || engines::is_quantized_dtype(requested))) {
       launch.kv_cache_dtype_resolved = requested;
       launch.resolved_evidence = "requested --kv-cache-dtype " + launch.kv_cache_dtype_requested;
     }
@@ -402,42 +496,63 @@ void LaunchBuilder::finish(LogScan& out) {
     if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
       launch.max_total_tokens =
           *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
-
-    // Scale fallback, from the log alone (ENGINE-FACTS §3).
-    const std::string& dtype = launch.kv_cache_dtype_resolved;
-    bool fp8 = dtype.rfind("fp8", 0) == 0 || dtype == "fp4_e2m1" || dtype == "nvfp4";
-    bool unit_scale_logged = false, dropped_logged = false, sglang_warning = false;
-    for (const auto& msg : launch.scale_messages) {
-      unit_scale_logged |= msg.kind == "vllm_unit_scale";
-      dropped_logged |= msg.kind == "vllm_scale_not_loaded";
-      sglang_warning |= msg.kind == "sglang_no_scale_warning";
-    }
-    if (dtype.empty()) {
-      launch.scale_fallback_reason = "the log does not say which KV dtype the launch used";
-    } else if (!fp8) {
-      launch.scale_fallback = false;
-      launch.scale_fallback_reason = dtype + " KV cache: no scales involved";
-    } else if (unit_scale_logged) {
-      launch.scale_fallback = true;
-      launch.scale_fallback_reason =
-          "vLLM logged that it uses KV scaling factor 1.0 (it checks the loaded values)";
-    } else if (dropped_logged) {
-      launch.scale_fallback = true;
-      launch.scale_fallback_reason = "vLLM dropped the checkpoint's KV scales (name not matched)";
-    } else if (sglang_warning) {
-      launch.scale_fallback_reason =
-          "SGLang's 'no scaling factors provided' warning fires whenever --quantization-param-path "
-          "is unset, even when the checkpoint's per-layer scales load (sgl-project/sglang#31224); "
-          "the real fallback logs nothing. Pass --checkpoint to decide.";
-    } else {
-      launch.scale_fallback_reason =
-          "no scale message: this engine version does not log whether it loaded KV scales";
-    }
+    decide_scale_fallback(launch);
   }
   for (size_t i = 0; i < launches_.size(); ++i)
     add_findings(launches_[i], i + 1 == launches_.size());
   out.launches.assign(std::make_move_iterator(launches_.begin()),
                       std::make_move_iterator(launches_.end()));
+}
+
+// Scale fallback from the log alone: only the engine's own check of the loaded values
+// (vLLM's "Using KV cache scaling factor 1.0") or a logged drop proves it.
+void decide_scale_fallback(Launch& launch) {
+  const std::string& dtype = launch.kv_cache_dtype_resolved;
+  const engines::KvDtype* kv = engines::find_kv_dtype(dtype);
+  const LogEvent* unit = nullptr;
+  const LogEvent* dropped = nullptr;
+  const LogEvent* warning = nullptr;
+  for (const auto& msg : launch.scale_messages) {
+    if (msg.message_kind == LogKind::scale_unit_fallback ||
+        msg.message_kind == LogKind::nvfp4_unit_global)
+      unit = unit ? unit : &msg;
+    if (msg.message_kind == LogKind::scale_not_loaded) dropped = dropped ? dropped : &msg;
+    if (msg.message_kind == LogKind::scale_warning) warning = warning ? warning : &msg;
+  }
+  if (dtype.empty()) {
+    launch.scale_fallback_reason = "the log does not say which KV dtype the launch used";
+  } else if (!kv || !kv->quantized) {
+    launch.scale_fallback = false;
+    launch.scale_fallback_reason = dtype + " KV cache: no scales involved";
+  } else if (kv->scales == engines::ScaleSemantics::dynamic_block ||
+             kv->scales == engines::ScaleSemantics::dynamic_per_token_head ||
+             kv->scales == engines::ScaleSemantics::packed_dynamic) {
+    launch.scale_fallback = false;
+    launch.scale_fallback_reason =
+        dtype + " KV cache computes its own scales at cache write: no scale-1.0 fallback";
+  } else if (unit) {
+    launch.scale_fallback = true;
+    launch.scale_fallback_reason = fmt::format(
+        "the engine logged that it uses KV scaling factor 1.0 after checking the loaded values "
+        "(log:{})",
+        unit->line);
+  } else if (dropped) {
+    launch.scale_fallback = true;
+    launch.scale_fallback_reason = fmt::format(
+        "the engine dropped the checkpoint's KV scales (name not matched, log:{})", dropped->line);
+  } else if (warning) {
+    std::string meaning;
+    if (const engines::EngineModel* engine =
+            launch.engine.empty() ? nullptr : &engines::engine_model(warning->engine))
+      for (const auto& rule : engine->scale_warnings)
+        if (rule.log_message == warning->template_id) meaning = rule.meaning;
+    launch.scale_fallback_reason = fmt::format(
+        "the engine's warning does not prove a fallback{}{}; pass --checkpoint to decide",
+        meaning.empty() ? "" : ": it is ", meaning);
+  } else {
+    launch.scale_fallback_reason =
+        "no scale message: this engine version does not log whether it loaded KV scales";
+  }
 }
 
 }  // namespace kvaudit::logs

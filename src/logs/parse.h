@@ -8,6 +8,12 @@
 
 namespace kvaudit::logs {
 
+struct TemplateHit;
+
+// Decides from a launch's scale messages whether it ran at scale 1.0 (null when the log
+// cannot tell).
+void decide_scale_fallback(Launch& launch);
+
 class LaunchBuilder {
  public:
   explicit LaunchBuilder(size_t max_launches) : max_launches_(std::max<size_t>(1, max_launches)) {}
@@ -26,7 +32,10 @@ class LaunchBuilder {
                       int64_t line_no);
   void apply_server_args(Launch& launch, const nlohmann::json& args, bool complete);
   void apply_vllm_args(Launch& launch, const nlohmann::json& args);
-  void apply_vllm_engine_config(Launch& launch, std::string_view message);
+  void apply_vllm_engine_config(Launch& launch, std::string_view config);
+  void apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& timestamp);
+  void apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                  const std::string& message);
 
   std::deque<Launch> launches_;
   size_t max_launches_;

@@ -18,27 +18,6 @@
 
 namespace kvaudit::logs {
 
-const std::vector<std::string>& scan_patterns() {
-  static const std::vector<std::string> patterns = {
-      // SGLang
-      "server_args=ServerArgs(", "Load weight begin", "Load weight end", "KV Cache is allocated",
-      "Mamba Cache is allocated", "max_total_num_tokens=", "Using KV cache dtype",
-      "Using FP8 KV cache but no scaling factors", "fired up and ready to roll", "Memory pool end",
-      "sliding window memory pool",
-      // vLLM
-      "LLM engine (v", "vLLM API server version", "non-default args:", "Available KV cache memory",
-      "GPU KV cache size", "Maximum concurrency for",
-      "# GPU blocks:", "# cuda blocks:", "reserved for KV Cache is",
-      "Memory profiling results:", "Using fp8 data type to store kv",
-      "Using KV cache scaling factor", "not found the expected name",
-      "Application startup complete", "Loading model weights took", "Model loading took",
-      // failures, both engines and systemd
-      "Traceback (most recent call last)", "out of memory", "OutOfMemoryError", "Not enough memory",
-      "Scheduler hit an exception", "Error: ", "AssertionError", "Main process exited",
-      "Failed with result", "Started ", "Stopped "};
-  return patterns;
-}
-
 namespace {
 
 constexpr size_t kMinPattern = 7;

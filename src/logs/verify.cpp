@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "logs/logs.h"
 #include "util/util.h"
@@ -16,7 +18,7 @@ using report::Finding;
 using report::Severity;
 
 bool quantized(const std::string& dtype) {
-  return dtype.rfind("fp8", 0) == 0 || dtype == "fp4_e2m1" || dtype == "nvfp4" || dtype == "mxfp8";
+  return engines::is_quantized_dtype(dtype);
 }
 
 std::string line_ref(int64_t line) {
@@ -69,7 +71,7 @@ void add_findings(Launch& launch, bool is_latest) {
          "complete.' (vLLM), or look for the error that stopped it",
          ""});
   }
-  std::string requested = plan::normalise_dtype_name(launch.kv_cache_dtype_requested);
+  std::string requested = engines::normalise_dtype(launch.kv_cache_dtype_requested);
   if ((requested.empty() || requested == "auto") && quantized(launch.kv_cache_dtype_resolved)) {
     launch.findings.push_back(
         {"kv-auto-quantized",
@@ -155,11 +157,11 @@ std::vector<ExpectationResult> check_expectations(const Launch& launch,
     ExpectationResult r{e, "", false};
     if (e.key == "kv_cache_dtype") {
       r.actual = launch.kv_cache_dtype_resolved;
-      r.met = !r.actual.empty() && plan::normalise_dtype_name(e.value) == r.actual;
+      r.met = !r.actual.empty() && engines::normalise_dtype(e.value) == r.actual;
     } else if (e.key == "kv_cache_dtype_requested") {
       r.actual = launch.kv_cache_dtype_requested;
       r.met = !r.actual.empty() &&
-              plan::normalise_dtype_name(e.value) == plan::normalise_dtype_name(r.actual);
+              engines::normalise_dtype(e.value) == engines::normalise_dtype(r.actual);
     } else if (e.key == "scale_fallback") {
       r.actual = launch.scale_fallback ? (*launch.scale_fallback ? "true" : "false") : "null";
       r.met = r.actual == e.value;
@@ -187,20 +189,88 @@ std::vector<ExpectationResult> check_expectations(const Launch& launch,
   return results;
 }
 
+namespace {
+
+// What the engine does with this checkpoint's scales under the launch's request, per the
+// engine model: "" when nothing falls back to 1.0, else why.
+std::string fallback_under(const engines::EngineModel& engine, const engines::Version& version,
+                           const Launch& launch, const checkpoint::ModelFacts& model) {
+  // The log proves the dtype; what is left to decide is which scales reach it.
+  engines::LaunchFlags flags;
+  flags.engine = engine.engine;
+  flags.engine_version = engines::version_text(version);
+  const std::string spelling =
+      engines::cli_spelling(engine, version, launch.kv_cache_dtype_resolved);
+  flags.kv_cache_dtype = spelling.empty() ? launch.kv_cache_dtype_resolved : spelling;
+  flags.kv_cache_dtype_flag = "--kv-cache-dtype";
+  flags.quantization_param_path = launch.quantization_param_path;
+  engines::ResolvedKv resolved = engines::resolve_kv(model, flags, engine);
+  if (resolved.scale_source == engines::ScaleSource::unit_default) {
+    if (model.kv_scales.empty())
+      return fmt::format("the checkpoint ({} tensors) ships no k_scale/v_scale",
+                         model.tensor_count);
+    std::vector<std::string> rules;
+    for (const auto& drop : resolved.dropped) rules.push_back(drop.rule_id);
+    return fmt::format("the checkpoint's {} KV scale tensors are not loaded ({})",
+                       model.kv_scales.size(), fmt::join(rules, ", "));
+  }
+  if (resolved.scale_source != engines::ScaleSource::checkpoint) return "";
+  std::set<int> covered;
+  for (const auto& scale : model.kv_scales)
+    if (std::find(resolved.loaded_scale_names.begin(), resolved.loaded_scale_names.end(),
+                  scale.name) != resolved.loaded_scale_names.end())
+      covered.insert(scale.layer);
+  int missing = 0, attention = 0;
+  for (const auto& layer : model.layers)
+    if (layer.kind != checkpoint::LayerKind::linear_attention)
+      ++attention, missing += covered.count(layer.index) ? 0 : 1;
+  if (missing == 0) return "";
+  return fmt::format("{} of {} attention layers have no loaded k/v scale", missing, attention);
+}
+
+}  // namespace
+
 void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model, bool is_latest) {
   const std::string& dtype = launch.kv_cache_dtype_resolved;
-  if (quantized(dtype) && model.has_weights && launch.scale_fallback != true) {
-    if (model.kv_scales.empty() && launch.quantization_param_path.empty()) {
-      launch.scale_fallback = true;
+  const auto engines_known = engines::known_engines();
+  const bool known_engine =
+      std::find(engines_known.begin(), engines_known.end(), launch.engine) != engines_known.end();
+  if (quantized(dtype) && model.has_weights && launch.scale_fallback != true && known_engine) {
+    // The log's version when it printed one, else every release the data distinguishes:
+    // the verdict stands only when they all agree.
+    const engines::EngineModel& engine = engines::engine_model(launch.engine);
+    std::vector<engines::Version> versions;
+    if (auto v = engines::parse_version(launch.engine_version); v && !launch.engine_version.empty())
+      versions.push_back(*v);
+    else
+      versions = engines::boundary_versions(engine);
+    std::map<std::string, std::vector<std::string>> verdicts;  // reason -> versions
+    for (const auto& version : versions)
+      verdicts[fallback_under(engine, version, launch, model)].push_back(
+          engines::version_text(version));
+    if (verdicts.size() == 1) {
+      const std::string& reason = verdicts.begin()->first;
+      launch.scale_fallback = !reason.empty();
+      launch.scale_fallback_reason =
+          reason.empty()
+              ? fmt::format(
+                    "{} loads the checkpoint's k/v scales for every layer ({})", launch.engine,
+                    launch.engine_version.empty() ? "every known release" : launch.engine_version)
+              : fmt::format(
+                    "{} and the launch passed no scales the engine applies: {} uses "
+                    "scale 1.0 ({})",
+                    reason, launch.engine,
+                    launch.engine_version.empty() ? "every known release" : launch.engine_version);
+    } else {
+      std::vector<std::string> parts;
+      for (const auto& [reason, where] : verdicts)
+        parts.push_back(
+            fmt::format("{}: {}", reason.empty() ? "scales load" : reason, fmt::join(where, ", ")));
+      launch.scale_fallback.reset();
       launch.scale_fallback_reason = fmt::format(
-          "the checkpoint ({} tensors) ships no k_scale/v_scale and the launch passed no "
-          "--quantization-param-path: {} uses scale 1.0",
-          model.tensor_count, launch.engine.empty() ? "the engine" : launch.engine);
-    } else if (!model.kv_scales.empty()) {
-      launch.scale_fallback_reason = fmt::format(
-          "the checkpoint ships {} KV scale tensors; whether this {} version loads them for {} is "
-          "what `kvaudit check` decides (known drops: sgl-project/sglang#39942, vllm#54623)",
-          model.kv_scales.size(), launch.engine, model.architecture);
+          "the log does not print the {} version and the answer depends on it ({}); pass "
+          "--engine-version or run kvaudit check",
+          launch.engine, fmt::join(parts, "; "));
     }
   }
   add_findings(launch, is_latest);

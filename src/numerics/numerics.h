@@ -65,12 +65,15 @@ struct ElementTraits {
   double min_subnormal;   // smallest nonzero magnitude (int: 1)
   bool has_inf;
   bool has_nan;
-  bool nan_encodes_as_zero;  // FP4: NaN input cannot be represented
+  bool nan_encodes_as_zero;    // FP4: NaN input cannot be represented
+  double torch_overflow_from;  // PyTorch .to() cast: NaN/inf from this magnitude (0: none)
 };
 const ElementTraits& element_traits(ElementType type);
 // E4M3, E4M3 FNUZ or E5M2.
 bool is_fp8(ElementType type);
 const std::vector<ElementTraits>& all_element_traits();
+// By traits name ("fp8_e4m3", "int4"); nullopt when unknown.
+std::optional<ElementType> find_element_type(std::string_view name);
 
 // Scalar reference encode/decode of one element (codes in the low `bits` bits; int codes
 // are two's complement). For ints the value is rounded half-to-even and clamped to

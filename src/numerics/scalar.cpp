@@ -248,25 +248,135 @@ uint8_t e8m0_for_block_amax(float amax, int emax_element) {
   return uint8_t(shared_exponent + 127);
 }
 
+namespace {
+
+// One row per ElementType, in enum order (checked below): the ggml traits-table shape.
+// torch_overflow_from: the smallest finite magnitude PyTorch's .to() cast turns into
+// NaN/inf (E4M3: c10 fp8e4m3fn_from_fp32_value maps |x| >= 480 to 0x7F); 0 where a cast
+// saturates or the format is an integer.
+constexpr ElementTraits kElementTraits[] = {
+    {.type = ElementType::f32,
+     .name = "f32",
+     .bits = 32,
+     .is_float = true,
+     .max_finite = 3.4028234663852886e38,
+     .min_normal = 1.1754943508222875e-38,
+     .min_subnormal = 1.401298464324817e-45,
+     .has_inf = true,
+     .has_nan = true,
+     .nan_encodes_as_zero = false,
+     .torch_overflow_from = 0.0},
+    {.type = ElementType::bf16,
+     .name = "bf16",
+     .bits = 16,
+     .is_float = true,
+     .max_finite = 3.3895313892515355e38,
+     .min_normal = 1.1754943508222875e-38,
+     .min_subnormal = 9.183549615799121e-41,
+     .has_inf = true,
+     .has_nan = true,
+     .nan_encodes_as_zero = false,
+     .torch_overflow_from = 3.3961776292720116e38},
+    {.type = ElementType::f16,
+     .name = "f16",
+     .bits = 16,
+     .is_float = true,
+     .max_finite = 65504.0,
+     .min_normal = 0.00006103515625,
+     .min_subnormal = 5.9604644775390625e-08,
+     .has_inf = true,
+     .has_nan = true,
+     .nan_encodes_as_zero = false,
+     .torch_overflow_from = 65520.0},
+    {.type = ElementType::fp8_e4m3,
+     .name = "fp8_e4m3",
+     .bits = 8,
+     .is_float = true,
+     .max_finite = 448.0,
+     .min_normal = 0.015625,
+     .min_subnormal = 0.001953125,
+     .has_inf = false,
+     .has_nan = true,
+     .nan_encodes_as_zero = false,
+     .torch_overflow_from = 480.0},
+    {.type = ElementType::fp8_e4m3fnuz,
+     .name = "fp8_e4m3fnuz",
+     .bits = 8,
+     .is_float = true,
+     .max_finite = 240.0,
+     .min_normal = 0.0078125,
+     .min_subnormal = 0.0009765625,
+     .has_inf = false,
+     .has_nan = true,
+     .nan_encodes_as_zero = false,
+     .torch_overflow_from = 248.0},
+    {.type = ElementType::fp8_e5m2,
+     .name = "fp8_e5m2",
+     .bits = 8,
+     .is_float = true,
+     .max_finite = 57344.0,
+     .min_normal = 0.00006103515625,
+     .min_subnormal = 0.0000152587890625,
+     .has_inf = true,
+     .has_nan = true,
+     .nan_encodes_as_zero = false,
+     .torch_overflow_from = 61440.0},
+    {.type = ElementType::fp4_e2m1,
+     .name = "fp4_e2m1",
+     .bits = 4,
+     .is_float = true,
+     .max_finite = 6.0,
+     .min_normal = 1.0,
+     .min_subnormal = 0.5,
+     .has_inf = false,
+     .has_nan = false,
+     .nan_encodes_as_zero = true,
+     .torch_overflow_from = 0.0},
+    {.type = ElementType::int8,
+     .name = "int8",
+     .bits = 8,
+     .is_float = false,
+     .max_finite = 127.0,
+     .min_normal = 1.0,
+     .min_subnormal = 1.0,
+     .has_inf = false,
+     .has_nan = false,
+     .nan_encodes_as_zero = true,
+     .torch_overflow_from = 0.0},
+    {.type = ElementType::int4,
+     .name = "int4",
+     .bits = 4,
+     .is_float = false,
+     .max_finite = 7.0,
+     .min_normal = 1.0,
+     .min_subnormal = 1.0,
+     .has_inf = false,
+     .has_nan = false,
+     .nan_encodes_as_zero = true,
+     .torch_overflow_from = 0.0},
+};
+
+constexpr bool traits_in_enum_order() {
+  for (size_t i = 0; i < std::size(kElementTraits); ++i)
+    if (static_cast<size_t>(kElementTraits[i].type) != i) return false;
+  return true;
+}
+static_assert(traits_in_enum_order(), "kElementTraits rows must follow ElementType order");
+static_assert(std::size(kElementTraits) == static_cast<size_t>(ElementType::int4) + 1,
+              "one kElementTraits row per ElementType");
+
+}  // namespace
+
 const std::vector<ElementTraits>& all_element_traits() {
-  static const std::vector<ElementTraits> table = {
-      {ElementType::f32, "f32", 32, true, 3.4028234663852886e38, 1.1754943508222875e-38,
-       1.401298464324817e-45, true, true, false},
-      {ElementType::bf16, "bf16", 16, true, 3.3895313892515355e38, 1.1754943508222875e-38,
-       9.183549615799121e-41, true, true, false},
-      {ElementType::f16, "f16", 16, true, 65504.0, std::ldexp(1.0, -14), std::ldexp(1.0, -24), true,
-       true, false},
-      {ElementType::fp8_e4m3, "fp8_e4m3", 8, true, 448.0, std::ldexp(1.0, -6), std::ldexp(1.0, -9),
-       false, true, false},
-      {ElementType::fp8_e4m3fnuz, "fp8_e4m3fnuz", 8, true, 240.0, std::ldexp(1.0, -7),
-       std::ldexp(1.0, -10), false, true, false},
-      {ElementType::fp8_e5m2, "fp8_e5m2", 8, true, 57344.0, std::ldexp(1.0, -14),
-       std::ldexp(1.0, -16), true, true, false},
-      {ElementType::fp4_e2m1, "fp4_e2m1", 4, true, 6.0, 1.0, 0.5, false, false, true},
-      {ElementType::int8, "int8", 8, false, 127.0, 1.0, 1.0, false, false, true},
-      {ElementType::int4, "int4", 4, false, 7.0, 1.0, 1.0, false, false, true},
-  };
+  static const std::vector<ElementTraits> table(std::begin(kElementTraits),
+                                                std::end(kElementTraits));
   return table;
+}
+
+std::optional<ElementType> find_element_type(std::string_view name) {
+  for (const ElementTraits& traits : kElementTraits)
+    if (traits.name == name) return traits.type;
+  return std::nullopt;
 }
 
 const ElementTraits& element_traits(ElementType type) {

@@ -144,49 +144,78 @@ std::vector<ConcurrencyPoint> vllm_concurrency(int64_t num_blocks, const VllmLay
 
 }  // namespace
 
+SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::EngineModel& engine,
+                         const engines::Version& version, const PlanOptions& options) {
+  const engines::EngineDefaults& defaults = engine.defaults_for(version);
+  SizingRules rules;
+  rules.fp4_dequant_workspace = defaults.fp4_dequant_workspace;
+  rules.speculative_draft_layers = options.speculative_draft_layers.value_or(0);
+  rules.conv_dtype = engines::normalise_dtype(defaults.mamba_conv_dtype);
+  // The recurrent state dtype: the launch flag, else the engine default (which may be
+  // "read it from the model config"), else float32.
+  std::string ssm = options.mamba_ssm_dtype;
+  rules.ssm_dtype_origin = "launch flag";
+  if (ssm.empty() || ssm == "auto") {
+    const std::string config = model.linear_attention ? model.linear_attention->ssm_dtype : "";
+    if (defaults.mamba_ssm_dtype == "from_model_config" || defaults.mamba_ssm_dtype == "auto") {
+      ssm = config.empty() ? defaults.mamba_ssm_dtype_fallback : config;
+      rules.ssm_dtype_origin = config.empty() ? "engine fallback" : "model config";
+    } else {
+      ssm = defaults.mamba_ssm_dtype;
+      rules.ssm_dtype_origin = "engine default";
+    }
+  }
+  rules.ssm_dtype = engines::normalise_dtype(ssm).empty() ? "fp32" : engines::normalise_dtype(ssm);
+  if (model.multimodal)
+    rules.mm_reservation_bytes = static_cast<int64_t>(defaults.mm_reservation_mib * kMiB);
+  return rules;
+}
+
 CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOptions& options) {
-  EngineCapacityData data = load_capacity_data(options.engine);
+  const engines::EngineModel& engine = engines::engine_model(options.engine);
+  auto parsed_version = engines::parse_version(options.engine_version);
+  if (!parsed_version)
+    throw InputError("--engine-version", "cannot read version '" + options.engine_version + "'");
+  const engines::Version version = *parsed_version;
+  const engines::EngineDefaults& defaults = engine.defaults_for(version);
+  const SizingRules rules = sizing_rules(model, engine, version, options);
+  const bool token_pool = engine.capacity.model == engines::CapacityModel::sglang_token_pool;
   CapacityPlan plan;
   plan.engine = options.engine;
+  plan.engine_version =
+      options.engine_version.empty() ? engine.latest_known_version : options.engine_version;
   plan.parallel = options.parallel;
   plan.gpu_name = options.gpu_name;
-  if (options.parallel.tp < 1 || options.parallel.pp < 1 || options.parallel.dp < 1)
+  if (options.parallel.tp < 1 || options.parallel.pp < 1 || options.parallel.dp < 1 ||
+      options.parallel.dcp < 1)
     throw InputError("--tp/--pp/--dp", "must be at least 1");
   if (options.parallel.dp_attention && options.parallel.tp % options.parallel.dp != 0)
     throw InputError("--dp", "DP attention needs TP divisible by DP");
 
-  std::vector<std::string> dtypes = options.kv_cache_dtypes;
+  std::vector<const engines::KvDtype*> dtypes;
+  for (const auto& name : options.kv_cache_dtypes) {
+    const engines::KvDtype* dtype = &plan_dtype(engine, version, name);
+    if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) dtypes.push_back(dtype);
+  }
   if (dtypes.empty()) {
-    // Every dtype the engine's newest known release accepts (data/engines/<engine>.json),
-    // normalised; those plan has no sizing rule for are named in a note.
-    engines::EngineData engine = engines::load_engine_data(options.engine);
-    auto version = engines::parse_version(engine.latest_known_version);
-    std::vector<std::string> unsized;
-    for (const auto& cli :
-         engines::kv_cache_dtype_choices(engine, version.value_or(engines::Version{}))) {
-      std::string name = normalise_dtype_name(engines::normalise_kv_dtype(engine, cli));
-      if (name == "auto") {  // the model's dtype, listed first
-        name = normalise_dtype_name(model.torch_dtype);
-        if (name.empty() || name == "auto" || name == "fp32") name = "bf16";
-        if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end())
-          dtypes.insert(dtypes.begin(), name);
-        continue;
-      }
-      if (name.empty() || std::find(dtypes.begin(), dtypes.end(), name) != dtypes.end()) continue;
-      bool known = false;
-      for (const auto& spec : data.kv_dtypes) known |= spec.name == name;
-      if (known)
-        dtypes.push_back(name);
-      else if (std::find(unsized.begin(), unsized.end(), cli) == unsized.end())
-        unsized.push_back(cli);
+    // The model dtype first, then every dtype this release accepts (as the data spells them).
+    const engines::KvDtype* model_dtype =
+        engines::find_kv_dtype(engines::served_model_dtype(model, engines::LaunchFlags{}));
+    if (model_dtype) dtypes.push_back(model_dtype);
+    std::vector<const engines::KvDtype*> others;
+    for (const auto& cli : engines::kv_cache_dtype_choices(engine, version)) {
+      const engines::KvDtype* dtype =
+          engines::find_kv_dtype(engines::cli_dtype(engine, version, cli));
+      if (dtype && std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end() &&
+          std::find(others.begin(), others.end(), dtype) == others.end())
+        others.push_back(dtype);
     }
-    if (dtypes.empty()) dtypes = data.plan_default_dtypes;
-    if (!unsized.empty()) {
-      std::string list;
-      for (const auto& u : unsized) list += (list.empty() ? "" : ", ") + u;
-      plan.notes.push_back(fmt::format("{} {} also accepts {}: no sizing rule in plan yet",
-                                       options.engine, engine.latest_known_version, list));
-    }
+    // Widest first, then by name: the order a user compares them in.
+    std::sort(others.begin(), others.end(),
+              [](const engines::KvDtype* a, const engines::KvDtype* b) {
+                return a->key_bits != b->key_bits ? a->key_bits > b->key_bits : a->name < b->name;
+              });
+    dtypes.insert(dtypes.end(), others.begin(), others.end());
   }
 
   plan.gpu_memory_bytes = options.gpu_memory_bytes.value_or(0);
@@ -205,46 +234,52 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
         "no safetensors headers read: weights per GPU taken as 0 (pass --weights-per-gpu)");
   }
 
-  const bool sglang = options.engine == "sglang";
-  const double mamba_ratio = options.mamba_full_memory_ratio.value_or(
-      data.document.value("mamba_full_memory_ratio_default", 0.9));
-  const double swa_ratio = data.document.value("swa_full_tokens_ratio_default", 0.8);
-  const int mamba_request_ratio =
-      data.document.value("mamba_cache_size_per_running_request_ratio", 3);
-  const int page =
-      options.page_size.value_or(sglang ? data.document.value("page_size_default", 1)
-                                        : data.document.value("block_size_default", 16));
+  const double mamba_ratio =
+      options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9));
+  const double swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
+  const int mamba_request_ratio = defaults.mamba_requests_per_slot.value_or(1);
+  const int page = options.page_size.value_or(defaults.page_size.value_or(token_pool ? 1 : 16));
 
   if (plan.gpu_memory_bytes > 0) {
-    if (sglang) {
+    if (token_pool) {
       if (options.memory_fraction) {
         plan.memory_fraction = *options.memory_fraction;
         plan.memory_fraction_source = "--mem-fraction-static";
-      } else {
-        auto d = sglang_default_mem_fraction(data, plan.gpu_memory_bytes / kMiB,
+      } else if (const engines::MemFractionTable* table =
+                     engine.capacity.mem_fraction_for(version)) {
+        auto d = sglang_default_mem_fraction(*table, plan.gpu_memory_bytes / kMiB,
                                              options.parallel.tp, options.parallel.pp,
                                              options.parallel.dp_attention, options.parallel.dp);
         plan.memory_fraction = d.mem_fraction_static;
         plan.memory_fraction_source = "SGLang default";
         plan.derivation.push_back(d.derivation);
+      } else {
+        throw InputError(engine.capacity.file,
+                         "no mem_fraction_static_default covers " + engines::version_text(version));
       }
       const int64_t reserved =
           static_cast<int64_t>(std::llround(plan.gpu_memory_bytes * (1.0 - plan.memory_fraction)));
-      plan.budget_bytes = plan.gpu_memory_bytes - plan.weight_bytes_per_gpu - reserved;
-      plan.derivation.push_back(
-          fmt::format("rest = avail after weights ({} - {}) - total {} x (1 - {:.3f}) = {} (SGLang "
-                      "profile_max_num_token; min over ranks)",
-                      gib(plan.gpu_memory_bytes), gib(plan.weight_bytes_per_gpu),
-                      gib(plan.gpu_memory_bytes), plan.memory_fraction, gib(plan.budget_bytes)));
+      plan.budget_bytes =
+          plan.gpu_memory_bytes - plan.weight_bytes_per_gpu - reserved - rules.mm_reservation_bytes;
+      plan.derivation.push_back(fmt::format(
+          "rest = avail after weights ({} - {}) - total {} x (1 - {:.3f}){} = {} (SGLang "
+          "profile; min over ranks)",
+          gib(plan.gpu_memory_bytes), gib(plan.weight_bytes_per_gpu), gib(plan.gpu_memory_bytes),
+          plan.memory_fraction,
+          rules.mm_reservation_bytes > 0
+              ? fmt::format(" - multimodal reservation {}", gib(rules.mm_reservation_bytes))
+              : std::string(),
+          gib(plan.budget_bytes)));
       plan.notes.push_back(
           "free memory before loading is taken as the whole GPU; the CUDA context and NCCL "
           "buffers (typically 0.5-2 GiB) lower the real figure. plan --from-log uses the printed "
           "figures instead.");
     } else {
-      plan.memory_fraction = options.memory_fraction.value_or(
-          data.document.value("gpu_memory_utilization_default", 0.9));
+      plan.memory_fraction =
+          options.memory_fraction.value_or(defaults.memory_fraction.value_or(0.9));
       plan.memory_fraction_source =
-          options.memory_fraction ? "--gpu-memory-utilization" : "vLLM default";
+          options.memory_fraction ? "--gpu-memory-utilization"
+                                  : fmt::format("vLLM {} default", engines::version_text(version));
       plan.budget_bytes =
           static_cast<int64_t>(std::floor(plan.gpu_memory_bytes * plan.memory_fraction)) -
           plan.weight_bytes_per_gpu;
@@ -257,18 +292,23 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
   } else {
     plan.notes.push_back("no GPU memory given (--gpu or --gpu-mem): bytes per token only");
   }
-  if (!sglang && model.linear_attention)
+  if (!token_pool && model.linear_attention)
     plan.notes.push_back(
         "vLLM hybrid GDN/Mamba layouts (attention pages padded to the Mamba state page) are not "
         "modelled: the vLLM figures count attention layers only and overstate capacity");
+  if (options.parallel.dcp > 1)
+    plan.notes.push_back(fmt::format(
+        "DCP {}: each rank holds the heads of attention TP / DCP and 1/{} of the tokens; the "
+        "token count is the pool's times DCP (SGLang PagedTokenToKVPoolAllocator; head split "
+        "read from SGLang's test stub of get_num_kv_heads, not confirmed in a release)",
+        options.parallel.dcp, options.parallel.dcp));
 
-  for (const auto& name : dtypes) {
-    const KvDtypeSpec& dtype = find_dtype(data, name);
+  for (const engines::KvDtype* dtype : dtypes) {
     PlanRow row;
-    row.kv_cache_dtype = dtype.name;
-    if (sglang) {
-      CellSize cell = sglang_cell_size(model, dtype, options.parallel);
-      auto mamba = sglang_mamba_state(model, options.parallel);
+    row.kv_cache_dtype = dtype->name;
+    if (token_pool) {
+      CellSize cell = sglang_cell_size(model, *dtype, options.parallel, rules);
+      auto mamba = sglang_mamba_state(model, options.parallel, rules);
       row.cell_bytes_per_token_per_gpu = cell.bytes_per_token;
       row.derivation = cell.derivation;
       if (mamba) {
@@ -278,6 +318,11 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
       if (plan.gpu_memory_bytes > 0) {
         SglangPools pools = sglang_pools(plan.budget_bytes, cell, mamba, mamba_ratio, page,
                                          options.max_total_tokens, std::nullopt, swa_ratio);
+        if (options.parallel.dcp > 1) {
+          pools.max_total_tokens *= options.parallel.dcp;
+          pools.derivation.push_back(
+              fmt::format("x DCP {} = {} tokens", options.parallel.dcp, pools.max_total_tokens));
+        }
         row.kv_pool_bytes = pools.kv_budget_bytes;
         row.max_total_tokens = pools.max_total_tokens;
         row.swa_tokens = pools.swa_tokens;
@@ -287,7 +332,7 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
         row.concurrency = sglang_concurrency(pools, cell, options, mamba_request_ratio);
       }
     } else {
-      VllmLayout layout = vllm_layout(model, dtype, options.parallel, page);
+      VllmLayout layout = vllm_layout(model, *dtype, options.parallel, page);
       row.cell_bytes_per_token_per_gpu = layout.bytes_per_token;
       row.derivation = layout.derivation;
       if (plan.gpu_memory_bytes > 0 && plan.budget_bytes > 0) {

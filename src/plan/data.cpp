@@ -1,5 +1,5 @@
-// plan data: the engines' sizing constants (data/engines/capacity/*.json), GPU
-// presets (data/gpus.json), dtype spellings, and SGLang's default memory fraction.
+// plan data: GPU presets (data/gpus.json), the dtypes an engine version sizes, and
+// SGLang's default memory fraction (its constants are engine data).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "plan/plan.h"
+#include "util/json.h"
 #include "util/util.h"
 
 namespace kvaudit::plan {
@@ -20,66 +21,30 @@ std::string lower(std::string_view text) {
 }
 
 nlohmann::json read_json(const std::filesystem::path& path) {
-  std::string text = read_text_file(path, 4 << 20);
-  nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) throw InputError(path.string(), "not a JSON object");
+  nlohmann::json doc = read_json_file(path, 4 << 20);
+  if (!doc.is_object()) throw InputError(path.string(), "not a JSON object");
   return doc;
 }
 
 }  // namespace
 
-std::string normalise_dtype_name(std::string_view text) {
-  std::string t = lower(text);
-  if (t.rfind("torch.", 0) == 0) t = t.substr(6);
-  if (t == "auto") return "auto";
-  if (t == "bf16" || t == "bfloat16") return "bf16";
-  if (t == "fp16" || t == "float16" || t == "half") return "fp16";
-  if (t == "fp32" || t == "float32" || t == "float") return "fp32";
-  if (t == "fp8" || t == "fp8_e4m3" || t == "float8_e4m3fn" || t == "fp8_e4m3fn" ||
-      t == "float8_e4m3")
-    return "fp8_e4m3";
-  if (t == "float8_e4m3fnuz" || t == "fp8_e4m3fnuz") return "fp8_e4m3fnuz";
-  if (t == "fp8_e5m2" || t == "float8_e5m2") return "fp8_e5m2";
-  if (t == "fp4_e2m1" || t == "float4_e2m1fn_x2" || t == "fp4") return "fp4_e2m1";
-  if (t == "nvfp4") return "nvfp4";
-  if (t == "mxfp8") return "mxfp8";
-  return "";
-}
-
-EngineCapacityData load_capacity_data(std::string_view engine) {
-  std::filesystem::path path =
-      data_dir() / "engines" / "capacity" / (std::string(engine) + ".json");
-  if (!std::filesystem::exists(path))
-    throw InputError(std::string(engine), "no capacity data for this engine (expected " +
-                                              path.string() + "); known: sglang, vllm");
-  EngineCapacityData data;
-  data.engine = std::string(engine);
-  data.document = read_json(path);
-  for (const auto& entry : data.document.value("kv_dtypes", nlohmann::json::array())) {
-    KvDtypeSpec spec;
-    spec.name = entry.value("name", "");
-    spec.element_bits = entry.value("element_bits", 16);
-    spec.fp4_block_scales = entry.value("fp4_block_scales", false);
-    for (const auto& c : entry.value("cli", nlohmann::json::array()))
-      spec.cli.push_back(c.get<std::string>());
-    if (spec.name.empty() || spec.element_bits <= 0)
-      throw InputError(path.string(), "kv_dtypes entry without name or element_bits");
-    data.kv_dtypes.push_back(spec);
-  }
-  for (const auto& d : data.document.value("plan_default_dtypes", nlohmann::json::array()))
-    data.plan_default_dtypes.push_back(d.get<std::string>());
-  if (data.kv_dtypes.empty()) throw InputError(path.string(), "no kv_dtypes");
-  return data;
-}
-
-const KvDtypeSpec& find_dtype(const EngineCapacityData& data, std::string_view name) {
-  std::string wanted = normalise_dtype_name(name);
-  for (const auto& spec : data.kv_dtypes)
-    if (spec.name == wanted) return spec;
-  std::string known;
-  for (const auto& spec : data.kv_dtypes) known += (known.empty() ? "" : ", ") + spec.name;
-  throw InputError("--kv-cache-dtype", fmt::format("'{}' is not a KV dtype {} sizes (known: {})",
-                                                   name, data.engine, known));
+const engines::KvDtype& plan_dtype(const engines::EngineModel& engine,
+                                   const engines::Version& version, std::string_view name) {
+  const std::string canonical = engines::normalise_dtype(name);
+  std::vector<std::string> accepted;
+  if (const engines::DtypeChoices* choices = engine.choices_for(version))
+    for (const auto& choice : choices->accepted) {
+      if (choice.dtype == "auto") continue;
+      if (choice.dtype == canonical) return *engines::find_kv_dtype(canonical);
+      if (std::find(accepted.begin(), accepted.end(), choice.dtype) == accepted.end())
+        accepted.push_back(choice.dtype);
+    }
+  // The model dtype under auto (fp16 on vLLM releases without a float16 choice, say).
+  if (canonical == "bf16" || canonical == "fp16") return *engines::find_kv_dtype(canonical);
+  throw InputError(
+      "--kv-cache-dtype",
+      fmt::format("'{}' is not a KV dtype {} {} accepts (it accepts: {})", name, engine.engine,
+                  engines::version_text(version), fmt::join(accepted, ", ")));
 }
 
 std::vector<GpuPreset> load_gpu_presets() {
@@ -115,45 +80,45 @@ GpuPreset find_gpu(std::string_view name) {
                    fmt::format("unknown GPU '{}' (known: {}); or pass --gpu-mem", name, known));
 }
 
-MemFractionDefault sglang_default_mem_fraction(const EngineCapacityData& data, int64_t gpu_mem_mib,
-                                               int tp, int pp, bool dp_attention, int dp) {
-  const nlohmann::json& rule = data.document.at("mem_fraction_static_default");
+MemFractionDefault sglang_default_mem_fraction(const engines::MemFractionTable& rule,
+                                               int64_t gpu_mem_mib, int tp, int pp,
+                                               bool dp_attention, int dp) {
   MemFractionDefault out;
   if (gpu_mem_mib <= 0) {
-    out.mem_fraction_static = rule.value("fallback_when_gpu_unknown", 0.88);
-    out.derivation = "GPU memory unknown: SGLang falls back to 0.88";
+    out.mem_fraction_static = rule.fallback_when_gpu_unknown;
+    out.derivation =
+        fmt::format("GPU memory unknown: SGLang falls back to {}", rule.fallback_when_gpu_unknown);
     return out;
   }
   int chunked_prefill = 0, graph_bs = 0;
-  for (const auto& tier : rule.at("tiers")) {
-    if (static_cast<double>(gpu_mem_mib) < tier.at("below_mib").get<double>()) {
-      chunked_prefill = tier.at("chunked_prefill_size").get<int>();
-      graph_bs = tp < 4 ? tier.at("cuda_graph_max_bs_tp_lt4").get<int>()
-                        : tier.at("cuda_graph_max_bs_tp_ge4").get<int>();
+  for (const auto& tier : rule.tiers) {
+    if (static_cast<double>(gpu_mem_mib) < tier.below_mib) {
+      chunked_prefill = tier.chunked_prefill_size;
+      graph_bs = tp < 4 ? tier.cuda_graph_bs_tp_lt4 : tier.cuda_graph_bs_tp_ge4;
       break;
     }
   }
-  double reserved = rule.at("reserved_constant_mib").get<double>();
-  double activation_tokens = std::max<double>(chunked_prefill, rule.at("activation_min_tokens"));
-  double activation = activation_tokens * rule.at("activation_mib_per_prefill_token").get<double>();
-  double graphs = graph_bs * rule.at("cuda_graph_mib_per_batch").get<double>();
-  double parallel = tp * pp / 8.0 * rule.at("parallel_mib_per_rank_over_8").get<double>();
+  double reserved = rule.reserved_constant_mib;
+  double activation_tokens = std::max<double>(chunked_prefill, rule.activation_min_tokens);
+  double activation = activation_tokens * rule.activation_mib_per_prefill_token;
+  double graphs = graph_bs * rule.cuda_graph_mib_per_batch;
+  double parallel = tp * pp / 8.0 * rule.parallel_mib_per_rank_over_8;
   reserved += activation + graphs + parallel;
   double dp_extra = 0;
   if (dp_attention) {
-    dp_extra = graph_bs * dp * rule.at("dp_attention_mib_per_batch_per_dp").get<double>();
+    dp_extra = graph_bs * dp * rule.dp_attention_mib_per_batch_per_dp;
     if (graph_bs > 300) dp_extra += graph_bs * dp * 1.5;
     reserved += dp_extra;
   }
   double summed = reserved;
   std::string floor_note;
-  if (static_cast<double>(gpu_mem_mib) > rule.at("large_gpu_threshold_mib").get<double>()) {
-    double floor_mib = rule.at("large_gpu_min_reserved_mib").get<double>();
+  if (static_cast<double>(gpu_mem_mib) > rule.large_gpu_threshold_mib) {
+    double floor_mib = rule.large_gpu_min_reserved_mib;
     if (reserved < floor_mib)
       floor_note = fmt::format(", raised to the {:.0f} MiB floor", floor_mib);
     reserved = std::max(reserved, floor_mib);
   }
-  double scale = std::pow(10.0, rule.value("round_decimals", 3));
+  double scale = std::pow(10.0, rule.round_decimals);
   out.mem_fraction_static =
       std::round((static_cast<double>(gpu_mem_mib) - reserved) / gpu_mem_mib * scale) / scale;
   out.reserved_mib = reserved;

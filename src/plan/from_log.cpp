@@ -79,23 +79,41 @@ void add_check(LogPrediction& out, std::string id, std::string what, int64_t pri
   out.checks.push_back(std::move(check));
 }
 
+// The dtypes a from-log prediction compares: every dtype this release accepts.
+std::vector<const engines::KvDtype*> comparable_dtypes(const engines::EngineModel& engine,
+                                                       const engines::Version& version,
+                                                       const engines::KvDtype& launch_dtype) {
+  std::vector<const engines::KvDtype*> out = {&launch_dtype};
+  for (const auto& cli : engines::kv_cache_dtype_choices(engine, version)) {
+    const engines::KvDtype* dtype =
+        engines::find_kv_dtype(engines::cli_dtype(engine, version, cli));
+    if (!dtype || std::find(out.begin(), out.end(), dtype) != out.end()) continue;
+    if (dtype->name == "fp16" && launch_dtype.name != "fp16") continue;
+    out.push_back(dtype);
+  }
+  return out;
+}
+
 void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
-                    const PlanOptions& options, const EngineCapacityData& data,
-                    LogPrediction& out) {
+                    const PlanOptions& options, const engines::EngineModel& engine,
+                    const engines::Version& version, LogPrediction& out) {
   Parallelism parallel = options.parallel;
   parallel.tp = logged.tp > 0 ? logged.tp : parallel.tp;
   parallel.pp = logged.pp > 0 ? logged.pp : parallel.pp;
-  const KvDtypeSpec& launch_dtype = find_dtype(data, logged.kv_cache_dtype);
+  const engines::EngineDefaults& defaults = engine.defaults_for(version);
+  const SizingRules rules = sizing_rules(model, engine, version, options);
+  const engines::KvDtype& launch_dtype = plan_dtype(engine, version, logged.kv_cache_dtype);
   SglangSetup setup;
-  setup.mamba = sglang_mamba_state(model, parallel);
-  setup.mamba_ratio =
-      logged.mamba_full_memory_ratio.value_or(options.mamba_full_memory_ratio.value_or(
-          data.document.value("mamba_full_memory_ratio_default", 0.9)));
-  setup.page_size = logged.page_size.value_or(options.page_size.value_or(1));
+  setup.mamba = sglang_mamba_state(model, parallel, rules);
+  setup.mamba_ratio = logged.mamba_full_memory_ratio.value_or(
+      options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9)));
+  setup.page_size =
+      logged.page_size.value_or(options.page_size.value_or(defaults.page_size.value_or(1)));
   setup.cap = logged.max_total_tokens_arg;
   setup.fixed_slots = logged.mamba_slots;
-  setup.swa_ratio = data.document.value("swa_full_tokens_ratio_default", 0.8);
-  setup.cell = sglang_cell_size(model, launch_dtype, parallel);
+  setup.swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
+  setup.cell = sglang_cell_size(model, launch_dtype, parallel, rules);
+  const long double mm = static_cast<long double>(rules.mm_reservation_bytes);
 
   std::optional<double> fraction = logged.mem_fraction_static;
   if (!fraction) fraction = options.memory_fraction;
@@ -105,14 +123,16 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
   if (have_memory) {
     const long double T = *logged.total_before_load_gib, A = *logged.avail_after_weights_gib;
     const long double keep = 1.0L - *fraction;
-    rest_lo = to_bytes((A - kHalfCent) - (T + kHalfCent) * keep);
-    rest_hi = to_bytes((A + kHalfCent) - (T - kHalfCent) * keep);
+    rest_lo = to_bytes((A - kHalfCent) - (T + kHalfCent) * keep) - mm;
+    rest_hi = to_bytes((A + kHalfCent) - (T - kHalfCent) * keep) - mm;
     TokenInterval predicted = sglang_interval(rest_lo, rest_hi, setup);
     std::string derivation = fmt::format(
-        "rest = {:.2f} (+-0.005) - {:.2f} (+-0.005) x (1 - {}) = [{:.4f}, {:.4f}] GiB; cell {} "
+        "rest = {:.2f} (+-0.005) - {:.2f} (+-0.005) x (1 - {}){} = [{:.4f}, {:.4f}] GiB; cell {} "
         "B/token ({}){}; tokens in [{}, {}]",
-        *logged.avail_after_weights_gib, *logged.total_before_load_gib, *fraction, rest_lo / kGiB,
-        rest_hi / kGiB, setup.cell.bytes_per_token, launch_dtype.name,
+        *logged.avail_after_weights_gib, *logged.total_before_load_gib, *fraction,
+        mm > 0 ? fmt::format(" - multimodal reservation {:.2f} GiB", static_cast<double>(mm / kGiB))
+               : std::string(),
+        rest_lo / kGiB, rest_hi / kGiB, setup.cell.bytes_per_token, launch_dtype.name,
         setup.mamba ? fmt::format(", Mamba {} B/request{}", setup.mamba->bytes_per_request,
                                   logged.mamba_slots
                                       ? fmt::format(" x {} printed slots", *logged.mamba_slots)
@@ -142,12 +162,12 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
     if (model.mla && logged.kv_gib) {
       k_bytes_per_token = setup.cell.bytes_per_token, printed_gib = logged.kv_gib,
       label = "KV size";
-    } else if (logged.k_gib && !launch_dtype.fp4_block_scales) {
+    } else if (logged.k_gib && launch_dtype.block_elements == 0) {
       int64_t k_dim = 0;
       for (const auto& layer : model.layers)
         if (layer.kind != checkpoint::LayerKind::linear_attention) k_dim = layer.k_head_dim;
       k_bytes_per_token = static_cast<int64_t>(setup.cell.kv_heads_per_rank) * k_dim *
-                          std::max(1, launch_dtype.element_bits / 8) * setup.cell.full_layers;
+                          std::max(1, launch_dtype.key_bits / 8) * setup.cell.full_layers;
       printed_gib = logged.k_gib, label = "K size";
     }
     if (printed_gib && k_bytes_per_token > 0) {
@@ -175,14 +195,13 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
   }
 
   // Every dtype from the same budget.
-  for (const auto& spec : data.kv_dtypes) {
-    if (spec.name == "fp16" && launch_dtype.name != "fp16") continue;
+  for (const engines::KvDtype* spec : comparable_dtypes(engine, version, launch_dtype)) {
     SglangSetup other = setup;
-    other.cell = sglang_cell_size(model, spec, parallel);
+    other.cell = sglang_cell_size(model, *spec, parallel, rules);
     LogPredictionRow row;
-    row.kv_cache_dtype = spec.name;
+    row.kv_cache_dtype = spec->name;
     row.cell_bytes_per_token_per_gpu = other.cell.bytes_per_token;
-    row.launch_dtype = spec.name == launch_dtype.name;
+    row.launch_dtype = spec->name == launch_dtype.name;
     if (have_memory) {
       row.max_total_tokens = sglang_interval(rest_lo, rest_hi, other);
     } else if (logged.pool_tokens) {
@@ -200,12 +219,14 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
 }
 
 void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
-                  const PlanOptions& options, const EngineCapacityData& data, LogPrediction& out) {
+                  const PlanOptions& options, const engines::EngineModel& engine,
+                  const engines::Version& version, LogPrediction& out) {
   Parallelism parallel = options.parallel;
   parallel.tp = logged.tp > 0 ? logged.tp : parallel.tp;
   parallel.pp = logged.pp > 0 ? logged.pp : parallel.pp;
-  const int block = logged.block_size.value_or(options.page_size.value_or(16));
-  const KvDtypeSpec& launch_dtype = find_dtype(data, logged.kv_cache_dtype);
+  const int block = logged.block_size.value_or(
+      options.page_size.value_or(engine.defaults_for(version).page_size.value_or(16)));
+  const engines::KvDtype& launch_dtype = plan_dtype(engine, version, logged.kv_cache_dtype);
   VllmLayout layout = vllm_layout(model, launch_dtype, parallel, block);
   auto blocks_at = [&](long double bytes, const VllmLayout& l) {
     // vLLM clamps a negative budget to zero blocks.
@@ -234,13 +255,12 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
       if (!blocks && tokens.lo == tokens.hi)
         blocks = *logged.gpu_kv_cache_tokens / block * layout.num_groups;
     }
-    for (const auto& spec : data.kv_dtypes) {
-      if (spec.name == "fp16" && launch_dtype.name != "fp16") continue;
-      VllmLayout other = vllm_layout(model, spec, parallel, block);
+    for (const engines::KvDtype* spec : comparable_dtypes(engine, version, launch_dtype)) {
+      VllmLayout other = vllm_layout(model, *spec, parallel, block);
       LogPredictionRow row;
-      row.kv_cache_dtype = spec.name;
+      row.kv_cache_dtype = spec->name;
       row.cell_bytes_per_token_per_gpu = other.bytes_per_token;
-      row.launch_dtype = spec.name == launch_dtype.name;
+      row.launch_dtype = spec->name == launch_dtype.name;
       row.max_total_tokens = {blocks_at(lo, other) / other.num_groups * block,
                               blocks_at(hi, other) / other.num_groups * block};
       out.rows.push_back(row);
@@ -266,21 +286,74 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
 
 LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
                                const PlanOptions& options) {
-  if (logged.engine != "sglang" && logged.engine != "vllm")
-    throw InputError("--from-log", "the log is neither an SGLang nor a vLLM start-up log");
+  const auto known = engines::known_engines();
+  if (std::find(known.begin(), known.end(), logged.engine) == known.end())
+    throw InputError("--from-log",
+                     fmt::format("the log is not a start-up log of a known engine ({})",
+                                 fmt::join(known, ", ")));
   LoggedMemory filled = logged;
   if (filled.kv_cache_dtype.empty() && !options.kv_cache_dtypes.empty())
-    filled.kv_cache_dtype = normalise_dtype_name(options.kv_cache_dtypes.front());
+    filled.kv_cache_dtype = engines::normalise_dtype(options.kv_cache_dtypes.front());
   if (filled.kv_cache_dtype.empty())
     throw InputError(
         "--from-log",
         "the log does not say which KV cache dtype the launch used (pass --kv-cache-dtype)");
-  EngineCapacityData data = load_capacity_data(filled.engine);
+  const engines::EngineModel& engine = engines::engine_model(filled.engine);
+  auto run = [&](const engines::Version& version) {
+    LogPrediction prediction;
+    if (engine.capacity.model == engines::CapacityModel::sglang_token_pool)
+      predict_sglang(model, filled, options, engine, version, prediction);
+    else
+      predict_vllm(model, filled, options, engine, version, prediction);
+    return prediction;
+  };
+  auto all_inside = [](const LogPrediction& p) {
+    return std::all_of(p.checks.begin(), p.checks.end(),
+                       [](const LogCheck& c) { return c.inside; });
+  };
+  // The release whose arithmetic applies: the log's, else the one the user named; else
+  // each set of defaults the engine data distinguishes, newest first, and the first whose
+  // arithmetic reproduces every printed figure.
+  std::string version_text =
+      !filled.engine_version.empty() && engines::parse_version(filled.engine_version)
+          ? filled.engine_version
+          : options.engine_version;
   LogPrediction out;
-  if (filled.engine == "sglang")
-    predict_sglang(model, filled, options, data, out);
-  else
-    predict_vllm(model, filled, options, data, out);
+  if (!version_text.empty()) {
+    auto version = engines::parse_version(version_text);
+    if (!version)
+      throw InputError("--engine-version", "cannot read version '" + version_text + "'");
+    out = run(*version);
+  } else {
+    const std::vector<engines::Version> boundaries = engines::boundary_versions(engine);
+    std::vector<std::pair<engines::Version, std::string>> candidates;
+    for (auto d = engine.defaults.rbegin(); d != engine.defaults.rend(); ++d)
+      for (auto v = boundaries.rbegin(); v != boundaries.rend(); ++v)
+        if (d->versions.contains(*v)) {
+          candidates.push_back({*v, d->versions.text});
+          break;
+        }
+    bool matched = false;
+    for (const auto& [version, range] : candidates) {
+      LogPrediction p = run(version);
+      if (!p.checks.empty() && all_inside(p)) {
+        p.notes.push_back(fmt::format(
+            "the log prints no {} version: its figures match the arithmetic of releases {}",
+            engine.engine, range));
+        out = std::move(p);
+        matched = true;
+        break;
+      }
+    }
+    if (!matched) {
+      out = run(candidates.empty() ? engines::Version{0, 0, 0, true} : candidates.front().first);
+      if (candidates.size() > 1 && !out.checks.empty())
+        out.notes.push_back(fmt::format(
+            "the log prints no {} version and no release's arithmetic reproduces every printed "
+            "figure; shown: the newest ({})",
+            engine.engine, candidates.front().second));
+    }
+  }
   if (out.checks.empty() && out.rows.empty())
     throw InputError("--from-log", "the log has no memory or capacity figures plan can check");
   return out;

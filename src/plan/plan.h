@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "engines/engines.h"
 #include "report/report.h"
 
 namespace kvaudit::plan {
@@ -26,27 +27,10 @@ inline constexpr int64_t kMiB = int64_t{1} << 20;
 
 // ---------------------------------------------------------------- data
 
-struct KvDtypeSpec {
-  std::string name;  // normalised: bf16, fp16, fp8_e4m3, fp8_e5m2, fp4_e2m1
-  int element_bits = 16;
-  bool fp4_block_scales = false;  // SGLang FP4: one scale byte per 16 values
-  std::vector<std::string> cli;   // spellings the engine accepts
-};
-
-// data/engines/capacity/<engine>.json: the engine's sizing constants.
-struct EngineCapacityData {
-  std::string engine;  // "sglang" | "vllm"
-  nlohmann::json document;
-  std::vector<KvDtypeSpec> kv_dtypes;
-  std::vector<std::string> plan_default_dtypes;
-};
-EngineCapacityData load_capacity_data(std::string_view engine);
-// Throws InputError naming the accepted dtypes when `name` is not one of them.
-const KvDtypeSpec& find_dtype(const EngineCapacityData& data, std::string_view name);
-
-// "bfloat16", "torch.bfloat16", "bf16" -> "bf16"; "fp8", "torch.float8_e4m3fn" ->
-// "fp8_e4m3"; "" when the spelling is unknown. "auto" stays "auto".
-std::string normalise_dtype_name(std::string_view text);
+// The KV dtype `name` (any spelling, or a canonical name) as the engine model knows it;
+// InputError naming the dtypes this engine version accepts when it is not one of them.
+const engines::KvDtype& plan_dtype(const engines::EngineModel& engine,
+                                   const engines::Version& version, std::string_view name);
 
 struct GpuPreset {
   std::string name;
@@ -65,8 +49,9 @@ struct MemFractionDefault {
   double reserved_mib = 0;
   std::string derivation;
 };
-MemFractionDefault sglang_default_mem_fraction(const EngineCapacityData& data, int64_t gpu_mem_mib,
-                                               int tp, int pp, bool dp_attention, int dp);
+MemFractionDefault sglang_default_mem_fraction(const engines::MemFractionTable& table,
+                                               int64_t gpu_mem_mib, int tp, int pp,
+                                               bool dp_attention, int dp);
 
 // ---------------------------------------------------------------- per-token sizes
 
@@ -75,7 +60,19 @@ struct Parallelism {
   int pp = 1;
   int dp = 1;
   bool dp_attention = false;
+  int dcp = 1;  // decode context parallel: tokens spread over dcp ranks of the TP group
   int attention_tp() const { return dp_attention && dp > 0 ? tp / dp : tp; }
+};
+
+// The version-dependent sizing choices of one engine release (its defaults and
+// formula changes), and the launch's own choices that change per-token bytes.
+struct SizingRules {
+  bool fp4_dequant_workspace = false;  // SGLang FP4: + one shared FP8 dequant row per token
+  int speculative_draft_layers = 0;    // EAGLE/MTP draft layers sharing the pool
+  std::string ssm_dtype = "fp32";      // recurrent state (canonical dtype)
+  std::string conv_dtype = "bf16";
+  std::string ssm_dtype_origin;      // "model config", "engine default", "--mamba-ssm-dtype"
+  int64_t mm_reservation_bytes = 0;  // SGLang multimodal reservation
 };
 
 // SGLang get_cell_size_per_token, for the KV layers one GPU holds.
@@ -89,8 +86,8 @@ struct CellSize {
   int swa_window = 0;
   std::vector<std::string> derivation;
 };
-CellSize sglang_cell_size(const checkpoint::ModelFacts& model, const KvDtypeSpec& dtype,
-                          const Parallelism& parallel);
+CellSize sglang_cell_size(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
+                          const Parallelism& parallel, const SizingRules& rules);
 
 // Per-request recurrent state of hybrid GDN/Mamba models (SGLang Mamba2StateShape).
 struct MambaState {
@@ -101,7 +98,7 @@ struct MambaState {
   std::vector<std::string> derivation;
 };
 std::optional<MambaState> sglang_mamba_state(const checkpoint::ModelFacts& model,
-                                             const Parallelism& parallel);
+                                             const Parallelism& parallel, const SizingRules& rules);
 
 // vLLM V1 KV cache groups for one GPU: every group has the same page size per
 // layer and group_size layers; num_blocks = available // page // group_size.
@@ -114,13 +111,14 @@ struct VllmLayout {
   int64_t bytes_per_token = 0;  // all KV layers of the rank
   std::vector<std::string> derivation;
 };
-VllmLayout vllm_layout(const checkpoint::ModelFacts& model, const KvDtypeSpec& dtype,
+VllmLayout vllm_layout(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
                        const Parallelism& parallel, int block_size);
 
 // ---------------------------------------------------------------- plan
 
 struct PlanOptions {
   std::string engine = "sglang";
+  std::string engine_version;  // "" = the newest known release
   Parallelism parallel;
   std::vector<std::string> kv_cache_dtypes;     // empty: every dtype the engine accepts
   std::optional<int64_t> gpu_memory_bytes;      // per GPU, as the driver reports it
@@ -131,8 +129,14 @@ struct PlanOptions {
   std::optional<int64_t> max_running_requests;
   std::optional<int> page_size;                   // SGLang page size / vLLM block size
   std::optional<int64_t> max_total_tokens;        // SGLang --max-total-tokens
-  std::optional<double> mamba_full_memory_ratio;  // SGLang, default 0.9
+  std::optional<double> mamba_full_memory_ratio;  // SGLang, default per version
+  std::string mamba_ssm_dtype;                    // --mamba-ssm-dtype / --mamba-ssm-cache-dtype
+  std::optional<int> speculative_draft_layers;    // EAGLE/MTP draft layers (SGLang)
 };
+
+// The sizing rules of options.engine at options.engine_version for this model.
+SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::EngineModel& engine,
+                         const engines::Version& version, const PlanOptions& options);
 
 struct ConcurrencyPoint {
   int64_t context_tokens = 0;
@@ -156,6 +160,7 @@ struct PlanRow {
 
 struct CapacityPlan {
   std::string engine;
+  std::string engine_version;  // the release whose rules applied
   Parallelism parallel;
   std::string gpu_name;
   int64_t gpu_memory_bytes = 0;
@@ -192,8 +197,9 @@ SglangPools sglang_pools(int64_t rest_bytes, const CellSize& cell,
 // The memory figures one launch printed. GiB values carry the log's decimals
 // (two, as both engines print them); intervals widen each by half a unit.
 struct LoggedMemory {
-  std::string engine;          // "sglang" | "vllm"
-  std::string kv_cache_dtype;  // normalised dtype the launch used
+  std::string engine;          // an engine of engines::known_engines()
+  std::string engine_version;  // as the log printed it ("" when it did not)
+  std::string kv_cache_dtype;  // canonical dtype the launch used
   int tp = 1;
   int pp = 1;
   // SGLang
@@ -208,7 +214,8 @@ struct LoggedMemory {
   std::optional<double> k_gib, v_gib, kv_gib;  // "K size", "V size", "KV size"
   std::optional<int64_t> mamba_slots;          // "max_mamba_cache_size: N"
   std::optional<double> conv_gib, ssm_gib;
-  std::optional<int64_t> max_total_num_tokens;  // "max_total_num_tokens=N"
+  std::optional<int64_t> max_total_num_tokens;     // "max_total_num_tokens=N"
+  std::optional<int64_t> full_tokens, swa_tokens;  // "Use sliding window memory pool. ..."
   // vLLM
   bool vllm_v0 = false;
   std::optional<double> available_kv_gib;      // min over ranks

@@ -113,10 +113,12 @@ report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPl
                          Value{plan.memory_fraction}, ""});
     out.facts.push_back(
         {"weight_bytes_per_gpu", "Weights per GPU", Value{plan.weight_bytes_per_gpu}, "B"});
-    out.facts.push_back(
-        {"budget_bytes",
-         plan.engine == "sglang" ? "Rest memory (KV + state)" : "Available KV memory",
-         Value{plan.budget_bytes}, "B"});
+    out.facts.push_back({"budget_bytes",
+                         engines::engine_model(plan.engine).capacity.model ==
+                                 engines::CapacityModel::sglang_token_pool
+                             ? "Rest memory (KV + state)"
+                             : "Available KV memory",
+                         Value{plan.budget_bytes}, "B"});
   }
 
   report::Table table;

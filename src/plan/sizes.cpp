@@ -1,7 +1,8 @@
 // plan sizes: bytes per token per GPU as each engine counts them, and the per-request
-// state of hybrid GDN/Mamba models. Formulas follow SGLang's
-// model_runner_kv_cache_mixin.py get_cell_size_per_token, configs/mamba_utils.py and
-// vLLM's v1/core/kv_cache_utils.py (references in data/engines/capacity/*.json).
+// state of hybrid GDN/Mamba models. Formulas follow SGLang's pool_configurator.py
+// _compute_cell_size and kv_cache_configurator.py calculate_mla_kv_cache_dim,
+// configs/mamba_utils.py, and vLLM's v1/kv_cache_interface.py page sizes (references in
+// data/engines/capacity/*.json); element layouts come from data/engines/dtypes.json.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,10 +19,18 @@ using checkpoint::LayerFacts;
 using checkpoint::LayerKind;
 using checkpoint::ModelFacts;
 
-// Bytes of one stored element: FP4 is stored as float4_e2m1fn_x2, one byte per pair,
-// and the engines count it with element size 1 before halving.
-int64_t element_bytes(const KvDtypeSpec& dtype) {
-  return std::max(1, dtype.element_bits / 8);
+// Bytes of one stored element as torch counts it: FP4 is stored as float4_e2m1fn_x2 (or
+// uint8), one byte per pair, and SGLang counts it with element size 1 before halving.
+int64_t element_bytes(const engines::KvDtype& dtype) {
+  return std::max(1, dtype.key_bits / 8);
+}
+
+bool sglang_fp4(const engines::KvDtype& dtype) {
+  return dtype.key_bits == 4 && dtype.block_elements == 16;
+}
+
+bool sglang_mxfp8(const engines::KvDtype& dtype) {
+  return dtype.key_bits == 8 && dtype.block_elements == 32;
 }
 
 // The KV-holding layers one pipeline rank owns. Layers are split evenly, as SGLang's
@@ -58,14 +67,33 @@ std::vector<LayerFacts> kv_layers_of_busiest_rank(const ModelFacts& model, int p
   return best;
 }
 
-int heads_per_rank(int kv_heads, int attention_tp) {
-  return std::max(1, kv_heads / std::max(1, attention_tp));
+int heads_per_rank(int kv_heads, int attention_tp, int dcp = 1) {
+  // SGLang get_num_kv_heads(tp, dcp): the heads of attention TP / DCP ranks.
+  return std::max(1, kv_heads / std::max(1, attention_tp / std::max(1, dcp)));
 }
 
 }  // namespace
 
-CellSize sglang_cell_size(const ModelFacts& model, const KvDtypeSpec& dtype,
-                          const Parallelism& parallel) {
+CellSize sglang_cell_size_without_draft(const ModelFacts& model, const engines::KvDtype& dtype,
+                                        const Parallelism& parallel, const SizingRules& rules);
+
+CellSize sglang_cell_size(const ModelFacts& model, const engines::KvDtype& dtype,
+                          const Parallelism& parallel, const SizingRules& rules) {
+  CellSize cell = sglang_cell_size_without_draft(model, dtype, parallel, rules);
+  const int draft = rules.speculative_draft_layers;
+  const int L = cell.full_layers + cell.swa_layers;
+  if (draft > 0 && L > 0) {
+    const int64_t before = cell.bytes_per_token;
+    cell.bytes_per_token = static_cast<int64_t>(before * (1.0 + static_cast<double>(draft) / L));
+    cell.derivation.push_back(
+        fmt::format("EAGLE/MTP draft layers share the pool: int({} x (1 + {} / {})) = {} B/token",
+                    before, draft, L, cell.bytes_per_token));
+  }
+  return cell;
+}
+
+CellSize sglang_cell_size_without_draft(const ModelFacts& model, const engines::KvDtype& dtype,
+                                        const Parallelism& parallel, const SizingRules& rules) {
   CellSize cell;
   std::vector<LayerFacts> layers = kv_layers_of_busiest_rank(model, parallel.pp);
   const int64_t bytes = element_bytes(dtype);
@@ -86,13 +114,35 @@ CellSize sglang_cell_size(const ModelFacts& model, const KvDtypeSpec& dtype,
     cell.full_layers = static_cast<int>(L);
     cell.swa_layers = 0;
     cell.kv_heads_per_rank = 1;
-    int64_t raw = latent * L * bytes;
-    cell.full_bytes_per_token_per_layer = latent * bytes;
-    cell.derivation.push_back(
-        fmt::format("MLA: (kv_lora_rank {} + qk_rope_head_dim {}) x {} layers x {} B = {} B/token "
-                    "(one latent per token, not split by TP, no K/V doubling)",
-                    model.mla->kv_lora_rank, model.mla->qk_rope_head_dim, L, bytes, raw));
-    if (dtype.fp4_block_scales) {
+    const bool dsa = model.mla->index_head_dim > 0;
+    int64_t per_layer = latent * bytes;
+    if (dsa && dtype.name == "fp8_e4m3") {
+      // DSA's FP8 record: the latent in FP8, one FP32 scale per 128 values, rope in BF16.
+      per_layer = model.mla->kv_lora_rank + model.mla->kv_lora_rank / 128 * 4 +
+                  int64_t{model.mla->qk_rope_head_dim} * 2;
+      cell.derivation.push_back(
+          fmt::format("DSA FP8 record: kv_lora_rank {} + {} / 128 x 4 B scales + qk_rope_head_dim "
+                      "{} x 2 B = {} "
+                      "B/layer",
+                      model.mla->kv_lora_rank, model.mla->kv_lora_rank, model.mla->qk_rope_head_dim,
+                      per_layer));
+    }
+    int64_t raw = per_layer * L;
+    cell.full_bytes_per_token_per_layer = per_layer;
+    cell.derivation.push_back(fmt::format(
+        "MLA: (kv_lora_rank {} + qk_rope_head_dim {}) per layer, {} B/layer x {} layers "
+        "= {} B/token (one latent per token, not split by TP, no K/V doubling)",
+        model.mla->kv_lora_rank, model.mla->qk_rope_head_dim, per_layer, L, raw));
+    if (dsa) {
+      const int64_t index = model.mla->index_head_dim;
+      const int64_t indexer = (index + index / 128 * 4) * L;
+      cell.derivation.push_back(fmt::format(
+          "DSA lightning indexer keys: (index_head_dim {} + {} / 128 x 4 B scales) x {} layers = "
+          "{} B/token",
+          index, index, L, indexer));
+      raw += indexer;
+    }
+    if (sglang_fp4(dtype)) {
       int64_t scales = (latent / 16) * L * bytes;
       cell.derivation.push_back(fmt::format(
           "FP4: {} / 2 (two values per byte) + ({} / 16) x {} layers scale bytes = {} B/token", raw,
@@ -122,7 +172,7 @@ CellSize sglang_cell_size(const ModelFacts& model, const KvDtypeSpec& dtype,
     cell.swa_window = 0;
     cell.derivation.push_back("every KV layer uses a sliding window: one ordinary pool");
   }
-  cell.kv_heads_per_rank = heads_per_rank(kv_heads, attn_tp);
+  cell.kv_heads_per_rank = heads_per_rank(kv_heads, attn_tp, parallel.dcp);
   cell.full_bytes_per_token_per_layer =
       static_cast<int64_t>(cell.kv_heads_per_rank) * (k_dim + v_dim) * bytes;
   std::string heads_note =
@@ -131,7 +181,8 @@ CellSize sglang_cell_size(const ModelFacts& model, const KvDtypeSpec& dtype,
                 "max(1, {} kv heads // attention TP {}) = {} (heads replicated: each GPU "
                 "holds a full head)",
                 kv_heads, attn_tp, cell.kv_heads_per_rank)
-          : fmt::format("{} kv heads // attention TP {} = {}", kv_heads, attn_tp,
+          : fmt::format("{} kv heads // (attention TP {}{}) = {}", kv_heads, attn_tp,
+                        parallel.dcp > 1 ? fmt::format(" / DCP {}", parallel.dcp) : "",
                         cell.kv_heads_per_rank);
   int64_t raw = cell.full_bytes_per_token_per_layer * cell.full_layers;
   cell.derivation.push_back(fmt::format(
@@ -139,7 +190,7 @@ CellSize sglang_cell_size(const ModelFacts& model, const KvDtypeSpec& dtype,
       "B/token",
       heads_note, cell.kv_heads_per_rank, k_dim, v_dim, cell.full_layers, bytes, raw));
   if (hybrid_swa) {
-    int swa_rank_heads = heads_per_rank(swa_heads, attn_tp);
+    int swa_rank_heads = heads_per_rank(swa_heads, attn_tp, parallel.dcp);
     cell.swa_bytes_per_token_per_layer =
         static_cast<int64_t>(swa_rank_heads) * (swa_k + swa_v) * bytes;
     int64_t swa_raw = cell.swa_bytes_per_token_per_layer * cell.swa_layers;
@@ -149,21 +200,36 @@ CellSize sglang_cell_size(const ModelFacts& model, const KvDtypeSpec& dtype,
         cell.swa_window, swa_rank_heads, swa_k, swa_v, cell.swa_layers, bytes, swa_raw));
     raw += swa_raw;
   }
-  if (dtype.fp4_block_scales) {
-    int64_t scales = (static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim *
-                      (cell.full_layers + cell.swa_layers) * 2 * bytes) /
-                     16;
+  const int kv_layers = cell.full_layers + cell.swa_layers;
+  if (sglang_fp4(dtype)) {
+    int64_t scales =
+        (static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim * kv_layers * 2 * bytes) / 16;
     cell.derivation.push_back(fmt::format(
         "FP4: {} / 2 (two values per byte) + {} heads x {} x {} layers x 2 / 16 scale bytes = {} "
         "B/token",
-        raw, cell.kv_heads_per_rank, k_dim, cell.full_layers + cell.swa_layers, raw / 2 + scales));
+        raw, cell.kv_heads_per_rank, k_dim, kv_layers, raw / 2 + scales));
     raw = raw / 2 + scales;
+    if (rules.fp4_dequant_workspace) {
+      int64_t workspace = static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim * 2 * bytes;
+      cell.derivation.push_back(fmt::format(
+          "+ one shared FP8 dequant workspace row for prefill: {} heads x {} x 2 = {} B/token",
+          cell.kv_heads_per_rank, k_dim, workspace));
+      raw += workspace;
+    }
+  } else if (sglang_mxfp8(dtype)) {
+    int64_t scales =
+        static_cast<int64_t>(cell.kv_heads_per_rank) * (k_dim + v_dim) * kv_layers / 32;
+    cell.derivation.push_back(
+        fmt::format("MXFP8: + {} heads x ({} + {}) x {} layers / 32 UE8M0 scale bytes = {} B/token",
+                    cell.kv_heads_per_rank, k_dim, v_dim, kv_layers, scales));
+    raw += scales;
   }
   cell.bytes_per_token = raw;
   return cell;
 }
 
-std::optional<MambaState> sglang_mamba_state(const ModelFacts& model, const Parallelism& parallel) {
+std::optional<MambaState> sglang_mamba_state(const ModelFacts& model, const Parallelism& parallel,
+                                             const SizingRules& rules) {
   if (!model.linear_attention) return std::nullopt;
   const auto& la = *model.linear_attention;
   MambaState state;
@@ -188,9 +254,12 @@ std::optional<MambaState> sglang_mamba_state(const ModelFacts& model, const Para
   const int64_t conv_dim =
       static_cast<int64_t>(la.num_value_heads) * la.value_head_dim + 2 * n_groups * la.key_head_dim;
   const int64_t conv_elems = conv_dim / tp * (la.conv_kernel - 1);
-  const int64_t conv_bytes = 2;  // bfloat16 unless SGLANG_MAMBA_CONV_DTYPE says otherwise
-  int64_t ssm_bytes = 4;         // float32 default
-  if (la.ssm_dtype == "bfloat16" || la.ssm_dtype == "float16") ssm_bytes = 2;
+  auto bytes_of = [](const std::string& dtype) {
+    const engines::KvDtype* d = engines::find_kv_dtype(dtype);
+    return d ? std::max<int64_t>(1, d->key_bits / 8) : int64_t{4};
+  };
+  const int64_t conv_bytes = bytes_of(rules.conv_dtype);
+  const int64_t ssm_bytes = bytes_of(rules.ssm_dtype);
   const int64_t ssm_elems =
       static_cast<int64_t>(la.num_value_heads) / tp * la.value_head_dim * la.key_head_dim;
   state.conv_bytes_per_layer = conv_elems * conv_bytes;
@@ -199,33 +268,39 @@ std::optional<MambaState> sglang_mamba_state(const ModelFacts& model, const Para
       (state.conv_bytes_per_layer + state.ssm_bytes_per_layer) * state.linear_layers;
   state.derivation.push_back(fmt::format(
       "GDN/Mamba state per request: conv ({} value heads x {} + 2 x {} key groups x {}) / TP {} x "
-      "(kernel {} - 1) x 2 B = {} B/layer; recurrent {} value heads / TP {} x {} x {} x {} B "
-      "({}) = {} B/layer; x {} linear layers = {} B/request",
+      "(kernel {} - 1) x {} B ({}) = {} B/layer; recurrent {} value heads / TP {} x {} x {} x {} B "
+      "({}, {}) = {} B/layer; x {} linear layers = {} B/request",
       la.num_value_heads, la.value_head_dim, n_groups, la.key_head_dim, tp, la.conv_kernel,
-      state.conv_bytes_per_layer, la.num_value_heads, tp, la.value_head_dim, la.key_head_dim,
-      ssm_bytes, la.ssm_dtype.empty() ? "float32 default" : la.ssm_dtype, state.ssm_bytes_per_layer,
-      state.linear_layers, state.bytes_per_request));
+      conv_bytes, rules.conv_dtype, state.conv_bytes_per_layer, la.num_value_heads, tp,
+      la.value_head_dim, la.key_head_dim, ssm_bytes, rules.ssm_dtype,
+      rules.ssm_dtype_origin.empty() ? "engine default" : rules.ssm_dtype_origin,
+      state.ssm_bytes_per_layer, state.linear_layers, state.bytes_per_request));
   return state;
 }
 
-VllmLayout vllm_layout(const ModelFacts& model, const KvDtypeSpec& dtype,
+VllmLayout vllm_layout(const ModelFacts& model, const engines::KvDtype& dtype,
                        const Parallelism& parallel, int block_size) {
   VllmLayout layout;
   layout.block_size = block_size;
   std::vector<LayerFacts> layers = kv_layers_of_busiest_rank(model, parallel.pp);
   const int64_t bytes = element_bytes(dtype);
+  std::string layout_note;
   // Layers group by spec: (kind, window). vLLM requires one page size across groups.
   std::map<std::pair<int, int>, int> count_by_spec;
   for (const auto& layer : layers) {
     int64_t page;
     if (layer.kind == LayerKind::mla) {
       if (!model.mla) throw InputError(model.config_file, "MLA layers without MLA dimensions");
-      page = static_cast<int64_t>(block_size) *
-             (model.mla->kv_lora_rank + model.mla->qk_rope_head_dim) * bytes;
+      const int64_t latent = model.mla->kv_lora_rank + model.mla->qk_rope_head_dim;
+      page =
+          dtype.fixed_mla_bytes_per_token_layer > 0
+              ? static_cast<int64_t>(block_size) * dtype.fixed_mla_bytes_per_token_layer
+              : static_cast<int64_t>(block_size) * engines::kv_bits_per_head(dtype, latent, 0) / 8;
     } else {
       int heads = heads_per_rank(layer.kv_heads, parallel.tp);
-      page =
-          static_cast<int64_t>(block_size) * heads * (layer.k_head_dim + layer.v_head_dim) * bytes;
+      // Data, block scales and per-(token, head) scales of the dtype's layout.
+      page = static_cast<int64_t>(block_size) * heads *
+             engines::kv_bits_per_head(dtype, layer.k_head_dim, layer.v_head_dim) / 8;
     }
     layout.page_bytes_per_layer = std::max(layout.page_bytes_per_layer, page);
     layout.bytes_per_token += page / block_size;
@@ -243,11 +318,21 @@ VllmLayout vllm_layout(const ModelFacts& model, const KvDtypeSpec& dtype,
     for (const auto& [spec, n] : count_by_spec)
       layout.num_groups += (n + layout.group_size - 1) / layout.group_size;
   }
+  (void)bytes;
+  if (dtype.scale_bytes_per_token_head > 0)
+    layout_note = fmt::format(" (includes {} B FP32 scales per token per head for K and V)",
+                              dtype.scale_bytes_per_token_head);
+  else if (dtype.block_elements > 0)
+    layout_note = fmt::format(" (includes one {}-bit scale per {} values)", dtype.block_scale_bits,
+                              dtype.block_elements);
+  else if (dtype.scales == engines::ScaleSemantics::packed_dynamic)
+    layout_note = " (packed layout sized from its bits per value; slot padding not modelled)";
   layout.derivation.push_back(fmt::format(
-      "vLLM page per layer: block {} x {} B/token/layer = {} B; {} KV layers in {} group(s) of {} "
+      "vLLM page per layer: block {} x {} B/token/layer = {} B{}; {} KV layers in {} group(s) of "
+      "{} "
       "layers; {} B/token/GPU",
       block_size, layout.page_bytes_per_layer / block_size, layout.page_bytes_per_layer,
-      layers.size(), layout.num_groups, layout.group_size, layout.bytes_per_token));
+      layout_note, layers.size(), layout.num_groups, layout.group_size, layout.bytes_per_token));
   return layout;
 }
 

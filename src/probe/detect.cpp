@@ -1,6 +1,6 @@
 // Engine detection (what the server says about itself) and the findings that apply.
-// SGLang: GET /get_server_info returns its ServerArgs flattened plus scheduler info
-// (max_total_num_tokens) and internal_states[] (python/sglang/srt/entrypoints/
+// SGLang: GET /server_info (older: /get_server_info) returns its ServerArgs flattened plus
+// scheduler info (max_total_num_tokens) and internal_states[] (python/sglang/srt/entrypoints/
 // http_server.py). vLLM: /metrics carries vllm:cache_config_info, an info gauge whose
 // labels are the CacheConfig fields; /version the release; /v1/models max_model_len.
 #include <fmt/format.h>
@@ -41,17 +41,12 @@ std::optional<int64_t> integer_of(const json& value) {
   return std::nullopt;
 }
 
-bool is_quantized(const std::string& dtype) {
-  return dtype.rfind("fp8", 0) == 0 || dtype.rfind("fp4", 0) == 0 || dtype == "nvfp4" ||
-         dtype == "mxfp8" || dtype.rfind("int", 0) == 0;
-}
-
 }  // namespace
 
-void read_sglang_server_info(const json& info, ServerFacts& facts) {
-  const std::string where = facts.url + "/get_server_info";
+void read_sglang_server_info(const json& info, ServerFacts& facts, const std::string& path) {
+  const std::string where = facts.url + path;
   facts.engine = "sglang";
-  facts.detected_by = "/get_server_info";
+  facts.detected_by = path;
   auto field = [&](const char* key) -> const json* {
     auto it = info.find(key);
     return it == info.end() || it->is_null() ? nullptr : &*it;
@@ -146,9 +141,21 @@ ServerFacts detect_server(net::Client& client) {
       return failed;
     }
   };
-  json info = json_of(optional_get("/get_server_info"));
-  if (info.is_object() && (info.contains("model_path") || info.contains("kv_cache_dtype"))) {
-    read_sglang_server_info(info, facts);
+  // SGLang answers /server_info (newer) or /get_server_info (older, kept as an alias for a
+  // while); the engine data lists them newest first.
+  json info;
+  std::string info_path;
+  const auto& sglang = engines::engine_model("sglang");
+  for (const std::string& path :
+       sglang.server_info ? sglang.server_info->endpoints : std::vector<std::string>{}) {
+    info = json_of(optional_get(path.c_str()));
+    if (info.is_object() && (info.contains("model_path") || info.contains("kv_cache_dtype"))) {
+      info_path = path;
+      break;
+    }
+  }
+  if (!info_path.empty()) {
+    read_sglang_server_info(info, facts, info_path);
   } else {
     net::HttpResponse metrics = optional_get("/metrics");
     if (metrics.status == 200) {
@@ -201,96 +208,74 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
         {"probe-engine-unknown",
          report::Severity::info,
          "The server does not say which engine it is or how its KV cache is stored",
-         "Neither SGLang's /get_server_info nor vLLM's vllm:cache_config_info answered, so the "
+         "Neither SGLang's /server_info nor vLLM's vllm:cache_config_info answered, so the "
          "KV dtype and capacity are unknown; only the behavioural probes can judge it.",
          {{where, "detected by", facts.detected_by}},
          "read the server's start-up log with kvaudit logs",
          ""});
     return findings;
   }
-  engines::EngineData data = engines::load_engine_data(facts.engine);
-  const std::string reported =
-      facts.kv_cache_dtype.empty() ? "" : engines::normalise_kv_dtype(data, facts.kv_cache_dtype);
+  const engines::EngineModel& engine = engines::engine_model(facts.engine);
   std::string version = facts.engine_version;
   if (!version.empty() && !engines::parse_version(version)) version.clear();
 
-  if (model) {
-    engines::LaunchFlags flags;
-    flags.engine = facts.engine;
-    flags.engine_version = version;
-    flags.kv_cache_dtype = facts.kv_cache_dtype.empty() ? "auto" : facts.kv_cache_dtype;
-    flags.kv_cache_dtype_flag = "--kv-cache-dtype";
-    flags.model_path = facts.model_path;
-    flags.tp = facts.tp;
-    flags.quantization_param_path = facts.quantization_param_path;
-    flags.quantization = facts.quantization;
-    if (!facts.dtype.empty()) flags.dtype = facts.dtype;
-    flags.context_length = facts.context_length;
-    flags.calculate_kv_scales = facts.calculate_kv_scales;
-    if (facts.page_size) flags.page_size = static_cast<int>(*facts.page_size);
-    flags.source = "server " + where;
-    audit::CheckInput input;
-    input.model = *model;
-    input.flags = flags;
-    input.engine = data;
-    input.version_given = !version.empty();
-    audit::CheckResult result = audit::run_check(input);
-    findings = result.findings;
-    if (!reported.empty() && reported != "auto" && result.resolved.kv_cache_dtype != reported)
-      findings.insert(
-          findings.begin(),
-          {"probe-kv-dtype-mismatch",
-           report::Severity::warning,
-           fmt::format("The server reports KV dtype {} but check predicts {} for this "
-                       "checkpoint and flags",
-                       reported, result.resolved.kv_cache_dtype),
-           "Either the served checkpoint differs from the one given, or the engine resolved "
-           "the dtype differently than its data says.",
-           {{where, "kv_cache_dtype", facts.kv_cache_dtype},
-            {model->dir.string(), "predicted", result.resolved.kv_cache_dtype}},
-           "confirm the served checkpoint path and read the start-up log with kvaudit logs",
-           result.resolved.rule_reference});
-    return findings;
-  }
+  // What the server reports is a launch: resolve it as check would, with the served
+  // checkpoint when given, else with none (the scales are then unknown).
+  engines::LaunchFlags flags;
+  flags.engine = facts.engine;
+  flags.engine_version = version;
+  flags.kv_cache_dtype = facts.kv_cache_dtype.empty() ? "auto" : facts.kv_cache_dtype;
+  flags.kv_cache_dtype_flag = "--kv-cache-dtype";
+  flags.model_path = facts.model_path;
+  flags.tp = facts.tp;
+  flags.quantization_param_path = facts.quantization_param_path;
+  flags.quantization = facts.quantization;
+  if (!facts.dtype.empty()) flags.dtype = facts.dtype;
+  flags.context_length = facts.context_length;
+  flags.calculate_kv_scales = facts.calculate_kv_scales;
+  if (facts.page_size) flags.page_size = static_cast<int>(*facts.page_size);
+  flags.source = "server " + where;
+  audit::CheckInput input;
+  if (model) input.model = *model;
+  input.flags = flags;
+  input.engine = &engine;
+  input.version_given = !version.empty();
+  audit::CheckResult result = audit::run_check(input);
+  findings = result.findings;
 
-  const json& fallback = data.document.value("fallback", json::object());
-  if (is_quantized(reported)) {
-    const bool sglang_scales_given =
-        facts.engine == "sglang" && !facts.quantization_param_path.empty();
-    const bool vllm_dynamic = facts.engine == "vllm" && facts.calculate_kv_scales;
-    if (!sglang_scales_given && !vllm_dynamic) {
-      std::vector<report::Evidence> evidence = {{where, "kv_cache_dtype", facts.kv_cache_dtype}};
-      if (facts.engine == "sglang")
-        evidence.push_back({where, "quantization_param_path", "unset"});
-      else
-        evidence.push_back({where, "calculate_kv_scales", "False"});
-      evidence.push_back({data.file.string(), "fallback",
-                          "scale 1.0 when the checkpoint's k/v scales are missing or not loaded"});
-      findings.push_back(
-          {"probe-kv-scales-unverified", report::Severity::warning,
-           fmt::format("{} KV cache with no scale source the server reports: {} uses scale 1.0 "
-                       "unless the checkpoint ships k/v scales this version loads",
-                       reported, facts.engine),
-           "At scale 1.0 large keys clip and small values lose precision or flush to zero; "
-           "nothing is logged per layer, and long-context recall suffers first.",
-           evidence,
-           "rerun with --checkpoint DIR (a copy of the served checkpoint) so kvaudit can see "
-           "whether the scales exist and load; or serve with --kv-cache-dtype bf16",
-           fallback.value("reference", "")});
-    }
-  }
-  if (facts.engine == "sglang" && reported == "auto")
+  const std::string reported =
+      facts.kv_cache_dtype.empty()
+          ? ""
+          : engines::cli_dtype(engine, result.resolved.version, facts.kv_cache_dtype);
+  const bool reports_requested = engine.server_info && engine.server_info->reports_requested_dtype;
+  if (model && !reported.empty() && reported != "auto" &&
+      result.resolved.kv_cache_dtype != reported)
+    findings.insert(
+        findings.begin(),
+        {"probe-kv-dtype-mismatch",
+         report::Severity::warning,
+         fmt::format("The server reports KV dtype {} but check predicts {} for this "
+                     "checkpoint and flags",
+                     reported, result.resolved.kv_cache_dtype),
+         "Either the served checkpoint differs from the one given, or the engine resolved "
+         "the dtype differently than its data says.",
+         {{where, "kv_cache_dtype", facts.kv_cache_dtype},
+          {model->dir.string(), "predicted", result.resolved.kv_cache_dtype}},
+         "confirm the served checkpoint path and read the start-up log with kvaudit logs",
+         result.resolved.rule_provenance.reference});
+  if (!model && reported == "auto" && reports_requested)
     findings.push_back(
         {"probe-kv-dtype-auto",
          report::Severity::info,
-         "SGLang reports kv_cache_dtype auto: the resolved dtype depends on the checkpoint",
-         "Under auto a checkpoint declaring kv_cache_quant_algo FP8 gets an FP8 E4M3 cache; "
-         "SGLang rewrites the server argument when it does so, but whether /get_server_info "
-         "shows the rewritten value is unverified.",
+         fmt::format("{} reports kv_cache_dtype auto: the resolved dtype depends on the checkpoint",
+                     facts.engine),
+         "Under auto a checkpoint that declares a quantized KV cache can get one (the engine "
+         "data's auto rules); whether the server's report shows the resolved value is not "
+         "confirmed.",
          {{where, "kv_cache_dtype", "auto"}},
          "rerun with --checkpoint DIR, or read the start-up log with kvaudit logs",
-         ""});
-  if (reported.empty())
+         engine.server_info ? engine.server_info->provenance.reference : ""});
+  if (facts.kv_cache_dtype.empty())
     findings.push_back({"probe-kv-dtype-unknown",
                         report::Severity::info,
                         fmt::format("{} did not report its KV cache dtype", facts.engine),

@@ -49,12 +49,13 @@ struct ServerFacts {
 
 // Reads SGLang's /get_server_info (server args flattened, scheduler info, and
 // internal_states[] which may hold max_total_num_tokens) into facts.
-void read_sglang_server_info(const nlohmann::json& info, ServerFacts& facts);
+void read_sglang_server_info(const nlohmann::json& info, ServerFacts& facts,
+                             const std::string& path = "/get_server_info");
 // Reads vLLM's vllm:cache_config_info gauge (labels: cache_dtype, block_size,
 // num_gpu_blocks, calculate_kv_scales, ...); false when the metrics lack it.
 bool read_vllm_metrics(const std::vector<net::MetricSample>& samples, ServerFacts& facts);
 
-// Asks the server: /get_server_info, /metrics (+ /version), /v1/models, /tokenize.
+// Asks the server: /server_info or /get_server_info, /metrics (+ /version), /v1/models, /tokenize.
 // Transport failures propagate as net::RequestError; missing endpoints do not.
 ServerFacts detect_server(net::Client& client);
 

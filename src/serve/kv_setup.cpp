@@ -92,7 +92,8 @@ float scalar_or_missing(const std::vector<const checkpoint::ScaleTensor*>& tenso
   return value;
 }
 
-void sglang_scales(const checkpoint::ModelFacts& facts, const ServeOptions& options, KvSetup& kv) {
+void sglang_scales(const checkpoint::ModelFacts& facts, const ServeOptions& options,
+                   const engines::FallbackRule& fallback, KvSetup& kv) {
   const int layers = layer_count(facts);
   kv.k_scales.assign(layers, 1.0f);
   kv.v_scales.assign(layers, 1.0f);
@@ -103,19 +104,19 @@ void sglang_scales(const checkpoint::ModelFacts& facts, const ServeOptions& opti
     if (it == tensors.end()) continue;
     float k = scalar_or_missing(it->second.k, facts);
     float v = scalar_or_missing(it->second.v, facts);
-    // NaN compares false: a NaN scale counts as missing, as `> 0` does in Python.
-    bool k_ok = k > 0.0f, v_ok = v > 0.0f;
-    if (k_ok && v_ok) {
-      kv.k_scales[layer] = k, kv.v_scales[layer] = v;
-    } else if (k_ok || v_ok) {
-      float larger = k_ok ? k : v;  // the other is <= 0 or NaN
-      kv.k_scales[layer] = larger, kv.v_scales[layer] = larger;
-    } else {
-      continue;
-    }
-    from_checkpoint = true;
+    // The engine model's fallback rule (the same one kvaudit check applies).
+    engines::LayerScales applied =
+        engines::apply_fallback(fallback, it->second.k.empty() ? std::nullopt : std::optional(k),
+                                it->second.v.empty() ? std::nullopt : std::optional(v));
+    if (!applied.error_id.empty())
+      throw InputError(facts.dir.string(),
+                       fmt::format("layer {}: {} (SGLang stops at start-up: {})", layer,
+                                   applied.error_id, applied.error));
+    kv.k_scales[layer] = applied.k, kv.v_scales[layer] = applied.v;
+    from_checkpoint |= applied.from_checkpoint;
   }
-  kv.scale_source = from_checkpoint ? "checkpoint" : "unit_default";
+  kv.scale_source =
+      from_checkpoint ? engines::ScaleSource::checkpoint : engines::ScaleSource::unit_default;
 
   if (kv.kv_cache_dtype == "fp8_e4m3") {
     if (!options.quantization_param_path.empty()) {
@@ -124,13 +125,13 @@ void sglang_scales(const checkpoint::ModelFacts& facts, const ServeOptions& opti
       if (json_scales) {
         kv.k_scales = *json_scales;
         kv.v_scales = *json_scales;
-        kv.scale_source = "quantization_param_path";
+        kv.scale_source = engines::ScaleSource::quantization_param_path;
       }
       // SGLang logs this whether or not the loader fell back to 1.0.
       kv.load_messages.push_back(
           {"INFO", "Loaded KV cache scaling factors from " + options.quantization_param_path});
-    } else if (kv.resolved.scale_warning_logged) {
-      kv.load_messages.push_back({"WARNING", kv.resolved.scale_warning_text});
+    } else if (kv.resolved.scale_warning_text) {
+      kv.load_messages.push_back({"WARNING", *kv.resolved.scale_warning_text});
     }
   }
 }
@@ -144,8 +145,8 @@ void extension_scales(const checkpoint::ModelFacts& facts, KvSetup& kv) {
     kv.scale_source = kv.format.element == numerics::ElementType::bf16 ||
                               kv.format.element == numerics::ElementType::f16 ||
                               kv.format.element == numerics::ElementType::f32
-                          ? "not_applicable"
-                          : "dynamic";
+                          ? engines::ScaleSource::not_applicable
+                          : engines::ScaleSource::dynamic_by_design;
     return;
   }
   const numerics::KvLayout layout = layout_of(facts);
@@ -189,7 +190,7 @@ void extension_scales(const checkpoint::ModelFacts& facts, KvSetup& kv) {
       kv.scales[layer][role] = numerics::StaticAmax{{}, values};
     }
   }
-  kv.scale_source = any ? "checkpoint" : "unit_default";
+  kv.scale_source = any ? engines::ScaleSource::checkpoint : engines::ScaleSource::unit_default;
 }
 
 }  // namespace
@@ -197,19 +198,20 @@ void extension_scales(const checkpoint::ModelFacts& facts, KvSetup& kv) {
 KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions& options) {
   KvSetup kv;
   kv.requested = options.kv_cache_dtype;
-  engines::EngineData data = engines::load_engine_data("sglang");
+  // serve emulates SGLang: its start-up lines, /server_info and KV set-up are SGLang's.
+  const engines::EngineModel& engine = engines::engine_model(kEmulatedEngine);
   kv.engine_version =
-      options.engine_version.empty() ? data.latest_known_version : options.engine_version;
+      options.engine_version.empty() ? engine.latest_known_version : options.engine_version;
   auto version = engines::parse_version(kv.engine_version);
   if (!version)
     throw InputError("--engine-version",
                      fmt::format("cannot read SGLang version '{}'", options.engine_version));
-  std::vector<std::string> choices = engines::kv_cache_dtype_choices(data, *version);
+  std::vector<std::string> choices = engines::kv_cache_dtype_choices(engine, *version);
   kv.sglang_spelling =
       std::find(choices.begin(), choices.end(), options.kv_cache_dtype) != choices.end();
 
   engines::LaunchFlags flags;
-  flags.engine = "sglang";
+  flags.engine = kEmulatedEngine;
   flags.engine_version = kv.engine_version;
   flags.kv_cache_dtype = kv.sglang_spelling ? options.kv_cache_dtype : "auto";
   flags.kv_cache_dtype_flag = "--kv-cache-dtype";
@@ -219,7 +221,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
   flags.memory_fraction = options.mem_fraction_static;
   flags.max_total_tokens = options.max_total_tokens;
   flags.source = "kvaudit serve flags";
-  kv.resolved = engines::resolve_kv(facts, flags, data);
+  kv.resolved = engines::resolve_kv(facts, flags, engine);
 
   if (kv.sglang_spelling) {
     kv.kv_cache_dtype = kv.resolved.kv_cache_dtype;
@@ -233,7 +235,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
     kv.torch_dtype = mapping->torch_dtype;
     const bool fp8 = kv.kv_cache_dtype.rfind("fp8", 0) == 0;
     if (fp8) {
-      sglang_scales(facts, options, kv);
+      sglang_scales(facts, options, engine.fallback_for(*version), kv);
       bool unit =
           std::all_of(kv.k_scales.begin(), kv.k_scales.end(), [](float s) { return s == 1.0f; }) &&
           std::all_of(kv.v_scales.begin(), kv.v_scales.end(), [](float s) { return s == 1.0f; });
@@ -248,7 +250,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
       }
     } else {
       kv.format = numerics::parse_kv_format(mapping->spec);
-      kv.scale_source = "not_applicable";
+      kv.scale_source = engines::ScaleSource::not_applicable;
     }
   } else {
     try {
@@ -265,7 +267,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
     extension_scales(facts, kv);
     kv.load_messages.push_back(
         {"INFO", fmt::format("kvaudit KV format {} (not an SGLang dtype); scales: {}",
-                             kv.format.spec, kv.scale_source)});
+                             kv.format.spec, engines::scale_source_name(kv.scale_source))});
   }
   return kv;
 }

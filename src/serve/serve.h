@@ -32,6 +32,9 @@
 
 namespace kvaudit::serve {
 
+// The engine whose start-up, /server_info answer and KV set-up serve reproduces.
+inline constexpr const char* kEmulatedEngine = "sglang";
+
 struct ServeOptions {
   std::filesystem::path model_dir;
   std::string served_model_name;          // "" = the model folder's name
@@ -72,7 +75,7 @@ struct KvSetup {
   numerics::KvFormat format;
   // Per layer {K, V} explicit scales (StaticAmax::scales); empty: the format needs none.
   std::vector<std::array<numerics::StaticAmax, 2>> scales;
-  std::string scale_source;  // not_applicable, checkpoint, quantization_param_path, unit_default
+  engines::ScaleSource scale_source = engines::ScaleSource::not_applicable;
   std::vector<float> k_scales, v_scales;  // per layer, what the cache divides by (1.0 default)
   std::vector<LogLine> load_messages;     // logged between "Load weight begin" and "... end"
 };

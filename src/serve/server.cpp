@@ -243,7 +243,8 @@ std::string Server::Impl::metrics_text() const {
                        "sliding_window=\"None\",swap_space_bytes=\"0\",kv_format=\"{}\","
                        "scale_source=\"{}\"",
                        pool.page_size, kv.kv_cache_dtype, options.mem_fraction_static,
-                       pool.max_total_num_tokens / pool.page_size, kv.format.spec, kv.scale_source),
+                       pool.max_total_num_tokens / pool.page_size, kv.format.spec,
+                       engines::scale_source_name(kv.scale_source)),
            1.0}});
   metric("vllm:num_requests_running", "gauge", "Number of requests running.",
          {{model_label, double(metrics.requests_running.load())}});
@@ -530,9 +531,9 @@ json Server::Impl::server_info() const {
   state["running_batch_size"] = s.metrics.requests_running.load();
   info["internal_states"] = json::array({state});
   info["version"] = s.kv.engine_version;
-  info["kvaudit"] = {{"engine_emulated", "sglang"},
+  info["kvaudit"] = {{"engine_emulated", kEmulatedEngine},
                      {"kv_format", s.kv.format.spec},
-                     {"scale_source", s.kv.scale_source},
+                     {"scale_source", engines::scale_source_name(s.kv.scale_source)},
                      {"k_scales", s.kv.k_scales},
                      {"v_scales", s.kv.v_scales},
                      {"resolution_rule", s.kv.resolved.rule_id},

@@ -1,6 +1,7 @@
 // Every check rule fires where it must and stays quiet where it must not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -43,13 +44,19 @@ CheckRun check(const fs::path& checkpoint, const std::string& engine,
   flags.kv_cache_dtype = kv;
   flags.engine_version = version;
   input.flags = flags;
-  input.engine = engines::load_engine_data(engine);
+  input.engine = &engines::engine_model(engine);
   input.version_given = !version.empty();
   return CheckRun{run_check(input)};
 }
 
 TEST(Rules, EveryRuleHasAnId) {
-  EXPECT_EQ(rule_ids().size(), 16u);
+  std::vector<std::string> ids = rule_ids();
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), ids.size()) << "duplicate ids";
+  for (const char* id :
+       {"startup-failures", "kv-auto-quantized", "fp8-unit-scale", "nvfp4-unit-global-scale",
+        "modelopt-kv-fp8-cast", "scales-dropped", "scales-ignored-by-design", "scale-values",
+        "scale-one-sided", "kv-dtype-corrupts", "flag-lifecycle", "engine-version"})
+    EXPECT_NE(std::find(ids.begin(), ids.end(), id), ids.end()) << id;
 }
 
 // a + b: the motivating case.
@@ -84,7 +91,7 @@ TEST(Rules, DeclaredButNotEnabledIsInfo) {
 
 TEST(Rules, CompressedTensorsScalesLoadInVllm) {
   CheckRun run = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "auto", "0.11.0");
-  EXPECT_EQ(run.result.resolved.scale_source, "checkpoint");
+  EXPECT_EQ(engines::scale_source_name(run.result.resolved.scale_source), "checkpoint");
   EXPECT_FALSE(fails_gate(run.result.findings, FailOn::critical)) << "no critical expected";
   EXPECT_FALSE(run.has("fp8-unit-scale"));
   EXPECT_FALSE(run.has("scales-dropped"));
@@ -158,13 +165,36 @@ TEST(Rules, OneSidedScales) {
       check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang").has("scale-one-sided"));
 }
 
-// f
-TEST(Rules, PerHeadScalesOnSglangOnly) {
-  EXPECT_TRUE(check(fixture_checkpoint("llama-ct-fp8-per-head"), "sglang", "fp8_e4m3")
-                  .has("scale-per-head-unsupported"));
+// f. SGLang refuses non-scalar scales it loads (ModelOpt names); a compressed-tensors
+// per-head scheme never reaches that check there (no KV method before PR #35455, skipped
+// with a warning after it). vLLM takes per-head scales for a CT attn_head scheme only.
+TEST(Rules, PerHeadScales) {
+  CheckInput input;
+  input.model = checkpoint::read_checkpoint(fixture_checkpoint("llama-modelopt-bf16-scales"));
+  for (auto& scale : input.model.kv_scales) scale.values.assign(8, 0.05f);
+  input.flags.engine = "sglang";
+  input.flags.kv_cache_dtype = "fp8_e4m3";
+  input.engine = &engines::engine_model("sglang");
+  CheckRun modelopt{run_check(input)};
+  ASSERT_TRUE(modelopt.has("scale-per-head-unsupported"));
+  EXPECT_NE(modelopt.find("scale-per-head-unsupported")->consequence.find("per-tensor"),
+            std::string::npos);
+  input.flags.engine = "vllm";
+  input.flags.kv_cache_dtype = "fp8";
+  input.engine = &engines::engine_model("vllm");
+  EXPECT_TRUE(CheckRun{run_check(input)}.has("scale-per-head-unsupported"));  // not CT attn_head
+
+  CheckRun ct_old = check(fixture_checkpoint("llama-ct-fp8-per-head"), "sglang", "fp8_e4m3");
+  EXPECT_FALSE(ct_old.has("scale-per-head-unsupported"));
+  EXPECT_TRUE(ct_old.has("fp8-unit-scale"));  // dropped: no CT KV method in 0.5.9
+  CheckRun ct_new =
+      check(fixture_checkpoint("llama-ct-fp8-per-head"), "sglang", "fp8_e4m3", "0.5.23");
+  ASSERT_TRUE(ct_new.has("scales-dropped"));
+  EXPECT_EQ(ct_new.find("scales-dropped")->evidence[2].key,
+            "scale rule sglang-35455-ct-scheme-not-per-tensor");
   EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-per-head"), "vllm", "auto", "0.11.0")
                    .has("scale-per-head-unsupported"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-kv"), "sglang", "fp8_e4m3")
+  EXPECT_FALSE(check(fixture_checkpoint("llama-ct-fp8-kv"), "sglang", "fp8_e4m3", "0.5.23")
                    .has("scale-per-head-unsupported"));
 }
 
@@ -222,15 +252,33 @@ TEST(Rules, RejectedDtypeForVersion) {
                    .has("kv-dtype-rejected"));
 }
 
-TEST(Rules, DynamicScalesDisabledForHybrid) {
+// vLLM --calculate-kv-scales through its life: on hybrids it froze garbage scales until
+// PR #37565 disabled it there (0.18 assumed), then PR #49389 removed it (0.27 assumed).
+TEST(Rules, CalculateKvScalesLifeCycle) {
   engines::LaunchFlags flags;
   flags.calculate_kv_scales = true;
-  EXPECT_TRUE(check(fixture_checkpoint("qwen3-next-80b"), "vllm", "fp8", "0.11.0", flags)
-                  .has("dynamic-scales-disabled"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags)
-                   .has("dynamic-scales-disabled"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags)
-                   .has("fp8-unit-scale"));
+  CheckRun early = check(fixture_checkpoint("qwen3-next-80b"), "vllm", "fp8", "0.11.0", flags);
+  EXPECT_TRUE(early.has("dynamic-scales-hybrid-garbage"));
+  EXPECT_EQ(early.severity("dynamic-scales-hybrid-garbage"), Severity::critical);
+  EXPECT_FALSE(early.has("dynamic-scales-disabled"));
+  CheckRun guarded = check(fixture_checkpoint("qwen3-next-80b"), "vllm", "fp8", "0.20.0", flags);
+  EXPECT_TRUE(guarded.has("dynamic-scales-disabled"));
+  EXPECT_TRUE(guarded.has("flag-deprecated"));
+  EXPECT_FALSE(guarded.has("dynamic-scales-hybrid-garbage"));
+  EXPECT_EQ(engines::scale_source_name(guarded.result.resolved.scale_source), "unit_default");
+  CheckRun dense = check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.11.0", flags);
+  EXPECT_FALSE(dense.has("dynamic-scales-disabled"));
+  EXPECT_FALSE(dense.has("dynamic-scales-hybrid-garbage"));
+  EXPECT_FALSE(dense.has("fp8-unit-scale"));
+  EXPECT_EQ(engines::scale_source_name(dense.result.resolved.scale_source), "calculated");
+  // Removed: the server does not start, and nothing is calculated.
+  CheckRun removed = check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.33.0", flags);
+  ASSERT_TRUE(removed.has("startup-failure"));
+  EXPECT_NE(removed.find("startup-failure")->title.find("--calculate-kv-scales"),
+            std::string::npos);
+  EXPECT_TRUE(removed.has("fp8-unit-scale"));
+  CheckRun without = check(fixture_checkpoint("llama-bf16-plain"), "vllm", "fp8", "0.33.0");
+  EXPECT_FALSE(without.has("startup-failure"));
 }
 
 TEST(Rules, SglangFalseAlarmWarningExplained) {

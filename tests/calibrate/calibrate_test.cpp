@@ -198,7 +198,7 @@ TEST_F(FixtureModel, VllmOverlayLoadsAndRoundTripsBitForBit) {
                          Granularity::tensor};
   OverlayResult result = write_overlay(facts, scales, request);
   EXPECT_EQ(result.carrier, Carrier::kv_only_compressed_tensors);
-  EXPECT_EQ(result.resolved.scale_source, "checkpoint");
+  EXPECT_EQ(engines::scale_source_name(result.resolved.scale_source), "checkpoint");
   EXPECT_EQ(result.tensor_names.size(), 2u * size_t(facts.num_layers));
   EXPECT_TRUE(fs::exists(request.out_dir / "kv_scales.safetensors"));
   EXPECT_TRUE(fs::exists(request.out_dir / "config.json"));
@@ -229,32 +229,38 @@ TEST_F(FixtureModel, VllmOverlayLoadsAndRoundTripsBitForBit) {
     input.flags.engine = "vllm";
     input.flags.engine_version = version;
     input.flags.kv_cache_dtype = "fp8";
-    input.engine = engines::load_engine_data("vllm");
+    input.engine = &engines::engine_model("vllm");
     audit::CheckResult check = audit::run_check(input);
     for (const auto& finding : check.findings)
       EXPECT_NE(finding.severity, report::Severity::critical) << version << ": " << finding.id;
-    EXPECT_EQ(check.resolved.scale_source, "checkpoint") << version;
+    EXPECT_EQ(engines::scale_source_name(check.resolved.scale_source), "checkpoint") << version;
     EXPECT_TRUE(check.resolved.dropped.empty()) << version;
     EXPECT_FALSE(audit::fails_gate(check.findings, audit::FailOn::critical)) << version;
   }
-  // The same overlay under SGLang: its compressed-tensors path drops the scales, and check
-  // says so.
+  // The same overlay under SGLang before PR #35455: its compressed-tensors path drops the
+  // scales, and check says so.
   input.flags = engines::LaunchFlags{};
   input.flags.engine = "sglang";
+  input.flags.engine_version = "0.5.15";
   input.flags.kv_cache_dtype = "fp8_e4m3";
-  input.engine = engines::load_engine_data("sglang");
+  input.engine = &engines::engine_model("sglang");
   audit::CheckResult sglang = audit::run_check(input);
   ASSERT_FALSE(sglang.resolved.dropped.empty());
   EXPECT_EQ(sglang.resolved.dropped[0].rule_id, "sglang-35455-compressed-tensors");
-  EXPECT_EQ(sglang.resolved.scale_source, "unit_default");
+  EXPECT_EQ(engines::scale_source_name(sglang.resolved.scale_source), "unit_default");
   EXPECT_TRUE(audit::fails_gate(sglang.findings, audit::FailOn::critical));
+  // After it (0.5.19 assumed), SGLang loads the same per-tensor scales.
+  input.flags.engine_version = "0.5.23";
+  audit::CheckResult fixed = audit::run_check(input);
+  EXPECT_TRUE(fixed.resolved.dropped.empty());
+  EXPECT_EQ(engines::scale_source_name(fixed.resolved.scale_source), "checkpoint");
 }
 
 TEST_F(FixtureModel, SglangFallsBackToTheParamPathJson) {
   std::vector<LayerScales> scales = compute_scales(stats_, {});
   checkpoint::ModelFacts facts = checkpoint::read_checkpoint(kFixtureModel);
   OverlayRequest request{kFixtureModel,      fresh_dir("sglang-overlay"), "sglang", "0.5.9", 2,
-                         Granularity::tensor};
+                         Granularity::tensor};  // before PR #35455
   OverlayResult result = write_overlay(facts, scales, request);
   ASSERT_EQ(result.attempts.size(), 2u);
   EXPECT_FALSE(result.attempts[0].works);  // compressed-tensors scales are dropped (#35455)
@@ -274,9 +280,9 @@ TEST_F(FixtureModel, SglangFallsBackToTheParamPathJson) {
   input.flags.engine_version = "0.5.9";
   input.flags.kv_cache_dtype = "fp8_e4m3";
   input.flags.quantization_param_path = json_file.string();
-  input.engine = engines::load_engine_data("sglang");
+  input.engine = &engines::engine_model("sglang");
   audit::CheckResult check = audit::run_check(input);
-  EXPECT_EQ(check.resolved.scale_source, "quantization_param_path");
+  EXPECT_EQ(engines::scale_source_name(check.resolved.scale_source), "quantization_param_path");
   EXPECT_FALSE(audit::fails_gate(check.findings, audit::FailOn::critical));
 }
 
@@ -292,7 +298,7 @@ TEST_F(FixtureModel, RefusesWhatNoEngineVersionLoads) {
   // vLLM takes them (compressed-tensors attn_head).
   request.engine = "vllm";
   OverlayResult per_head = write_overlay(facts, compute_scales(stats_, head), request);
-  EXPECT_EQ(per_head.resolved.scale_source, "checkpoint");
+  EXPECT_EQ(engines::scale_source_name(per_head.resolved.scale_source), "checkpoint");
   EXPECT_EQ(load_scales(request.out_dir, facts.num_layers, facts.num_kv_heads)[0].k_scale.size(),
             size_t(facts.num_kv_heads));
   // Never into the checkpoint itself, never over someone else's files.
@@ -334,7 +340,8 @@ TEST(Refusal, VllmDropsQwen3MoeScalesAndCalibrateSaysWhy) {
   for (int layer = 0; layer < facts.num_layers; ++layer)
     stats.layers.push_back({layer, {2.0f}, {3.0f}, {}, {}});
   std::vector<LayerScales> scales = compute_scales(stats, {});
-  OverlayRequest request{facts.dir, fresh_dir("moe"), "vllm", "", 1, Granularity::tensor};
+  // vLLM before PR #35656 (0.19 assumed) drops Qwen3-MoE scales.
+  OverlayRequest request{facts.dir, fresh_dir("moe"), "vllm", "0.17.0", 1, Granularity::tensor};
   try {
     write_overlay(facts, scales, request);
     FAIL() << "expected a refusal";
@@ -344,11 +351,21 @@ TEST(Refusal, VllmDropsQwen3MoeScalesAndCalibrateSaysWhy) {
     EXPECT_NE(std::string(error.problem()).find("bf16"), std::string::npos);
   }
   EXPECT_FALSE(fs::exists(request.out_dir));
-  // SGLang drops the checkpoint tensors too (#39942) but reads its JSON.
+  // SGLang drops the checkpoint tensors too (#39942), and its JSON needs a
+  // load_kv_cache_scales the Qwen3-MoE class does not have: start-up would stop.
   request.engine = "sglang";
-  OverlayResult sglang = write_overlay(facts, scales, request);
-  EXPECT_EQ(sglang.carrier, Carrier::quantization_param_path);
-  EXPECT_NE(sglang.attempts[0].why.find("sglang-39942"), std::string::npos);
+  request.engine_version = "";
+  try {
+    write_overlay(facts, scales, request);
+    FAIL() << "expected a refusal";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.problem()).find("sglang-39942"), std::string::npos)
+        << error.problem();
+    EXPECT_NE(std::string(error.problem()).find("does not support loading scaling factors"),
+              std::string::npos)
+        << error.problem();
+  }
+  EXPECT_FALSE(fs::exists(request.out_dir));
 }
 
 TEST(Refusal, ModelOptOverlayAddsScalesToTheIndex) {
@@ -365,7 +382,7 @@ TEST(Refusal, ModelOptOverlayAddsScalesToTheIndex) {
   OverlayRequest request{facts.dir, fresh_dir("modelopt"), "sglang", "", 1, Granularity::tensor};
   OverlayResult result = write_overlay(facts, compute_scales(stats, {}), request);
   EXPECT_EQ(result.carrier, Carrier::modelopt);
-  EXPECT_EQ(result.resolved.scale_source, "checkpoint");
+  EXPECT_EQ(engines::scale_source_name(result.resolved.scale_source), "checkpoint");
   fs::path merged = deploy(facts.dir, request.out_dir, "modelopt-merged");
   checkpoint::ModelFacts seen = checkpoint::read_checkpoint(merged);
   int written = 0;

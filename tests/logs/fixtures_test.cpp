@@ -89,13 +89,51 @@ TEST(Journal, Fp8LaunchWarningAloneIsNotProofButTheCheckpointIs) {
   }
   EXPECT_TRUE(critical);
   EXPECT_TRUE(capacity);  // 3,147,708 FP8 tokens reproduced from the printed memory
-  // With scales present the log still cannot tell.
-  Launch again = s.launches[0];
+  // One k_scale for one of the 15 attention layers: the other 14 still run at 1.0.
+  Launch partial = s.launches[0];
   checkpoint::ScaleTensor k;
   k.name = "model.layers.3.self_attn.k_proj.k_scale";
+  k.layer = 3;
+  k.convention = "modelopt_proj";
+  k.values = {0.05f};
   model.kv_scales.push_back(k);
-  cross_check_checkpoint(again, model, false);
-  EXPECT_FALSE(again.scale_fallback.has_value());
+  model.quant = checkpoint::QuantFacts{};
+  model.quant->method = "modelopt";
+  cross_check_checkpoint(partial, model, false);
+  ASSERT_TRUE(partial.scale_fallback.has_value());
+  EXPECT_TRUE(*partial.scale_fallback);
+  EXPECT_NE(partial.scale_fallback_reason.find("14 of 15"), std::string::npos)
+      << partial.scale_fallback_reason;
+  // Scales for every layer of a Qwen3.5 checkpoint: SGLang drops them before PR #31220 and
+  // loads them after, and the log prints no version: it cannot tell.
+  model.architecture = "Qwen3_5MoeForConditionalGeneration";
+  model.kv_scales.clear();
+  for (const auto& layer : model.layers) {
+    if (layer.kind == checkpoint::LayerKind::linear_attention) continue;
+    for (const char* role : {"k", "v"}) {
+      checkpoint::ScaleTensor t;
+      t.name = fmt::format("model.layers.{}.self_attn.{}_proj.{}_scale", layer.index, role, role);
+      t.layer = layer.index;
+      t.role = role[0] == 'k' ? checkpoint::ScaleRole::k : checkpoint::ScaleRole::v;
+      t.convention = "modelopt_proj";
+      t.values = {0.05f};
+      model.kv_scales.push_back(t);
+    }
+  }
+  Launch versioned = s.launches[0];
+  cross_check_checkpoint(versioned, model, false);
+  EXPECT_FALSE(versioned.scale_fallback.has_value()) << versioned.scale_fallback_reason;
+  EXPECT_NE(versioned.scale_fallback_reason.find("sglang-31220-qwen3.5"), std::string::npos)
+      << versioned.scale_fallback_reason;
+  // With the version printed, it can.
+  Launch fixed = s.launches[0];
+  fixed.engine_version = "0.5.23";
+  cross_check_checkpoint(fixed, model, false);
+  EXPECT_EQ(fixed.scale_fallback, false) << fixed.scale_fallback_reason;
+  Launch broken = s.launches[0];
+  broken.engine_version = "0.5.15";
+  cross_check_checkpoint(broken, model, false);
+  EXPECT_EQ(broken.scale_fallback, true) << broken.scale_fallback_reason;
 }
 
 TEST(Journal, FromLogPredictsBothLaunchesAndTheOtherDtype) {
@@ -124,10 +162,11 @@ TEST(RealLogs, SglangLlama8bTokenCountFromMemoryFigures) {
   EXPECT_DOUBLE_EQ(*l.memory.total_before_load_gib, 44.00);
   EXPECT_DOUBLE_EQ(*l.memory.avail_after_weights_gib, 28.91);
   // No server_args in the excerpt: SGLang's default for the 46,068-MiB GPU.
-  auto data = plan::load_capacity_data("sglang");
+  const auto& table =
+      *engines::engine_model("sglang").capacity.mem_fraction_for(*engines::parse_version(""));
   plan::PlanOptions options;
   options.memory_fraction =
-      plan::sglang_default_mem_fraction(data, plan::find_gpu("L40S").memory_mib, 1, 1, false, 1)
+      plan::sglang_default_mem_fraction(table, plan::find_gpu("L40S").memory_mib, 1, 1, false, 1)
           .mem_fraction_static;
   auto p = plan::predict_from_log(llama31_8b(), l.memory, options);
   EXPECT_EQ(expect_all_inside(p), 2u);

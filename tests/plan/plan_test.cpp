@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "engines/engines.h"
 #include "plan/plan.h"
 #include "plan_models.h"
 #include "util/util.h"
@@ -16,17 +19,28 @@ using test_models::gemma_like_swa;
 using test_models::llama31_8b;
 using test_models::qwen35_397b;
 
-const KvDtypeSpec& sglang_dtype(const char* name) {
-  static EngineCapacityData data = load_capacity_data("sglang");
-  return find_dtype(data, name);
+const engines::KvDtype& sglang_dtype(const char* name) {
+  return *engines::find_kv_dtype(name);
+}
+
+// SGLang's sizing rules of a release (default: the newest known).
+SizingRules rules_of(const checkpoint::ModelFacts& model, const std::string& version = "") {
+  PlanOptions options;
+  options.engine_version = version;
+  return sizing_rules(model, engines::engine_model("sglang"), *engines::parse_version(version),
+                      options);
 }
 
 TEST(PlanCell, Qwen35At8GpusReplicatesOneHeadPerGpu) {
   auto model = qwen35_397b();
   Parallelism tp8{8, 1, 1, false};
-  EXPECT_EQ(sglang_cell_size(model, sglang_dtype("bf16"), tp8).bytes_per_token, 15360);
-  EXPECT_EQ(sglang_cell_size(model, sglang_dtype("fp8_e4m3"), tp8).bytes_per_token, 7680);
-  auto cell = sglang_cell_size(model, sglang_dtype("fp8_e4m3"), tp8);
+  EXPECT_EQ(
+      sglang_cell_size(model, sglang_dtype("bf16"), tp8, rules_of(model, "0.5.9")).bytes_per_token,
+      15360);
+  EXPECT_EQ(sglang_cell_size(model, sglang_dtype("fp8_e4m3"), tp8, rules_of(model, "0.5.9"))
+                .bytes_per_token,
+            7680);
+  auto cell = sglang_cell_size(model, sglang_dtype("fp8_e4m3"), tp8, rules_of(model, "0.5.9"));
   EXPECT_EQ(cell.kv_heads_per_rank, 1);
   EXPECT_EQ(cell.full_layers, 15);
   // The hand estimate that forgot the per-rank head count: 2 heads x 15 x 512 x 1 B.
@@ -36,8 +50,8 @@ TEST(PlanCell, Qwen35At8GpusReplicatesOneHeadPerGpu) {
 TEST(PlanCell, SamePoolHoldsTwiceTheFp8Tokens) {
   auto model = qwen35_397b();
   Parallelism tp8{8, 1, 1, false};
-  auto bf16 = sglang_cell_size(model, sglang_dtype("bf16"), tp8);
-  auto fp8 = sglang_cell_size(model, sglang_dtype("fp8_e4m3"), tp8);
+  auto bf16 = sglang_cell_size(model, sglang_dtype("bf16"), tp8, rules_of(model, "0.5.9"));
+  auto fp8 = sglang_cell_size(model, sglang_dtype("fp8_e4m3"), tp8, rules_of(model, "0.5.9"));
   const int64_t pool = int64_t{1573854} * bf16.bytes_per_token;
   auto bf16_pools = sglang_pools(pool, bf16, std::nullopt, 0.9, 1, std::nullopt, std::nullopt, 0.8);
   auto fp8_pools = sglang_pools(pool, fp8, std::nullopt, 0.9, 1, std::nullopt, std::nullopt, 0.8);
@@ -47,30 +61,36 @@ TEST(PlanCell, SamePoolHoldsTwiceTheFp8Tokens) {
 
 TEST(PlanCell, MlaIsOneLatentPerTokenNotSplitByTp) {
   auto model = deepseek_v3();
-  auto cell = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 1, false});
+  auto cell = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 1, false},
+                               rules_of(model, "0.5.9"));
   EXPECT_EQ(cell.bytes_per_token, 576 * 61 * 2);
-  auto fp4 = sglang_cell_size(model, sglang_dtype("fp4_e2m1"), Parallelism{8, 1, 1, false});
+  auto fp4 = sglang_cell_size(model, sglang_dtype("fp4_e2m1"), Parallelism{8, 1, 1, false},
+                              rules_of(model, "0.5.9"));
   EXPECT_EQ(fp4.bytes_per_token, 576 * 61 / 2 + (576 / 16) * 61);
 }
 
 TEST(PlanCell, Fp4AddsOneScaleBytePerSixteenValues) {
   auto model = llama31_8b();
-  auto cell = sglang_cell_size(model, sglang_dtype("fp4_e2m1"), Parallelism{1, 1, 1, false});
+  auto cell = sglang_cell_size(model, sglang_dtype("fp4_e2m1"), Parallelism{1, 1, 1, false},
+                               rules_of(model, "0.5.9"));
   // 8 heads x 256 x 32 layers x 1 B = 65536; /2 + 8 x 128 x 32 x 2 / 16 = 32768 + 4096.
   EXPECT_EQ(cell.bytes_per_token, 36864);
 }
 
 TEST(PlanCell, DpAttentionSplitsHeadsOverAttentionTp) {
   auto model = llama31_8b();
-  auto tp8 = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 1, false});
-  auto dp4 = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 4, true});
+  auto tp8 = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 1, false},
+                              rules_of(model, "0.5.9"));
+  auto dp4 = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 4, true},
+                              rules_of(model, "0.5.9"));
   EXPECT_EQ(tp8.bytes_per_token, 1 * 256 * 32 * 2);
   EXPECT_EQ(dp4.bytes_per_token, 4 * 256 * 32 * 2);  // attention TP = 8 / 4 = 2
 }
 
 TEST(PlanCell, SlidingWindowLayersGetTheirOwnPool) {
   auto model = gemma_like_swa();
-  auto cell = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{1, 1, 1, false});
+  auto cell = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{1, 1, 1, false},
+                               rules_of(model, "0.5.9"));
   EXPECT_EQ(cell.full_layers, 4);
   EXPECT_EQ(cell.swa_layers, 20);
   auto pools =
@@ -82,7 +102,7 @@ TEST(PlanCell, SlidingWindowLayersGetTheirOwnPool) {
 TEST(PlanMamba, Qwen35StateMatchesTheRealLogAtTp2) {
   // kvcache-ai/ktransformers#1870: TP 2, 82 slots, ssm_state 7.29 GB, conv_state 0.13 GB.
   auto model = qwen35_397b();
-  auto state = sglang_mamba_state(model, Parallelism{2, 1, 1, false});
+  auto state = sglang_mamba_state(model, Parallelism{2, 1, 1, false}, rules_of(model, "0.5.9"));
   ASSERT_TRUE(state.has_value());
   EXPECT_EQ(state->linear_layers, 45);
   EXPECT_EQ(state->ssm_bytes_per_layer, 32 * 128 * 128 * 4);
@@ -94,10 +114,11 @@ TEST(PlanMamba, Qwen35StateMatchesTheRealLogAtTp2) {
 }
 
 TEST(PlanDefaults, SglangMemFractionForL40sReproducesTheLoggedPool) {
-  auto data = load_capacity_data("sglang");
-  auto d = sglang_default_mem_fraction(data, 46068, 1, 1, false, 1);
+  const auto& table =
+      *engines::engine_model("sglang").capacity.mem_fraction_for(*engines::parse_version(""));
+  auto d = sglang_default_mem_fraction(table, 46068, 1, 1, false, 1);
   EXPECT_DOUBLE_EQ(d.mem_fraction_static, 0.851);
-  auto h100 = sglang_default_mem_fraction(data, 81559, 8, 1, false, 1);
+  auto h100 = sglang_default_mem_fraction(table, 81559, 8, 1, false, 1);
   // 512 + 8192 x 1.5 + 512 x 2 + 1024 = 14848 MiB reserved.
   EXPECT_DOUBLE_EQ(h100.mem_fraction_static, 0.818);
 }
@@ -106,10 +127,10 @@ TEST(PlanDefaults, GpuPresetsAndDtypeNames) {
   EXPECT_EQ(find_gpu("h200").memory_mib, 143771);
   EXPECT_EQ(find_gpu("RTX PRO 6000 Blackwell 96GB").memory_gb, 96);
   EXPECT_THROW(find_gpu("tpu-v5"), InputError);
-  EXPECT_EQ(normalise_dtype_name("torch.float8_e4m3fn"), "fp8_e4m3");
-  EXPECT_EQ(normalise_dtype_name("bfloat16"), "bf16");
-  EXPECT_EQ(normalise_dtype_name("fp8"), "fp8_e4m3");
-  EXPECT_EQ(normalise_dtype_name("banana"), "");
+  EXPECT_EQ(engines::normalise_dtype("torch.float8_e4m3fn"), "fp8_e4m3");
+  EXPECT_EQ(engines::normalise_dtype("bfloat16"), "bf16");
+  EXPECT_EQ(engines::normalise_dtype("fp8"), "fp8_e4m3");
+  EXPECT_EQ(engines::normalise_dtype("banana"), "");
 }
 
 TEST(PlanCapacity, RowsForEveryDefaultDtypeWithConcurrency) {
@@ -120,17 +141,28 @@ TEST(PlanCapacity, RowsForEveryDefaultDtypeWithConcurrency) {
   options.weight_bytes_per_gpu = int64_t{30} << 30;
   options.contexts = {8192, 131072};
   auto plan = plan_capacity(model, options);
-  ASSERT_EQ(plan.rows.size(), 4u);
-  EXPECT_EQ(plan.rows[0].kv_cache_dtype, "bf16");
-  EXPECT_EQ(plan.rows[0].cell_bytes_per_token_per_gpu, 15360);
-  EXPECT_EQ(plan.rows[1].cell_bytes_per_token_per_gpu, 7680);
+  // The model dtype first, then every dtype SGLang's newest release accepts.
+  std::vector<std::string> names;
+  for (const auto& row : plan.rows) names.push_back(row.kv_cache_dtype);
+  EXPECT_EQ(names, (std::vector<std::string>{"bf16", "fp8_e4m3", "fp8_e5m2", "mxfp8",
+                                             "fp4_mx_block16", "nvfp4"}));
+  auto row_of = [&](const std::string& name) {
+    return *std::find_if(plan.rows.begin(), plan.rows.end(),
+                         [&](const PlanRow& r) { return r.kv_cache_dtype == name; });
+  };
+  EXPECT_EQ(row_of("bf16").cell_bytes_per_token_per_gpu, 15360);
+  EXPECT_EQ(row_of("fp8_e4m3").cell_bytes_per_token_per_gpu, 7680);
+  // MXFP8: + one UE8M0 byte per 32 values: 1 head x 512 x 15 / 32 = 240.
+  EXPECT_EQ(row_of("mxfp8").cell_bytes_per_token_per_gpu, 7680 + 240);
+  // NVFP4: 7680 / 2 + 1 x 256 x 15 x 2 / 16 scale bytes + the 512-B dequant workspace row.
+  EXPECT_EQ(row_of("nvfp4").cell_bytes_per_token_per_gpu, 3840 + 480 + 512);
   // Same memory budget: FP8 holds twice the tokens (to within one token).
-  EXPECT_NEAR(plan.rows[1].max_total_tokens, 2 * plan.rows[0].max_total_tokens, 1);
+  EXPECT_NEAR(row_of("fp8_e4m3").max_total_tokens, 2 * row_of("bf16").max_total_tokens, 1);
   EXPECT_GT(plan.rows[0].mamba_slots, 0);
   ASSERT_EQ(plan.rows[0].concurrency.size(), 2u);
   EXPECT_GE(plan.rows[0].concurrency[0].requests, plan.rows[0].concurrency[1].requests);
   auto report = plan_report(model, plan, nullptr, true);
-  EXPECT_EQ(report.payload["rows"].size(), 4u);
+  EXPECT_EQ(report.payload["rows"].size(), 6u);
   EXPECT_EQ(report.payload["rows"][0]["cell_bytes_per_token_per_gpu"], 15360);
   EXPECT_TRUE(report.payload["rows"][0]["concurrency"].contains("8192"));
   EXPECT_EQ(report.charts.size(), 2u);

@@ -79,7 +79,7 @@ TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
   EXPECT_EQ(facts.capacity_tokens, 1573854);
   EXPECT_TRUE(facts.has_tokenize);
   auto findings = server_findings(facts, nullptr);
-  ASSERT_TRUE(has_finding(findings, "probe-kv-scales-unverified"));
+  ASSERT_TRUE(has_finding(findings, "kv-scales-unverified"));
   EXPECT_EQ(findings[0].severity, report::Severity::warning);
 
   // With --quantization-param-path reported, the scales have a source.
@@ -88,7 +88,7 @@ TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
                           .quantization_param_path = "/scales.json"});
   net::Client client2(net::parse_url(with_scales.url()), fast_client_options());
   EXPECT_FALSE(
-      has_finding(server_findings(detect_server(client2), nullptr), "probe-kv-scales-unverified"));
+      has_finding(server_findings(detect_server(client2), nullptr), "kv-scales-unverified"));
 }
 
 TEST(ProbeDetect, LiveVllmShape) {
@@ -99,7 +99,7 @@ TEST(ProbeDetect, LiveVllmShape) {
   EXPECT_EQ(facts.engine_version, "0.11.0");
   EXPECT_EQ(facts.capacity_tokens, 16000);
   EXPECT_EQ(facts.context_length, 16384);  // /v1/models max_model_len
-  EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "probe-kv-scales-unverified"));
+  EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "kv-scales-unverified"));
 }
 
 TEST(ProbeDetect, GenericServer) {
@@ -123,7 +123,7 @@ TEST(ProbeDetect, CheckpointGivesTheFullAudit) {
   auto findings = server_findings(facts, &model);
   ASSERT_TRUE(has_finding(findings, "fp8-unit-scale"));
   EXPECT_EQ(findings[0].severity, report::Severity::critical);
-  EXPECT_FALSE(has_finding(findings, "probe-kv-scales-unverified"));
+  EXPECT_FALSE(has_finding(findings, "kv-scales-unverified"));
 }
 
 }  // namespace

@@ -18,9 +18,9 @@ namespace {
 using testing::options_for;
 using testing::TempModel;
 
+// SGLang's newest wording (load_model_utils.py@00c614b6); serve emulates the newest release.
 const char* kWarning =
-    "Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0. "
-    "This may lead to less accurate results!";
+    "Using FP8 KV cache but no scaling factors provided. Defaulting to scaling factors of 1.0.";
 
 uint32_t bits(float value) {
   uint32_t out;
@@ -39,10 +39,10 @@ TEST(ServeKvSetup, AutoOnPlainCheckpointIsModelDtypeLikeCheck) {
   KvSetup kv = resolve_kv_setup(facts, options_for(testing::fixture_model()));
   EXPECT_EQ(kv.kv_cache_dtype, "bf16");
   EXPECT_EQ(kv.format.spec, "bf16");
-  EXPECT_EQ(kv.scale_source, "not_applicable");
+  EXPECT_EQ(engines::scale_source_name(kv.scale_source), "not_applicable");
   EXPECT_EQ(kv.torch_dtype, "torch.bfloat16");
   EXPECT_TRUE(kv.load_messages.empty());
-  EXPECT_EQ(kv.engine_version, engines::load_engine_data("sglang").latest_known_version);
+  EXPECT_EQ(kv.engine_version, engines::engine_model("sglang").latest_known_version);
 }
 
 TEST(ServeKvSetup, AutoWithDeclaredFp8AndNoScalesIsUnitScaleWithSglangWarning) {
@@ -53,7 +53,7 @@ TEST(ServeKvSetup, AutoWithDeclaredFp8AndNoScalesIsUnitScaleWithSglangWarning) {
   // What `kvaudit check --engine sglang` predicts for the same checkpoint and flags.
   engines::LaunchFlags flags;
   flags.engine = "sglang";
-  auto predicted = engines::resolve_kv(facts, flags, engines::load_engine_data("sglang"));
+  auto predicted = engines::resolve_kv(facts, flags, engines::engine_model("sglang"));
   EXPECT_EQ(predicted.kv_cache_dtype, "fp8_e4m3");
   EXPECT_EQ(kv.kv_cache_dtype, predicted.kv_cache_dtype);
   EXPECT_EQ(kv.scale_source, predicted.scale_source);
@@ -92,7 +92,7 @@ TEST(ServeKvSetup, CheckpointScalesReachTheCacheBitForBitWithSglangFallbacks) {
   auto facts = checkpoint::read_checkpoint(model.dir());
   ASSERT_EQ(facts.kv_scales.size(), 5u);
   KvSetup kv = resolve_kv_setup(facts, options_for(model.dir()));
-  EXPECT_EQ(kv.scale_source, "checkpoint");
+  EXPECT_EQ(engines::scale_source_name(kv.scale_source), "checkpoint");
   EXPECT_EQ(kv.format.spec, "fp8_e4m3:tensor+nan");
   ASSERT_EQ(kv.scales.size(), 4u);
   EXPECT_EQ(bits(kv.scales[0][0].scales.at(0)), bits(k0));
@@ -130,7 +130,7 @@ TEST(ServeKvSetup, PerHeadScalesAreRefusedLikeSglangButServedAsAnExtension) {
   }
   KvSetup kv = resolve_kv_setup(facts, options_for(model.dir(), "fp8_e4m3:head"));
   EXPECT_FALSE(kv.sglang_spelling);
-  EXPECT_EQ(kv.scale_source, "checkpoint");
+  EXPECT_EQ(engines::scale_source_name(kv.scale_source), "checkpoint");
   ASSERT_EQ(kv.scales.size(), 4u);
   EXPECT_EQ(kv.scales[3][0].scales, (std::vector<float>{0.5f, 0.25f}));
   EXPECT_EQ(kv.scales[3][1].scales, (std::vector<float>{0.125f, 0.0625f}));
@@ -153,7 +153,7 @@ TEST(ServeKvSetup, QuantizationParamPathOverridesScalesForE4m3) {
   auto options = options_for(model.dir(), "fp8_e4m3");
   options.quantization_param_path = path.string();
   KvSetup kv = resolve_kv_setup(facts, options);
-  EXPECT_EQ(kv.scale_source, "quantization_param_path");
+  EXPECT_EQ(engines::scale_source_name(kv.scale_source), "quantization_param_path");
   EXPECT_EQ(kv.k_scales, (std::vector<float>{0.5f, 0.25f, 2.0f, 0.03125f}));
   EXPECT_EQ(kv.v_scales, kv.k_scales);  // one scale per layer for K and V
   EXPECT_EQ(kv.format.spec, "fp8_e4m3:tensor+nan");

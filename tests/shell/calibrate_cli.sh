@@ -45,9 +45,12 @@ rm "$work/deployed/config.json"; cp "$work/overlay"/* "$work/deployed/"
 status=$?
 [[ $status -eq 0 ]] && pass || fail "check on checkpoint + overlay exit $status"
 grep -q '"scale_source": *"checkpoint"' "$work/check.json" && pass || fail "check: scales not loaded"
-# ... and SGLang drops compressed-tensors scales: check says so (exit 1).
-"$kvaudit" check "$work/deployed" --engine sglang --kv-cache-dtype fp8_e4m3 --quiet > /dev/null
-[[ $? -eq 1 ]] && pass || fail "check under sglang should flag the dropped scales"
+# ... and SGLang before PR #35455 drops compressed-tensors scales: check says so (exit 1);
+# releases with it load them.
+"$kvaudit" check "$work/deployed" --engine sglang --engine-version 0.5.15 --kv-cache-dtype fp8_e4m3 --quiet > /dev/null
+[[ $? -eq 1 ]] && pass || fail "check under sglang 0.5.15 should flag the dropped scales"
+"$kvaudit" check "$work/deployed" --engine sglang --engine-version 0.5.23 --kv-cache-dtype fp8_e4m3 --quiet > /dev/null
+[[ $? -eq 0 ]] && pass || fail "check under sglang 0.5.23 should load the compressed-tensors scales"
 
 # eval applies the overlay's scales.
 out=$("$kvaudit" eval --model "$model" --kv bf16 --kv fp8_e4m3:tensor --text "$work/calib.txt" \

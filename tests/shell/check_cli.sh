@@ -72,7 +72,7 @@ expect_error missing-dir "no such file or folder" "$work/nope" --engine sglang
 mk shard "$cfg"; printf '{"weight_map":{"a":"model-00001-of-00002.safetensors"}}' > "$work/shard/model.safetensors.index.json"
 expect_error missing-shard "which is missing" "$work/shard" --engine sglang
 expect_error bad-version "cannot read version" "$demo" --engine sglang --engine-version banana
-expect_error bad-launch "starts neither SGLang" "$demo" --launch "python app.py"
+expect_error bad-launch "starts no known engine" "$demo" --launch "python app.py"
 expect_error bad-unit "no such file" "$demo" --unit "$work/none.service"
 expect_error engine-mismatch "says vllm" "$demo" --engine vllm --launch "python -m sglang.launch_server --tp 2"
 expect_error bad-context "token count" "$demo" --engine sglang --context-length lots

@@ -1,0 +1,70 @@
+// audit internals: the context every rule reads and the helpers they share. Private
+// to src/audit/.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "audit/audit.h"
+
+namespace kvaudit::audit {
+
+struct Context {
+  const CheckInput& input;
+  const engines::ResolvedKv& resolved;
+  std::vector<report::Finding>& findings;
+  const checkpoint::ModelFacts& model() const { return input.model; }
+  const engines::LaunchFlags& flags() const { return input.flags; }
+  const engines::EngineModel& engine() const { return *input.engine; }
+  std::string data_file() const { return input.engine->file; }
+  std::string engine_label() const;
+  std::string launch_label() const { return flags().source.empty() ? "launch" : flags().source; }
+  // "launch with --kv-cache-dtype X", spelled as this version's CLI spells the dtype.
+  std::string fix_flag(const std::string& dtype) const;
+};
+
+// What a format does to values at scale 1.0: thresholds in real units.
+struct FormatLimits {
+  double max_finite;     // saturates here (CUDA __NV_SATFINITE)
+  double overflow_nan;   // torch cast: NaN (E4M3) or inf (E5M2) from here
+  double min_normal;     // below: subnormal, fewer mantissa bits
+  double flush_to_zero;  // at or below: stored as 0
+  bool nan_not_inf;      // the overflow gives NaN (no inf in the format)
+};
+std::optional<FormatLimits> limits_of(const engines::KvDtype* dtype);
+
+std::string float_text(double value);
+std::string names_preview(const std::vector<std::string>& names, size_t shown = 3);
+std::vector<int> attention_layers(const checkpoint::ModelFacts& model);
+
+// Evidence that a rule's version bound was inferred, and the reference with its status.
+void add_provenance(const Context& ctx, const engines::Provenance& provenance,
+                    std::vector<report::Evidence>& evidence);
+std::string reference_text(const engines::Provenance& provenance);
+
+// The rule families (rules.cpp: dtype and launch; scale_rules.cpp: scales).
+void rule_startup_failures(Context& ctx);
+void rule_auto_quantized(Context& ctx);
+void rule_e5m2(Context& ctx);
+void rule_dtype_hazards(Context& ctx);
+void rule_fp16_serving(Context& ctx);
+void rule_skip_layers(Context& ctx);
+void rule_hybrid_state(Context& ctx);
+void rule_context_length(Context& ctx);
+void rule_flag_lifecycle(Context& ctx);
+void rule_unknown_architecture(Context& ctx);
+void rule_version(Context& ctx);
+void rule_unit_scale(Context& ctx);
+void rule_nvfp4_global_scale(Context& ctx);
+void rule_dropped_scales(Context& ctx);
+void rule_scales_ignored(Context& ctx);
+void rule_scale_values(Context& ctx);
+void rule_one_sided(Context& ctx);
+void rule_param_path(Context& ctx);
+void rule_misleading_warning(Context& ctx);
+void rule_modelopt_kv_cast(Context& ctx);
+
+}  // namespace kvaudit::audit

@@ -1,0 +1,810 @@
+// Loading the engine model: data/engines/<engine>.json and capacity/<engine>.json into
+// typed rules, with the lint that makes a data mistake a one-line error instead of a
+// silently disabled rule (unknown keys, malformed version ranges, dtypes a version does
+// not have, unknown scale conventions, log templates that do not compile, gaps in the
+// per-version tables).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <set>
+
+#include "engines/internal.h"
+#include "util/util.h"
+
+namespace kvaudit::engines {
+
+namespace {
+
+using nlohmann::json;
+
+// Fields a launch flag may set (launch.cpp applies each).
+const std::vector<std::string>& launch_fields() {
+  static const std::vector<std::string> fields = {"kv_cache_dtype",
+                                                  "model_path",
+                                                  "tp",
+                                                  "pp",
+                                                  "dp",
+                                                  "dcp",
+                                                  "dp_attention",
+                                                  "quantization_param_path",
+                                                  "quantization",
+                                                  "dtype",
+                                                  "context_length",
+                                                  "memory_fraction",
+                                                  "mamba_ssm_dtype",
+                                                  "calculate_kv_scales",
+                                                  "kv_cache_dtype_skip_layers",
+                                                  "speculative_algorithm",
+                                                  "speculative_draft_layers",
+                                                  "max_total_tokens",
+                                                  "page_size"};
+  return fields;
+}
+
+VersionRange read_range(JsonReader& r, std::string_view key) {
+  std::string text = r.string(key);
+  auto range = parse_version_range(text);
+  if (!range)
+    r.fail(key, fmt::format("cannot read version range '{}' (expected e.g. \">=0.5.10 <0.5.20\" "
+                            "with full x.y.z bounds, or \"*\")",
+                            text));
+  return *range;
+}
+
+Provenance read_provenance(JsonReader& r) {
+  Provenance p;
+  p.reference = r.string("reference");
+  std::string status = r.string_or("status", "code");
+  bool known = false;
+  for (RuleStatus s :
+       {RuleStatus::code, RuleStatus::merged, RuleStatus::open, RuleStatus::closed_unmerged}) {
+    std::string name(rule_status_name(s));
+    std::string key = s == RuleStatus::code              ? "code"
+                      : s == RuleStatus::closed_unmerged ? "closed_unmerged"
+                                                         : name;
+    if (status == key) p.status = s, known = true;
+  }
+  if (!known)
+    r.fail("status", fmt::format("'{}' is not one of code, merged, open, closed_unmerged", status));
+  p.verified = r.boolean_or("verified", true);
+  p.bound = r.string_or("bound", "");
+  if (!p.verified && p.bound.empty())
+    r.fail("bound", "a rule with \"verified\": false must say how its version bound was inferred");
+  r.allow_descriptive({"notes"});
+  return p;
+}
+
+QuantMatch read_match(JsonReader& parent, std::string_view key) {
+  QuantMatch match;
+  auto r = parent.optional_object(key);
+  if (!r) return match;
+  match.quant_methods = r->strings_or_empty("quant_methods");
+  match.kv_cache_quant_algos = r->strings_or_empty("kv_cache_quant_algos");
+  if (r->has("kv_cache_scheme")) match.kv_cache_scheme = r->boolean_or("kv_cache_scheme", false);
+  if (auto bits = r->optional_integer("scheme_bits")) match.scheme_bits = static_cast<int>(*bits);
+  match.scheme_type = r->string_or("scheme_type", "");
+  match.scheme_strategies = r->strings_or_empty("scheme_strategies");
+  match.architectures = r->strings_or_empty("architectures");
+  match.weight_algos = r->strings_or_empty("weight_algos");
+  if (r->has("hybrid")) match.hybrid = r->boolean_or("hybrid", false);
+  r->finish();
+  return match;
+}
+
+void check_dtype(JsonReader& r, std::string_view key, const std::string& dtype, bool allow_auto) {
+  if (allow_auto && dtype == "auto") return;
+  if (!find_kv_dtype(dtype) || normalise_dtype(dtype) != dtype)
+    r.fail(key, fmt::format("'{}' is not a canonical dtype of data/engines/dtypes.json", dtype));
+}
+
+template <typename Enum>
+Enum read_enum(JsonReader& r, std::string_view key,
+               std::initializer_list<std::pair<const char*, Enum>> names,
+               std::optional<Enum> fallback = std::nullopt) {
+  if (!r.has(key) && fallback) {
+    r.raw(key);
+    return *fallback;
+  }
+  std::string text = r.string(key);
+  std::string known;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  r.fail(key, fmt::format("'{}' is not one of {}", text, known));
+}
+
+LogKind read_log_kind(JsonReader& r) {
+  std::string text = r.string("kind");
+  for (int k = 0; k <= static_cast<int>(LogKind::dtype_fallback); ++k)
+    if (log_kind_name(static_cast<LogKind>(k)) == text) return static_cast<LogKind>(k);
+  r.fail("kind", fmt::format("unknown log message kind '{}'", text));
+}
+
+}  // namespace
+
+std::string_view log_kind_name(LogKind kind) {
+  switch (kind) {
+    case LogKind::launch_args:
+      return "launch_args";
+    case LogKind::engine_version:
+      return "engine_version";
+    case LogKind::engine_config:
+      return "engine_config";
+    case LogKind::load_begin:
+      return "load_begin";
+    case LogKind::load_end:
+      return "load_end";
+    case LogKind::weights_loaded:
+      return "weights_loaded";
+    case LogKind::kv_dtype_used:
+      return "kv_dtype_used";
+    case LogKind::kv_pool_allocated:
+      return "kv_pool_allocated";
+    case LogKind::state_pool_allocated:
+      return "state_pool_allocated";
+    case LogKind::swa_pool:
+      return "swa_pool";
+    case LogKind::token_summary:
+      return "token_summary";
+    case LogKind::memory_pool_end:
+      return "memory_pool_end";
+    case LogKind::available_kv_memory:
+      return "available_kv_memory";
+    case LogKind::kv_cache_size:
+      return "kv_cache_size";
+    case LogKind::max_concurrency:
+      return "max_concurrency";
+    case LogKind::gpu_blocks:
+      return "gpu_blocks";
+    case LogKind::scale_unit_fallback:
+      return "scale_unit_fallback";
+    case LogKind::scale_warning:
+      return "scale_warning";
+    case LogKind::scale_not_loaded:
+      return "scale_not_loaded";
+    case LogKind::scales_loaded:
+      return "scales_loaded";
+    case LogKind::nvfp4_unit_global:
+      return "nvfp4_unit_global";
+    case LogKind::ready:
+      return "ready";
+    case LogKind::startup_error:
+      return "startup_error";
+    case LogKind::deprecation:
+      return "deprecation";
+    case LogKind::flag_ignored:
+      return "flag_ignored";
+    case LogKind::dtype_fallback:
+      return "dtype_fallback";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& log_field_names() {
+  static const std::vector<std::string> names = {"",  // a placeholder nobody reads
+                                                 "server_args_repr",
+                                                 "non_default_args_repr",
+                                                 "engine_config",
+                                                 "engine_version",
+                                                 "avail_mem_gib",
+                                                 "mem_usage_gib",
+                                                 "model_class",
+                                                 "load_details",
+                                                 "model_dtype",
+                                                 "kv_dtype",
+                                                 "pool_tokens",
+                                                 "k_gib",
+                                                 "v_gib",
+                                                 "kv_gib",
+                                                 "mamba_slots",
+                                                 "conv_gib",
+                                                 "ssm_gib",
+                                                 "full_tokens",
+                                                 "swa_tokens",
+                                                 "max_total_num_tokens",
+                                                 "max_running_requests",
+                                                 "context_len",
+                                                 "summary_details",
+                                                 "available_kv_gib",
+                                                 "kv_cache_tokens",
+                                                 "concurrency_context",
+                                                 "concurrency_x",
+                                                 "gpu_blocks",
+                                                 "cpu_blocks",
+                                                 "weights_gib",
+                                                 "scale_name",
+                                                 "tensor_example",
+                                                 "expected_name",
+                                                 "scales_file",
+                                                 "model_name",
+                                                 "error_detail",
+                                                 "argument"};
+  return names;
+}
+
+bool glob_match(std::string_view pattern, std::string_view text) {
+  auto lower = [](char c) {
+    return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  };
+  // Iterative '*' matcher.
+  size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && pattern[p] != '*' && lower(pattern[p]) == lower(text[t])) {
+      ++p, ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++, mark = t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1, t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+std::vector<std::string> known_engines() {
+  return {"sglang", "vllm"};
+}
+
+std::vector<Version> boundary_versions(const EngineModel& model) {
+  std::set<std::tuple<int, int, int, bool>> seen;
+  std::vector<Version> out;
+  auto add = [&](Version v) {
+    if (seen.insert({v.major, v.minor, v.patch, v.latest}).second) out.push_back(v);
+  };
+  auto add_range = [&](const VersionRange& range) {
+    for (const auto& clause : range.clauses) {
+      Version b = clause.bound;
+      add(b);
+      Version below = b;  // the release just before b (its series' top when patch is 0)
+      if (below.patch > 0) {
+        --below.patch;
+      } else if (below.minor > 0) {
+        --below.minor;
+        below.patch = 1 << 20;
+      } else if (below.major > 0) {
+        --below.major;
+        below.minor = below.patch = 1 << 20;
+      }
+      add(below);
+      Version above = b;
+      ++above.patch;
+      add(above);
+    }
+  };
+  add(Version{0, 0, 0, false});
+  if (auto latest = parse_version(model.latest_known_version)) add(*latest);
+  Version newest;
+  newest.latest = true;
+  add(newest);
+  for (const auto& r : model.dtype_choices) add_range(r.versions);
+  for (const auto& r : model.auto_rules) add_range(r.versions);
+  for (const auto& r : model.kv_method_rules) add_range(r.versions);
+  for (const auto& r : model.scale_name_rules) add_range(r.versions);
+  for (const auto& r : model.scale_drop_rules) add_range(r.versions);
+  for (const auto& r : model.fallback_rules) add_range(r.versions);
+  for (const auto& r : model.scale_warnings) add_range(r.versions);
+  for (const auto& r : model.flag_rules)
+    add_range(r.exists), add_range(r.deprecated), add_range(r.disabled_for_hybrid);
+  for (const auto& r : model.param_path_rules) add_range(r.versions);
+  for (const auto& r : model.checkpoint_aborts) add_range(r.versions);
+  for (const auto& r : model.dtype_hazards) add_range(r.versions);
+  for (const auto& r : model.defaults) add_range(r.versions);
+  for (const auto& r : model.log_templates) add_range(r.versions);
+  for (const auto& r : model.capacity.mem_fraction_tables) add_range(r.versions);
+  std::sort(out.begin(), out.end(), [](const Version& a, const Version& b) {
+    return VersionRange{"", {{VersionRange::Op::lt, b}}}.contains(a);
+  });
+  return out;
+}
+
+namespace {
+
+void read_launch(JsonReader& top, EngineModel& model) {
+  JsonReader launch = top.object("launch");
+  model.launch.entry_points = launch.strings("entry_points");
+  model.launch.positional_model = launch.boolean_or("positional_model", false);
+  JsonReader flags = launch.object("flags");
+  for (const std::string& field : flags.keys()) {
+    if (std::find(launch_fields().begin(), launch_fields().end(), field) == launch_fields().end())
+      flags.fail(field, "not a launch field kvaudit reads");
+    model.launch.flags[field] = flags.strings(field);
+  }
+  flags.finish();
+  model.launch.boolean_flags = launch.strings_or_empty("boolean_flags");
+  launch.finish();
+  if (model.launch.entry_points.empty()) launch.fail("entry_points", "empty");
+}
+
+void read_rules(JsonReader& top, EngineModel& model) {
+  for (JsonReader& r : top.objects("kv_cache_dtype_choices")) {
+    DtypeChoices choices;
+    choices.versions = read_range(r, "versions");
+    JsonReader accepted = r.object("accepted");
+    for (const std::string& value : accepted.keys()) {
+      std::string dtype = accepted.string(value);
+      check_dtype(accepted, value, dtype, true);
+      choices.accepted.push_back({value, dtype});
+    }
+    accepted.finish();
+    if (auto aborts = r.optional_object("aborts")) {
+      for (const std::string& value : aborts->keys()) {
+        JsonReader abort = aborts->object(value);
+        StartupAbort a{abort.string("id"), abort.string("message"), read_provenance(abort)};
+        abort.finish();
+        choices.aborts[value] = a;
+      }
+      aborts->finish();
+    }
+    choices.provenance = read_provenance(r);
+    r.finish();
+    model.dtype_choices.push_back(std::move(choices));
+  }
+  for (JsonReader& r : top.objects("auto_resolution")) {
+    AutoRule rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.applies = read_enum<AutoApplies>(
+        r, "applies",
+        {{"auto_only", AutoApplies::auto_only}, {"any_request", AutoApplies::any_request}},
+        AutoApplies::auto_only);
+    rule.when = read_match(r, "when");
+    rule.resolves_to = r.string("resolves_to");
+    if (rule.resolves_to != "model_dtype") check_dtype(r, "resolves_to", rule.resolves_to, false);
+    rule.reason = r.string("reason");
+    rule.log_message = r.string_or("log_message", "");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.auto_rules.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects("kv_cache_methods")) {
+    KvMethodRule rule{r.string("id"), read_range(r, "versions"), r.strings("quant_methods"),
+                      r.string("reason"), read_provenance(r)};
+    r.finish();
+    model.kv_method_rules.push_back(std::move(rule));
+  }
+  auto read_scale_rules = [&](const char* key, bool drops) {
+    std::vector<ScaleNameRule> rules;
+    for (JsonReader& r : top.objects(key)) {
+      ScaleNameRule rule;
+      rule.id = r.string("id");
+      rule.versions = read_range(r, "versions");
+      rule.conventions = r.strings("conventions");
+      rule.loaded = drops ? false : r.boolean_or("loaded", true);
+      rule.when = read_match(r, "when");
+      rule.reason = r.string("reason");
+      rule.log_message = r.string_or("log_message", "");
+      rule.provenance = read_provenance(r);
+      r.finish();
+      for (const std::string& id : rule.conventions) {
+        bool known = id == "*" && drops;
+        for (const auto& c : checkpoint::scale_conventions()) known |= c.id == id;
+        if (!known)
+          r.fail(
+              "conventions",
+              fmt::format("'{}' is not a scale-name convention the checkpoint reader knows", id));
+      }
+      rules.push_back(std::move(rule));
+    }
+    return rules;
+  };
+  model.scale_name_rules = read_scale_rules("scale_names", false);
+  model.scale_drop_rules = read_scale_rules("scale_drops", true);
+  for (JsonReader& r : top.objects("fallback")) {
+    FallbackRule rule;
+    rule.versions = read_range(r, "versions");
+    JsonReader both = r.object("both_missing");
+    rule.both_missing_scale = both.number("scale");
+    rule.both_missing_message = both.string_or("log_message", "");
+    both.finish();
+    const std::initializer_list<std::pair<const char*, OneScaleRule>> one = {
+        {"present_for_both", OneScaleRule::present_for_both},
+        {"startup_error", OneScaleRule::startup_error}};
+    rule.k_only = read_enum<OneScaleRule>(r, "k_only", one);
+    rule.v_only = read_enum<OneScaleRule>(r, "v_only", one);
+    rule.one_missing_error = r.string_or("one_missing_error", "");
+    rule.zero = read_enum<ZeroScaleRule>(
+        r, "zero",
+        {{"missing", ZeroScaleRule::missing}, {"startup_error", ZeroScaleRule::startup_error}});
+    rule.zero_error = r.string_or("zero_error", "");
+    rule.non_scalar = read_enum<NonScalarRule>(
+        r, "non_scalar",
+        {{"startup_error", NonScalarRule::startup_error},
+         {"per_head_for_ct_attn_head", NonScalarRule::per_head_for_ct_attn_head}});
+    rule.non_scalar_error = r.string("non_scalar_error");
+    rule.fnuz_doubles_scale = r.boolean_or("fnuz_doubles_scale", true);
+    rule.provenance = read_provenance(r);
+    r.finish();
+    if ((rule.k_only == OneScaleRule::startup_error ||
+         rule.v_only == OneScaleRule::startup_error) &&
+        rule.one_missing_error.empty())
+      r.fail("one_missing_error", "a start-up error needs the engine's message");
+    if (rule.zero == ZeroScaleRule::startup_error && rule.zero_error.empty())
+      r.fail("zero_error", "a start-up error needs the engine's message");
+    model.fallback_rules.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects_or_empty("scale_warnings")) {
+    ScaleWarningRule rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.dtypes = r.strings("dtypes");
+    for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    rule.when_no_quantization_param_path = r.boolean_or("when_no_quantization_param_path", false);
+    rule.when_unit_scale = r.boolean_or("when_unit_scale", false);
+    rule.log_message = r.string("log_message");
+    rule.meaning = r.string("meaning");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.scale_warnings.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects_or_empty("flag_lifecycle")) {
+    FlagRule rule;
+    rule.id = r.string("id");
+    rule.flag = r.string("flag");
+    rule.exists = read_range(r, "exists");
+    rule.deprecated =
+        r.has("deprecated") ? read_range(r, "deprecated") : *parse_version_range("<0.0.0");
+    rule.disabled_for_hybrid = r.has("disabled_for_hybrid") ? read_range(r, "disabled_for_hybrid")
+                                                            : *parse_version_range("<0.0.0");
+    rule.hybrid_hazard = r.string_or("hybrid_hazard", "");
+    rule.removed_error = r.string("removed_error");
+    rule.meaning = r.string("meaning");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    bool parsed = false;
+    for (const auto& [field, spellings] : model.launch.flags)
+      parsed |= std::find(spellings.begin(), spellings.end(), rule.flag) != spellings.end();
+    if (!parsed) r.fail("flag", fmt::format("{} is not among launch.flags", rule.flag));
+    model.flag_rules.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects_or_empty("quantization_param_path")) {
+    ParamPathRule rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.effect = read_enum<ParamPathRule::Effect>(
+        r, "effect",
+        {{"not_applied", ParamPathRule::Effect::not_applied},
+         {"startup_error_without_loader", ParamPathRule::Effect::startup_error_without_loader}});
+    rule.dtypes = r.strings_or_empty("dtypes");
+    for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    rule.architectures_with_loader = r.strings_or_empty("architectures_with_loader");
+    rule.message = r.string_or("message", "");
+    rule.reason = r.string("reason");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    if (rule.effect == ParamPathRule::Effect::startup_error_without_loader &&
+        (rule.message.empty() || rule.architectures_with_loader.empty()))
+      r.fail("message", "a start-up error needs the engine's message and the loaders' list");
+    model.param_path_rules.push_back(std::move(rule));
+  }
+  model.has_quantization_param_path = model.launch.flags.count("quantization_param_path") > 0;
+  model.has_dynamic_scales_flag = model.launch.flags.count("calculate_kv_scales") > 0;
+  for (JsonReader& r : top.objects_or_empty("checkpoint_aborts")) {
+    CheckpointAbort rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.requested = r.strings_or_empty("requested");
+    for (const auto& d : rule.requested) check_dtype(r, "requested", d, false);
+    rule.requires_scale_tensors = r.boolean_or("requires_scale_tensors", false);
+    rule.when = read_match(r, "when");
+    rule.message = r.string("message");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.checkpoint_aborts.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects_or_empty("dtype_hazards")) {
+    DtypeHazard rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.dtypes = r.strings("dtypes");
+    for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    rule.model_dtypes = r.strings("model_dtypes");
+    for (const auto& d : rule.model_dtypes) check_dtype(r, "model_dtypes", d, false);
+    rule.consequence = r.string("consequence");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.dtype_hazards.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects("defaults")) {
+    EngineDefaults d;
+    d.versions = read_range(r, "versions");
+    d.memory_fraction = r.optional_number("memory_fraction");
+    d.mamba_full_memory_ratio = r.optional_number("mamba_full_memory_ratio");
+    d.mamba_ssm_dtype = r.string("mamba_ssm_dtype");
+    d.mamba_ssm_dtype_fallback = r.string_or("mamba_ssm_dtype_fallback", "float32");
+    d.mamba_conv_dtype = r.string_or("mamba_conv_dtype", "bfloat16");
+    d.mamba_ssm_dtype_choices = r.strings_or_empty("mamba_ssm_dtype_choices");
+    if (auto page = r.optional_integer("page_size")) d.page_size = static_cast<int>(*page);
+    d.swa_full_tokens_ratio = r.optional_number("swa_full_tokens_ratio");
+    if (auto ratio = r.optional_integer("mamba_requests_per_slot"))
+      d.mamba_requests_per_slot = static_cast<int>(*ratio);
+    d.fp4_dequant_workspace = r.boolean_or("fp4_dequant_workspace", false);
+    d.mm_reservation_mib = r.number_or("mm_reservation_mib", 0);
+    d.provenance = read_provenance(r);
+    r.finish();
+    for (const std::string* dtype : {&d.mamba_ssm_dtype_fallback, &d.mamba_conv_dtype})
+      if (!find_kv_dtype(*dtype))
+        r.fail("mamba_conv_dtype", fmt::format("unknown dtype '{}'", *dtype));
+    if (d.mamba_ssm_dtype != "from_model_config" && d.mamba_ssm_dtype != "auto" &&
+        !find_kv_dtype(d.mamba_ssm_dtype))
+      r.fail("mamba_ssm_dtype", fmt::format("unknown dtype '{}'", d.mamba_ssm_dtype));
+    model.defaults.push_back(std::move(d));
+  }
+  for (JsonReader& r : top.objects("log_messages")) {
+    LogTemplate log;
+    log.id = r.string("id");
+    log.versions = read_range(r, "versions");
+    log.kind = read_log_kind(r);
+    log.text = r.string("text");
+    log.fields = r.strings_or_empty("fields");
+    log.provenance = read_provenance(r);
+    r.finish();
+    for (const std::string& field : log.fields)
+      if (std::find(log_field_names().begin(), log_field_names().end(), field) ==
+          log_field_names().end())
+        r.fail("fields", fmt::format("'{}' is not a field the log reader knows", field));
+    try {
+      compile_log_template(log);
+    } catch (const std::invalid_argument& error) {
+      r.fail("text", fmt::format("log template does not compile: {}", error.what()));
+    }
+    model.log_templates.push_back(std::move(log));
+  }
+  if (auto info = top.optional_object("server_info")) {
+    ServerInfoSpec spec;
+    spec.endpoints = info->strings("endpoints");
+    spec.reports_requested_dtype = info->boolean_or("reports_requested_dtype", false);
+    spec.provenance = read_provenance(*info);
+    info->finish();
+    model.server_info = spec;
+  }
+}
+
+// Cross-rule checks: what no single object can see.
+void lint_model(EngineModel& model) {
+  const std::string& where = model.file;
+  std::set<std::string> ids;
+  auto unique = [&](const std::string& kind, const std::string& id) {
+    if (!ids.insert(id).second)
+      throw InputError(where, fmt::format("{} id '{}' is used twice", kind, id));
+  };
+  for (const auto& r : model.auto_rules) unique("auto_resolution", r.id);
+  for (const auto& r : model.kv_method_rules) unique("kv_cache_methods", r.id);
+  for (const auto& r : model.scale_name_rules) unique("scale_names", r.id);
+  for (const auto& r : model.scale_drop_rules) unique("scale_drops", r.id);
+  for (const auto& r : model.scale_warnings) unique("scale_warnings", r.id);
+  for (const auto& r : model.flag_rules) unique("flag_lifecycle", r.id);
+  for (const auto& r : model.param_path_rules) unique("quantization_param_path", r.id);
+  for (const auto& r : model.checkpoint_aborts) unique("checkpoint_aborts", r.id);
+  for (const auto& r : model.dtype_hazards) unique("dtype_hazards", r.id);
+  for (const auto& r : model.log_templates) unique("log_messages", r.id);
+
+  auto template_exists = [&](const std::string& id, const std::string& from) {
+    if (!id.empty() && !model.log_template(id))
+      throw InputError(where,
+                       fmt::format("{}: log_message '{}' is not a log_messages id", from, id));
+  };
+  for (const auto& r : model.auto_rules) template_exists(r.log_message, "auto_resolution." + r.id);
+  for (const auto& r : model.scale_name_rules)
+    template_exists(r.log_message, "scale_names." + r.id);
+  for (const auto& r : model.scale_drop_rules)
+    template_exists(r.log_message, "scale_drops." + r.id);
+  for (const auto& r : model.scale_warnings)
+    template_exists(r.log_message, "scale_warnings." + r.id);
+  for (const auto& r : model.fallback_rules)
+    template_exists(r.both_missing_message, "fallback.both_missing");
+
+  if (!parse_version(model.latest_known_version) || model.latest_known_version.empty())
+    throw InputError(where, fmt::format("latest_known_version '{}' is not a version",
+                                        model.latest_known_version));
+  // Per-version tables must cover every release exactly once, and every dtype a rule
+  // resolves to must be one the release accepts.
+  for (const Version& v : boundary_versions(model)) {
+    auto count = [&](const auto& rules) {
+      return std::count_if(rules.begin(), rules.end(),
+                           [&](const auto& r) { return r.versions.contains(v); });
+    };
+    const std::string at = version_text(v);
+    if (count(model.dtype_choices) != 1)
+      throw InputError(where, fmt::format("kv_cache_dtype_choices: {} entries cover {} (need one)",
+                                          count(model.dtype_choices), at));
+    if (count(model.fallback_rules) != 1)
+      throw InputError(where, fmt::format("fallback: {} entries cover {} (need one)",
+                                          count(model.fallback_rules), at));
+    if (count(model.defaults) != 1)
+      throw InputError(where, fmt::format("defaults: {} entries cover {} (need one)",
+                                          count(model.defaults), at));
+    bool catch_all =
+        std::any_of(model.auto_rules.begin(), model.auto_rules.end(), [&](const AutoRule& r) {
+          return r.versions.contains(v) && r.resolves_to == "model_dtype" && r.when.empty();
+        });
+    if (!catch_all)
+      throw InputError(where,
+                       fmt::format("auto_resolution: no rule with an empty \"when\" keeps {} {} "
+                                   "in the model dtype when nothing else applies",
+                                   model.engine, at));
+    const DtypeChoices* choices = model.choices_for(v);
+    auto accepts = [&](const std::string& dtype) {
+      return std::any_of(choices->accepted.begin(), choices->accepted.end(),
+                         [&](const DtypeChoice& c) { return c.dtype == dtype; });
+    };
+    for (const auto& rule : model.auto_rules)
+      if (rule.versions.contains(v) && rule.resolves_to != "model_dtype" &&
+          !accepts(rule.resolves_to))
+        throw InputError(
+            where, fmt::format("auto_resolution.{}: resolves to {}, which {} {} does not have "
+                               "among its kv_cache_dtype_choices",
+                               rule.id, rule.resolves_to, model.engine, at));
+    for (const auto& convention : checkpoint::scale_conventions()) {
+      bool covered = std::any_of(model.scale_name_rules.begin(), model.scale_name_rules.end(),
+                                 [&](const ScaleNameRule& r) {
+                                   return r.versions.contains(v) &&
+                                          std::find(r.conventions.begin(), r.conventions.end(),
+                                                    convention.id) != r.conventions.end();
+                                 });
+      if (!covered)
+        throw InputError(where, fmt::format("scale_names: no rule says whether {} {} loads "
+                                            "'{}' scale names",
+                                            model.engine, at, convention.id));
+    }
+  }
+  for (const auto& d : model.capacity.plan_default_dtypes)
+    if (!find_kv_dtype(d))
+      throw InputError(model.capacity.file,
+                       fmt::format("plan_default_dtypes: '{}' is not a dtype", d));
+}
+
+void read_capacity(const std::filesystem::path& file, EngineModel& model) {
+  const std::string where = file.string();
+  json document = read_json_file(file, 1 << 20);
+  JsonReader top(document, where);
+  model.capacity.file = where;
+  if (top.string("engine") != model.engine)
+    top.fail("engine", fmt::format("expected \"{}\"", model.engine));
+  if (top.integer("schema_version") != 2) top.fail("schema_version", "expected 2");
+  model.capacity.model =
+      read_enum<CapacityModel>(top, "capacity_model",
+                               {{"sglang_token_pool", CapacityModel::sglang_token_pool},
+                                {"vllm_block_pool", CapacityModel::vllm_block_pool}});
+  model.capacity.plan_default_dtypes = top.strings("plan_default_dtypes");
+  for (JsonReader& r : top.objects_or_empty("mem_fraction_static_default")) {
+    MemFractionTable t;
+    t.versions = read_range(r, "versions");
+    t.fallback_when_gpu_unknown = r.number("fallback_when_gpu_unknown");
+    for (JsonReader& tier : r.objects("tiers")) {
+      t.tiers.push_back({tier.number("below_mib"),
+                         static_cast<int>(tier.integer("chunked_prefill_size")),
+                         static_cast<int>(tier.integer("cuda_graph_max_bs_tp_lt4")),
+                         static_cast<int>(tier.integer("cuda_graph_max_bs_tp_ge4"))});
+      tier.finish();
+    }
+    t.reserved_constant_mib = r.number("reserved_constant_mib");
+    t.activation_mib_per_prefill_token = r.number("activation_mib_per_prefill_token");
+    t.activation_min_tokens = static_cast<int>(r.integer("activation_min_tokens"));
+    t.cuda_graph_mib_per_batch = r.number("cuda_graph_mib_per_batch");
+    t.parallel_mib_per_rank_over_8 = r.number("parallel_mib_per_rank_over_8");
+    t.dp_attention_mib_per_batch_per_dp = r.number("dp_attention_mib_per_batch_per_dp");
+    t.large_gpu_threshold_mib = r.number("large_gpu_threshold_mib");
+    t.large_gpu_min_reserved_mib = r.number("large_gpu_min_reserved_mib");
+    t.round_decimals = static_cast<int>(r.integer("round_decimals"));
+    t.caveats = r.string_or("caveats", "");
+    t.provenance = read_provenance(r);
+    r.finish();
+    model.capacity.mem_fraction_tables.push_back(std::move(t));
+  }
+  if (auto c = top.optional_object("constants")) {
+    model.capacity.mamba_pool_padding_slots =
+        static_cast<int>(c->integer_or("mamba_pool_padding_slots", 0));
+    model.capacity.kv_buffer_padding_pages =
+        static_cast<int>(c->integer_or("kv_buffer_padding_pages", 0));
+    c->finish();
+  }
+  auto references = top.object("references");
+  for (const std::string& key : references.keys())
+    model.capacity.references[key] = references.string(key);
+  references.finish();
+  top.allow_descriptive({"notes"});
+  top.finish();
+}
+
+}  // namespace
+
+EngineModel load_engine_model(const std::filesystem::path& engine_file,
+                              const std::filesystem::path& capacity_file) {
+  EngineModel model;
+  model.file = engine_file.string();
+  json document = read_json_file(engine_file, 4 << 20);
+  JsonReader top(document, model.file);
+  model.engine = top.string("engine");
+  if (top.integer("schema_version") != 2) top.fail("schema_version", "expected 2");
+  model.latest_known_version = top.string("latest_known_version");
+  top.allow_descriptive({"notes", "release_evidence"});
+  read_launch(top, model);
+  read_rules(top, model);
+  top.finish();
+  read_capacity(capacity_file, model);
+  lint_model(model);
+  return model;
+}
+
+const EngineModel& engine_model(std::string_view engine) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<EngineModel>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto engines = known_engines();
+  if (std::find(engines.begin(), engines.end(), engine) == engines.end())
+    throw InputError("--engine", fmt::format("unknown engine '{}' (known: {})", engine,
+                                             fmt::join(engines, ", ")));
+  auto& slot = loaded[std::string(engine)];
+  if (!slot) {
+    const std::filesystem::path dir = data_dir() / "engines";
+    slot = std::make_unique<EngineModel>(load_engine_model(
+        dir / (std::string(engine) + ".json"), dir / "capacity" / (std::string(engine) + ".json")));
+    if (slot->engine != engine)
+      throw InputError(slot->file, fmt::format("says engine \"{}\"", slot->engine));
+  }
+  return *slot;
+}
+
+const MemFractionTable* CapacityData::mem_fraction_for(const Version& version) const {
+  for (const auto& table : mem_fraction_tables)
+    if (table.versions.contains(version)) return &table;
+  return nullptr;
+}
+
+const LogTemplate* EngineModel::log_template(std::string_view id) const {
+  for (const auto& log : log_templates)
+    if (log.id == id) return &log;
+  return nullptr;
+}
+
+const DtypeChoices* EngineModel::choices_for(const Version& version) const {
+  for (const auto& entry : dtype_choices)
+    if (entry.versions.contains(version)) return &entry;
+  return nullptr;
+}
+
+const FallbackRule& EngineModel::fallback_for(const Version& version) const {
+  for (const auto& rule : fallback_rules)
+    if (rule.versions.contains(version)) return rule;
+  throw InputError(file, "fallback: no rule covers " + version_text(version));  // lint forbids
+}
+
+const EngineDefaults& EngineModel::defaults_for(const Version& version) const {
+  for (const auto& d : defaults)
+    if (d.versions.contains(version)) return d;
+  throw InputError(file, "defaults: no entry covers " + version_text(version));  // lint forbids
+}
+
+std::vector<std::string> kv_cache_dtype_choices(const EngineModel& model, const Version& version) {
+  std::vector<std::string> out;
+  if (const DtypeChoices* choices = model.choices_for(version))
+    for (const auto& c : choices->accepted) out.push_back(c.value);
+  return out;
+}
+
+std::string cli_dtype(const EngineModel& model, const Version& version, std::string_view value) {
+  if (const DtypeChoices* choices = model.choices_for(version))
+    for (const auto& c : choices->accepted)
+      if (c.value == value) return c.dtype;
+  return "";
+}
+
+std::string cli_spelling(const EngineModel& model, const Version& version, std::string_view dtype) {
+  if (const DtypeChoices* choices = model.choices_for(version))
+    for (const auto& c : choices->accepted)
+      if (c.dtype == dtype) return c.value;
+  return "";
+}
+
+bool newer_than_known(const EngineModel& model, const Version& version) {
+  if (version.latest) return false;
+  auto latest = parse_version(model.latest_known_version);
+  return latest && VersionRange{"", {{VersionRange::Op::gt, *latest}}}.contains(version);
+}
+
+}  // namespace kvaudit::engines
