@@ -360,7 +360,8 @@ void rule_flag_lifecycle(Context& ctx) {
 }
 
 void rule_unknown_architecture(Context& ctx) {
-  if (ctx.model().architecture_known) return;
+  // No checkpoint at all (a live server probed without one): nothing to recognise.
+  if (ctx.model().architecture_known || ctx.model().config_file.empty()) return;
   ctx.findings.push_back(Finding{
       "unknown-architecture",
       Severity::warning,

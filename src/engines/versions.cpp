@@ -95,7 +95,9 @@ std::optional<VersionRange> parse_version_range(std::string_view text) {
     // Bounds are exact releases: "0.5.x" or "0.5" as a bound would silently mean
     // "the top of the series", which nobody writing a range intends.
     std::string_view bound = std::string_view(clause).substr(digits);
-    if (std::count(bound.begin(), bound.end(), '.') != 2) return std::nullopt;
+    if (std::count(bound.begin(), bound.end(), '.') != 2 ||
+        bound.find_first_not_of("0123456789.") != std::string_view::npos)
+      return std::nullopt;
     auto version = parse_version(bound);
     if (!version || version->latest || version_text(*version) != bound) return std::nullopt;
     parsed.bound = *version;
