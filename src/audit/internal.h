@@ -49,6 +49,7 @@ std::string reference_text(const engines::Provenance& provenance);
 void rule_startup_failures(Context& ctx);
 void rule_auto_quantized(Context& ctx);
 void rule_e5m2(Context& ctx);
+void rule_quant_configs_disagree(Context& ctx);
 void rule_dtype_hazards(Context& ctx);
 void rule_fp16_serving(Context& ctx);
 void rule_skip_layers(Context& ctx);

@@ -155,6 +155,52 @@ void rule_auto_quantized(Context& ctx) {
   }
 }
 
+namespace {
+
+// "FP8" for kv_cache_quant_algo FP8 and for an 8-bit float kv_cache_scheme alike.
+std::string declared_format(const std::string& declared) {
+  if (declared.empty() || declared.front() != '{') {
+    std::string upper = declared;
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    return upper;
+  }
+  auto scheme = nlohmann::json::parse(declared, nullptr, false);
+  if (scheme.is_object() && scheme.value("type", "") == "float") {
+    if (scheme.value("num_bits", 0) == 8) return "FP8";
+    if (scheme.value("num_bits", 0) == 4) return "NVFP4";
+  }
+  return declared;
+}
+
+}  // namespace
+
+// The ModelOpt sidecar and config.json's quantization_config disagree about the KV cache.
+void rule_quant_configs_disagree(Context& ctx) {
+  const auto& quant = ctx.model().quant;
+  if (!quant || quant->other_source_file.empty()) return;
+  const std::string mine = declared_format(quant->kv_declared());
+  const std::string other = declared_format(quant->other_kv_declared);
+  if (mine == other) return;
+  auto said = [](const std::string& format) {
+    return format.empty() ? std::string("no quantized KV cache") : format + " KV cache";
+  };
+  ctx.findings.push_back(Finding{
+      "quant-configs-disagree",
+      Severity::warning,
+      fmt::format("hf_quant_config.json declares {} but config.json's {} declares {}", said(mine),
+                  quant->other_source_key, said(other)),
+      "Which file an engine release reads decides what --kv-cache-dtype auto allocates; kvaudit "
+      "audits the ModelOpt sidecar (hf_quant_config.json), the reading that enables the "
+      "quantized cache.",
+      {{quant->source_file, quant->source_key + ".kv_cache_quant_algo",
+        mine.empty() ? "absent" : quant->kv_declared()},
+       {quant->other_source_file, quant->other_source_key,
+        other.empty() ? "no kv_cache_scheme / kv_cache_quant_algo" : quant->other_kv_declared}},
+      "pass --kv-cache-dtype explicitly instead of auto, and re-export so both files agree",
+      "sglang modelopt_quant.py from_config (flat config.json vs nested hf_quant_config.json); "
+      "vllm/utils/torch_utils.py get_kv_cache_quant_algo_string"});
+}
+
 void rule_e5m2(Context& ctx) {
   if (ctx.resolved.kv_cache_dtype != "fp8_e5m2") return;
   ctx.findings.push_back(Finding{
@@ -414,6 +460,7 @@ struct NamedRule {
 const NamedRule kRules[] = {
     {"startup-failures", rule_startup_failures},
     {"kv-auto-quantized", rule_auto_quantized},
+    {"quant-configs-disagree", rule_quant_configs_disagree},
     {"kv-skip-layers", rule_skip_layers},
     {"fp8-unit-scale", rule_unit_scale},
     {"nvfp4-unit-global-scale", rule_nvfp4_global_scale},

@@ -52,6 +52,7 @@ constexpr std::array kKnownArchitectures = {
     KnownArchitecture{"deepseek_v3", Family::mla},
     KnownArchitecture{"deepseek_v2", Family::mla},
     KnownArchitecture{"deepseek_v32", Family::mla},
+    KnownArchitecture{"kimi_k2", Family::mla},
     KnownArchitecture{"glm_moe_dsa", Family::mla},
     KnownArchitecture{"gemma2", Family::gemma2},
     KnownArchitecture{"gemma3", Family::gemma3},

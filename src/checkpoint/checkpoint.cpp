@@ -67,26 +67,9 @@ void read_quant_block(const json& block, QuantFacts& quant) {
     read_quant_block(*it, quant);
 }
 
-std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& config,
-                                           const json& text_config) {
-  fs::path hf_quant = dir / "hf_quant_config.json";
-  std::error_code ec;
-  if (fs::exists(hf_quant, ec)) {
-    json doc = read_json_file(hf_quant);
-    if (!doc.is_object()) throw InputError(hf_quant.string(), "expected a JSON object");
-    QuantFacts quant;
-    quant.source_file = hf_quant.string();
-    quant.source_key = "quantization";
-    quant.method = "modelopt";
-    if (auto producer = doc.find("producer"); producer != doc.end() && producer->is_object())
-      quant.producer =
-          fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
-    auto block = doc.find("quantization");
-    if (block == doc.end() || !block->is_object())
-      throw InputError(hf_quant.string(), "has no \"quantization\" object");
-    read_quant_block(*block, quant);
-    return quant;
-  }
+// config.json's quantization_config (the outer config's, else text_config's).
+std::optional<QuantFacts> read_config_quant(const fs::path& dir, const json& config,
+                                            const json& text_config) {
   for (const json* source : {&config, &text_config}) {
     auto it = source->find("quantization_config");
     if (it == source->end() || it->is_null()) continue;
@@ -103,6 +86,35 @@ std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& conf
     return quant;
   }
   return std::nullopt;
+}
+
+std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& config,
+                                           const json& text_config) {
+  std::optional<QuantFacts> from_config = read_config_quant(dir, config, text_config);
+  fs::path hf_quant = dir / "hf_quant_config.json";
+  std::error_code ec;
+  if (!fs::exists(hf_quant, ec)) return from_config;
+  json doc = read_json_file(hf_quant);
+  if (!doc.is_object()) throw InputError(hf_quant.string(), "expected a JSON object");
+  QuantFacts quant;
+  quant.source_file = hf_quant.string();
+  quant.source_key = "quantization";
+  quant.method = "modelopt";
+  if (auto producer = doc.find("producer"); producer != doc.end() && producer->is_object())
+    quant.producer =
+        fmt::format("{} {}", text_of(*producer, "name"), text_of(*producer, "version"));
+  auto block = doc.find("quantization");
+  if (block == doc.end() || !block->is_object())
+    throw InputError(hf_quant.string(), "has no \"quantization\" object");
+  read_quant_block(*block, quant);
+  // The ModelOpt sidecar is the declaration kvaudit audits; config.json's, when present,
+  // is kept beside it so a disagreement between the two can be reported.
+  if (from_config) {
+    quant.other_source_file = from_config->source_file;
+    quant.other_source_key = from_config->source_key;
+    quant.other_kv_declared = from_config->kv_declared();
+  }
+  return quant;
 }
 
 // Shard files named by the index (each must exist), or every *.safetensors.

@@ -151,6 +151,17 @@ struct QuantFacts {
   std::string kv_scheme_strategy;    // "tensor", "attn_head", "channel", ...
   int kv_scheme_bits = 0;            // num_bits
   std::string kv_scheme_type;        // "float" or "int"
+  // When hf_quant_config.json and config.json's quantization_config both exist: what the
+  // other file says about the KV cache (engines differ in which one they read).
+  std::string other_source_file;  // "" when there is only one declaration
+  std::string other_source_key;
+  std::string other_kv_declared;  // "FP8", a scheme's JSON, or "" when it declares none
+  // What this declaration says about the KV cache ("" = none): kv algo or scheme.
+  std::string kv_declared() const {
+    return !kv_cache_quant_algo.empty() ? kv_cache_quant_algo
+           : has_kv_cache_scheme        ? kv_cache_scheme.dump()
+                                        : std::string();
+  }
 };
 
 enum class ScaleRole { k, v, kv_shared };

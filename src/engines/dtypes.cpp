@@ -7,7 +7,7 @@
 #include <cctype>
 #include <mutex>
 
-#include "engines/engines.h"
+#include "engines/internal.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -124,7 +124,10 @@ std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& file) {
   return out;
 }
 
+const std::vector<KvDtype>* g_dtype_override = nullptr;
+
 const std::vector<KvDtype>& kv_dtypes() {
+  if (g_dtype_override) return *g_dtype_override;
   static const std::vector<KvDtype> table = load_kv_dtypes(data_dir() / "engines" / "dtypes.json");
   return table;
 }

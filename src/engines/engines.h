@@ -412,6 +412,21 @@ const EngineModel& engine_model(std::string_view engine);
 EngineModel load_engine_model(const std::filesystem::path& engine_file,
                               const std::filesystem::path& capacity_file);
 std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& dtypes_file);
+// Replaces, while it lives, the vocabulary and engine models that kv_dtypes() and
+// engine_model() return with those loaded (and linted) from another data folder: for
+// tests of what a data change does. Not for concurrent use with those calls.
+class ScopedEngineData {
+ public:
+  explicit ScopedEngineData(const std::filesystem::path& data_dir);  // data_dir/engines/...
+  ~ScopedEngineData();
+  ScopedEngineData(const ScopedEngineData&) = delete;
+  ScopedEngineData& operator=(const ScopedEngineData&) = delete;
+
+ private:
+  std::unique_ptr<std::vector<KvDtype>> dtypes_;
+  std::unique_ptr<std::map<std::string, EngineModel>> models_;
+};
+
 // Every version a rule names as a bound, plus the latest: the points where behaviour
 // can change (for tests that sweep releases).
 std::vector<Version> boundary_versions(const EngineModel& model);

@@ -731,7 +731,35 @@ EngineModel load_engine_model(const std::filesystem::path& engine_file,
   return model;
 }
 
+const std::map<std::string, EngineModel>* g_model_override = nullptr;
+
+ScopedEngineData::ScopedEngineData(const std::filesystem::path& data_dir) {
+  const std::filesystem::path dir = data_dir / "engines";
+  dtypes_ = std::make_unique<std::vector<KvDtype>>(load_kv_dtypes(dir / "dtypes.json"));
+  const auto* previous = g_dtype_override;
+  g_dtype_override = dtypes_.get();  // the models' lint reads this vocabulary
+  try {
+    models_ = std::make_unique<std::map<std::string, EngineModel>>();
+    for (const std::string& engine : known_engines())
+      models_->emplace(engine, load_engine_model(dir / (engine + ".json"),
+                                                 dir / "capacity" / (engine + ".json")));
+  } catch (...) {
+    g_dtype_override = previous;
+    throw;
+  }
+  g_model_override = models_.get();
+}
+
+ScopedEngineData::~ScopedEngineData() {
+  g_model_override = nullptr;
+  g_dtype_override = nullptr;
+}
+
 const EngineModel& engine_model(std::string_view engine) {
+  if (g_model_override) {
+    auto it = g_model_override->find(std::string(engine));
+    if (it != g_model_override->end()) return it->second;
+  }
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<EngineModel>> loaded;
   std::lock_guard<std::mutex> lock(mutex);

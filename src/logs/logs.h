@@ -123,7 +123,7 @@ LogScan scan_log_text(std::string_view text, const std::string& label = "log");
 
 // The literal patterns the scanner looks for; a line matching none is skipped.
 // (The benchmark hands the same list to grep -c -E.)
-const std::vector<std::string>& scan_patterns();
+std::vector<std::string> scan_patterns();
 
 // ---------------------------------------------------------------- verification
 

@@ -92,18 +92,14 @@ struct TemplateHit {
 
 namespace {
 
-// Every engine's log templates, loaded once.
-const std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>>&
-all_templates() {
-  static const auto list = [] {
-    std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> out;
-    for (const std::string& name : engines::known_engines()) {
-      const engines::EngineModel& engine = engines::engine_model(name);
-      for (const auto& log : engine.log_templates) out.push_back({&engine, &log});
-    }
-    return out;
-  }();
-  return list;
+// Every engine's log templates (engine models live for the process).
+std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> all_templates() {
+  std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> out;
+  for (const std::string& name : engines::known_engines()) {
+    const engines::EngineModel& engine = engines::engine_model(name);
+    for (const auto& log : engine.log_templates) out.push_back({&engine, &log});
+  }
+  return out;
 }
 
 bool is_marker(LogKind kind) {
@@ -114,20 +110,20 @@ bool is_marker(LogKind kind) {
 }  // namespace
 
 // The literal runs the scanner looks for: every template's anchor plus the generic lines.
-const std::vector<std::string>& scan_patterns() {
-  static const std::vector<std::string> patterns = [] {
-    std::vector<std::string> out;
-    for (const auto& [engine, log] : all_templates())
-      if (std::find(out.begin(), out.end(), log->anchor) == out.end()) out.push_back(log->anchor);
-    for (const char* generic :
-         {"Traceback (most recent call last)", "out of memory", "OutOfMemoryError",
-          "Scheduler hit an exception", "Error: ", "AssertionError", "Main process exited",
-          "Failed with result", "Started ", "Stopped "})
-      out.emplace_back(generic);
-    return out;
-  }();
-  return patterns;
+std::vector<std::string> scan_patterns() {
+  std::vector<std::string> out;
+  for (const auto& [engine, log] : all_templates())
+    if (std::find(out.begin(), out.end(), log->anchor) == out.end()) out.push_back(log->anchor);
+  for (const char* generic :
+       {"Traceback (most recent call last)", "out of memory", "OutOfMemoryError",
+        "Scheduler hit an exception", "Error: ", "AssertionError", "Main process exited",
+        "Failed with result", "Started ", "Stopped "})
+    out.emplace_back(generic);
+  return out;
 }
+
+LaunchBuilder::LaunchBuilder(size_t max_launches)
+    : templates_(all_templates()), max_launches_(std::max<size_t>(1, max_launches)) {}
 
 Launch& LaunchBuilder::current(int64_t line_no, const std::string& timestamp) {
   if (launches_.empty()) {
@@ -420,7 +416,7 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   // Every template that matches; of several of one kind (an older message that extends a
   // newer one, say), the longest says the most.
   std::vector<TemplateHit> hits;
-  for (const auto& [engine, log] : all_templates()) {
+  for (const auto& [engine, log] : templates_) {
     auto captures = engines::match_log_template(*log, m);
     if (!captures) continue;
     auto same = std::find_if(hits.begin(), hits.end(), [&](const TemplateHit& h) {

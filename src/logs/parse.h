@@ -16,7 +16,7 @@ void decide_scale_fallback(Launch& launch);
 
 class LaunchBuilder {
  public:
-  explicit LaunchBuilder(size_t max_launches) : max_launches_(std::max<size_t>(1, max_launches)) {}
+  explicit LaunchBuilder(size_t max_launches);
 
   // One line that matched a scan pattern (raw, with its prefixes), 1-based number.
   void handle(std::string_view raw_line, int64_t line_no);
@@ -37,6 +37,7 @@ class LaunchBuilder {
   void apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
                   const std::string& message);
 
+  std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> templates_;
   std::deque<Launch> launches_;
   size_t max_launches_;
   int64_t dropped_ = 0;

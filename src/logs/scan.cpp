@@ -35,8 +35,8 @@ uint32_t hash16(uint32_t w) {
 
 class PatternFilter {
  public:
-  PatternFilter() : bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
-    const auto& patterns = scan_patterns();
+  PatternFilter() : patterns_(scan_patterns()), bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
+    const auto& patterns = patterns_;
     std::vector<std::vector<Entry>> buckets(1 << 16);
     for (size_t p = 0; p < patterns.size(); ++p) {
       const std::string& text = patterns[p];
@@ -54,11 +54,16 @@ class PatternFilter {
   }
 
   size_t max_len() const { return max_len_; }
+  bool line_matches(std::string_view line) const {
+    for (const auto& p : patterns_)
+      if (line.find(p) != std::string_view::npos) return true;
+    return false;
+  }
 
   // First sample position >= from where a pattern occurrence starting at or after
   // `from` verifies; returns {sample, start} or {npos, npos}.
   std::pair<size_t, size_t> find(const char* data, size_t size, size_t from) const {
-    const auto& patterns = scan_patterns();
+    const auto& patterns = patterns_;
     for (size_t i = from; i + 4 <= size; i += kStride) {
       uint32_t h = hash16(load32(data + i));
       if (!(bits_[h >> 6] >> (h & 63) & 1)) continue;
@@ -79,22 +84,12 @@ class PatternFilter {
     uint16_t pattern;
     uint16_t offset;
   };
+  std::vector<std::string> patterns_;
   std::vector<uint64_t> bits_;
   std::vector<uint32_t> bucket_begin_;
   std::vector<Entry> entries_;
   size_t max_len_ = 0;
 };
-
-const PatternFilter& filter() {
-  static const PatternFilter f;
-  return f;
-}
-
-bool line_matches(std::string_view line) {
-  for (const auto& p : scan_patterns())
-    if (line.find(p) != std::string_view::npos) return true;
-  return false;
-}
 
 // Scans complete lines in [data, data + size) (size ends after a '\n' or at EOF).
 class BlockScanner {
@@ -102,7 +97,7 @@ class BlockScanner {
   explicit BlockScanner(LaunchBuilder& builder) : builder_(builder) {}
 
   void scan(const char* data, size_t size) {
-    const PatternFilter& f = filter();
+    const PatternFilter& f = filter_;
     size_t pos = 0, counted = 0;
     while (pos < size) {
       auto [sample, start] = f.find(data, size, pos);
@@ -119,7 +114,7 @@ class BlockScanner {
             static_cast<const char*>(std::memchr(data + line_begin, '\n', size - line_begin));
         size_t line_end = nl ? static_cast<size_t>(nl - data) : size;
         std::string_view line(data + line_begin, line_end - line_begin);
-        if (line_matches(line)) {
+        if (f.line_matches(line)) {
           line_no_ += std::count(data + counted, data + line_begin, '\n');
           counted = line_begin;
           builder_.handle(line, line_no_ + 1);
@@ -138,6 +133,7 @@ class BlockScanner {
 
  private:
   LaunchBuilder& builder_;
+  PatternFilter filter_;  // from the engine data's log templates
   int64_t line_no_ = 0;
   int64_t matched_ = 0;
 };

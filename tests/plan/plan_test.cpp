@@ -11,6 +11,8 @@
 #include "plan_models.h"
 #include "util/util.h"
 
+namespace fs = std::filesystem;
+
 namespace kvaudit::plan {
 namespace {
 
@@ -180,6 +182,61 @@ TEST(PlanCapacity, VllmUsesBlocksOfSixteen) {
   EXPECT_EQ(plan.rows[0].cell_bytes_per_token_per_gpu, 131072);
   EXPECT_EQ(plan.rows[0].max_total_tokens % 16, 0);
   EXPECT_EQ(plan.rows[1].kv_cache_dtype, "fp8_e4m3");
+}
+
+// DeepSeek-V3.2 as published (tests/fixtures/configs): SGLang's DSA FP8 record is 656 B per
+// layer (512 FP8 latent + 4 FP32 tile scales + 64 BF16 rope) plus the indexer's FP8 keys
+// with their scales, (128 + 4) B per layer (kv_cache_configurator.py
+// calculate_mla_kv_cache_dim; pool_configurator.py _compute_cell_size).
+TEST(PlanCell, DsaFp8RecordAndIndexerOnTheRealDeepSeekV32Config) {
+  auto model = checkpoint::read_checkpoint(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "configs" /
+                                           "deepseek-v3.2" / "config.json");
+  auto rules = rules_of(model, "0.5.23");
+  auto fp8 = sglang_cell_size(model, sglang_dtype("fp8_e4m3"), Parallelism{8, 1, 1, false}, rules);
+  EXPECT_EQ(fp8.bytes_per_token, (656 + 132) * 61);
+  auto bf16 = sglang_cell_size(model, sglang_dtype("bf16"), Parallelism{8, 1, 1, false}, rules);
+  EXPECT_EQ(bf16.bytes_per_token, 576 * 2 * 61 + 132 * 61);
+  // The NEXTN draft layer shares the pool when speculative decoding is on.
+  rules.speculative_draft_layers = 1;
+  auto mtp = sglang_cell_size(model, sglang_dtype("fp8_e4m3"), Parallelism{8, 1, 1, false}, rules);
+  EXPECT_EQ(mtp.bytes_per_token, static_cast<int64_t>((656 + 132) * 61 * (1 + 1.0 / 61)));
+}
+
+// SGLang reads the recurrent state dtype from the model config on newer releases; older
+// ones used float32 whatever the config said.
+TEST(PlanMamba, SsmDtypeFromTheModelConfigOnNewerSglang) {
+  auto model = qwen35_397b();
+  model.linear_attention->ssm_dtype = "bfloat16";
+  auto newer = sglang_mamba_state(model, Parallelism{8, 1, 1, false}, rules_of(model, "0.5.23"));
+  auto older = sglang_mamba_state(model, Parallelism{8, 1, 1, false}, rules_of(model, "0.5.15"));
+  ASSERT_TRUE(newer && older);
+  EXPECT_EQ(older->ssm_bytes_per_layer, 2 * newer->ssm_bytes_per_layer);
+  PlanOptions flag;
+  flag.engine_version = "0.5.15";
+  flag.mamba_ssm_dtype = "bfloat16";
+  auto flagged = sglang_mamba_state(model, Parallelism{8, 1, 1, false},
+                                    sizing_rules(model, engines::engine_model("sglang"),
+                                                 *engines::parse_version("0.5.15"), flag));
+  EXPECT_EQ(flagged->ssm_bytes_per_layer, newer->ssm_bytes_per_layer);
+}
+
+TEST(PlanCapacity, VllmDefaultUtilisationPerRelease) {
+  auto model = llama31_8b();
+  PlanOptions options;
+  options.engine = "vllm";
+  options.kv_cache_dtypes = {"bf16"};
+  options.gpu_memory_bytes = int64_t{80} << 30;
+  options.weight_bytes_per_gpu = int64_t{16} << 30;
+  options.engine_version = "0.33.0";
+  EXPECT_DOUBLE_EQ(plan_capacity(model, options).memory_fraction, 0.92);
+  options.engine_version = "0.15.0";
+  EXPECT_DOUBLE_EQ(plan_capacity(model, options).memory_fraction, 0.9);
+  // Per-token-head INT8 pages carry an FP32 scale per token per head for K and V.
+  options.engine_version = "0.33.0";
+  options.kv_cache_dtypes = {"int8_per_token_head", "nvfp4"};
+  auto plan = plan_capacity(model, options);
+  EXPECT_EQ(plan.rows[0].cell_bytes_per_token_per_gpu, 32 * 8 * (2 * 128 + 2 * 4));
+  EXPECT_EQ(plan.rows[1].cell_bytes_per_token_per_gpu, 32 * 8 * 2 * (64 + 8));
 }
 
 TEST(PlanCapacity, RejectsUnknownDtype) {
