@@ -152,12 +152,18 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
                                          resolved.kv_cache_dtype);
 
   json dropped = json::array();
+  // Block-scaled layouts (nvfp4, mxfp8): what a block holds and how its scale is encoded.
+  auto block_json = [](const engines::KvDtype& d) {
+    if (d.block_elements <= 0) return json();
+    return json{{"elements", d.block_elements},
+                {"scale_bits", d.block_scale_bits},
+                {"scale_format", d.block_scale_format}};
+  };
   auto provenance_json = [](const engines::Provenance& p) {
-    json out = {{"reference", p.reference},
-                {"status", engines::rule_status_name(p.status)},
-                {"verified", p.verified}};
-    if (!p.verified) out["bound"] = p.bound;
-    return out;
+    return json{{"reference", p.reference},
+                {"status", engines::rule_status_id(p.status)},
+                {"verified", p.verified},
+                {"bound", p.bound}};
   };
   for (const auto& drop : resolved.dropped)
     dropped.push_back({{"rule", drop.rule_id},
@@ -181,6 +187,14 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
       {"requested", resolved.requested},
       {"model_dtype", resolved.model_dtype},
       {"quantized", resolved.quantized},
+      {"dtype", resolved.dtype
+                    ? json{{"name", resolved.dtype->name},
+                           {"torch_dtype", resolved.dtype->torch_dtype},
+                           {"scales", engines::scale_semantics_name(resolved.dtype->scales)},
+                           {"description", resolved.dtype->description},
+                           {"block", block_json(*resolved.dtype)},
+                           {"reference", resolved.dtype->reference}}
+                    : json()},
       {"scale_source", engines::scale_source_name(resolved.scale_source)},
       {"rule", resolved.rule_id},
       {"reason", resolved.reason},

@@ -226,7 +226,9 @@ void rule_dtype_hazards(Context& ctx) {
       continue;
     std::vector<Evidence> evidence = {
         {ctx.model().config_file, "torch_dtype", ctx.model().torch_dtype},
-        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype}};
+        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype},
+        {ctx.data_file(), "dtype_hazards." + hazard.id,
+         std::string(engines::rule_status_name(hazard.provenance.status))}};
     add_provenance(ctx, hazard.provenance, evidence);
     ctx.findings.push_back(
         Finding{"kv-dtype-corrupts", Severity::critical,

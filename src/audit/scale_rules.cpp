@@ -108,10 +108,17 @@ void rule_unit_scale(Context& ctx) {
     }
     evidence.push_back(
         {ctx.data_file(), "fallback.both_missing",
-         fmt::format("scale {:g}, {}", fallback.both_missing_scale,
-                     fallback.both_missing_message.empty() ? "not logged" : "logged")});
-    if (ctx.resolved.scale_warning_text)
-      evidence.push_back({"server log", "warning", *ctx.resolved.scale_warning_text});
+         fmt::format(
+             "k and v scale set to {}{}, {}", fallback.both_missing_scale,
+             fallback.both_missing_scale == std::floor(fallback.both_missing_scale) ? ".0" : "",
+             fallback.both_missing_message.empty() ? "no log line" : "logged")});
+    if (ctx.resolved.scale_warning_text) {
+      evidence.push_back(
+          {"server log",
+           fmt::format("warning ({})", reference_text(ctx.resolved.scale_warning_provenance)),
+           *ctx.resolved.scale_warning_text});
+      add_provenance(ctx, ctx.resolved.scale_warning_provenance, evidence);
+    }
     if (!ctx.resolved.skipped_layers.empty())
       evidence.push_back({ctx.launch_label(), "--kv-cache-dtype-skip-layers",
                           fmt::format("{} layer(s) stay in {}", ctx.resolved.skipped_layers.size(),
@@ -368,16 +375,17 @@ void rule_param_path(Context& ctx) {
 void rule_misleading_warning(Context& ctx) {
   if (!ctx.resolved.scale_warning_text || ctx.resolved.scale_source == ScaleSource::unit_default)
     return;
-  ctx.findings.push_back(
-      Finding{"scale-warning-false-alarm",
-              Severity::info,
-              "The engine will log a scale-1.0 warning that does not apply here",
-              fmt::format("'{}' is {}; here the checkpoint's per-layer scales do load.",
-                          *ctx.resolved.scale_warning_text, ctx.resolved.scale_warning_meaning),
-              {{ctx.data_file(), "scale_warnings." + ctx.resolved.scale_warning_id,
-                *ctx.resolved.scale_warning_text}},
-              "none: verify with kvaudit logs instead of grepping for the warning",
-              "sgl-project/sglang#31224"});
+  std::vector<Evidence> evidence = {{ctx.data_file(),
+                                     "scale_warnings." + ctx.resolved.scale_warning_id,
+                                     *ctx.resolved.scale_warning_text}};
+  add_provenance(ctx, ctx.resolved.scale_warning_provenance, evidence);
+  ctx.findings.push_back(Finding{
+      "scale-warning-false-alarm", Severity::info,
+      "The engine will log a scale-1.0 warning that does not apply here",
+      fmt::format("'{}' is {}; here the checkpoint's per-layer scales do load.",
+                  *ctx.resolved.scale_warning_text, ctx.resolved.scale_warning_meaning),
+      evidence, "none: verify with kvaudit logs instead of grepping for the warning",
+      reference_text(ctx.resolved.scale_warning_provenance) + "; sgl-project/sglang#31224"});
 }
 
 }  // namespace kvaudit::audit

@@ -81,7 +81,7 @@ std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& file) {
     if (auto block = entry.optional_object("block")) {
       dtype.block_elements = static_cast<int>(block->integer("elements"));
       dtype.block_scale_bits = static_cast<int>(block->integer("scale_bits"));
-      block->allow_descriptive({"scale_format"});
+      dtype.block_scale_format = block->string("scale_format");
       block->finish();
       if (dtype.block_elements <= 0 || dtype.block_scale_bits <= 0)
         entry.fail("block", "elements and scale_bits must be positive");
@@ -93,7 +93,8 @@ std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& file) {
     dtype.scales = parse_semantics(entry);
     dtype.quantized = entry.boolean_or("quantized", false);
     dtype.description = entry.string("description");
-    entry.allow_descriptive({"reference", "notes"});
+    dtype.reference = entry.string_or("reference", "");
+    entry.allow_descriptive({"notes"});
     entry.finish();
     if (dtype.key_bits <= 0 || dtype.value_bits <= 0 || dtype.key_bits > 32 ||
         dtype.value_bits > 32)

@@ -53,7 +53,8 @@ bool version_in_range(const Version& version, std::string_view range);
 // Where a rule comes from. `verified` is false when its version bound was inferred
 // (from merge or release dates) rather than read in a release; findings say so.
 enum class RuleStatus { code, merged, open, closed_unmerged };
-std::string_view rule_status_name(RuleStatus status);
+std::string_view rule_status_name(RuleStatus status);  // for people: "read in the engine's source"
+std::string_view rule_status_id(RuleStatus status);    // in the data and JSON: "code", "merged"
 struct Provenance {
   std::string reference;  // source path + function, PR or issue
   RuleStatus status = RuleStatus::code;
@@ -86,11 +87,13 @@ struct KvDtype {
   int value_bits = 16;       // storage bits per V element
   int block_elements = 0;    // one block scale per this many elements (0: none)
   int block_scale_bits = 0;  // bits of each block scale
+  std::string block_scale_format;           // how a block scale is encoded ("ue8m0", "fp8_e4m3")
   int scale_bytes_per_token_head = 0;       // inline per-(token, head) scales, K and V each
   int fixed_mla_bytes_per_token_layer = 0;  // packed MLA layouts (fp8_ds_mla: 656)
   ScaleSemantics scales = ScaleSemantics::none;
   bool quantized = false;  // narrower than 16 bits: accuracy depends on scales or layout
   std::string description;
+  std::string reference;  // where its layout was read
 };
 
 // Loaded once from data_dir()/engines/dtypes.json (linted).
@@ -191,7 +194,6 @@ struct FallbackRule {
   std::string zero_error;
   NonScalarRule non_scalar = NonScalarRule::startup_error;
   std::string non_scalar_error;
-  bool fnuz_doubles_scale = true;
   Provenance provenance;
 };
 
@@ -334,7 +336,6 @@ struct MemFractionTier {
 };
 struct MemFractionTable {
   VersionRange versions;
-  double fallback_when_gpu_unknown = 0.88;
   std::vector<MemFractionTier> tiers;
   double reserved_constant_mib = 0;
   double activation_mib_per_prefill_token = 0;
@@ -531,6 +532,7 @@ struct ResolvedKv {
   std::optional<std::string> scale_warning_text;  // the scale warning the engine logs
   std::string scale_warning_id;
   std::string scale_warning_meaning;
+  Provenance scale_warning_provenance;
   const FallbackRule* fallback = nullptr;
 };
 

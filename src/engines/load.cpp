@@ -60,11 +60,7 @@ Provenance read_provenance(JsonReader& r) {
   bool known = false;
   for (RuleStatus s :
        {RuleStatus::code, RuleStatus::merged, RuleStatus::open, RuleStatus::closed_unmerged}) {
-    std::string name(rule_status_name(s));
-    std::string key = s == RuleStatus::code              ? "code"
-                      : s == RuleStatus::closed_unmerged ? "closed_unmerged"
-                                                         : name;
-    if (status == key) p.status = s, known = true;
+    if (status == rule_status_id(s)) p.status = s, known = true;
   }
   if (!known)
     r.fail("status", fmt::format("'{}' is not one of code, merged, open, closed_unmerged", status));
@@ -416,7 +412,6 @@ void read_rules(JsonReader& top, EngineModel& model) {
         {{"startup_error", NonScalarRule::startup_error},
          {"per_head_for_ct_attn_head", NonScalarRule::per_head_for_ct_attn_head}});
     rule.non_scalar_error = r.string("non_scalar_error");
-    rule.fnuz_doubles_scale = r.boolean_or("fnuz_doubles_scale", true);
     rule.provenance = read_provenance(r);
     r.finish();
     if ((rule.k_only == OneScaleRule::startup_error ||
@@ -674,7 +669,6 @@ void read_capacity(const std::filesystem::path& file, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("mem_fraction_static_default")) {
     MemFractionTable t;
     t.versions = read_range(r, "versions");
-    t.fallback_when_gpu_unknown = r.number("fallback_when_gpu_unknown");
     for (JsonReader& tier : r.objects("tiers")) {
       t.tiers.push_back({tier.number("below_mib"),
                          static_cast<int>(tier.integer("chunked_prefill_size")),

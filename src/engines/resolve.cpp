@@ -411,6 +411,23 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
                                                        engine.engine, version_text(*version)),
                                            rule.provenance});
   }
+  if (!flags.mamba_ssm_dtype.empty() && flags.mamba_ssm_dtype != "auto") {
+    const EngineDefaults& defaults = engine.defaults_for(*version);
+    const auto& choices = defaults.mamba_ssm_dtype_choices;
+    if (!choices.empty() &&
+        std::find(choices.begin(), choices.end(), flags.mamba_ssm_dtype) == choices.end()) {
+      std::string flag = engine.launch.flags.count("mamba_ssm_dtype")
+                             ? engine.launch.flags.at("mamba_ssm_dtype").front()
+                             : "--mamba-ssm-dtype";
+      resolved.startup_failures.push_back(
+          {"mamba-ssm-dtype-rejected",
+           fmt::format("argument {}: invalid choice: '{}' (choose from {})", flag,
+                       flags.mamba_ssm_dtype, fmt::join(choices, ", ")),
+           fmt::format("{} {} does not accept {} {}", engine.engine, version_text(*version), flag,
+                       flags.mamba_ssm_dtype),
+           defaults.provenance});
+    }
+  }
   for (const CheckpointAbort& rule : engine.checkpoint_aborts) {
     if (!rule.versions.contains(*version) || !rule.when.matches(model)) continue;
     if (!rule.requested.empty() &&
@@ -454,6 +471,7 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
     resolved.scale_warning_text = engine.log_template(rule.log_message)->text;
     resolved.scale_warning_id = rule.id;
     resolved.scale_warning_meaning = rule.meaning;
+    resolved.scale_warning_provenance = rule.provenance;
     break;
   }
   return resolved;

@@ -137,6 +137,20 @@ bool version_in_range(const Version& version, std::string_view range) {
   return parsed && parsed->contains(version);
 }
 
+std::string_view rule_status_id(RuleStatus status) {
+  switch (status) {
+    case RuleStatus::code:
+      return "code";
+    case RuleStatus::merged:
+      return "merged";
+    case RuleStatus::open:
+      return "open";
+    case RuleStatus::closed_unmerged:
+      return "closed_unmerged";
+  }
+  return "?";
+}
+
 std::string_view rule_status_name(RuleStatus status) {
   switch (status) {
     case RuleStatus::code:

@@ -64,6 +64,7 @@ struct LogEvent {
   engines::LogKind message_kind = engines::LogKind::startup_error;
   std::string template_id;
   std::string engine;
+  std::string reference;  // the template's source, and its version bound when inferred
 };
 
 struct Launch {

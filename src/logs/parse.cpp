@@ -270,11 +270,15 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
   auto loading = [&] { launch.stage = std::max<int>(launch.stage, kLoading); };
   auto evidence = [&] { return fmt::format("log:{}: {}", line_no, clip(message, 120)); };
   auto scale_message = [&] {
-    if (launch.scale_messages.size() < 64)
-      launch.scale_messages.push_back({line_no, std::string(engines::log_kind_name(hit.log->kind)),
-                                       clip(message), launch.ready, hit.log->kind, hit.log->id,
-                                       hit.engine->engine});
+    if (launch.scale_messages.size() >= 64) return;
+    const engines::Provenance& p = hit.log->provenance;
+    launch.scale_messages.push_back(
+        {line_no, std::string(engines::log_kind_name(hit.log->kind)), clip(message), launch.ready,
+         hit.log->kind, hit.log->id, hit.engine->engine,
+         p.verified ? p.reference
+                    : fmt::format("{} (version bound inferred: {})", p.reference, p.bound)});
   };
+
   if (launch.engine.empty()) launch.engine = hit.engine->engine;
   auto& memory = launch.memory;
   switch (hit.log->kind) {
@@ -390,6 +394,8 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
       break;
     case LogKind::startup_error:
       record_failure(launch, "engine_error", message, line_no);
+      if (!launch.failures.empty() && launch.failures.back().line == line_no)
+        launch.failures.back().reference = hit.log->provenance.reference;
       break;
     case LogKind::launch_args:
     case LogKind::engine_version:

@@ -53,11 +53,18 @@ nlohmann::json launch_json(const Launch& l) {
                            {"concurrency_x", opt(m.concurrency_x)}};
   nlohmann::json scale_messages = nlohmann::json::array();
   for (const auto& s : l.scale_messages)
-    scale_messages.push_back({{"line", s.line}, {"kind", s.kind}, {"text", s.text}});
+    scale_messages.push_back({{"line", s.line},
+                              {"kind", s.kind},
+                              {"text", s.text},
+                              {"template", s.template_id},
+                              {"reference", s.reference}});
   nlohmann::json failures = nlohmann::json::array();
   for (const auto& f : l.failures)
-    failures.push_back(
-        {{"line", f.line}, {"kind", f.kind}, {"text", f.text}, {"after_ready", f.after_ready}});
+    failures.push_back({{"line", f.line},
+                        {"kind", f.kind},
+                        {"text", f.text},
+                        {"after_ready", f.after_ready},
+                        {"reference", f.reference}});
   nlohmann::json findings = nlohmann::json::array();
   for (const auto& f : l.findings) findings.push_back(finding_json(f));
   nlohmann::json ranks = nlohmann::json::array();

@@ -252,7 +252,8 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
                                              options.parallel.dp_attention, options.parallel.dp);
         plan.memory_fraction = d.mem_fraction_static;
         plan.memory_fraction_source = "SGLang default";
-        plan.derivation.push_back(d.derivation);
+        plan.derivation.push_back(d.derivation + " [" + table->provenance.reference + "]");
+        if (!table->caveats.empty()) plan.notes.push_back(table->caveats);
       } else {
         throw InputError(engine.capacity.file,
                          "no mem_fraction_static_default covers " + engines::version_text(version));

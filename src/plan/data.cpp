@@ -84,12 +84,8 @@ MemFractionDefault sglang_default_mem_fraction(const engines::MemFractionTable& 
                                                int64_t gpu_mem_mib, int tp, int pp,
                                                bool dp_attention, int dp) {
   MemFractionDefault out;
-  if (gpu_mem_mib <= 0) {
-    out.mem_fraction_static = rule.fallback_when_gpu_unknown;
-    out.derivation =
-        fmt::format("GPU memory unknown: SGLang falls back to {}", rule.fallback_when_gpu_unknown);
-    return out;
-  }
+  if (gpu_mem_mib <= 0)
+    throw InputError("--gpu-mem", "SGLang's default fraction needs the GPU memory");
   int chunked_prefill = 0, graph_bs = 0;
   for (const auto& tier : rule.tiers) {
     if (static_cast<double>(gpu_mem_mib) < tier.below_mib) {

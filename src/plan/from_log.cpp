@@ -171,27 +171,29 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
       printed_gib = logged.k_gib, label = "K size";
     }
     if (printed_gib && k_bytes_per_token > 0) {
-      TokenInterval from_size =
-          tokens_from_printed_size(*printed_gib, k_bytes_per_token, setup.page_size);
-      add_check(
-          out, "sglang_pool_size", fmt::format("#tokens against the printed {}", label), n,
-          from_size,
-          fmt::format("{} {:.2f} GiB = (#tokens + page {}) x {} B/token ({} layers); tokens in "
-                      "[{}, {}]",
-                      label, *printed_gib, setup.page_size, k_bytes_per_token,
-                      setup.cell.full_layers, from_size.lo, from_size.hi));
+      // SGLang's buffers hold size + page_size rows (kv_buffer_padding_pages pages).
+      const int64_t padding =
+          static_cast<int64_t>(setup.page_size) * engine.capacity.kv_buffer_padding_pages;
+      TokenInterval from_size = tokens_from_printed_size(*printed_gib, k_bytes_per_token, padding);
+      add_check(out, "sglang_pool_size", fmt::format("#tokens against the printed {}", label), n,
+                from_size,
+                fmt::format("{} {:.2f} GiB = (#tokens + {} padding rows) x {} B/token ({} layers); "
+                            "tokens in [{}, {}]",
+                            label, *printed_gib, padding, k_bytes_per_token, setup.cell.full_layers,
+                            from_size.lo, from_size.hi));
     }
   }
   if (setup.mamba && logged.mamba_slots && logged.ssm_gib) {
-    // MambaPool allocates max_mamba_cache_size + 1 slots (slot 0 pads).
+    // MambaPool allocates max_mamba_cache_size + padding slots (slot 0 pads).
     const int64_t per_slot = setup.mamba->ssm_bytes_per_layer * setup.mamba->linear_layers;
-    TokenInterval slots = tokens_from_printed_size(*logged.ssm_gib, per_slot, 1);
+    const int64_t padding = engine.capacity.mamba_pool_padding_slots;
+    TokenInterval slots = tokens_from_printed_size(*logged.ssm_gib, per_slot, padding);
     add_check(
         out, "sglang_mamba_ssm_size", "max_mamba_cache_size against the printed ssm_state size",
         *logged.mamba_slots, slots,
-        fmt::format("ssm_state {:.2f} GiB = (slots + 1) x {} B x {} layers; slots in [{}, {}]",
-                    *logged.ssm_gib, setup.mamba->ssm_bytes_per_layer, setup.mamba->linear_layers,
-                    slots.lo, slots.hi));
+        fmt::format("ssm_state {:.2f} GiB = (slots + {}) x {} B x {} layers; slots in [{}, {}]",
+                    *logged.ssm_gib, padding, setup.mamba->ssm_bytes_per_layer,
+                    setup.mamba->linear_layers, slots.lo, slots.hi));
   }
 
   // Every dtype from the same budget.

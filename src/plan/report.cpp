@@ -220,7 +220,16 @@ report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPl
   if (explain) out.tables.push_back(std::move(derivation));
   for (const auto& note : plan.notes) out.notes.push_back(note);
   out.payload["engine"] = plan.engine;
+  out.payload["engine_version"] = plan.engine_version;
+  out.payload["sources"] = engines::engine_model(plan.engine).capacity.references;
   out.payload["tp"] = plan.parallel.tp;
+  out.payload["budget"] = {{"gpu_memory_bytes", plan.gpu_memory_bytes},
+                           {"memory_fraction", plan.memory_fraction},
+                           {"memory_fraction_source", plan.memory_fraction_source},
+                           {"weight_bytes_per_gpu", plan.weight_bytes_per_gpu},
+                           {"budget_bytes", plan.budget_bytes},
+                           {"derivation", plan.derivation},
+                           {"notes", plan.notes}};
   out.payload["rows"] = rows_json;
 
   if (!plan.rows.empty()) {

@@ -204,12 +204,17 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
   std::vector<report::Finding> findings;
   const std::string where = facts.url;
   if (facts.engine == "generic") {
+    std::vector<std::string> asked;  // the endpoints each engine's data says report the KV dtype
+    for (const std::string& name : engines::known_engines())
+      if (const auto& info = engines::engine_model(name).server_info)
+        asked.push_back(fmt::format("{} ({})", name, fmt::join(info->endpoints, ", ")));
     findings.push_back(
         {"probe-engine-unknown",
          report::Severity::info,
          "The server does not say which engine it is or how its KV cache is stored",
-         "Neither SGLang's /server_info nor vLLM's vllm:cache_config_info answered, so the "
-         "KV dtype and capacity are unknown; only the behavioural probes can judge it.",
+         fmt::format("None of the endpoints that report the KV dtype answered ({}), so the KV "
+                     "dtype and capacity are unknown; only the behavioural probes can judge it.",
+                     fmt::join(asked, "; ")),
          {{where, "detected by", facts.detected_by}},
          "read the server's start-up log with kvaudit logs",
          ""});
@@ -265,14 +270,19 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
          result.resolved.rule_provenance.reference});
   if (!model && reported == "auto" && reports_requested)
     findings.push_back(
-        {"probe-kv-dtype-auto",
-         report::Severity::info,
+        {"probe-kv-dtype-auto", report::Severity::info,
          fmt::format("{} reports kv_cache_dtype auto: the resolved dtype depends on the checkpoint",
                      facts.engine),
          "Under auto a checkpoint that declares a quantized KV cache can get one (the engine "
          "data's auto rules); whether the server's report shows the resolved value is not "
          "confirmed.",
-         {{where, "kv_cache_dtype", "auto"}},
+         [&] {
+           std::vector<report::Evidence> evidence = {{where, "kv_cache_dtype", "auto"}};
+           if (engine.server_info && !engine.server_info->provenance.verified)
+             evidence.push_back({engine.file, "server_info (not confirmed in a release)",
+                                 engine.server_info->provenance.bound});
+           return evidence;
+         }(),
          "rerun with --checkpoint DIR, or read the start-up log with kvaudit logs",
          engine.server_info ? engine.server_info->provenance.reference : ""});
   if (facts.kv_cache_dtype.empty())

@@ -21,16 +21,17 @@ namespace {
 
 using checkpoint::ScaleRole;
 
+// The engine dtypes serve can store, with their numerics codec (scales appended later for
+// FP8). How SGLang's log names each comes from the dtype vocabulary (torch_dtype).
 struct DtypeMapping {
-  const char* sglang;       // normalised SGLang dtype
-  const char* spec;         // numerics spec (scales appended later for FP8)
-  const char* torch_dtype;  // how SGLang's log names it
+  const char* sglang;  // canonical dtype
+  const char* spec;    // numerics spec
 };
 constexpr DtypeMapping kDtypes[] = {
-    {"bf16", "bf16", "torch.bfloat16"},
-    {"fp16", "fp16", "torch.float16"},
-    {"fp8_e4m3", "fp8_e4m3", "torch.float8_e4m3fn"},
-    {"fp8_e5m2", "fp8_e5m2", "torch.float8_e5m2"},
+    {"bf16", "bf16"},
+    {"fp16", "fp16"},
+    {"fp8_e4m3", "fp8_e4m3"},
+    {"fp8_e5m2", "fp8_e5m2"},
 };
 
 const DtypeMapping* find_mapping(const std::string& dtype) {
@@ -232,7 +233,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
                                    "(it serves bf16, fp16, fp8_e4m3, fp8_e5m2 and numerics "
                                    "formats such as int8:token)",
                                    kv.kv_cache_dtype));
-    kv.torch_dtype = mapping->torch_dtype;
+    kv.torch_dtype = engines::find_kv_dtype(kv.kv_cache_dtype)->torch_dtype;
     const bool fp8 = kv.kv_cache_dtype.rfind("fp8", 0) == 0;
     if (fp8) {
       sglang_scales(facts, options, engine.fallback_for(*version), kv);

@@ -1,0 +1,637 @@
+// Every behavioural key of the engine data is read by some code path. The test mutates
+// each key of each data file (every entry that has it at once) and requires that either
+// the loader refuses the result (its lint read the key) or the output of some command
+// changes: check (resolve + findings) over fixtures x releases x requests, logs over
+// the fixture logs and one line per log template, plan over several architectures, the
+// launch parser, and probe's server findings. A key whose mutation changes nothing is
+// data no code reads (or a rule no scenario can reach): the test names it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include "../plan/plan_models.h"
+#include "audit/audit.h"
+#include "common/fixtures.h"
+#include "engines/engines.h"
+#include "logs/logs.h"
+#include "plan/plan.h"
+#include "probe/probe.h"
+#include "util/json.h"
+#include "util/util.h"
+
+namespace kvaudit {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------- the data as documents
+
+struct Docs {
+  json dtypes;
+  std::map<std::string, json> engine, capacity;
+};
+
+fs::path source_engines() {
+  return fs::path(KVAUDIT_TEST_DIR) / ".." / "data" / "engines";
+}
+
+Docs read_docs() {
+  Docs docs;
+  docs.dtypes = read_json_file(source_engines() / "dtypes.json");
+  for (const auto& e : engines::known_engines()) {
+    docs.engine[e] = read_json_file(source_engines() / (e + ".json"));
+    docs.capacity[e] = read_json_file(source_engines() / "capacity" / (e + ".json"));
+  }
+  return docs;
+}
+
+void write_docs(const Docs& docs, const fs::path& dir) {
+  fs::create_directories(dir / "engines" / "capacity");
+  std::ofstream(dir / "engines" / "dtypes.json") << docs.dtypes.dump();
+  for (const auto& [e, doc] : docs.engine)
+    std::ofstream(dir / "engines" / (e + ".json")) << doc.dump();
+  for (const auto& [e, doc] : docs.capacity)
+    std::ofstream(dir / "engines" / "capacity" / (e + ".json")) << doc.dump();
+}
+
+// ---------------------------------------------------------------- scenarios
+
+std::string text_of(const report::Finding& f) {
+  std::string out = fmt::format("{}|{}|{}|{}|{}|{}", f.id, report::severity_name(f.severity),
+                                f.title, f.consequence, f.fix, f.reference);
+  for (const auto& e : f.evidence) out += fmt::format("|{}:{}={}", e.file, e.key, e.value);
+  return out;
+}
+
+std::string provenance_text(const engines::Provenance& p) {
+  return fmt::format("{}/{}/{}/{}", p.reference, engines::rule_status_name(p.status), p.verified,
+                     p.bound);
+}
+
+std::string fingerprint(const audit::CheckResult& r) {
+  const auto& k = r.resolved;
+  std::string out =
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", k.requested, k.requested_known,
+                  k.kv_cache_dtype, k.rule_id, k.reason, provenance_text(k.rule_provenance),
+                  k.model_dtype, engines::scale_source_name(k.scale_source),
+                  fmt::join(k.loaded_scale_names, ","), fmt::join(k.skipped_layers, ","),
+                  k.scale_warning_text.value_or("-"), k.scale_warning_id + k.scale_warning_meaning);
+  for (const auto& d : k.dropped)
+    out += fmt::format("|drop {} {} {} {}", d.rule_id, d.reason, provenance_text(d.provenance),
+                       d.tensor_names.size());
+  for (const auto& f : k.startup_failures)
+    out +=
+        fmt::format("|fail {} {} {} {}", f.id, f.message, f.cause, provenance_text(f.provenance));
+  // fmt, not `"\n" + std::string`: GCC 12 reports a false -Wrestrict on that concatenation.
+  for (const auto& f : r.findings) out += fmt::format("\n{}", text_of(f));
+  return out;
+}
+
+// A model derived from a rule's `when`, so rules no fixture triggers are reached too.
+std::optional<checkpoint::ModelFacts> model_for(const json& when,
+                                                const checkpoint::ModelFacts& base,
+                                                const checkpoint::ModelFacts& hybrid) {
+  if (!when.is_object() || when.empty()) return std::nullopt;
+  checkpoint::ModelFacts model = when.value("hybrid", false) ? hybrid : base;
+  if (!model.quant) model.quant = checkpoint::QuantFacts{};
+  // Only what the rule asks for: the base's own KV declaration would decide first.
+  model.quant->kv_cache_quant_algo.clear();
+  model.quant->has_kv_cache_scheme = false;
+  model.quant->kv_scheme_bits = 0;
+  model.quant->kv_scheme_type.clear();
+  auto first = [&](const char* key) -> std::string {
+    if (!when.contains(key) || !when[key].is_array() || when[key].empty()) return "";
+    std::string v = when[key][0].get<std::string>();
+    for (char& c : v)
+      if (c == '*') c = 'X';
+    return v;
+  };
+  if (auto a = first("architectures"); !a.empty()) model.architecture = a;
+  if (auto m = first("quant_methods"); !m.empty()) model.quant->method = m == "none" ? "" : m;
+  if (auto k = first("kv_cache_quant_algos"); !k.empty())
+    model.quant->kv_cache_quant_algo = k == "X" ? "FP6" : k;
+  if (when.contains("kv_cache_scheme")) model.quant->has_kv_cache_scheme = when["kv_cache_scheme"];
+  if (when.contains("scheme_bits")) model.quant->kv_scheme_bits = when["scheme_bits"];
+  if (when.contains("scheme_type")) model.quant->kv_scheme_type = when["scheme_type"];
+  if (auto s = first("scheme_strategies"); !s.empty()) model.quant->kv_scheme_strategy = s;
+  if (auto w = first("weight_algos"); !w.empty()) model.quant->weight_algo = w;
+  return model;
+}
+
+struct Battery {
+  std::vector<checkpoint::ModelFacts> models;
+  std::map<std::string, std::vector<std::string>> versions;  // engine -> representatives
+  std::map<std::string, std::map<std::string, std::vector<std::string>>> requests;  // per version
+  std::vector<std::string> log_texts;  // one log per template line, plus fixture logs
+  std::vector<checkpoint::ModelFacts> plan_models;
+  std::vector<std::pair<std::string, checkpoint::ModelFacts>> from_logs;  // log text, its model
+  std::map<std::string, std::vector<std::string>> launches;               // engine -> command lines
+};
+
+// One representative release per distinct set of matching rules.
+std::vector<std::string> representatives(const engines::EngineModel& engine) {
+  std::map<std::string, std::string> by_signature;
+  for (const auto& v : engines::boundary_versions(engine)) {
+    std::string signature;
+    auto add = [&](const auto& rules) {
+      for (const auto& r : rules) signature.push_back(r.versions.contains(v) ? '1' : '0');
+    };
+    add(engine.dtype_choices), add(engine.auto_rules), add(engine.kv_method_rules);
+    add(engine.scale_name_rules), add(engine.scale_drop_rules), add(engine.fallback_rules);
+    add(engine.scale_warnings), add(engine.param_path_rules), add(engine.checkpoint_aborts);
+    add(engine.dtype_hazards), add(engine.defaults), add(engine.log_templates);
+    for (const auto& r : engine.flag_rules)
+      signature += fmt::format("{}{}{}", r.exists.contains(v), r.deprecated.contains(v),
+                               r.disabled_for_hybrid.contains(v));
+    by_signature.emplace(signature, engines::version_text(v));
+  }
+  std::vector<std::string> out;
+  for (const auto& [signature, version] : by_signature)
+    out.push_back(version == "latest" ? "" : version);
+  return out;
+}
+
+// A sample value for a log template's placeholder, by the field it fills.
+std::string sample_for(const std::string& field) {
+  if (field == "server_args_repr")
+    return "ServerArgs(model_path='/m', kv_cache_dtype='fp8_e4m3', tp_size=2, "
+           "mem_fraction_static=0.8, page_size=1, context_length=4096, dtype='auto')";
+  if (field == "non_default_args_repr")
+    return "{'model': '/m', 'kv_cache_dtype': 'fp8', 'tensor_parallel_size': 2, 'dtype': "
+           "'bfloat16', 'max_model_len': 4096, 'block_size': 16}";
+  if (field == "engine_config")
+    return "model='/m', dtype=torch.bfloat16, kv_cache_dtype=fp8, tensor_parallel_size=2, "
+           "max_seq_len=4096";
+  if (field == "engine_version") return "0.20.1";
+  if (field == "kv_dtype") return "fp8_e4m3";
+  if (field == "model_dtype") return "torch.bfloat16";
+  if (field == "load_details") return "dtype=torch.bfloat16, ";
+  for (const char* gib : {"avail_mem_gib", "mem_usage_gib", "k_gib", "v_gib", "kv_gib", "conv_gib",
+                          "ssm_gib", "available_kv_gib", "weights_gib"})
+    if (field == gib) return "12.34";
+  if (field == "concurrency_x") return "4.25";
+  for (const char* count : {"pool_tokens", "mamba_slots", "full_tokens", "swa_tokens",
+                            "max_total_num_tokens", "max_running_requests", "context_len",
+                            "kv_cache_tokens", "concurrency_context", "gpu_blocks", "cpu_blocks"})
+    if (field == count) return "123,456";
+  return "x";
+}
+
+// The template with each placeholder replaced (printf or Python style, as the loader reads).
+std::string sample_line(const engines::LogTemplate& log) {
+  std::string out;
+  size_t field = 0;
+  const std::string& t = log.text;
+  const bool python = t.find('{') != std::string::npos;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (python && t[i] == '{' && i + 1 < t.size() && t[i + 1] != '{') {
+      i = t.find('}', i);
+      out += sample_for(field < log.fields.size() ? log.fields[field] : "");
+      ++field;
+    } else if (!python && t[i] == '%' && i + 1 < t.size() && t[i + 1] != '%') {
+      size_t j = i + 1;
+      while (j < t.size() &&
+             std::string_view("0123456789.-+ #").find(t[j]) != std::string_view::npos)
+        ++j;
+      i = j;
+      out += sample_for(field < log.fields.size() ? log.fields[field] : "");
+      ++field;
+    } else if ((t[i] == '%' || t[i] == '{' || t[i] == '}') && i + 1 < t.size() &&
+               t[i + 1] == t[i]) {
+      out += t[i++];
+    } else {
+      out += t[i];
+    }
+  }
+  return out;
+}
+
+Battery build_battery() {
+  Battery b;
+  using testing::fixture_checkpoint;
+  for (const char* name :
+       {"llama-bf16-plain", "llama-modelopt-bf16-scales", "llama-modelopt-kv-no-scales",
+        "llama-modelopt-unit-scales", "llama-modelopt-k-only", "llama-modelopt-v-only",
+        "llama-modelopt-zero-kv", "llama-modelopt-nan-scales", "llama-ct-fp8-kv",
+        "llama-ct-fp8-per-head", "llama-ct-fused-qkv-scales", "qwen3-moe-modelopt-fp8",
+        "qwen3-next-80b", "qwen35-modelopt-fp8-kv-scales", "qwen35-modelopt-nvfp4-kv",
+        "deepseek-v3-mla", "gpt-oss-20b", "gemma3-4b"})
+    b.models.push_back(checkpoint::read_checkpoint(fixture_checkpoint(name)));
+  const fs::path configs = fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "configs";
+  for (const char* name : {"nvidia-qwen3.6-35b-a3b-nvfp4", "kimi-k2.5", "deepseek-v3.2"})
+    b.models.push_back(checkpoint::read_checkpoint(configs / name));
+  b.models.emplace_back();  // a live server without a checkpoint
+  // Models that meet each rule's `when` (Mixtral, Gemma 3 ModelOpt, ...).
+  const checkpoint::ModelFacts base = b.models[1], hybrid = b.models[12];
+  const Docs docs = read_docs();
+  for (const auto& [engine, doc] : docs.engine)
+    for (const auto& [key, value] : doc.items())
+      if (value.is_array())
+        for (const auto& entry : value)
+          if (entry.is_object())
+            if (auto m = model_for(entry.value("when", json::object()), base, hybrid)) {
+              b.models.push_back(*m);
+              m->kv_scales.clear();  // and the same checkpoint without scale tensors
+              b.models.push_back(*m);
+            }
+  // The param-path rule's loaders: one model per listed architecture.
+  for (const auto& entry : docs.engine.at("sglang")["quantization_param_path"])
+    for (const auto& a : entry.value("architectures_with_loader", json::array())) {
+      checkpoint::ModelFacts m = base;
+      m.architecture = a.get<std::string>();
+      for (char& c : m.architecture)
+        if (c == '*') c = 'X';
+      b.models.push_back(m);
+    }
+  // The base's scales under every naming convention the reader knows, as vectors, and
+  // behind no KV-capable quantization config.
+  for (const auto& convention : checkpoint::scale_conventions()) {
+    checkpoint::ModelFacts m = base;
+    for (auto& scale : m.kv_scales) scale.convention = std::string(convention.id);
+    b.models.push_back(m);
+  }
+  checkpoint::ModelFacts vectors = base;
+  for (auto& scale : vectors.kv_scales) scale.values.assign(8, 0.05f);
+  b.models.push_back(vectors);
+  checkpoint::ModelFacts unquantized = base;
+  unquantized.quant.reset();
+  b.models.push_back(unquantized);
+  checkpoint::ModelFacts gptq = base;
+  gptq.quant->method = "gptq";
+  b.models.push_back(gptq);
+  // Models that differ in nothing a rule reads are one model.
+  std::set<std::string> seen;
+  std::erase_if(b.models, [&](const checkpoint::ModelFacts& m) {
+    std::string key =
+        m.config_file + "|" + m.architecture + "|" + std::to_string(m.kv_scales.size());
+    if (m.quant)
+      key +=
+          fmt::format("|{}|{}|{}|{}|{}|{}|{}", m.quant->method, m.quant->kv_cache_quant_algo,
+                      m.quant->has_kv_cache_scheme, m.quant->kv_scheme_bits,
+                      m.quant->kv_scheme_type, m.quant->kv_scheme_strategy, m.quant->weight_algo);
+    for (const auto& s : m.kv_scales) key += fmt::format("|{}{}", s.convention, s.values.size());
+    return !seen.insert(key).second;
+  });
+  for (const auto& e : engines::known_engines()) {
+    const auto& engine = engines::engine_model(e);
+    b.versions[e] = representatives(engine);
+    for (const auto& v : b.versions[e]) {
+      auto version = *engines::parse_version(v);
+      std::vector<std::string> requests = {"auto", "int3"};
+      if (const auto* choices = engine.choices_for(version)) {
+        std::set<std::string> dtypes;
+        for (const auto& c : choices->accepted)
+          if (dtypes.insert(c.dtype).second && c.value != "auto") requests.push_back(c.value);
+        for (const auto& [value, abort] : choices->aborts) requests.push_back(value);
+      }
+      b.requests[e][v] = requests;
+    }
+    for (const auto& log : engine.log_templates) b.log_texts.push_back(sample_line(log) + "\n");
+    // Launch commands: every entry point with every flag, then each other spelling alone.
+    for (const auto& entry : engine.launch.entry_points) {
+      std::string prefix = (entry.rfind("-m ", 0) == 0 ? "python3 " : "") + entry + " /models/m";
+      std::string all = prefix;
+      for (const auto& [field, spellings] : engine.launch.flags) {
+        const bool boolean =
+            std::find(engine.launch.boolean_flags.begin(), engine.launch.boolean_flags.end(),
+                      spellings[0]) != engine.launch.boolean_flags.end();
+        std::string value = field == "kv_cache_dtype"               ? "fp8_e5m2"
+                            : field == "context_length"             ? "32k"
+                            : field == "memory_fraction"            ? "0.8"
+                            : field == "kv_cache_dtype_skip_layers" ? "sliding_window"
+                                                                    : "2";
+        for (size_t i = 0; i < spellings.size(); ++i) {
+          std::string arg = boolean ? " " + spellings[i] : " " + spellings[i] + " " + value;
+          if (i == 0) all += arg;
+          // A word after a boolean flag is an argument of its own, not the flag's value.
+          b.launches[e].push_back(prefix + arg + (boolean ? " trailing" : ""));
+        }
+      }
+      b.launches[e].push_back(all);
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs"))
+    if (entry.path().extension() == ".log") b.log_texts.push_back(read_text_file(entry.path()));
+  const fs::path logs_dir = fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs";
+  b.from_logs = {{read_text_file(logs_dir / "journal_qwen35_fp8_then_bf16.log"),
+                  plan::test_models::qwen35_397b()},
+                 {read_text_file(logs_dir / "sglang_qwen35_397b_tp2_mamba.log"),
+                  plan::test_models::qwen35_397b()},
+                 {read_text_file(logs_dir / "sglang_llama8b_single_gpu.log"),
+                  plan::test_models::llama31_8b()}};
+  b.plan_models = {b.models[0],
+                   b.models[13],
+                   b.models[15],
+                   b.models[16],
+                   b.models[17],
+                   checkpoint::read_checkpoint(configs / "qwen3.5-397b-a17b"),
+                   checkpoint::read_checkpoint(configs / "deepseek-v3.2")};
+  return b;
+}
+
+// The battery as probes: each runs one input through one command and returns what it
+// printed. Probes reference the battery (which outlives them) and look the engine model up
+// when run, so each sees the data set in force.
+using Probe = std::function<std::string()>;
+
+std::vector<Probe> battery_probes(const Battery& b) {
+  std::vector<Probe> out;
+  auto guarded = [](auto body) {
+    return [body]() -> std::string {
+      try {
+        return body();
+      } catch (const InputError& error) {
+        return std::string("error ") + error.what();
+      }
+    };
+  };
+  // check
+  for (const auto& e : engines::known_engines())
+    for (const auto& v : b.versions.at(e))
+      for (const auto& request : b.requests.at(e).at(v))
+        for (size_t m = 0; m < b.models.size(); ++m)
+          for (int variant = 0; variant < 6; ++variant) {
+            if (variant > 0 && request != "auto" && request.rfind("fp8", 0) != 0) continue;
+            out.push_back(guarded([&b, e, v, request, m, variant] {
+              audit::CheckInput input;
+              input.model = b.models[m];
+              input.flags.engine = e;
+              input.flags.engine_version = v;
+              input.flags.kv_cache_dtype = request;
+              input.flags.kv_cache_dtype_flag = request == "auto" ? "" : "--kv-cache-dtype";
+              if (variant == 1) input.flags.quantization_param_path = "/s.json";
+              if (variant == 2) input.flags.calculate_kv_scales = true;
+              if (variant == 3) input.flags.kv_cache_dtype_skip_layers = "sliding_window";
+              if (variant == 4)
+                input.flags.mamba_ssm_dtype = "float32", input.flags.dtype = "float16";
+              if (variant == 5) input.flags.mamba_ssm_dtype = "float16";
+              input.engine = &engines::engine_model(e);
+              input.version_given = !v.empty();
+              audit::CheckResult result = audit::run_check(input);
+              return fmt::format(
+                  "{}\n{}", fingerprint(result),
+                  audit::build_check_report(input, result).payload["resolved_kv"].dump());
+            }));
+          }
+  // logs
+  for (const auto& text : b.log_texts)
+    out.push_back(guarded([&text] {
+      logs::LogScan scan = logs::scan_log_text(text, "log");
+      std::string printed = logs::logs_report(scan, true, {}).payload.dump();
+      for (const auto& launch : scan.launches)
+        for (const auto& f : launch.findings) printed += fmt::format("\n{}", text_of(f));
+      return printed;
+    }));
+  // plan (an H100's driver-reported memory, so fractions do not come out round)
+  for (const auto& e : engines::known_engines())
+    for (const auto& v : b.versions.at(e))
+      for (const auto& model : b.plan_models)
+        for (int layout = 0; layout < 3; ++layout)
+          out.push_back(guarded([e, v, &model, layout] {
+            plan::PlanOptions options;
+            options.engine = e;
+            options.engine_version = v;
+            options.parallel.tp = layout == 0 ? 1 : 4;
+            options.parallel.dp = layout == 2 ? 2 : 1;
+            options.parallel.dp_attention = layout == 2;
+            options.gpu_memory_bytes = int64_t{81559} << 20;
+            options.weight_bytes_per_gpu = int64_t{20} << 30;
+            plan::CapacityPlan capacity = plan::plan_capacity(model, options);
+            return plan::plan_report(model, capacity, nullptr, true).payload.dump();
+          }));
+  // plan --from-log on the real logs whose model is known
+  for (const auto& [file, model] : b.from_logs)
+    out.push_back(guarded([&file, &model] {
+      std::string printed;
+      logs::LogScan scan = logs::scan_log_text(file, "log");
+      for (const auto& launch : scan.launches) {
+        plan::PlanOptions options;
+        options.memory_fraction = 0.851;  // the L40S default of sglang_llama8b_single_gpu.log
+        try {
+          plan::LogPrediction p = plan::predict_from_log(model, launch.memory, options);
+          for (const auto& c : p.checks)
+            printed += fmt::format("\n{} {} {} {} {}", c.id, c.printed, c.predicted.lo,
+                                   c.predicted.hi, c.derivation);
+          for (const auto& n : p.notes) printed += fmt::format("\n{}", n);
+        } catch (const InputError& error) {
+          printed += fmt::format("\nerror {}", error.what());
+        }
+      }
+      return printed;
+    }));
+  // launch commands
+  for (const auto& [e, commands] : b.launches)
+    for (const auto& command : commands)
+      out.push_back(guarded([&command] {
+        engines::LaunchFlags f = engines::parse_launch_command(command, "--launch");
+        return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", f.engine,
+                           f.kv_cache_dtype, f.model_path, f.tp, f.pp, f.dp, f.dcp, f.dp_attention,
+                           f.quantization_param_path, f.quantization, f.dtype,
+                           f.context_length.value_or(-1), f.memory_fraction.value_or(-1),
+                           f.mamba_ssm_dtype, f.calculate_kv_scales, f.kv_cache_dtype_skip_layers,
+                           fmt::join(f.ignored_arguments, ","));
+      }));
+  // probe: what a live server's report means
+  out.push_back([] {
+    probe::ServerFacts generic;
+    generic.url = "http://s";
+    std::string printed;
+    for (const auto& f : probe::server_findings(generic, nullptr))
+      printed += fmt::format("\n{}", text_of(f));
+    return printed;
+  });
+  for (const auto& e : engines::known_engines())
+    for (const char* reported : {"auto", "fp8_e4m3", "fp8", "bf16", ""})
+      out.push_back([e, reported] {
+        probe::ServerFacts facts;
+        facts.url = "http://s";
+        facts.engine = e;
+        facts.kv_cache_dtype = reported;
+        std::string printed;
+        for (const auto& f : probe::server_findings(facts, nullptr))
+          printed += fmt::format("\n{}", text_of(f));
+        return printed;
+      });
+  return out;
+}
+
+// ---------------------------------------------------------------- mutations
+
+struct Mutation {
+  std::string label;  // "sglang.json auto_resolution[].reason"
+  std::function<void(Docs&)> apply;
+};
+
+void mutate_value(json& v) {
+  if (v.is_string()) {
+    v = v.get<std::string>() + "~";
+  } else if (v.is_boolean()) {
+    v = !v.get<bool>();
+  } else if (v.is_number_integer()) {
+    v = v.get<int64_t>() * 2 + 1;
+  } else if (v.is_number()) {
+    v = v.get<double>() * 1.5 + 0.125;
+  } else if (v.is_array()) {
+    if (v.empty())
+      v.push_back("~");
+    else if (v[0].is_string())
+      v[0] = v[0].get<std::string>() + "~";
+    else
+      mutate_value(v[0]);
+  } else if (v.is_object()) {
+    for (auto& [key, member] : v.items()) mutate_value(member);
+  } else if (v.is_null()) {
+    v = "~";
+  }
+}
+
+// Keys the loader allows as descriptive (JsonReader::allow_descriptive).
+const std::set<std::string> kDescriptive = {"notes", "release_evidence"};
+
+// One mutation per key of the objects in `list` (every entry that has the key), recursing
+// into nested objects and lists of objects.
+void list_mutations(const std::string& label, const json& list,
+                    const std::function<json&(Docs&)>& locate, std::vector<Mutation>& out) {
+  std::set<std::string> keys;
+  for (const auto& entry : list)
+    if (entry.is_object())
+      for (const auto& [key, value] : entry.items()) keys.insert(key);
+  for (const std::string& key : keys) {
+    if (kDescriptive.count(key)) continue;
+    bool nested_objects = false, nested_list = false;
+    for (const auto& entry : list)
+      if (entry.is_object() && entry.contains(key)) {
+        nested_objects |= entry[key].is_object() && !entry[key].empty() &&
+                          std::all_of(entry[key].begin(), entry[key].end(),
+                                      [](const json& m) { return !m.is_object(); }) &&
+                          key != "accepted" && key != "aborts";
+        nested_list |= entry[key].is_array() && !entry[key].empty() && entry[key][0].is_object();
+      }
+    if (nested_objects) {  // "when", "both_missing", "block": one mutation per inner key
+      std::set<std::string> inner_keys;
+      for (const auto& entry : list)
+        if (entry.is_object() && entry.contains(key) && entry[key].is_object())
+          for (const auto& [k, v] : entry[key].items()) inner_keys.insert(k);
+      for (const std::string& inner_key : inner_keys)
+        out.push_back({label + "." + key + "." + inner_key, [locate, key, inner_key](Docs& d) {
+                         for (auto& entry : locate(d))
+                           if (entry.is_object() && entry.contains(key) && entry[key].is_object() &&
+                               entry[key].contains(inner_key))
+                             mutate_value(entry[key][inner_key]);
+                       }});
+      continue;
+    }
+    if (nested_list) {
+      for (const auto& entry : list)
+        if (entry.is_object() && entry.contains(key)) {
+          list_mutations(
+              label + "." + key + "[]", entry[key],
+              [locate, key](Docs& d) -> json& {
+                for (auto& e : locate(d))
+                  if (e.is_object() && e.contains(key)) return e[key];
+                throw std::runtime_error("vanished");
+              },
+              out);
+          break;
+        }
+      continue;
+    }
+    out.push_back({label + "." + key, [locate, key](Docs& d) {
+                     for (auto& entry : locate(d))
+                       if (entry.is_object() && entry.contains(key)) mutate_value(entry[key]);
+                   }});
+  }
+}
+
+std::vector<Mutation> all_mutations(const Docs& docs) {
+  std::vector<Mutation> out;
+  auto document_mutations = [&](const std::string& file, const json& doc,
+                                std::function<json&(Docs&)> get) {
+    for (const auto& [key, value] : doc.items()) {
+      if (kDescriptive.count(key)) continue;
+      if (value.is_array() && !value.empty() && value[0].is_object()) {
+        list_mutations(
+            file + " " + key + "[]", value, [get, key](Docs& d) -> json& { return get(d)[key]; },
+            out);
+      } else if (value.is_object()) {
+        for (const auto& [inner, member] : value.items()) {
+          if (kDescriptive.count(inner)) continue;
+          out.push_back({file + " " + key + "." + inner,
+                         [get, key, inner](Docs& d) { mutate_value(get(d)[key][inner]); }});
+        }
+      } else {
+        out.push_back({file + " " + key, [get, key](Docs& d) { mutate_value(get(d)[key]); }});
+      }
+    }
+  };
+  document_mutations("dtypes.json", docs.dtypes, [](Docs& d) -> json& { return d.dtypes; });
+  for (const auto& [e, doc] : docs.engine)
+    document_mutations(e + ".json", doc, [e](Docs& d) -> json& { return d.engine[e]; });
+  for (const auto& [e, doc] : docs.capacity)
+    document_mutations("capacity/" + e + ".json", doc,
+                       [e](Docs& d) -> json& { return d.capacity[e]; });
+  return out;
+}
+
+TEST(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
+  const Battery battery = build_battery();
+  const Docs docs = read_docs();
+  const fs::path root =
+      fs::temp_directory_path() / ("kvaudit-coverage-" + std::to_string(::getpid()));
+  // Every variant is written to the same folder, so file names in evidence do not differ.
+  const fs::path dir = root / "data";
+  const std::vector<Probe> probes = battery_probes(battery);
+  std::vector<std::string> baseline;
+  {
+    write_docs(docs, dir);
+    engines::ScopedEngineData data(dir);
+    for (const auto& probe : probes) baseline.push_back(probe());
+  }
+  ASSERT_GT(baseline.size(), 10000u);
+  std::vector<std::string> unread;
+  int refused = 0, changed = 0;
+  // Probes that told a mutation apart, tried first on the next: most keys are seen by the
+  // same few inputs, so a changed key costs a handful of probes, not the whole battery. A
+  // key that changes nothing still runs every probe.
+  std::vector<size_t> detectors;
+  const std::vector<Mutation> mutations = all_mutations(docs);
+  for (size_t i = 0; i < mutations.size(); ++i) {
+    Docs mutated = docs;
+    mutations[i].apply(mutated);
+    write_docs(mutated, dir);
+    try {
+      engines::ScopedEngineData data(dir);
+      bool differs = false;
+      for (size_t d = 0; d < detectors.size() && !differs; ++d)
+        differs = probes[detectors[d]]() != baseline[detectors[d]];
+      for (size_t p = 0; p < probes.size() && !differs; ++p)
+        if (probes[p]() != baseline[p]) differs = true, detectors.push_back(p);
+      if (differs)
+        ++changed;
+      else
+        unread.push_back(mutations[i].label);
+    } catch (const InputError&) {
+      ++refused;  // the lint read the key and refused the mutated value
+    }
+  }
+  fs::remove_all(root);
+  std::cout << "  [coverage] battery of " << baseline.size() << " probes; " << mutations.size()
+            << " keys mutated: " << refused << " refused by the lint, " << changed
+            << " changed an output, " << unread.size() << " changed nothing\n";
+  // Read by code, but no input can observe a change with the shipped constants.
+  const std::map<std::string, std::string> inert = {
+      {"capacity/sglang.json mem_fraction_static_default[].activation_min_tokens",
+       "max(chunked_prefill_size, 2048): every tier's chunked prefill is at least 2048"},
+      {"capacity/sglang.json mem_fraction_static_default[].large_gpu_threshold_mib",
+       "the 10 GiB floor above 60 GiB never binds: those tiers reserve 12.5 GiB or more"}};
+  std::erase_if(unread, [&](const std::string& key) { return inert.count(key) > 0; });
+  EXPECT_GT(mutations.size(), 100u);
+  EXPECT_TRUE(unread.empty()) << "keys no code path reads:\n  "
+                              << fmt::format("{}", fmt::join(unread, "\n  "));
+}
+
+}  // namespace
+}  // namespace kvaudit
