@@ -1,0 +1,137 @@
+// The documented payload objects of docs/json-schema.md ("## Payload object: NAME") against
+// real `check` payloads, in both directions: every documented key present with its type,
+// no undocumented key. The scenarios are chosen so every documented object appears at least
+// once with content (a block-scaled dtype, dropped scales, a start-up failure, an
+// unverified bound), so an object the code stopped emitting fails the test too.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "audit/audit.h"
+#include "common/fixtures.h"
+#include "engines/engines.h"
+
+namespace kvaudit {
+namespace {
+
+using nlohmann::json;
+using PayloadSchema = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+
+PayloadSchema load_payload_schema() {
+  std::ifstream file(std::string(KVAUDIT_TEST_DIR) + "/../docs/json-schema.md");
+  if (!file) throw std::runtime_error("cannot read docs/json-schema.md");
+  PayloadSchema schema;
+  std::string object, line;
+  const std::string heading = "## Payload object: ";
+  while (std::getline(file, line)) {
+    if (line.rfind("## ", 0) == 0) {
+      object = line.rfind(heading, 0) == 0 ? line.substr(heading.size()) : "";
+      if (!object.empty()) schema[object];
+      continue;
+    }
+    if (object.empty() || line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream stream(line.substr(1));
+    for (std::string cell; std::getline(stream, cell, '|');) cells.push_back(cell);
+    auto unquote = [](const std::string& cell) {
+      size_t open = cell.find('`'), close = cell.rfind('`');
+      return open != std::string::npos && close > open ? cell.substr(open + 1, close - open - 1)
+                                                       : std::string();
+    };
+    if (cells.size() >= 2) schema[object].emplace_back(unquote(cells[0]), unquote(cells[1]));
+  }
+  return schema;
+}
+
+class PayloadValidator {
+ public:
+  explicit PayloadValidator(PayloadSchema schema) : schema_(std::move(schema)) {}
+
+  void validate(const json& value, const std::string& type, const std::string& path) {
+    auto fail = [&](const std::string& what) { problems.push_back(path + ": " + what); };
+    const std::string or_null = "-or-null";
+    if (type.size() > or_null.size() && type.ends_with(or_null)) {
+      if (!value.is_null()) validate(value, type.substr(0, type.size() - or_null.size()), path);
+      return;
+    }
+    if (type == "string") {
+      if (!value.is_string()) fail("expected string, got " + value.dump());
+    } else if (type == "integer") {
+      if (!value.is_number_integer()) fail("expected integer, got " + value.dump());
+    } else if (type == "boolean") {
+      if (!value.is_boolean()) fail("expected boolean, got " + value.dump());
+    } else if (type.starts_with("array<") && type.ends_with(">")) {
+      if (!value.is_array()) return fail("expected array, got " + value.dump());
+      for (size_t i = 0; i < value.size(); ++i)
+        validate(value[i], type.substr(6, type.size() - 7), path + "[" + std::to_string(i) + "]");
+    } else if (schema_.count(type)) {
+      if (!value.is_object()) return fail("expected " + type + " object, got " + value.dump());
+      seen.insert(type);
+      std::set<std::string> documented;
+      for (const auto& [key, key_type] : schema_.at(type)) {
+        documented.insert(key);
+        if (!value.contains(key))
+          fail("missing documented key '" + key + "'");
+        else
+          validate(value.at(key), key_type, path + "." + key);
+      }
+      for (const auto& [key, member] : value.items())
+        if (!documented.count(key)) fail("key '" + key + "' is not documented");
+    } else {
+      fail("the document uses an unknown type '" + type + "'");
+    }
+  }
+
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+
+ private:
+  PayloadSchema schema_;
+};
+
+json check_payload(const std::string& fixture, const std::string& engine, const std::string& kv,
+                   const std::string& version, engines::LaunchFlags flags = {}) {
+  audit::CheckInput input;
+  input.model = checkpoint::read_checkpoint(testing::fixture_checkpoint(fixture));
+  flags.engine = engine;
+  flags.kv_cache_dtype = kv;
+  flags.kv_cache_dtype_flag = kv == "auto" ? "" : "--kv-cache-dtype";
+  flags.engine_version = version;
+  input.flags = flags;
+  input.engine = &engines::engine_model(engine);
+  input.version_given = !version.empty();
+  audit::CheckResult result = audit::run_check(input);
+  return audit::build_check_report(input, result).payload;
+}
+
+TEST(PayloadSchema, CheckPayloadMatchesTheDocumentBothWays) {
+  const PayloadSchema schema = load_payload_schema();
+  ASSERT_TRUE(schema.count("check.resolved_kv")) << "docs/json-schema.md lost its payload tables";
+  PayloadValidator validator(schema);
+  engines::LaunchFlags removed_flag;
+  removed_flag.calculate_kv_scales = true;
+  const std::vector<json> payloads = {
+      check_payload("llama-modelopt-unit-scales", "sglang", "fp8_e4m3", "0.5.9"),
+      check_payload("qwen35-modelopt-nvfp4-kv", "sglang", "auto", "0.5.23"),
+      check_payload("llama-ct-fused-qkv-scales", "sglang", "fp8_e4m3", "0.5.23"),
+      check_payload("llama-bf16-plain", "sglang", "fp4_e2m1", "0.5.23"),
+      check_payload("llama-bf16-plain", "vllm", "fp8", "0.33.0", removed_flag),
+      check_payload("llama-bf16-plain", "vllm", "auto", "")};
+  for (size_t i = 0; i < payloads.size(); ++i)
+    for (const char* key : {"engine", "model", "resolved_kv"}) {
+      ASSERT_TRUE(payloads[i].contains(key)) << "scenario " << i << " has no " << key;
+      validator.validate(payloads[i][key], std::string("check.") + key,
+                         "scenario " + std::to_string(i) + " $." + key);
+    }
+  EXPECT_TRUE(validator.problems.empty()) << fmt::format("{}", fmt::join(validator.problems, "\n"));
+  for (const auto& [object, keys] : schema) {
+    if (!object.starts_with("check.")) continue;
+    EXPECT_TRUE(validator.seen.count(object)) << object << " never appeared with content";
+  }
+}
+
+}  // namespace
+}  // namespace kvaudit
