@@ -5,45 +5,21 @@
 // unverified bound), so an object the code stopped emitting fails the test too.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <map>
 #include <set>
-#include <sstream>
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/schema_doc.h"
 #include "engines/engines.h"
 
 namespace kvaudit {
 namespace {
 
 using nlohmann::json;
-using PayloadSchema = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+using PayloadSchema = testing::SchemaTables;
 
 PayloadSchema load_payload_schema() {
-  std::ifstream file(std::string(KVAUDIT_TEST_DIR) + "/../docs/json-schema.md");
-  if (!file) throw std::runtime_error("cannot read docs/json-schema.md");
-  PayloadSchema schema;
-  std::string object, line;
-  const std::string heading = "## Payload object: ";
-  while (std::getline(file, line)) {
-    if (line.rfind("## ", 0) == 0) {
-      object = line.rfind(heading, 0) == 0 ? line.substr(heading.size()) : "";
-      if (!object.empty()) schema[object];
-      continue;
-    }
-    if (object.empty() || line.rfind("| `", 0) != 0) continue;
-    std::vector<std::string> cells;
-    std::stringstream stream(line.substr(1));
-    for (std::string cell; std::getline(stream, cell, '|');) cells.push_back(cell);
-    auto unquote = [](const std::string& cell) {
-      size_t open = cell.find('`'), close = cell.rfind('`');
-      return open != std::string::npos && close > open ? cell.substr(open + 1, close - open - 1)
-                                                       : std::string();
-    };
-    if (cells.size() >= 2) schema[object].emplace_back(unquote(cells[0]), unquote(cells[1]));
-  }
-  return schema;
+  return testing::load_schema_tables("## Payload object: ");
 }
 
 class PayloadValidator {

@@ -15,39 +15,17 @@
 
 #include <gtest/gtest.h>
 
+#include "common/schema_doc.h"
 #include "report/report.h"
 #include "sample_report.h"
 
 namespace kvaudit::report {
 namespace {
 
-using Schema = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+using Schema = kvaudit::testing::SchemaTables;
 
-// Reads the "## Object: NAME" sections of docs/json-schema.md into NAME -> [(key, type)].
 Schema load_documented_schema() {
-  std::ifstream file(std::string(KVAUDIT_TEST_DIR) + "/../docs/json-schema.md");
-  if (!file) throw std::runtime_error("cannot read docs/json-schema.md");
-  Schema schema;
-  std::string object, line;
-  while (std::getline(file, line)) {
-    if (line.rfind("## ", 0) == 0) {
-      object = line.rfind("## Object: ", 0) == 0 ? line.substr(11) : "";
-      if (!object.empty()) schema[object];
-      continue;
-    }
-    if (object.empty() || line.rfind("| `", 0) != 0) continue;
-    std::vector<std::string> cells;
-    std::stringstream stream(line.substr(1));
-    for (std::string cell; std::getline(stream, cell, '|');) cells.push_back(cell);
-    auto unquote = [](std::string cell) {
-      size_t open = cell.find('`'), close = cell.rfind('`');
-      return open != std::string::npos && close > open ? cell.substr(open + 1, close - open - 1)
-                                                       : std::string();
-    };
-    if (cells.size() < 2) continue;
-    schema[object].emplace_back(unquote(cells[0]), unquote(cells[1]));
-  }
-  return schema;
+  return kvaudit::testing::load_schema_tables("## Object: ");
 }
 
 class Validator {
