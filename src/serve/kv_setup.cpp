@@ -21,23 +21,24 @@ namespace {
 
 using checkpoint::ScaleRole;
 
-// The engine dtypes serve can store, with their numerics codec (scales appended later for
-// FP8). How SGLang's log names each comes from the dtype vocabulary (torch_dtype).
-struct DtypeMapping {
-  const char* sglang;  // canonical dtype
-  const char* spec;    // numerics spec
-};
-constexpr DtypeMapping kDtypes[] = {
-    {"bf16", "bf16"},
-    {"fp16", "fp16"},
-    {"fp8_e4m3", "fp8_e4m3"},
-    {"fp8_e5m2", "fp8_e5m2"},
-};
-
-const DtypeMapping* find_mapping(const std::string& dtype) {
-  for (const auto& m : kDtypes)
-    if (dtype == m.sglang) return &m;
-  return nullptr;
+// The vocabulary dtypes serve can store: one element per value and at most one static
+// scale per tensor (16-bit and FP8 layouts), stored with the numerics codec of that element.
+// Block-scaled, per-token-head and packed layouts need codecs the reference engine lacks.
+std::optional<std::string> serve_codec(const engines::KvDtype* dtype) {
+  if (!dtype || dtype->block_elements > 0 || dtype->v_element ||
+      (dtype->scales != engines::ScaleSemantics::none &&
+       dtype->scales != engines::ScaleSemantics::static_per_tensor))
+    return std::nullopt;
+  using numerics::ElementType;
+  switch (dtype->element) {
+    case ElementType::bf16:
+    case ElementType::f16:
+    case ElementType::fp8_e4m3:
+    case ElementType::fp8_e5m2:
+      return std::string(numerics::element_traits(dtype->element).name);
+    default:
+      return std::nullopt;
+  }
 }
 
 int layer_count(const checkpoint::ModelFacts& facts) {
@@ -226,22 +227,22 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
 
   if (kv.sglang_spelling) {
     kv.kv_cache_dtype = kv.resolved.kv_cache_dtype;
-    const DtypeMapping* mapping = find_mapping(kv.kv_cache_dtype);
-    if (!mapping)
+    const engines::KvDtype* dtype = engines::find_kv_dtype(kv.kv_cache_dtype);
+    const std::optional<std::string> codec = serve_codec(dtype);
+    if (!codec)
       throw InputError("--kv-cache-dtype",
                        fmt::format("SGLang would allocate a {} KV cache, which serve cannot store "
                                    "(it serves bf16, fp16, fp8_e4m3, fp8_e5m2 and numerics "
                                    "formats such as int8:token)",
                                    kv.kv_cache_dtype));
-    kv.torch_dtype = engines::find_kv_dtype(kv.kv_cache_dtype)->torch_dtype;
-    const bool fp8 = kv.kv_cache_dtype.rfind("fp8", 0) == 0;
+    kv.torch_dtype = dtype->torch_dtype;
+    const bool fp8 = dtype->scales == engines::ScaleSemantics::static_per_tensor;
     if (fp8) {
       sglang_scales(facts, options, engine.fallback_for(*version), kv);
       bool unit =
           std::all_of(kv.k_scales.begin(), kv.k_scales.end(), [](float s) { return s == 1.0f; }) &&
           std::all_of(kv.v_scales.begin(), kv.v_scales.end(), [](float s) { return s == 1.0f; });
-      kv.format = numerics::parse_kv_format(std::string(mapping->spec) +
-                                            (unit ? ":none+nan" : ":tensor+nan"));
+      kv.format = numerics::parse_kv_format(*codec + (unit ? ":none+nan" : ":tensor+nan"));
       if (!unit) {
         kv.scales.resize(kv.k_scales.size());
         for (size_t layer = 0; layer < kv.k_scales.size(); ++layer) {
@@ -250,7 +251,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
         }
       }
     } else {
-      kv.format = numerics::parse_kv_format(mapping->spec);
+      kv.format = numerics::parse_kv_format(*codec);
       kv.scale_source = engines::ScaleSource::not_applicable;
     }
   } else {
