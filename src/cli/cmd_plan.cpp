@@ -34,6 +34,7 @@ struct PlanFlags {
   int64_t max_total_tokens = 0;
   std::string from_log;
   int launch = 0;
+  plan::LogFlagOverrides given;  // the flags above that were given, for --from-log
   bool explain = false;
   OutputOptions output;
 };
@@ -111,24 +112,9 @@ int run_plan(PlanFlags& f) {
       throw InputError("--launch",
                        "the log has " + std::to_string(scan.launches.size()) + " launches");
     const logs::Launch& launch = f.launch > 0 ? scan.launches[f.launch - 1] : scan.launches.back();
-    options.engine = launch.engine.empty() ? options.engine : launch.engine;
-    if (options.engine_version.empty() && engines::parse_version(launch.engine_version))
-      options.engine_version = launch.engine_version;
-    options.parallel.tp = launch.memory.tp > 0 ? launch.memory.tp : options.parallel.tp;
-    const engines::EngineModel& engine = engines::engine_model(options.engine);
-    auto version = engines::parse_version(options.engine_version);
-    if (!version)
-      throw InputError("--engine-version", "cannot read version '" + options.engine_version + "'");
-    const engines::MemFractionTable* table = engine.capacity.mem_fraction_for(*version);
-    if (table && !launch.memory.mem_fraction_static && !options.memory_fraction &&
-        options.gpu_memory_bytes) {
-      options.memory_fraction =
-          plan::sglang_default_mem_fraction(*table, *options.gpu_memory_bytes / plan::kMiB,
-                                            options.parallel.tp, options.parallel.pp,
-                                            options.parallel.dp_attention, options.parallel.dp)
-              .mem_fraction_static;
-    }
-    prediction = plan::predict_from_log(model, launch.memory, options);
+    plan::LogSetup setup = plan::reconcile_log_flags(launch.memory, options, f.given);
+    prediction = plan::predict_from_log(model, setup);
+    options = setup.options;
   }
   plan::CapacityPlan capacity = plan::plan_capacity(model, options);
   report::Report report =
@@ -148,27 +134,33 @@ void add_plan_command(CLI::App& app, Runner& run) {
                                      "KV-cache capacity per dtype as the engine computes it "
                                      "(bytes/token/GPU, pool, tokens, concurrency)");
   cmd->add_option("checkpoint", flags->checkpoint, "Checkpoint folder or config.json")->required();
-  cmd->add_option("--engine", flags->engine, "sglang or vllm")
-      ->check(CLI::IsMember(engines::known_engines()));
-  cmd->add_option("--engine-version", flags->engine_version,
-                  "Engine release whose sizing rules apply (default: the newest known)");
-  cmd->add_option("--tp", flags->tp, "Tensor parallel size")->check(CLI::PositiveNumber);
+  CLI::Option* engine_opt = cmd->add_option("--engine", flags->engine, "sglang or vllm")
+                                ->check(CLI::IsMember(engines::known_engines()));
+  CLI::Option* version_opt =
+      cmd->add_option("--engine-version", flags->engine_version,
+                      "Engine release whose sizing rules apply (default: the newest known)");
+  CLI::Option* tp_opt =
+      cmd->add_option("--tp", flags->tp, "Tensor parallel size")->check(CLI::PositiveNumber);
   cmd->add_option("--dcp", flags->dcp, "Decode context parallel size")->check(CLI::PositiveNumber);
   cmd->add_option("--mamba-ssm-dtype", flags->mamba_ssm_dtype,
                   "Recurrent state dtype of GDN/Mamba hybrids (default: the engine's)");
   cmd->add_option("--speculative-draft-layers", flags->speculative_draft_layers,
                   "EAGLE/MTP draft layers sharing the KV pool (SGLang)");
-  cmd->add_option("--pp", flags->pp, "Pipeline parallel size")->check(CLI::PositiveNumber);
-  cmd->add_option("--dp", flags->dp, "Data parallel size (with --dp-attention)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_flag("--dp-attention", flags->dp_attention, "DP attention: KV heads split over TP/DP");
-  cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtypes,
-                  "One or several (comma-separated); default: every dtype the engine accepts");
+  CLI::Option* pp_opt =
+      cmd->add_option("--pp", flags->pp, "Pipeline parallel size")->check(CLI::PositiveNumber);
+  CLI::Option* dp_opt =
+      cmd->add_option("--dp", flags->dp, "Data parallel size (with --dp-attention)")
+          ->check(CLI::PositiveNumber);
+  CLI::Option* dp_attention_opt = cmd->add_flag("--dp-attention", flags->dp_attention,
+                                                "DP attention: KV heads split over TP/DP");
+  CLI::Option* kv_opt =
+      cmd->add_option("--kv-cache-dtype", flags->kv_cache_dtypes,
+                      "One or several (comma-separated); default: every dtype the engine accepts");
   cmd->add_option("--gpu", flags->gpu,
                   "GPU preset (data/gpus.json): h100, h200, b200, rtx-pro-6000, a100, l40s, 4090, "
                   "5090, mi300x");
   cmd->add_option("--gpu-mem", flags->gpu_mem, "GPU memory per device: 96GiB, 98304MiB, 80GB");
-  cmd->add_option(
+  CLI::Option* fraction_opt = cmd->add_option(
       "--mem-fraction", flags->mem_fraction,
       "SGLang --mem-fraction-static / vLLM --gpu-memory-utilization (default: the engine's)");
   cmd->add_option("--weights-per-gpu", flags->weights_per_gpu,
@@ -185,7 +177,20 @@ void add_plan_command(CLI::App& app, Runner& run) {
                   "With --from-log: use launch N (1-based) instead of the latest");
   cmd->add_flag("--explain", flags->explain, "Show each number's derivation");
   add_output_options(*cmd, flags->output);
-  cmd->callback([flags, &run] { run = [flags] { return run_plan(*flags); }; });
+  cmd->callback([=, &run] {
+    // Which flags were given, so --from-log can check them against the log.
+    plan::LogFlagOverrides& given = flags->given;
+    if (engine_opt->count()) given.engine = flags->engine;
+    if (version_opt->count()) given.engine_version = flags->engine_version;
+    if (tp_opt->count()) given.tp = flags->tp;
+    if (pp_opt->count()) given.pp = flags->pp;
+    if (dp_opt->count()) given.dp = flags->dp;
+    if (dp_attention_opt->count()) given.dp_attention = flags->dp_attention;
+    if (kv_opt->count() && !split_list(flags->kv_cache_dtypes).empty())
+      given.kv_cache_dtype = split_list(flags->kv_cache_dtypes).front();
+    if (fraction_opt->count()) given.memory_fraction = flags->mem_fraction;
+    run = [flags] { return run_plan(*flags); };
+  });
 }
 
 }  // namespace kvaudit::cli

@@ -68,6 +68,25 @@ size_t journal_prefix(std::string_view s, std::string& timestamp, std::string& i
   return colon + 2;
 }
 
+// Newer vLLM names its processes by rank: "Worker_TP3", "Worker_PP1_TP3",
+// "EngineCore_DP1", "Worker_DP0_TP1_EP1". Kept as SGLang writes ranks: "DP0 TP1".
+std::string process_rank(std::string_view inside) {
+  std::string out;
+  for (size_t i = 0; i + 2 < inside.size(); ++i) {
+    const bool boundary = i == 0 || inside[i - 1] == '_' || inside[i - 1] == ' ';
+    std::string_view two = inside.substr(i, 2);
+    if (!boundary || !(two == "DP" || two == "PP" || two == "TP") || !is_digit(inside[i + 2]))
+      continue;
+    size_t j = i + 2;
+    while (j < inside.size() && is_digit(inside[j]) && j - i < 8) ++j;
+    if (j < inside.size() && inside[j] != '_' && inside[j] != ' ') continue;
+    if (!out.empty()) out += ' ';
+    out += std::string(inside.substr(i, j - i));
+    i = j - 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 LogLine normalise_line(std::string_view raw) {
@@ -101,6 +120,8 @@ LogLine normalise_line(std::string_view raw) {
         size_t e = inside.find(' ', r);
         line.rank = std::string(
             inside.substr(r, e == std::string_view::npos ? std::string_view::npos : e - r));
+      } else {
+        line.rank = process_rank(inside);
       }
       s.remove_prefix(close + 2);
     }

@@ -34,8 +34,9 @@ namespace kvaudit::logs {
 struct ReprResult {
   nlohmann::json value;
   bool complete = false;
-  std::string error;  // empty when complete
+  std::string error;  // empty when complete; else the first cut or error
   size_t consumed = 0;
+  int cuts = 0;  // places where the text was cut or elided (reading resumed after each)
 };
 ReprResult parse_python_repr(std::string_view text);
 
@@ -76,14 +77,24 @@ struct Launch {
   std::string model_path;
   nlohmann::json server_args;  // SGLang ServerArgs or vLLM non-default args; null if absent
   bool server_args_complete = true;
+  int server_args_cuts = 0;  // places the line was cut or elided (fields after each read)
+  int64_t server_args_line = 0;
   int tp = 0;  // 0: not printed
   int pp = 0;
+  int dp = 0;                        // 0: not printed
+  std::optional<bool> dp_attention;  // SGLang enable_dp_attention
+  std::string tp_source;             // the line that printed tp ("log:2 server_args tp_size")
+  int tp_at_least = 0;               // from the rank prefixes seen (TP0..TPn-1), when tp is not
   std::set<std::string> ranks_seen;
+  std::set<int> tp_ranks_seen, dp_ranks_seen;  // indices in "TP3", "rank=3", "DP1" prefixes
   std::string kv_cache_dtype_requested;  // as written ("auto", "fp8_e4m3", "bf16"); "" unknown
   std::string kv_cache_dtype_resolved;   // normalised (bf16, fp16, fp8_e4m3, ...); "" unknown
   std::string resolved_evidence;         // the line that decided it
   bool resolved_generic = false;         // decided by a bare "fp8" (any FP8 format) only
-  std::string model_dtype;               // "bf16" ... from the engine's config line
+  // Decided by a rule, not a line: SGLang's auto follows the printed model dtype when no
+  // line names an FP8 cache. A checkpoint that declares FP8 KV would change it.
+  bool resolved_inferred = false;
+  std::string model_dtype;  // "bf16" ... from the engine's config line
   std::string quantization_param_path;
   std::vector<LogEvent> scale_messages;  // kind: sglang_no_scale_warning, vllm_unit_scale, ...
   std::optional<bool> scale_fallback;    // null when the log cannot tell

@@ -68,6 +68,25 @@ std::optional<int64_t> int_after(std::string_view text, std::string_view key) {
   return parse_count(word_after(text, key));
 }
 
+// "DP0 TP3", "PP1 TP3", "rank=2": the TP and DP indices, for the rank counts.
+void note_rank_indices(Launch& launch, std::string_view rank) {
+  size_t i = 0;
+  while (i < rank.size()) {
+    size_t end = rank.find(' ', i);
+    if (end == std::string_view::npos) end = rank.size();
+    std::string_view token = rank.substr(i, end - i);
+    auto index = [&](size_t skip) { return parse_count(token.substr(skip)); };
+    if (token.rfind("TP", 0) == 0) {
+      if (auto n = index(2); n && *n < 1 << 16) launch.tp_ranks_seen.insert(static_cast<int>(*n));
+    } else if (token.rfind("rank=", 0) == 0) {
+      if (auto n = index(5); n && *n < 1 << 16) launch.tp_ranks_seen.insert(static_cast<int>(*n));
+    } else if (token.rfind("DP", 0) == 0) {
+      if (auto n = index(2); n && *n < 1 << 16) launch.dp_ranks_seen.insert(static_cast<int>(*n));
+    }
+    i = end + 1;
+  }
+}
+
 }  // namespace
 
 // One template that matched a line, with its captures by field name.
@@ -171,10 +190,13 @@ void LaunchBuilder::record_failure(Launch& launch, const std::string& kind,
   launch.failures.push_back(std::move(event));
 }
 
-void LaunchBuilder::apply_server_args(Launch& launch, const nlohmann::json& args, bool complete) {
+void LaunchBuilder::apply_server_args(Launch& launch, const ReprResult& parsed, int64_t line_no) {
+  const nlohmann::json& args = parsed.value;
   launch.engine = "sglang";
   launch.server_args = args;
-  launch.server_args_complete = complete;
+  launch.server_args_complete = parsed.complete;
+  launch.server_args_cuts = parsed.cuts;
+  launch.server_args_line = line_no;
   if (!args.is_object()) return;
   auto str = [&](const char* key) {
     return args.contains(key) && args[key].is_string() ? args[key].get<std::string>()
@@ -188,8 +210,19 @@ void LaunchBuilder::apply_server_args(Launch& launch, const nlohmann::json& args
   if (args.contains("kv_cache_dtype") && args["kv_cache_dtype"].is_string())
     launch.kv_cache_dtype_requested = args["kv_cache_dtype"].get<std::string>();
   launch.quantization_param_path = str("quantization_param_path");
-  if (auto tp = num("tp_size")) launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
-  if (auto pp = num("pp_size")) launch.pp = static_cast<int>(*pp), launch.memory.pp = launch.pp;
+  if (auto tp = num("tp_size"); tp && *tp >= 1 && *tp <= 1 << 16) {
+    launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
+    launch.tp_source = fmt::format("log:{} server_args tp_size", line_no);
+  }
+  if (auto pp = num("pp_size"); pp && *pp >= 1 && *pp <= 1 << 16)
+    launch.pp = static_cast<int>(*pp), launch.memory.pp = launch.pp;
+  if (auto dp = num("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16)
+    launch.dp = static_cast<int>(*dp), launch.memory.dp = launch.dp;
+  if (args.contains("enable_dp_attention") && args["enable_dp_attention"].is_boolean())
+    launch.dp_attention = args["enable_dp_attention"].get<bool>(),
+    launch.memory.dp_attention = launch.dp_attention;
+  if (std::string ssm = str("mamba_ssm_dtype"); !ssm.empty() && ssm != "auto")
+    launch.memory.mamba_ssm_dtype = ssm;
   launch.memory.mem_fraction_static = num("mem_fraction_static");
   if (auto page = num("page_size")) launch.memory.page_size = static_cast<int>(*page);
   launch.memory.mamba_full_memory_ratio = num("mamba_full_memory_ratio");
@@ -200,7 +233,8 @@ void LaunchBuilder::apply_server_args(Launch& launch, const nlohmann::json& args
   if (!dtype.empty() && dtype != "auto") launch.model_dtype = engines::normalise_dtype(dtype);
 }
 
-void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args) {
+void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, bool complete,
+                                    int64_t line_no) {
   launch.engine = "vllm";
   if (launch.server_args.is_null()) launch.server_args = args;
   if (!args.is_object()) return;
@@ -209,8 +243,19 @@ void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args) 
       launch.model_path = args[key].get<std::string>();
   if (args.contains("kv_cache_dtype") && args["kv_cache_dtype"].is_string())
     launch.kv_cache_dtype_requested = args["kv_cache_dtype"].get<std::string>();
-  if (args.contains("tensor_parallel_size") && args["tensor_parallel_size"].is_number())
-    launch.tp = args["tensor_parallel_size"].get<int>(), launch.memory.tp = launch.tp;
+  else if (complete && launch.kv_cache_dtype_requested.empty())
+    launch.kv_cache_dtype_requested = "auto";  // "non-default args" leaves the default out
+  auto count = [&](const char* key) -> int {
+    if (!args.contains(key) || !args[key].is_number_integer()) return 0;
+    int64_t v = args[key].get<int64_t>();
+    return v >= 1 && v <= 1 << 16 ? static_cast<int>(v) : 0;
+  };
+  if (int tp = count("tensor_parallel_size")) {
+    launch.tp = tp, launch.memory.tp = tp;
+    launch.tp_source = fmt::format("log:{} non-default args tensor_parallel_size", line_no);
+  }
+  if (int pp = count("pipeline_parallel_size")) launch.pp = pp, launch.memory.pp = pp;
+  if (int dp = count("data_parallel_size")) launch.dp = dp, launch.memory.dp = dp;
   if (args.contains("block_size") && args["block_size"].is_number())
     launch.memory.block_size = args["block_size"].get<int>();
   if (args.contains("max_model_len") && args["max_model_len"].is_number())
@@ -222,7 +267,8 @@ void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args) 
 }
 
 // vLLM's "with config: model='...', ..., dtype=torch.bfloat16, ... kv_cache_dtype=fp8, ...".
-void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view config) {
+void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view config,
+                                             int64_t line_no) {
   launch.engine = "vllm";
   std::string model = word_after(config, "model=");
   if (model.size() >= 2 && (model.front() == '\'' || model.front() == '"'))
@@ -235,8 +281,12 @@ void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view co
   }
   std::string kv = word_after(config, "kv_cache_dtype=");
   if (!kv.empty() && launch.kv_cache_dtype_requested.empty()) launch.kv_cache_dtype_requested = kv;
-  if (auto tp = int_after(config, "tensor_parallel_size="))
+  if (auto tp = int_after(config, "tensor_parallel_size="); tp && *tp >= 1 && *tp <= 1 << 16) {
     launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
+    launch.tp_source = fmt::format("log:{} engine config tensor_parallel_size", line_no);
+  }
+  if (auto pp = int_after(config, "pipeline_parallel_size="); pp && *pp >= 1 && *pp <= 1 << 16)
+    launch.pp = static_cast<int>(*pp), launch.memory.pp = launch.pp;
   if (auto ctx = int_after(config, "max_seq_len=")) launch.context_length = ctx;
 }
 
@@ -251,16 +301,16 @@ void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const 
   if (kind == LogKind::engine_config) {
     Launch& launch = start_marker(kEngineInit, line_no, ts);
     if (auto v = hit.text("engine_version")) launch.engine_version = *v;
-    apply_vllm_engine_config(launch, hit.text("engine_config").value_or(""));
+    apply_vllm_engine_config(launch, hit.text("engine_config").value_or(""), line_no);
     launch.engine = hit.engine->engine;
     return;
   }
   Launch& launch = start_marker(kArgs, line_no, ts);
   if (auto repr = hit.text("server_args_repr")) {
-    ReprResult parsed = parse_python_repr(*repr);
-    apply_server_args(launch, parsed.value, parsed.complete);
+    apply_server_args(launch, parse_python_repr(*repr), line_no);
   } else if (auto args = hit.text("non_default_args_repr")) {
-    apply_vllm_args(launch, parse_python_repr(*args).value);
+    ReprResult parsed = parse_python_repr(*args);
+    apply_vllm_args(launch, parsed.value, parsed.complete, line_no);
   }
   launch.engine = hit.engine->engine;
 }
@@ -440,7 +490,10 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
     }
 
   Launch& launch = current(line_no, ts);
-  if (!line.rank.empty() && launch.ranks_seen.size() < 1024) launch.ranks_seen.insert(line.rank);
+  if (!line.rank.empty() && launch.ranks_seen.size() < 1024) {
+    launch.ranks_seen.insert(line.rank);
+    note_rank_indices(launch, line.rank);
+  }
   bool engine_error = false;
   for (const TemplateHit& hit : hits) {
     apply_fact(launch, hit, line_no, m);
@@ -471,14 +524,15 @@ void LaunchBuilder::finish(LogScan& out) {
   for (auto& launch : launches_) {
     // A launch with no recognised content (e.g. systemd lines only) is still kept: it
     // shows a restart that never printed anything.
-    if (launch.tp == 0 && !launch.ranks_seen.empty()) {
-      int tp_ranks = 0;
-      for (const auto& r : launch.ranks_seen)
-        if (r.rfind("TP", 0) == 0 || r.rfind("rank=", 0) == 0) ++tp_ranks;
-      if (tp_ranks > 0) launch.tp = tp_ranks, launch.memory.tp = tp_ranks;
+    // Without a printed size, the ranks seen bound TP from below: a log of TP0 lines only
+    // says nothing (SGLang prints most lines on TP0), ranks 0, 2, 4, 6 say at least 7.
+    if (launch.tp == 0 && !launch.tp_ranks_seen.empty() && *launch.tp_ranks_seen.rbegin() > 0) {
+      launch.tp_at_least = *launch.tp_ranks_seen.rbegin() + 1;
+      launch.memory.tp_at_least = launch.tp_at_least;
+      launch.memory.tp_ranks_contiguous =
+          static_cast<int>(launch.tp_ranks_seen.size()) == launch.tp_at_least;
     }
-    if (launch.memory.tp <= 0) launch.memory.tp = std::max(1, launch.tp);
-    if (launch.memory.pp <= 0) launch.memory.pp = std::max(1, launch.pp);
+    launch.memory.tp_source = launch.tp_source;
     // Resolved dtype when no line said it (or only a bare "fp8" did): an explicit request
     // is what the engine allocates; vLLM's auto follows the model dtype.
     std::string requested = engines::normalise_dtype(launch.kv_cache_dtype_requested);
@@ -488,10 +542,30 @@ void LaunchBuilder::finish(LogScan& out) {
       launch.kv_cache_dtype_resolved = requested;
       launch.resolved_evidence = "requested --kv-cache-dtype " + launch.kv_cache_dtype_requested;
     }
-    if (launch.kv_cache_dtype_resolved.empty() && requested == "auto" && launch.engine == "vllm" &&
-        !launch.model_dtype.empty()) {
+    // A scale warning the engine prints for one dtype only names that dtype.
+    if (launch.kv_cache_dtype_resolved.empty())
+      for (const auto& msg : launch.scale_messages) {
+        if (msg.message_kind != LogKind::scale_warning || msg.engine.empty()) continue;
+        for (const auto& rule : engines::engine_model(msg.engine).scale_warnings)
+          if (rule.log_message == msg.template_id && rule.dtypes.size() == 1) {
+            launch.kv_cache_dtype_resolved = rule.dtypes[0];
+            launch.resolved_evidence =
+                fmt::format("log:{}: the engine prints this warning only for a {} cache", msg.line,
+                            rule.dtypes[0]);
+          }
+        if (!launch.kv_cache_dtype_resolved.empty()) break;
+      }
+    // auto with no line naming the cache: both engines store it in the model dtype unless
+    // the checkpoint declares a quantized KV cache, which the log may not show (older
+    // SGLang pools do not print their dtype). Inferred, and said so; --checkpoint decides.
+    if (launch.kv_cache_dtype_resolved.empty() && (requested == "auto" || requested.empty()) &&
+        !launch.kv_cache_dtype_requested.empty() && !launch.model_dtype.empty() &&
+        !launch.engine.empty()) {
       launch.kv_cache_dtype_resolved = launch.model_dtype;
-      launch.resolved_evidence = "kv_cache_dtype auto with model dtype " + launch.model_dtype;
+      launch.resolved_inferred = true;
+      launch.resolved_evidence = fmt::format(
+          "kv_cache_dtype '{}' and no line naming an FP8 cache: the model dtype {} (inferred)",
+          launch.kv_cache_dtype_requested, launch.model_dtype);
     }
     launch.memory.engine = launch.engine;
     launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;

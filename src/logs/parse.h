@@ -30,9 +30,9 @@ class LaunchBuilder {
   Launch& start_marker(int stage, int64_t line_no, const std::string& timestamp);
   void record_failure(Launch& launch, const std::string& kind, const std::string& message,
                       int64_t line_no);
-  void apply_server_args(Launch& launch, const nlohmann::json& args, bool complete);
-  void apply_vllm_args(Launch& launch, const nlohmann::json& args);
-  void apply_vllm_engine_config(Launch& launch, std::string_view config);
+  void apply_server_args(Launch& launch, const ReprResult& parsed, int64_t line_no);
+  void apply_vllm_args(Launch& launch, const nlohmann::json& args, bool complete, int64_t line_no);
+  void apply_vllm_engine_config(Launch& launch, std::string_view config, int64_t line_no);
   void apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& timestamp);
   void apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
                   const std::string& message);

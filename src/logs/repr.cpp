@@ -1,13 +1,18 @@
 // logs repr: a small reader for the Python reprs engines print
 // (`server_args=ServerArgs(...)`, vLLM's `non-default args: {...}`). Recursive
 // descent with a depth limit; stops cleanly at the end of input, so a log line cut
-// in the middle of a repr still yields every complete field before the cut.
+// in the middle of a repr still yields every complete field before the cut. Logs
+// that reach users are often cut in the middle too (journalctl's "…", a pasted "...",
+// a terminal that dropped part of a line): the top-level keyword arguments are read
+// field by field, and reading resumes at the next `, name=` after each cut.
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "logs/logs.h"
 
@@ -16,6 +21,18 @@ namespace kvaudit::logs {
 namespace {
 
 constexpr int kMaxDepth = 64;
+
+// The offset of the name in the first ", name=" (not "==") at or after `from`, or npos.
+size_t next_keyword(std::string_view s, size_t from) {
+  for (size_t at = s.find(", ", from); at != std::string_view::npos; at = s.find(", ", at + 1)) {
+    size_t i = at + 2;
+    if (i >= s.size() || !(std::isalpha(static_cast<unsigned char>(s[i])) || s[i] == '_')) continue;
+    size_t j = i;
+    while (j < s.size() && (std::isalnum(static_cast<unsigned char>(s[j])) || s[j] == '_')) ++j;
+    if (j < s.size() && s[j] == '=' && (j + 1 >= s.size() || s[j + 1] != '=')) return i;
+  }
+  return std::string_view::npos;
+}
 
 class ReprParser {
  public:
@@ -26,9 +43,21 @@ class ReprParser {
     skip_space();
     result.value = value(0);
     result.consumed = pos_;
-    result.complete = error_.empty();
-    result.error = error_;
+    result.complete = error_.empty() && cuts_ == 0;
+    result.error = error_.empty() && cuts_ > 0 ? first_cut_ : error_;
+    result.cuts = cuts_ + (error_.empty() ? 0 : 1);
     return result;
+  }
+
+  // Reads `name=value, name=value ...` (the rest of a call after an elision) into `out`,
+  // keeping the keys `out` already has.
+  void keyword_tail(nlohmann::json& out) {
+    if (!out.is_object()) return;
+    nlohmann::json tail = nlohmann::json::object();
+    keywords(0, tail, true);
+    for (auto& [key, v] : tail.items())
+      if (!out.contains(key)) out[key] = std::move(v);
+    if (!error_.empty()) ++cuts_;
   }
 
  private:
@@ -62,10 +91,20 @@ class ReprParser {
     if (c == '(') return sequence(depth, ')');
     if (c == '{') return braces(depth);
     if (c == '<') return angle();
-    if (c == '-' || c == '+' || std::isdigit(static_cast<unsigned char>(c))) return number();
+    if (c == '-' || c == '+' || std::isdigit(static_cast<unsigned char>(c))) {
+      nlohmann::json n = number();
+      // "tp_size=1" cut from "tp_size=16" would read as a real value: a number that the
+      // input ends in is not known.
+      if (at_end() && depth > 0) fail("number cut by the end of input");
+      return n;
+    }
     if (ident_char(c)) {
       size_t start = pos_;
       while (!at_end() && ident_char(peek())) ++pos_;
+      if (at_end() && depth > 0) {
+        fail("name cut by the end of input");
+        return nullptr;
+      }
       std::string name(s_.substr(start, pos_ - start));
       // String prefixes: r'..', b'..', f'..', u'..'.
       if (name.size() <= 2 && (peek() == '\'' || peek() == '"')) return string_literal();
@@ -287,10 +326,21 @@ class ReprParser {
   nlohmann::json call(int depth) {
     ++pos_;  // '('
     nlohmann::json out = nlohmann::json::object();
-    while (ok()) {
+    keywords(depth, out, false);
+    return out;
+  }
+
+  // The arguments of a call up to its ')'. At the top level (depth 0: the ServerArgs
+  // call itself) a value that cannot be read is a cut: it is skipped to the next
+  // `, name=` and counted, so one damaged field does not lose the rest.
+  void keywords(int depth, nlohmann::json& out, bool tail) {
+    while (true) {
+      if (!ok()) {
+        if (depth != 0 || !resync()) break;
+      }
       skip_space();
       if (at_end()) {
-        fail("call not closed before the end of input");
+        if (!tail) fail("call not closed before the end of input");
         break;
       }
       if (peek() == ')') {
@@ -303,8 +353,9 @@ class ReprParser {
         ++pos_;
       std::string name(s_.substr(start, pos_ - start));
       skip_space();
+      size_t value_start = pos_;
       if (!name.empty() && peek() == '=' && s_.substr(pos_, 2) != "==") {
-        ++pos_;
+        value_start = ++pos_;
         nlohmann::json v = value(depth + 1);
         if (ok() || v.is_object()) out[name] = std::move(v);
       } else {
@@ -312,25 +363,90 @@ class ReprParser {
         nlohmann::json v = value(depth + 1);
         if (ok() || v.is_object()) out["_args"].push_back(std::move(v));
       }
-      if (!ok()) break;
+      if (!ok()) {
+        // A damaged value may have swallowed the fields after it (an unclosed quote):
+        // look for the next field from where the value began.
+        if (depth == 0) pos_ = value_start;
+        continue;
+      }
       skip_space();
       if (peek() == ',')
         ++pos_;
       else if (peek() != ')')
         fail("expected ',' or ')'");
     }
-    return out;
+  }
+
+  // After a failure at the top level: the next ", name=" (not "=="), if any.
+  bool resync() {
+    size_t i = next_keyword(s_, pos_ > 0 ? pos_ - 1 : 0);
+    if (i == std::string_view::npos) return false;
+    if (first_cut_.empty()) first_cut_ = error_;
+    ++cuts_;
+    error_.clear();
+    pos_ = i;
+    return true;
   }
 
   std::string_view s_;
   size_t pos_ = 0;
   std::string error_;
+  std::string first_cut_;
+  int cuts_ = 0;
 };
+
+// Where a person or a tool elided part of a line: "…" (U+2026) or a run of 3+ dots
+// outside any quoted value would be a syntax error anyway.
+std::vector<std::pair<size_t, size_t>> elisions(std::string_view text) {
+  std::vector<std::pair<size_t, size_t>> out;  // [begin, end) of each marker
+  for (size_t i = 0; i < text.size() && out.size() < 1024;) {
+    if (text.compare(i, 3, "\xE2\x80\xA6") == 0) {
+      out.push_back({i, i + 3});
+      i += 3;
+    } else if (text.compare(i, 3, "...") == 0) {
+      size_t j = i;
+      while (j < text.size() && text[j] == '.') ++j;
+      out.push_back({i, j});
+      i = j;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
 ReprResult parse_python_repr(std::string_view text) {
-  return ReprParser(text).run();
+  const auto marks = elisions(text);
+  if (marks.empty()) return ReprParser(text).run();
+  ReprResult result = ReprParser(text.substr(0, marks[0].first)).run();
+  result.complete = false;
+  result.cuts = std::max(result.cuts, 1);
+  if (result.error.empty()) result.error = "elided at offset " + std::to_string(marks[0].first);
+  for (size_t m = 0; m < marks.size(); ++m) {
+    size_t end = m + 1 < marks.size() ? marks[m + 1].first : text.size();
+    std::string_view segment = text.substr(marks[m].second, end - marks[m].second);
+    // Resume at the segment's start when the elision fell between two fields
+    // ("x=1, ..., y=2"); else (it cut a name or a value) at its first ", name=".
+    size_t at = 0;
+    while (at < segment.size() && (segment[at] == ',' || segment[at] == ' ')) ++at;
+    std::string_view before = text.substr(0, marks[m].first);
+    while (!before.empty() && before.back() == ' ') before.remove_suffix(1);
+    const bool between_fields =
+        (!before.empty() && (before.back() == ',' || before.back() == '(')) ||
+        (!segment.empty() && segment[0] == ',');
+    if (!between_fields) at = next_keyword(segment, 0);
+    if (at == std::string_view::npos) {
+      if (m > 0) ++result.cuts;
+      continue;
+    }
+    ReprParser tail(segment.substr(at));
+    tail.keyword_tail(result.value);
+    if (m > 0) ++result.cuts;
+    result.consumed = end;
+  }
+  return result;
 }
 
 }  // namespace kvaudit::logs

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "logs/logs.h"
+#include "logs/parse.h"
 #include "util/util.h"
 
 namespace kvaudit::logs {
@@ -122,14 +123,43 @@ void add_findings(Launch& launch, bool is_latest) {
          "rerun with --checkpoint DIR (the checkpoint the launch served)",
          "sgl-project/sglang#31224 (warning fires even when scales load)"});
   }
-  if (!launch.server_args_complete) {
+  if (launch.resolved_inferred) {
     launch.findings.push_back(
-        {"server-args-truncated",
+        {"kv-dtype-inferred",
          Severity::info,
-         who + ": server_args line is cut short; fields after the cut are unknown",
-         "",
-         {{line_ref(launch.first_line), "server_args", "truncated"}},
-         "",
+         fmt::format("{}: KV cache taken as {}: no line names the cache's dtype", who,
+                     launch.kv_cache_dtype_resolved),
+         "both engines follow the model dtype under auto unless the checkpoint declares a "
+         "quantized KV cache (ModelOpt kv_cache_quant_algo, a compressed-tensors "
+         "kv_cache_scheme); older SGLang pools do not print their dtype, so the log alone "
+         "cannot rule that out",
+         {{launch.resolved_evidence.empty() ? "launch" : "log", "kv_cache_dtype",
+           launch.resolved_evidence}},
+         "pass --checkpoint DIR (the checkpoint the launch served) to decide it",
+         ""});
+  }
+  if (!launch.server_args_complete && launch.server_args.is_object()) {
+    // The fields a verdict needs that the cut took away.
+    std::vector<std::string> lost;
+    for (const char* key : {"tp_size", "kv_cache_dtype", "dtype", "mem_fraction_static",
+                            "context_length", "quantization", "quantization_param_path",
+                            "page_size", "dp_size", "enable_dp_attention", "max_total_tokens"})
+      if (!launch.server_args.contains(key)) lost.push_back(key);
+    launch.findings.push_back(
+        {"server-args-cut",
+         Severity::info,
+         fmt::format("{}: the server_args line is cut or elided ({} place{}); {} fields read "
+                     "around the cuts",
+                     who, std::max(1, launch.server_args_cuts),
+                     launch.server_args_cuts > 1 ? "s" : "", launch.server_args.size()),
+         lost.empty() ? "every field a verdict needs was read"
+                      : fmt::format("not printed in what is left: {}; the report says "
+                                    "where each of those came from instead",
+                                    fmt::join(lost, ", ")),
+         {{line_ref(launch.server_args_line), "server_args",
+           "cut (journalctl ellipsis, a pasted "
+           "'...', or a truncated line)"}},
+         "read the whole line: journalctl --no-pager -o cat (or -a), or the unit's log file",
          ""});
   }
 }
@@ -230,20 +260,63 @@ std::string fallback_under(const engines::EngineModel& engine, const engines::Ve
 
 }  // namespace
 
+// The releases whose rules decide a launch: the log's when it printed one, else every
+// release the engine data distinguishes (a verdict stands only when they all agree).
+std::vector<engines::Version> candidate_versions(const engines::EngineModel& engine,
+                                                 const Launch& launch) {
+  if (auto v = engines::parse_version(launch.engine_version); v && !launch.engine_version.empty())
+    return {*v};
+  return engines::boundary_versions(engine);
+}
+
+// An inferred dtype (auto, no line naming the cache) decided with the checkpoint.
+void resolve_inferred_dtype(Launch& launch, const checkpoint::ModelFacts& model) {
+  const engines::EngineModel& engine = engines::engine_model(launch.engine);
+  std::map<std::string, std::vector<std::string>> by_dtype;  // dtype -> releases
+  std::string reason;
+  for (const auto& version : candidate_versions(engine, launch)) {
+    engines::LaunchFlags flags;
+    flags.engine = engine.engine;
+    flags.engine_version = engines::version_text(version);
+    flags.kv_cache_dtype = "auto";
+    flags.quantization_param_path = launch.quantization_param_path;
+    engines::ResolvedKv resolved = engines::resolve_kv(model, flags, engine);
+    std::string dtype = resolved.kv_cache_dtype;
+    // auto follows the dtype the launch printed for its weights, not the config's.
+    if (!engines::is_quantized_dtype(dtype)) dtype = launch.model_dtype;
+    if (by_dtype.empty()) reason = resolved.reason;
+    by_dtype[dtype].push_back(engines::version_text(version));
+  }
+  if (by_dtype.size() != 1) {
+    std::vector<std::string> parts;
+    for (const auto& [dtype, where] : by_dtype)
+      parts.push_back(fmt::format("{}: {}", dtype, fmt::join(where, ", ")));
+    launch.resolved_evidence +=
+        fmt::format("; with the checkpoint it depends on the release ({}): pass --engine-version",
+                    fmt::join(parts, "; "));
+    return;
+  }
+  launch.kv_cache_dtype_resolved = by_dtype.begin()->first;
+  launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
+  launch.resolved_inferred = false;
+  launch.resolved_evidence =
+      fmt::format("kv_cache_dtype auto with the checkpoint {}: {}", model.dir.string(), reason);
+}
+
 void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model, bool is_latest) {
-  const std::string& dtype = launch.kv_cache_dtype_resolved;
   const auto engines_known = engines::known_engines();
   const bool known_engine =
       std::find(engines_known.begin(), engines_known.end(), launch.engine) != engines_known.end();
+  if (launch.resolved_inferred && known_engine) {
+    resolve_inferred_dtype(launch, model);
+    decide_scale_fallback(launch);
+  }
+  const std::string& dtype = launch.kv_cache_dtype_resolved;
   if (quantized(dtype) && model.has_weights && launch.scale_fallback != true && known_engine) {
     // The log's version when it printed one, else every release the data distinguishes:
     // the verdict stands only when they all agree.
     const engines::EngineModel& engine = engines::engine_model(launch.engine);
-    std::vector<engines::Version> versions;
-    if (auto v = engines::parse_version(launch.engine_version); v && !launch.engine_version.empty())
-      versions.push_back(*v);
-    else
-      versions = engines::boundary_versions(engine);
+    const std::vector<engines::Version> versions = candidate_versions(engine, launch);
     std::map<std::string, std::vector<std::string>> verdicts;  // reason -> versions
     for (const auto& version : versions)
       verdicts[fallback_under(engine, version, launch, model)].push_back(
@@ -279,17 +352,22 @@ void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model,
     try {
       plan::PlanOptions options;
       options.engine = launch.engine;
-      plan::LogPrediction prediction = plan::predict_from_log(model, launch.memory, options);
+      plan::LogPrediction prediction =
+          plan::predict_from_log(model, plan::reconcile_log_flags(launch.memory, options, {}));
+      for (const auto& finding : prediction.findings) launch.findings.push_back(finding);
       for (const auto& check : prediction.checks) {
         double mid = (check.predicted.lo + check.predicted.hi) / 2.0;
         double ratio = mid > 0 ? check.printed / mid : 0;
         launch.findings.push_back(
             {check.inside ? "capacity-as-planned" : "capacity-mismatch",
              check.inside ? Severity::info : Severity::warning,
-             fmt::format(
-                 "launch {}: {}: printed {} vs predicted [{}, {}] (observed / predicted {:.3f})",
-                 launch.index + 1, check.what, with_thousands(check.printed),
-                 with_thousands(check.predicted.lo), with_thousands(check.predicted.hi), ratio),
+             fmt::format("launch {}: {}: printed {} vs predicted {} (observed / predicted {:.3f})",
+                         launch.index + 1, check.what, with_thousands(check.printed),
+                         check.predicted.empty()
+                             ? plan::interval_text(check.predicted)
+                             : fmt::format("[{}, {}]", with_thousands(check.predicted.lo),
+                                           with_thousands(check.predicted.hi)),
+                         ratio),
              check.inside ? ""
                           : "the engine's accounting differs from the model plan uses: check TP, "
                             "dtype and version",

@@ -12,6 +12,13 @@
 
 namespace kvaudit::plan {
 
+std::string interval_text(const TokenInterval& interval) {
+  if (interval.empty())
+    return fmt::format("none (no whole count rounds to the printed size: {} > {})", interval.lo,
+                       interval.hi);
+  return fmt::format("[{}, {}]", interval.lo, interval.hi);
+}
+
 namespace {
 
 constexpr long double kHalfCent = 0.005L;  // half the last printed decimal, in GiB
@@ -128,7 +135,7 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
     TokenInterval predicted = sglang_interval(rest_lo, rest_hi, setup);
     std::string derivation = fmt::format(
         "rest = {:.2f} (+-0.005) - {:.2f} (+-0.005) x (1 - {}){} = [{:.4f}, {:.4f}] GiB; cell {} "
-        "B/token ({}){}; tokens in [{}, {}]",
+        "B/token ({}){}; tokens in {}",
         *logged.avail_after_weights_gib, *logged.total_before_load_gib, *fraction,
         mm > 0 ? fmt::format(" - multimodal reservation {:.2f} GiB", static_cast<double>(mm / kGiB))
                : std::string(),
@@ -138,7 +145,7 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
                                       ? fmt::format(" x {} printed slots", *logged.mamba_slots)
                                       : std::string(" (slots from the ratio)"))
                     : std::string(),
-        predicted.lo, predicted.hi);
+        interval_text(predicted));
     std::optional<int64_t> printed =
         logged.max_total_num_tokens ? logged.max_total_num_tokens : logged.pool_tokens;
     if (printed)
@@ -178,9 +185,9 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
       add_check(out, "sglang_pool_size", fmt::format("#tokens against the printed {}", label), n,
                 from_size,
                 fmt::format("{} {:.2f} GiB = (#tokens + {} padding rows) x {} B/token ({} layers); "
-                            "tokens in [{}, {}]",
+                            "tokens in {}",
                             label, *printed_gib, padding, k_bytes_per_token, setup.cell.full_layers,
-                            from_size.lo, from_size.hi));
+                            interval_text(from_size)));
     }
   }
   if (setup.mamba && logged.mamba_slots && logged.ssm_gib) {
@@ -188,12 +195,11 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
     const int64_t per_slot = setup.mamba->ssm_bytes_per_layer * setup.mamba->linear_layers;
     const int64_t padding = engine.capacity.mamba_pool_padding_slots;
     TokenInterval slots = tokens_from_printed_size(*logged.ssm_gib, per_slot, padding);
-    add_check(
-        out, "sglang_mamba_ssm_size", "max_mamba_cache_size against the printed ssm_state size",
-        *logged.mamba_slots, slots,
-        fmt::format("ssm_state {:.2f} GiB = (slots + {}) x {} B x {} layers; slots in [{}, {}]",
-                    *logged.ssm_gib, padding, setup.mamba->ssm_bytes_per_layer,
-                    setup.mamba->linear_layers, slots.lo, slots.hi));
+    add_check(out, "sglang_mamba_ssm_size",
+              "max_mamba_cache_size against the printed ssm_state size", *logged.mamba_slots, slots,
+              fmt::format("ssm_state {:.2f} GiB = (slots + {}) x {} B x {} layers; slots in {}",
+                          *logged.ssm_gib, padding, setup.mamba->ssm_bytes_per_layer,
+                          setup.mamba->linear_layers, interval_text(slots)));
   }
 
   // Every dtype from the same budget.
@@ -285,6 +291,159 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
 }
 
 }  // namespace
+
+LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base,
+                             const LogFlagOverrides& given) {
+  LogSetup out;
+  out.memory = logged;
+  out.options = base;
+  auto conflict = [&](const std::string& flag, const std::string& flag_value,
+                      const std::string& key, const std::string& log_value,
+                      const std::string& where) {
+    out.findings.push_back(
+        {"log-flag-conflict",
+         report::Severity::warning,
+         fmt::format("{} {} disagrees with the log, which says {} {}", flag, flag_value, key,
+                     log_value),
+         fmt::format("the log is what the engine ran, so plan used {} {}; a prediction from the "
+                     "flag would describe another launch",
+                     key, log_value),
+         {{where.empty() ? "log" : where, key, log_value}, {"command line", flag, flag_value}},
+         fmt::format("drop {} (the log decides it) or check that this is the launch you meant "
+                     "(--launch N)",
+                     flag),
+         ""});
+  };
+  auto from_flag = [&](const std::string& what, const std::string& flag, const std::string& value) {
+    out.notes.push_back(
+        fmt::format("the log does not print {}: {} {} from the command line", what, flag, value));
+  };
+  // Engine and release.
+  if (!logged.engine.empty()) {
+    if (given.engine && *given.engine != logged.engine)
+      conflict("--engine", *given.engine, "engine", logged.engine, "");
+    out.options.engine = logged.engine;
+  } else if (given.engine) {
+    out.memory.engine = out.options.engine = *given.engine;
+    from_flag("its engine", "--engine", *given.engine);
+  }
+  if (!logged.engine_version.empty() && engines::parse_version(logged.engine_version)) {
+    if (given.engine_version && *given.engine_version != logged.engine_version)
+      conflict("--engine-version", *given.engine_version, "version", logged.engine_version, "");
+    out.options.engine_version = logged.engine_version;
+  } else if (given.engine_version) {
+    out.options.engine_version = *given.engine_version;
+  }
+  // Tensor parallelism: printed, else the flag (at least the ranks seen), else the ranks.
+  if (logged.tp > 0) {
+    if (given.tp && *given.tp != logged.tp)
+      conflict("--tp", std::to_string(*given.tp), "tp", std::to_string(logged.tp),
+               logged.tp_source);
+    out.options.parallel.tp = logged.tp;
+  } else if (given.tp) {
+    if (logged.tp_at_least > *given.tp)
+      conflict("--tp", std::to_string(*given.tp), "ranks up to TP",
+               std::to_string(logged.tp_at_least - 1), "rank prefixes");
+    out.memory.tp = out.options.parallel.tp = std::max(*given.tp, logged.tp_at_least);
+    from_flag("the TP size", "--tp", std::to_string(*given.tp));
+  } else if (logged.tp_at_least > 1) {
+    out.memory.tp = out.options.parallel.tp = logged.tp_at_least;
+    // Ranks 0..n-1 all printing is the common case (every rank logs its memory); gaps
+    // (workers 0, 2, 4, 6) mean an excerpt or a log level that hides ranks.
+    const bool contiguous = logged.tp_ranks_contiguous;
+    out.findings.push_back(
+        {"log-tp-from-ranks",
+         contiguous ? report::Severity::info : report::Severity::warning,
+         fmt::format("the log prints no TP size: {} printed lines, so TP is at least {}; "
+                     "sized at {}",
+                     contiguous ? fmt::format("ranks 0 to {}", logged.tp_at_least - 1)
+                                : fmt::format("ranks up to {} (with gaps)", logged.tp_at_least - 1),
+                     logged.tp_at_least, logged.tp_at_least),
+         "a larger TP holds more tokens per GPU; the prediction is for the smallest TP the "
+         "ranks allow",
+         {{"rank prefixes", "highest rank", std::to_string(logged.tp_at_least - 1)}},
+         "pass --tp N (the launch's --tp-size / --tensor-parallel-size) to be sure",
+         ""});
+  } else {
+    out.memory.tp = out.options.parallel.tp = 1;
+    out.notes.push_back(
+        "the log prints no TP size and no rank beyond TP0: sized at TP 1 (pass --tp if the "
+        "launch used more GPUs)");
+  }
+  if (logged.pp > 0) {
+    if (given.pp && *given.pp != logged.pp)
+      conflict("--pp", std::to_string(*given.pp), "pp", std::to_string(logged.pp), "");
+    out.options.parallel.pp = logged.pp;
+  } else if (given.pp) {
+    out.memory.pp = out.options.parallel.pp = *given.pp;
+    from_flag("the PP size", "--pp", std::to_string(*given.pp));
+  }
+  if (logged.dp) {
+    if (given.dp && *given.dp != *logged.dp)
+      conflict("--dp", std::to_string(*given.dp), "dp", std::to_string(*logged.dp), "");
+    out.options.parallel.dp = *logged.dp;
+  } else if (given.dp) {
+    out.options.parallel.dp = *given.dp;
+    from_flag("the DP size", "--dp", std::to_string(*given.dp));
+  }
+  if (logged.dp_attention) {
+    if (given.dp_attention && *given.dp_attention != *logged.dp_attention)
+      conflict("--dp-attention", *given.dp_attention ? "on" : "off", "enable_dp_attention",
+               *logged.dp_attention ? "True" : "False", "");
+    out.options.parallel.dp_attention = *logged.dp_attention;
+  } else if (given.dp_attention) {
+    out.options.parallel.dp_attention = *given.dp_attention;
+    from_flag("DP attention", "--dp-attention", *given.dp_attention ? "on" : "off");
+  }
+  // The KV dtype the launch used.
+  if (!logged.kv_cache_dtype.empty()) {
+    if (given.kv_cache_dtype &&
+        engines::normalise_dtype(*given.kv_cache_dtype) != logged.kv_cache_dtype)
+      conflict("--kv-cache-dtype", *given.kv_cache_dtype, "kv_cache_dtype", logged.kv_cache_dtype,
+               "");
+  } else if (given.kv_cache_dtype) {
+    out.memory.kv_cache_dtype = engines::normalise_dtype(*given.kv_cache_dtype);
+    from_flag("the KV dtype", "--kv-cache-dtype", *given.kv_cache_dtype);
+  }
+  if (!logged.mamba_ssm_dtype.empty()) {
+    if (!base.mamba_ssm_dtype.empty() && engines::normalise_dtype(base.mamba_ssm_dtype) !=
+                                             engines::normalise_dtype(logged.mamba_ssm_dtype))
+      conflict("--mamba-ssm-dtype", base.mamba_ssm_dtype, "mamba_ssm_dtype", logged.mamba_ssm_dtype,
+               "");
+    out.options.mamba_ssm_dtype = logged.mamba_ssm_dtype;
+  }
+  // The memory fraction: printed, else the flag, else the engine's default for the GPU.
+  if (logged.mem_fraction_static) {
+    if (given.memory_fraction &&
+        std::abs(*given.memory_fraction - *logged.mem_fraction_static) > 1e-9)
+      conflict("--mem-fraction", fmt::format("{}", *given.memory_fraction), "mem_fraction_static",
+               fmt::format("{}", *logged.mem_fraction_static), "");
+  } else if (given.memory_fraction) {
+    out.options.memory_fraction = given.memory_fraction;
+    from_flag("mem_fraction_static", "--mem-fraction", fmt::format("{}", *given.memory_fraction));
+  } else if (out.options.gpu_memory_bytes && !out.options.engine.empty()) {
+    const engines::EngineModel& engine = engines::engine_model(out.options.engine);
+    auto version = engines::parse_version(out.options.engine_version);
+    const engines::MemFractionTable* table =
+        version ? engine.capacity.mem_fraction_for(*version) : nullptr;
+    if (table) {
+      MemFractionDefault d = sglang_default_mem_fraction(
+          *table, *out.options.gpu_memory_bytes / kMiB, out.options.parallel.tp,
+          out.options.parallel.pp, out.options.parallel.dp_attention, out.options.parallel.dp);
+      out.options.memory_fraction = d.mem_fraction_static;
+      out.notes.push_back(
+          fmt::format("mem_fraction_static not printed: the engine's default, {}", d.derivation));
+    }
+  }
+  return out;
+}
+
+LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LogSetup& setup) {
+  LogPrediction out = predict_from_log(model, setup.memory, setup.options);
+  out.findings.insert(out.findings.begin(), setup.findings.begin(), setup.findings.end());
+  out.notes.insert(out.notes.begin(), setup.notes.begin(), setup.notes.end());
+  return out;
+}
 
 LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
                                const PlanOptions& options) {

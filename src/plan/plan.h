@@ -197,11 +197,17 @@ SglangPools sglang_pools(int64_t rest_bytes, const CellSize& cell,
 // The memory figures one launch printed. GiB values carry the log's decimals
 // (two, as both engines print them); intervals widen each by half a unit.
 struct LoggedMemory {
-  std::string engine;          // an engine of engines::known_engines()
-  std::string engine_version;  // as the log printed it ("" when it did not)
-  std::string kv_cache_dtype;  // canonical dtype the launch used
-  int tp = 1;
-  int pp = 1;
+  std::string engine;                // an engine of engines::known_engines()
+  std::string engine_version;        // as the log printed it ("" when it did not)
+  std::string kv_cache_dtype;        // canonical dtype the launch used
+  int tp = 0;                        // 0: the log does not print it
+  int tp_at_least = 0;               // from the rank prefixes seen, when tp is not printed
+  bool tp_ranks_contiguous = false;  // every rank below tp_at_least printed a line
+  std::string tp_source;             // where tp came from ("log:2 server_args tp_size")
+  int pp = 0;                        // 0: not printed
+  std::optional<int> dp;             // SGLang dp_size / vLLM data_parallel_size
+  std::optional<bool> dp_attention;
+  std::string mamba_ssm_dtype;  // SGLang server_args mamba_ssm_dtype ("" not printed)
   // SGLang
   std::optional<double> total_before_load_gib;  // min over ranks, "Load weight begin. avail mem="
   std::optional<double>
@@ -230,7 +236,12 @@ struct TokenInterval {
   int64_t lo = 0;
   int64_t hi = 0;
   bool contains(int64_t value) const { return lo <= value && value <= hi; }
+  // No whole count maps to the printed figure: the model of the engine is off (a wrong
+  // dtype, TP or release), not the rounding.
+  bool empty() const { return lo > hi; }
 };
+// "[lo, hi]", or "none" with why, for derivations and findings.
+std::string interval_text(const TokenInterval& interval);
 
 struct LogCheck {
   std::string id;    // "sglang_max_total_num_tokens", "sglang_k_size", ...
@@ -252,13 +263,36 @@ struct LogPrediction {
   std::vector<LogCheck> checks;
   std::vector<LogPredictionRow> rows;  // every dtype, from the same memory budget
   std::vector<std::string> notes;
+  std::vector<report::Finding> findings;  // flags that disagree with the log, facts unknown
 };
+
+// What the user passed beside --from-log; unset when not given.
+struct LogFlagOverrides {
+  std::optional<std::string> engine, engine_version, kv_cache_dtype;
+  std::optional<int> tp, pp, dp;
+  std::optional<bool> dp_attention;
+  std::optional<double> memory_fraction;
+};
+
+// The launch a from-log prediction runs: the log's figures, every gap filled from a flag
+// (or a stated default), every flag checked against what the log printed. A conflict is a
+// finding and the log's value is used (it is what the engine ran).
+struct LogSetup {
+  LoggedMemory memory;
+  PlanOptions options;
+  std::vector<report::Finding> findings;
+  std::vector<std::string> notes;  // where each value not printed in the log came from
+};
+LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base,
+                             const LogFlagOverrides& given);
 
 // Reproduces the engine's token count from the printed memory figures, checks the
 // printed per-token sizes exactly, and predicts the other dtypes. Throws InputError
 // when the log has no memory figures plan can use.
 LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
                                const PlanOptions& options);
+// The same, on a reconciled launch: its findings and notes come first.
+LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LogSetup& setup);
 
 // ---------------------------------------------------------------- report
 

@@ -80,6 +80,7 @@ void add_from_log(report::Report& out, const LogPrediction& prediction) {
     out.charts.push_back(std::move(bars));
   }
   for (const auto& note : prediction.notes) out.notes.push_back(note);
+  for (const auto& finding : prediction.findings) out.findings.push_back(finding);
   out.payload["from_log"] = {{"checks", checks_json}, {"rows", rows_json}};
   if (!prediction.checks.empty()) {
     out.verdict =
@@ -89,6 +90,12 @@ void add_from_log(report::Report& out, const LogPrediction& prediction) {
             : fmt::format("{} of {} printed figures fall outside the predicted range", outside,
                           prediction.checks.size());
     out.verdict_severity = outside == 0 ? report::Severity::info : report::Severity::warning;
+    for (const auto& finding : prediction.findings)
+      if (finding.severity > out.verdict_severity) out.verdict_severity = finding.severity;
+    if (!prediction.findings.empty())
+      out.verdict +=
+          fmt::format(" ({} finding{} on the launch's settings)", prediction.findings.size(),
+                      prediction.findings.size() > 1 ? "s" : "");
   }
 }
 

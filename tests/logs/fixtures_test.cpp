@@ -182,10 +182,14 @@ TEST(RealLogs, SglangQwen35Tp2PoolAndMambaSizes) {
   auto s = scan("sglang_qwen35_397b_tp2_mamba.log");
   ASSERT_EQ(s.launches.size(), 1u);
   const Launch& l = s.launches[0];
-  EXPECT_EQ(l.tp, 2);  // from the TP0/TP1 rank tags
+  EXPECT_EQ(l.tp, 0);           // no server_args line: not printed
+  EXPECT_EQ(l.tp_at_least, 2);  // but TP0 and TP1 printed lines
   EXPECT_EQ(*l.memory.mamba_slots, 82);
   EXPECT_EQ(*l.max_total_tokens, 580364);
-  auto p = plan::predict_from_log(qwen35_397b(), l.memory, plan::PlanOptions{});
+  auto p = plan::predict_from_log(qwen35_397b(),
+                                  plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, {}));
+  ASSERT_FALSE(p.findings.empty());
+  EXPECT_EQ(p.findings[0].id, "log-tp-from-ranks");
   EXPECT_EQ(expect_all_inside(p), 2u);
   for (const auto& c : p.checks) {
     if (c.id == "sglang_mamba_ssm_size") {
@@ -280,7 +284,9 @@ TEST(RealLogs, InterleavedRanksKeepTheMinimum) {
   auto s = scan("sglang_tp8_rank_lines.log");
   ASSERT_EQ(s.launches.size(), 1u);
   EXPECT_DOUBLE_EQ(*s.launches[0].memory.total_before_load_gib, 137.29);
-  EXPECT_EQ(s.launches[0].tp, 8);
+  EXPECT_EQ(s.launches[0].tp, 0);  // no server_args in the excerpt
+  EXPECT_EQ(s.launches[0].tp_at_least, 8);
+  EXPECT_TRUE(s.launches[0].memory.tp_ranks_contiguous);
 }
 
 TEST(RealLogs, CrashedSglangLaunch) {

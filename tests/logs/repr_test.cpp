@@ -68,6 +68,55 @@ TEST(Repr, VllmNonDefaultArgsDict) {
   EXPECT_EQ(r.value["max_model_len"], 131072);
 }
 
+// Lines as they reach users: journalctl's ellipsis at the end, a pasted "..." between
+// fields, an elision inside a value, a quote lost in the middle. Every field before and
+// after a cut is read; the damaged one is not; a number the input ends in is not known.
+TEST(Repr, CutAndElidedServerArgsAreReadFieldByField) {
+  auto end_cut = parse_python_repr(
+      "ServerArgs(model_path='/m', tp_size=8, kv_cache_dtype='fp8_e4m3', "
+      "mem_fraction_static=0.8\xE2\x80\xA6");
+  EXPECT_FALSE(end_cut.complete);
+  EXPECT_GE(end_cut.cuts, 1);
+  EXPECT_EQ(end_cut.value["tp_size"], 8);
+  EXPECT_EQ(end_cut.value["kv_cache_dtype"], "fp8_e4m3");
+  EXPECT_FALSE(end_cut.value.contains("mem_fraction_static"));  // 0.8 of 0.85?
+
+  auto pasted = parse_python_repr(
+      "ServerArgs(model_path='/m', tokenizer_path='/m', ..., tp_size=8, kv_cache_dtype='auto', "
+      "mem_fraction_static=0.85, port=30000)");
+  EXPECT_FALSE(pasted.complete);
+  EXPECT_EQ(pasted.cuts, 1);
+  EXPECT_EQ(pasted.value["model_path"], "/m");
+  EXPECT_EQ(pasted.value["tp_size"], 8);
+  EXPECT_EQ(pasted.value["kv_cache_dtype"], "auto");
+  EXPECT_DOUBLE_EQ(pasted.value["mem_fraction_static"].get<double>(), 0.85);
+  EXPECT_EQ(pasted.value["port"], 30000);
+
+  auto in_value = parse_python_repr(
+      "ServerArgs(model_path='/models/Qw\xE2\x80\xA6"
+      "en3', tp_size=16, dtype='auto', "
+      "kv_cache_dtype='bf16')");
+  EXPECT_FALSE(in_value.value.contains("model_path"));
+  EXPECT_EQ(in_value.value["tp_size"], 16);
+  EXPECT_EQ(in_value.value["kv_cache_dtype"], "bf16");
+
+  auto lost_quote = parse_python_repr(
+      "ServerArgs(model_path='/m', kv_cache_dtype='fp8_e4m3, mem_fraction_static=0.85, "
+      "tp_size=4)");
+  EXPECT_FALSE(lost_quote.complete);
+  EXPECT_FALSE(lost_quote.value.contains("kv_cache_dtype"));
+  EXPECT_EQ(lost_quote.value["tp_size"], 4);
+  EXPECT_DOUBLE_EQ(lost_quote.value["mem_fraction_static"].get<double>(), 0.85);
+
+  auto cut_number = parse_python_repr("ServerArgs(model_path='/m', tp_size=1");
+  EXPECT_FALSE(cut_number.value.contains("tp_size"));  // tp_size=16 cut after the 1
+  EXPECT_EQ(cut_number.value["model_path"], "/m");
+
+  auto whole = parse_python_repr("ServerArgs(model_path='/m', tp_size=16)");
+  EXPECT_TRUE(whole.complete);
+  EXPECT_EQ(whole.cuts, 0);
+}
+
 TEST(Lines, PrefixesAnsiAndCrlfAreRemoved) {
   auto j = normalise_line(
       "Mar 07 14:14:22 gpu01 sglang[4242]: [2026-03-07 14:14:22 TP3] Load weight begin. avail "
