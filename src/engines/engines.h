@@ -300,6 +300,9 @@ enum class LogKind {
   deprecation,
   flag_ignored,    // a flag the engine disables for this model
   dtype_fallback,  // the engine fell back to auto for a declaration it does not know
+  // A start-up line that marks progress (CUDA graph capture, distributed init): it shows
+  // which ranks are alive and may name a launch setting (fields named like the setting).
+  startup_progress,
 };
 std::string_view log_kind_name(LogKind kind);
 
@@ -321,6 +324,8 @@ std::optional<std::vector<std::string>> match_log_template(const LogTemplate& lo
                                                            std::string_view message);
 // The field names log templates may carry (the logs module reads each).
 const std::vector<std::string>& log_field_names();
+// Fields that hold a number (GiB, counts, fractions): their placeholders match numbers only.
+bool is_numeric_log_field(std::string_view field);
 
 // ---------------------------------------------------------------- capacity
 

@@ -114,7 +114,7 @@ Enum read_enum(JsonReader& r, std::string_view key,
 
 LogKind read_log_kind(JsonReader& r) {
   std::string text = r.string("kind");
-  for (int k = 0; k <= static_cast<int>(LogKind::dtype_fallback); ++k)
+  for (int k = 0; k <= static_cast<int>(LogKind::startup_progress); ++k)
     if (log_kind_name(static_cast<LogKind>(k)) == text) return static_cast<LogKind>(k);
   r.fail("kind", fmt::format("unknown log message kind '{}'", text));
 }
@@ -175,6 +175,8 @@ std::string_view log_kind_name(LogKind kind) {
       return "flag_ignored";
     case LogKind::dtype_fallback:
       return "dtype_fallback";
+    case LogKind::startup_progress:
+      return "startup_progress";
   }
   return "?";
 }
@@ -217,8 +219,43 @@ const std::vector<std::string>& log_field_names() {
                                                  "scales_file",
                                                  "model_name",
                                                  "error_detail",
-                                                 "argument"};
+                                                 "argument",
+                                                 "namespace_args_repr",
+                                                 "mem_fraction_static",
+                                                 "max_total_tokens_arg",
+                                                 "block_size",
+                                                 "dp_size",
+                                                 "quantization"};
   return names;
+}
+
+bool is_numeric_log_field(std::string_view field) {
+  static const std::vector<std::string_view> numeric = {"avail_mem_gib",
+                                                        "mem_usage_gib",
+                                                        "pool_tokens",
+                                                        "k_gib",
+                                                        "v_gib",
+                                                        "kv_gib",
+                                                        "mamba_slots",
+                                                        "conv_gib",
+                                                        "ssm_gib",
+                                                        "full_tokens",
+                                                        "swa_tokens",
+                                                        "max_total_num_tokens",
+                                                        "max_running_requests",
+                                                        "context_len",
+                                                        "available_kv_gib",
+                                                        "kv_cache_tokens",
+                                                        "concurrency_context",
+                                                        "concurrency_x",
+                                                        "gpu_blocks",
+                                                        "cpu_blocks",
+                                                        "weights_gib",
+                                                        "mem_fraction_static",
+                                                        "max_total_tokens_arg",
+                                                        "block_size",
+                                                        "dp_size"};
+  return std::find(numeric.begin(), numeric.end(), field) != numeric.end();
 }
 
 bool glob_match(std::string_view pattern, std::string_view text) {

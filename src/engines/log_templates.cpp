@@ -121,7 +121,11 @@ void compile_log_template(LogTemplate& log) {
     }
     ++placeholders;
     const bool last = i + 1 == pieces.size();
-    if (piece.numeric)
+    // A bare "{}" that prints a number (Python f-strings carry no spec) is still a number:
+    // the field says so. Matched as text, "=0.88." would capture "0" before the ".".
+    const bool numeric_field =
+        placeholders <= log.fields.size() && is_numeric_log_field(log.fields[placeholders - 1]);
+    if (piece.numeric || numeric_field)
       pattern += R"(([-+]?(?:[0-9][0-9,]*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|nan|inf))";
     else
       pattern += last ? "(.*)" : "(.*?)";

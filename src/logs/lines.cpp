@@ -96,9 +96,36 @@ LogLine normalise_line(std::string_view raw) {
       raw.find('\x1b') != std::string_view::npos ? strip_ansi(raw) : std::string(raw);
   std::string_view s = text;
 
+  // A coloured terminal pasted as HTML: "<font color=...><b>(VllmWorker TP0 pid=1)</b></font> ".
+  if (text.rfind("<font", 0) == 0) {
+    std::string plain;
+    size_t i = 0;
+    for (; i < text.size() && i < 256; ++i) {
+      if (text[i] == '<') {
+        size_t close = text.find('>', i);
+        if (close == std::string::npos) break;
+        i = close;
+      } else {
+        plain += text[i];
+      }
+    }
+    text = plain + text.substr(std::min(i, text.size()));
+    s = text;
+  }
+
   std::string journal_time;
   size_t cut = journal_prefix(s, journal_time, line.journal_ident);
   s.remove_prefix(cut);
+  // Python logging around the engine's line: "2025-03-07 23:50:27,531 - __main__ - INFO - ".
+  if (s.size() > 30 && is_digit(s[0]) && s[4] == '-' && s[10] == ' ' && s[13] == ':' &&
+      s[19] == ',' && s.substr(23, 3) == " - ") {
+    size_t level = s.find(" - ", 26);
+    size_t rest = level == std::string_view::npos ? level : s.find(" - ", level + 3);
+    if (rest != std::string_view::npos && rest < 120) {
+      if (journal_time.empty()) journal_time = std::string(s.substr(0, 19));
+      s.remove_prefix(rest + 3);
+    }
+  }
 
   // docker compose: "service-1  | message"
   size_t bar = s.find(" | ");

@@ -94,8 +94,14 @@ struct Launch {
   // Decided by a rule, not a line: SGLang's auto follows the printed model dtype when no
   // line names an FP8 cache. A checkpoint that declares FP8 KV would change it.
   bool resolved_inferred = false;
+  // auto on a quantized checkpoint with no line naming the cache: unknown, for --checkpoint.
+  bool resolved_auto_pending = false;
   std::string model_dtype;  // "bf16" ... from the engine's config line
   std::string quantization_param_path;
+  // The weight quantization the launch names (server_args quantization, vLLM's config
+  // quantization=, SGLang's "quant=fp8"); "" when none is named. A quantized checkpoint
+  // may declare a quantized KV cache that auto enables without a log line.
+  std::string quantization;
   std::vector<LogEvent> scale_messages;  // kind: sglang_no_scale_warning, vllm_unit_scale, ...
   std::optional<bool> scale_fallback;    // null when the log cannot tell
   std::string scale_fallback_reason;

@@ -99,13 +99,21 @@ struct TemplateHit {
       if (log->fields[i] == field) return captures[i];
     return std::nullopt;
   }
+  // A number is the capture's first word: a last placeholder captures the rest of the
+  // line ("8192, available_gpu_mem=3.63 GB" after context_len=).
+  static std::string_view first_word(std::string_view t) {
+    size_t end = t.find(' ');
+    if (end != std::string_view::npos) t = t.substr(0, end);
+    while (!t.empty() && (t.back() == ',' || t.back() == ';')) t.remove_suffix(1);
+    return t;
+  }
   std::optional<double> number(std::string_view field) const {
     auto t = text(field);
-    return t ? parse_number(*t) : std::nullopt;
+    return t ? parse_number(first_word(*t)) : std::nullopt;
   }
   std::optional<int64_t> count(std::string_view field) const {
     auto t = text(field);
-    return t ? parse_count(*t) : std::nullopt;
+    return t ? parse_count(first_word(*t)) : std::nullopt;
   }
 };
 
@@ -134,9 +142,10 @@ std::vector<std::string> scan_patterns() {
   for (const auto& [engine, log] : all_templates())
     if (std::find(out.begin(), out.end(), log->anchor) == out.end()) out.push_back(log->anchor);
   for (const char* generic :
-       {"Traceback (most recent call last)", "out of memory", "OutOfMemoryError",
-        "Scheduler hit an exception", "Error: ", "AssertionError", "Main process exited",
-        "Failed with result", "Started ", "Stopped "})
+       {"Traceback (most recent call last)", "CUDA out of memory", "OutOfMemoryError",
+        "CUDA error: out of memory", "HIP out of memory", "Scheduler hit an exception",
+        "Error: ", "Exception: ", "AssertionError", "Main process exited", "Failed with result",
+        "Started ", "Stopped "})
     out.emplace_back(generic);
   return out;
 }
@@ -210,6 +219,7 @@ void LaunchBuilder::apply_server_args(Launch& launch, const ReprResult& parsed, 
   if (args.contains("kv_cache_dtype") && args["kv_cache_dtype"].is_string())
     launch.kv_cache_dtype_requested = args["kv_cache_dtype"].get<std::string>();
   launch.quantization_param_path = str("quantization_param_path");
+  if (std::string q = str("quantization"); !q.empty()) launch.quantization = q;
   if (auto tp = num("tp_size"); tp && *tp >= 1 && *tp <= 1 << 16) {
     launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
     launch.tp_source = fmt::format("log:{} server_args tp_size", line_no);
@@ -255,6 +265,8 @@ void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, 
     launch.tp_source = fmt::format("log:{} non-default args tensor_parallel_size", line_no);
   }
   if (int pp = count("pipeline_parallel_size")) launch.pp = pp, launch.memory.pp = pp;
+  if (args.contains("quantization") && args["quantization"].is_string())
+    launch.quantization = args["quantization"].get<std::string>();
   if (int dp = count("data_parallel_size")) launch.dp = dp, launch.memory.dp = dp;
   if (args.contains("block_size") && args["block_size"].is_number())
     launch.memory.block_size = args["block_size"].get<int>();
@@ -279,6 +291,8 @@ void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view co
     std::string d = engines::normalise_dtype(dtype);
     if (!d.empty()) launch.model_dtype = d;
   }
+  if (std::string q = word_after(config, "quantization="); !q.empty() && q != "None")
+    launch.quantization = q;
   std::string kv = word_after(config, "kv_cache_dtype=");
   if (!kv.empty() && launch.kv_cache_dtype_requested.empty()) launch.kv_cache_dtype_requested = kv;
   if (auto tp = int_after(config, "tensor_parallel_size="); tp && *tp >= 1 && *tp <= 1 << 16) {
@@ -287,6 +301,8 @@ void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view co
   }
   if (auto pp = int_after(config, "pipeline_parallel_size="); pp && *pp >= 1 && *pp <= 1 << 16)
     launch.pp = static_cast<int>(*pp), launch.memory.pp = launch.pp;
+  if (auto dp = int_after(config, "data_parallel_size="); dp && *dp >= 1 && *dp <= 1 << 16)
+    launch.dp = static_cast<int>(*dp), launch.memory.dp = launch.dp;
   if (auto ctx = int_after(config, "max_seq_len=")) launch.context_length = ctx;
 }
 
@@ -308,6 +324,10 @@ void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const 
   Launch& launch = start_marker(kArgs, line_no, ts);
   if (auto repr = hit.text("server_args_repr")) {
     apply_server_args(launch, parse_python_repr(*repr), line_no);
+  } else if (auto ns = hit.text("namespace_args_repr")) {
+    // "args: Namespace(...)": every argument, defaults included.
+    ReprResult parsed = parse_python_repr("Namespace(" + *ns);
+    apply_vllm_args(launch, parsed.value, parsed.complete, line_no);
   } else if (auto args = hit.text("non_default_args_repr")) {
     ReprResult parsed = parse_python_repr(*args);
     apply_vllm_args(launch, parsed.value, parsed.complete, line_no);
@@ -331,6 +351,16 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
 
   if (launch.engine.empty()) launch.engine = hit.engine->engine;
   auto& memory = launch.memory;
+  // Settings a line names, whatever its kind ("Automatically reduce --mem-fraction-static
+  // to 0.760", "under --mem-fraction-static=0.88", "max_total_tokens=131072 is larger").
+  if (auto f = hit.number("mem_fraction_static"); f && *f > 0 && *f <= 1)
+    memory.mem_fraction_static = f;
+  if (auto cap = hit.count("max_total_tokens_arg")) memory.max_total_tokens_arg = cap;
+  if (auto block = hit.count("block_size"); block && *block > 0 && *block < 1 << 20)
+    memory.block_size = static_cast<int>(*block);
+  if (auto dp = hit.count("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16 && launch.dp == 0)
+    launch.dp = static_cast<int>(*dp), memory.dp = launch.dp;
+  if (auto q = hit.text("quantization"); q && !q->empty()) launch.quantization = *q;
   switch (hit.log->kind) {
     case LogKind::load_begin:
       keep_min(memory.total_before_load_gib, hit.number("avail_mem_gib"));
@@ -339,9 +369,11 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
     case LogKind::load_end: {
       keep_min(memory.avail_after_weights_gib, hit.number("avail_mem_gib"));
       if (auto usage = hit.number("mem_usage_gib")) launch.weights_gib = usage;
-      std::string dtype = word_after(hit.text("load_details").value_or(""), "dtype=");
+      const std::string details = hit.text("load_details").value_or("");
+      std::string dtype = word_after(details, "dtype=");
       if (!dtype.empty() && launch.model_dtype.empty())
         launch.model_dtype = engines::normalise_dtype(dtype);
+      if (std::string q = word_after(details, "quant="); !q.empty()) launch.quantization = q;
       loading();
       break;
     }
@@ -359,7 +391,8 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
         launch.resolved_evidence = evidence();
         launch.resolved_generic = raw == "fp8";
       }
-      loading();
+      // No stage: vLLM validates the cache dtype before it prints its engine config, so
+      // this line must not make the config line look like a new launch.
       break;
     }
     case LogKind::kv_pool_allocated: {
@@ -396,6 +429,7 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
       loading();
       break;
     case LogKind::memory_pool_end:
+    case LogKind::startup_progress:
       loading();
       break;
     case LogKind::available_kv_memory: {
@@ -414,13 +448,17 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
       break;
     }
     case LogKind::kv_cache_size:
-      memory.gpu_kv_cache_tokens = hit.count("kv_cache_tokens");
+      // Each worker prints its own; the engine allocates the smallest (min over ranks).
+      if (auto n = hit.count("kv_cache_tokens");
+          n && (!memory.gpu_kv_cache_tokens || *n < *memory.gpu_kv_cache_tokens))
+        memory.gpu_kv_cache_tokens = n;
       launch.max_total_tokens = memory.gpu_kv_cache_tokens;
       loading();
       break;
     case LogKind::max_concurrency:
+      // Proportional to the worker's token count, so its minimum pairs with the minimum.
       memory.concurrency_context = hit.count("concurrency_context");
-      memory.concurrency_x = hit.number("concurrency_x");
+      keep_min(memory.concurrency_x, hit.number("concurrency_x"));
       loading();
       break;
     case LogKind::gpu_blocks:
@@ -502,19 +540,25 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   if (engine_error) return;
 
   // Generic failures (Python, CUDA), which no engine template owns.
-  if (contains(m, "out of memory") || contains(m, "OutOfMemoryError")) {
+  // Not a bare "out of memory": vLLM's own advice says "If you are running out of memory".
+  if (contains(m, "CUDA out of memory") || contains(m, "OutOfMemoryError") ||
+      contains(m, "CUDA error: out of memory") || contains(m, "HIP out of memory")) {
     record_failure(launch, "oom", m, line_no);
   } else if (contains(m, "Traceback (most recent call last)") ||
              contains(m, "Scheduler hit an exception")) {
     if (launch.engine.empty() && contains(m, "Scheduler hit an exception"))
       launch.engine = "sglang";
     record_failure(launch, "traceback", m, line_no);
-  } else if (hits.empty() && (contains(m, "Error: ") || contains(m, "AssertionError"))) {
-    // The exception line that ends a traceback: "ValueError: ...". Only lines that
-    // start with an exception name, not request logs that quote one.
-    size_t colon = m.find("Error");
-    bool exception_line = colon != std::string::npos && colon < 60 &&
-                          m.substr(0, colon).find(' ') == std::string::npos;
+  } else if (hits.empty() && (contains(m, "Error: ") || contains(m, "AssertionError") ||
+                              contains(m, "Exception: "))) {
+    // The exception line that ends a traceback: "ValueError: ...", "Exception: ...". Only
+    // lines that start with an exception name, not request logs that quote one.
+    size_t name_end = m.find(": ");
+    std::string_view name = std::string_view(m).substr(0, std::min(name_end, m.size()));
+    bool exception_line = name_end != std::string::npos && name_end < 60 &&
+                          name.find(' ') == std::string_view::npos &&
+                          (name.ends_with("Error") || name.ends_with("Exception"));
+    if (m.rfind("AssertionError", 0) == 0) exception_line = true;
     if (exception_line) record_failure(launch, "exception", m, line_no);
   }
 }
@@ -545,7 +589,10 @@ void LaunchBuilder::finish(LogScan& out) {
     // A scale warning the engine prints for one dtype only names that dtype.
     if (launch.kv_cache_dtype_resolved.empty())
       for (const auto& msg : launch.scale_messages) {
-        if (msg.message_kind != LogKind::scale_warning || msg.engine.empty()) continue;
+        if ((msg.message_kind != LogKind::scale_warning &&
+             msg.message_kind != LogKind::scale_unit_fallback) ||
+            msg.engine.empty())
+          continue;
         for (const auto& rule : engines::engine_model(msg.engine).scale_warnings)
           if (rule.log_message == msg.template_id && rule.dtypes.size() == 1) {
             launch.kv_cache_dtype_resolved = rule.dtypes[0];
@@ -558,14 +605,25 @@ void LaunchBuilder::finish(LogScan& out) {
     // auto with no line naming the cache: both engines store it in the model dtype unless
     // the checkpoint declares a quantized KV cache, which the log may not show (older
     // SGLang pools do not print their dtype). Inferred, and said so; --checkpoint decides.
-    if (launch.kv_cache_dtype_resolved.empty() && (requested == "auto" || requested.empty()) &&
-        !launch.kv_cache_dtype_requested.empty() && !launch.model_dtype.empty() &&
-        !launch.engine.empty()) {
-      launch.kv_cache_dtype_resolved = launch.model_dtype;
-      launch.resolved_inferred = true;
-      launch.resolved_evidence = fmt::format(
-          "kv_cache_dtype '{}' and no line naming an FP8 cache: the model dtype {} (inferred)",
-          launch.kv_cache_dtype_requested, launch.model_dtype);
+    // A launch that names a weight quantization is not inferred at all: its checkpoint may
+    // well declare the KV cache quantized, and a wrong "bf16" is the all-clear kvaudit must
+    // never give; it stays unknown until --checkpoint decides it.
+    const bool quantized_weights = !launch.quantization.empty() && launch.quantization != "None";
+    if (launch.kv_cache_dtype_resolved.empty() && requested == "auto" &&
+        !launch.model_dtype.empty() && !launch.engine.empty()) {
+      if (quantized_weights) {
+        launch.resolved_auto_pending = true;
+        launch.resolved_evidence = fmt::format(
+            "kv_cache_dtype '{}' on a {}-quantized checkpoint and no line naming the cache: its "
+            "quant config decides (pass --checkpoint)",
+            launch.kv_cache_dtype_requested, launch.quantization);
+      } else {
+        launch.kv_cache_dtype_resolved = launch.model_dtype;
+        launch.resolved_inferred = true;
+        launch.resolved_evidence = fmt::format(
+            "kv_cache_dtype '{}' and no line naming an FP8 cache: the model dtype {} (inferred)",
+            launch.kv_cache_dtype_requested, launch.model_dtype);
+      }
     }
     launch.memory.engine = launch.engine;
     launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;

@@ -299,6 +299,7 @@ void resolve_inferred_dtype(Launch& launch, const checkpoint::ModelFacts& model)
   launch.kv_cache_dtype_resolved = by_dtype.begin()->first;
   launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
   launch.resolved_inferred = false;
+  launch.resolved_auto_pending = false;
   launch.resolved_evidence =
       fmt::format("kv_cache_dtype auto with the checkpoint {}: {}", model.dir.string(), reason);
 }
@@ -307,7 +308,7 @@ void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model,
   const auto engines_known = engines::known_engines();
   const bool known_engine =
       std::find(engines_known.begin(), engines_known.end(), launch.engine) != engines_known.end();
-  if (launch.resolved_inferred && known_engine) {
+  if ((launch.resolved_inferred || launch.resolved_auto_pending) && known_engine) {
     resolve_inferred_dtype(launch, model);
     decide_scale_fallback(launch);
   }

@@ -255,10 +255,13 @@ TEST(LogTemplates, MatchTheEnginesOwnLines) {
                          "reserved for KV Cache is -1.05GiB.");
   ASSERT_TRUE(v0);
   EXPECT_EQ(v0->back(), "-1.05");
-  // Log lines are bytes, not validated UTF-8: a bad byte is just a byte.
-  auto bad = match_log_template(*size, std::string("GPU KV cache size: \xff\xfe tokens"));
+  // Log lines are bytes, not validated UTF-8: a bad byte is just a byte (in a text field;
+  // a count field matches numbers only).
+  const LogTemplate* dtype_line = engine_model("sglang").log_template("sglang_kv_dtype_line");
+  auto bad = match_log_template(*dtype_line, std::string("Using KV cache dtype: \xff\xfe"));
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->at(0), "\xff\xfe");
+  EXPECT_FALSE(match_log_template(*size, std::string("GPU KV cache size: \xff\xfe tokens")));
 }
 
 }  // namespace
