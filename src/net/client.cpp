@@ -1,4 +1,4 @@
-// The HTTP client: URL parsing, one connection per request, retries with exponential
+// The HTTP client: URL parsing, pooled keep-alive connections, retries with exponential
 // backoff on 429/5xx and transport failures, and failures turned into RequestError with
 // one clear sentence. cpp-httplib does the HTTP and TLS (Debian builds it with OpenSSL;
 // see the compile definitions on kv_net in CMakeLists.txt).
@@ -12,6 +12,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <mutex>
 #include <semaphore>
 #include <thread>
 
@@ -111,6 +112,8 @@ std::string_view failure_kind_name(FailureKind kind) {
       return "malformed";
     case FailureKind::too_large:
       return "too_large";
+    case FailureKind::no_progress:
+      return "no_progress";
   }
   return "unknown";
 }
@@ -171,10 +174,17 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view valu
 
 // ---------------------------------------------------------------- client
 
+struct Client::Connection {
+  explicit Connection(const std::string& origin) : http(origin) {}
+  httplib::Client http;
+};
+
 struct Client::State {
   explicit State(int slots) : slots(slots) {}
   std::counting_semaphore<4096> slots;
-  std::atomic<int64_t> requests{0}, attempts{0}, retries{0};
+  std::atomic<int64_t> requests{0}, attempts{0}, retries{0}, connections{0};
+  std::mutex pool_mutex;
+  std::vector<std::unique_ptr<Connection>> idle;  // at most max_concurrency
 };
 
 Client::Client(Url url, ClientOptions options)
@@ -187,7 +197,47 @@ Client::Client(Url url, ClientOptions options)
 Client::~Client() = default;
 
 ClientStats Client::stats() const {
-  return {state_->requests.load(), state_->attempts.load(), state_->retries.load()};
+  return {state_->requests.load(), state_->attempts.load(), state_->retries.load(),
+          state_->connections.load()};
+}
+
+// An idle connection of the pool, or a new one configured for this server. The socket
+// itself opens on first use and stays open (keep-alive) until the server closes it,
+// which httplib notices and reconnects.
+std::unique_ptr<Client::Connection> Client::take_connection() {
+  {
+    std::lock_guard lock(state_->pool_mutex);
+    if (!state_->idle.empty()) {
+      auto connection = std::move(state_->idle.back());
+      state_->idle.pop_back();
+      return connection;
+    }
+  }
+  const std::string host_text =
+      url_.host.find(':') != std::string::npos ? "[" + url_.host + "]" : url_.host;
+  auto connection =
+      std::make_unique<Connection>(fmt::format("{}://{}:{}", url_.scheme, host_text, url_.port));
+  httplib::Client& http = connection->http;
+  http.set_connection_timeout(options_.connect_timeout);
+  http.set_read_timeout(options_.read_timeout);
+  http.set_write_timeout(options_.connect_timeout + options_.read_timeout);
+  http.set_keep_alive(true);
+  // Headers and body go out in separate writes; on a reused connection Nagle's algorithm
+  // holds the body until the server's delayed ACK (~40 ms a request).
+  http.set_tcp_nodelay(true);
+  if (!options_.api_key.empty()) http.set_bearer_token_auth(options_.api_key);
+  if (url_.scheme == "https") {
+    http.enable_server_certificate_verification(options_.verify_tls);
+    if (!options_.ca_cert_file.empty()) http.set_ca_cert_path(options_.ca_cert_file);
+  }
+  state_->connections++;
+  return connection;
+}
+
+void Client::give_back(std::unique_ptr<Connection> connection) {
+  std::lock_guard lock(state_->pool_mutex);
+  if (static_cast<int>(state_->idle.size()) < options_.max_concurrency)
+    state_->idle.push_back(std::move(connection));
 }
 
 std::string Client::where(std::string_view path) const {
@@ -223,25 +273,16 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
   SlotGuard guard(state_->slots);
   state_->requests++;
   const std::string where_text = where(path);
-  const std::string host_text =
-      url_.host.find(':') != std::string::npos ? "[" + url_.host + "]" : url_.host;
-  const std::string origin = fmt::format("{}://{}:{}", url_.scheme, host_text, url_.port);
   auto started = std::chrono::steady_clock::now();
   for (int attempt = 0;; ++attempt) {
     state_->attempts++;
     const bool last = attempt >= options_.max_retries;
     auto backoff = std::min(options_.backoff_initial * (int64_t{1} << std::min(attempt, 20)),
                             options_.backoff_max);
-    httplib::Client http(origin);
-    http.set_connection_timeout(options_.connect_timeout);
-    http.set_read_timeout(options_.read_timeout);
-    http.set_write_timeout(options_.connect_timeout + options_.read_timeout);
-    http.set_keep_alive(false);
-    if (!options_.api_key.empty()) http.set_bearer_token_auth(options_.api_key);
-    if (url_.scheme == "https") {
-      http.enable_server_certificate_verification(options_.verify_tls);
-      if (!options_.ca_cert_file.empty()) http.set_ca_cert_path(options_.ca_cert_file);
-    }
+    // A failed attempt drops its connection (the next one starts clean); an answer, even
+    // an error status, leaves it reusable.
+    std::unique_ptr<Connection> connection = take_connection();
+    httplib::Client& http = connection->http;
     httplib::Request request;
     request.method = method;
     request.path = url_.base_path + std::string(path);
@@ -327,6 +368,7 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
       continue;
     }
 
+    give_back(std::move(connection));
     HttpResponse result;
     result.status = response.status;
     result.body = received.empty() ? std::move(response.body) : std::move(received);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,6 +63,9 @@ enum class FailureKind {
   http,       // an HTTP error status after retries
   malformed,  // the body is not what the protocol promises
   too_large,  // the body exceeds max_response_bytes
+  // The server answers but makes no progress: no tokens for a non-empty text, a
+  // completion of zero tokens. Retrying would loop forever, so callers stop.
+  no_progress,
 };
 std::string_view failure_kind_name(FailureKind kind);
 
@@ -91,10 +95,12 @@ struct ClientStats {
   int64_t requests = 0;  // logical requests
   int64_t attempts = 0;  // HTTP attempts including retries
   int64_t retries = 0;
+  int64_t connections = 0;  // TCP (or TLS) connections opened: keep-alive reuses them
 };
 
-// Thread-safe: each request opens its own connection; a counting semaphore bounds how
-// many run at once.
+// Thread-safe: a counting semaphore bounds how many requests run at once, and each takes
+// an idle keep-alive connection from a pool (at most one per slot); a connection that
+// failed is dropped, not reused.
 class Client {
  public:
   Client(Url url, ClientOptions options);
@@ -121,6 +127,9 @@ class Client {
 
  private:
   HttpResponse send(const std::string& method, std::string_view path, const std::string* body);
+  struct Connection;
+  std::unique_ptr<Connection> take_connection();
+  void give_back(std::unique_ptr<Connection> connection);
   struct State;
   Url url_;
   ClientOptions options_;
@@ -206,14 +215,42 @@ struct Tokenized {
   std::vector<int32_t> ids;
   std::optional<int64_t> max_model_len;
 };
+// {"tokens": [ids]} (every engine) or llama-server's with_pieces [{id, piece}]; "count"
+// and "max_model_len" (vLLM) are checked / read when present.
 Tokenized parse_tokenize(const nlohmann::json& body, const std::string& where);
+// /detokenize's text: "prompt" (vLLM), "content" (llama-server) or "text" (SGLang).
+std::string parse_detokenize(const nlohmann::json& body, const std::string& where);
 
-// Calls on a client. tokenize() tries POST /tokenize with {"prompt"} (vLLM), then
-// {"text"} (SGLang's older native form), then /v1/tokenize; nullopt when the server has
-// no tokenizer endpoint (404/405/400 on every form).
+// Calls on a client.
 Completion complete(Client& client, const CompletionRequest& request);
 Completion chat(Client& client, const ChatRequest& request);
 std::vector<ModelCard> list_models(Client& client);
+
+// A server's /tokenize and /detokenize in whichever dialect it speaks, found on first use
+// and kept: {"prompt"} (vLLM, SGLang), {"content"} (llama.cpp's llama-server, which
+// answers {"tokens": []} to {"prompt"}), {"text"} (older SGLang), /v1/tokenize. A dialect
+// that returns no tokens for a non-empty text is not the server's: the next is tried.
+// Thread-safe.
+class Tokenizer {
+ public:
+  Tokenizer(Client& client, std::string model);
+  // nullopt: no tokenizer endpoint (404/405/400/422 in every dialect). Throws
+  // RequestError(kind no_progress) when every dialect that answers returns no tokens for a
+  // non-empty text, and once a dialect is known, when it does so for any text.
+  std::optional<Tokenized> tokenize(std::string_view text);
+  // The text of `ids` (vLLM {"prompt"}, llama-server {"content"}, SGLang {"text"}); nullopt
+  // when the server has no /detokenize.
+  std::optional<std::string> detokenize(const std::vector<int32_t>& ids);
+  std::string dialect() const;  // e.g. "POST /tokenize {\"content\"}"; "" before one is known
+
+ private:
+  Client& client_;
+  std::string model_;
+  mutable std::mutex mutex_;
+  int form_ = -1;  // index of the dialect that worked
+};
+
+// One tokenize call with a throwaway Tokenizer (detection, tests).
 std::optional<Tokenized> tokenize(Client& client, std::string_view text,
                                   const std::string& model = "");
 

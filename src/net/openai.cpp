@@ -103,6 +103,32 @@ void sort_top(std::vector<TopLogprob>& top) {
                    [](const TopLogprob& a, const TopLogprob& b) { return a.logprob > b.logprob; });
 }
 
+// Chat-shaped log-probs, logprobs.content[]: {token, logprob, top_logprobs[{token,
+// logprob}]} (OpenAI chat; llama.cpp's llama-server also answers /v1/completions so).
+void read_content_logprobs(const json& items, const std::string& base, const std::string& where,
+                           Completion& out) {
+  array_at(items, base, where);
+  out.has_logprobs = true;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string path = fmt::format("{}[{}]", base, i);
+    TokenLogprob token;
+    token.token = string_at(member(items[i], "token", path, where), path + ".token", where);
+    token.logprob = logprob_at(member(items[i], "logprob", path, where), path + ".logprob", where);
+    if (auto top = items[i].find("top_logprobs"); top != items[i].end() && !top->is_null()) {
+      array_at(*top, path + ".top_logprobs", where);
+      for (size_t j = 0; j < top->size(); ++j) {
+        const std::string top_path = fmt::format("{}.top_logprobs[{}]", path, j);
+        const json& alt = (*top)[j];
+        token.top.push_back(
+            {string_at(member(alt, "token", top_path, where), top_path + ".token", where),
+             logprob_at(member(alt, "logprob", top_path, where), top_path + ".logprob", where)});
+      }
+      sort_top(token.top);
+    }
+    out.tokens.push_back(std::move(token));
+  }
+}
+
 }  // namespace
 
 json to_json(const CompletionRequest& request) {
@@ -150,6 +176,15 @@ Completion parse_completion(const json& body, const std::string& where) {
   auto logprobs = choice.find("logprobs");
   if (logprobs == choice.end() || logprobs->is_null()) return out;
   const std::string base = "$.choices[0].logprobs";
+  // Two dialects: the legacy completions shape (tokens / token_logprobs / top_logprobs /
+  // text_offset: vLLM, SGLang) and the chat shape (content[]: llama-server).
+  if (logprobs->is_object() && !logprobs->contains("tokens") && logprobs->contains("content")) {
+    const json& items = (*logprobs)["content"];
+    if (!items.is_null()) read_content_logprobs(items, base + ".content", where, out);
+    return out;
+  }
+  if (logprobs->is_object() && !logprobs->contains("tokens"))
+    malformed(where, base, "neither tokens[] (completions) nor content[] (chat) log-probs");
   const json& tokens = array_at(member(*logprobs, "tokens", base, where), base + ".tokens", where);
   const json& token_logprobs =
       array_at(member(*logprobs, "token_logprobs", base, where), base + ".token_logprobs", where);
@@ -204,29 +239,9 @@ Completion parse_chat_completion(const json& body, const std::string& where) {
   read_usage_and_model(body, out, where);
   auto logprobs = choice.find("logprobs");
   if (logprobs == choice.end() || logprobs->is_null()) return out;
-  const std::string base = "$.choices[0].logprobs.content";
   const json& items = member(*logprobs, "content", "$.choices[0].logprobs", where);
   if (items.is_null()) return out;
-  array_at(items, base, where);
-  out.has_logprobs = true;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const std::string path = fmt::format("{}[{}]", base, i);
-    TokenLogprob token;
-    token.token = string_at(member(items[i], "token", path, where), path + ".token", where);
-    token.logprob = logprob_at(member(items[i], "logprob", path, where), path + ".logprob", where);
-    if (auto top = items[i].find("top_logprobs"); top != items[i].end() && !top->is_null()) {
-      array_at(*top, path + ".top_logprobs", where);
-      for (size_t j = 0; j < top->size(); ++j) {
-        const std::string top_path = fmt::format("{}.top_logprobs[{}]", path, j);
-        const json& alt = (*top)[j];
-        token.top.push_back(
-            {string_at(member(alt, "token", top_path, where), top_path + ".token", where),
-             logprob_at(member(alt, "logprob", top_path, where), top_path + ".logprob", where)});
-      }
-      sort_top(token.top);
-    }
-    out.tokens.push_back(std::move(token));
-  }
+  read_content_logprobs(items, "$.choices[0].logprobs.content", where, out);
   return out;
 }
 
@@ -252,7 +267,10 @@ Tokenized parse_tokenize(const json& body, const std::string& where) {
   Tokenized out;
   out.ids.reserve(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    int64_t id = integer_at(tokens[i], fmt::format("$.tokens[{}]", i), where);
+    const std::string path = fmt::format("$.tokens[{}]", i);
+    int64_t id = tokens[i].is_object()  // llama-server with_pieces: {"id", "piece"}
+                     ? integer_at(member(tokens[i], "id", path, where), path + ".id", where)
+                     : integer_at(tokens[i], path, where);
     if (id < 0 || id > INT32_MAX)
       malformed(where, fmt::format("$.tokens[{}]", i), fmt::format("token id {} out of range", id));
     out.ids.push_back(static_cast<int32_t>(id));
@@ -285,30 +303,117 @@ std::vector<ModelCard> list_models(Client& client) {
   return parse_model_list(client.get_json(path), client.where(path));
 }
 
-std::optional<Tokenized> tokenize(Client& client, std::string_view text, const std::string& model) {
-  struct Form {
-    const char* path;
-    const char* key;
-  };
-  for (Form form :
-       {Form{"/tokenize", "prompt"}, Form{"/tokenize", "text"}, Form{"/v1/tokenize", "prompt"}}) {
-    json body = {{form.key, std::string(text)}, {"add_special_tokens", false}};
-    if (!model.empty()) body["model"] = model;
-    HttpResponse response = client.post_json(form.path, body);
-    if (response.status == 404 || response.status == 405 || response.status == 400 ||
-        response.status == 422)
-      continue;
-    const std::string where = client.where(form.path);
-    if (response.status < 200 || response.status >= 300)
-      throw RequestError(
-          where, fmt::format("HTTP {}: {}", response.status, error_message_of(response.body)),
-          FailureKind::http, response.status);
-    auto doc = json::parse(response.body, nullptr, false);
-    if (doc.is_discarded())
-      throw RequestError(where, "malformed answer: not JSON", FailureKind::malformed);
-    return parse_tokenize(doc, where);
+namespace {
+
+struct TokenizeForm {
+  const char* path;
+  const char* key;              // the text's key in the request
+  const char* detokenized_key;  // the text's key in the /detokenize answer
+};
+constexpr TokenizeForm kTokenizeForms[] = {{"/tokenize", "prompt", "prompt"},
+                                           {"/tokenize", "content", "content"},
+                                           {"/tokenize", "text", "text"},
+                                           {"/v1/tokenize", "prompt", "prompt"}};
+
+bool no_such_endpoint(int status) {
+  return status == 404 || status == 405 || status == 400 || status == 422;
+}
+
+json parsed_body(const HttpResponse& response, const std::string& where) {
+  if (response.status < 200 || response.status >= 300)
+    throw RequestError(where,
+                       fmt::format("HTTP {}: {}", response.status, error_message_of(response.body)),
+                       FailureKind::http, response.status);
+  auto doc = json::parse(response.body, nullptr, false);
+  if (doc.is_discarded())
+    throw RequestError(where, "malformed answer: not JSON", FailureKind::malformed);
+  return doc;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(Client& client, std::string model)
+    : client_(client), model_(std::move(model)) {}
+
+std::string Tokenizer::dialect() const {
+  std::lock_guard lock(mutex_);
+  if (form_ < 0) return "";
+  return fmt::format("POST {} {{\"{}\"}}", kTokenizeForms[form_].path, kTokenizeForms[form_].key);
+}
+
+std::optional<Tokenized> Tokenizer::tokenize(std::string_view text) {
+  int known;
+  {
+    std::lock_guard lock(mutex_);
+    known = form_;
   }
+  auto ask = [&](const TokenizeForm& form) {
+    json body = {{form.key, std::string(text)}, {"add_special_tokens", false}};
+    if (!model_.empty()) body["model"] = model_;
+    return client_.post_json(form.path, body);
+  };
+  if (known >= 0) {
+    const TokenizeForm& form = kTokenizeForms[known];
+    const std::string where = client_.where(form.path);
+    Tokenized out = parse_tokenize(parsed_body(ask(form), where), where);
+    if (out.ids.empty() && !text.empty())
+      throw RequestError(
+          where, fmt::format("no progress: {} bytes of text came back as no tokens", text.size()),
+          FailureKind::no_progress);
+    return out;
+  }
+  std::vector<std::string> empty_forms;
+  for (size_t i = 0; i < std::size(kTokenizeForms); ++i) {
+    const TokenizeForm& form = kTokenizeForms[i];
+    HttpResponse response = ask(form);
+    if (no_such_endpoint(response.status)) continue;
+    const std::string where = client_.where(form.path);
+    Tokenized out = parse_tokenize(parsed_body(response, where), where);
+    if (out.ids.empty() && !text.empty()) {
+      empty_forms.push_back(fmt::format("{{\"{}\"}}", form.key));
+      continue;  // llama-server answers {"tokens": []} to a key it does not read
+    }
+    std::lock_guard lock(mutex_);
+    form_ = static_cast<int>(i);
+    return out;
+  }
+  if (!empty_forms.empty())
+    throw RequestError(client_.where("/tokenize"),
+                       fmt::format("no progress: {} bytes of text came back as no tokens with "
+                                   "every request form ({})",
+                                   text.size(), fmt::join(empty_forms, ", ")),
+                       FailureKind::no_progress);
   return std::nullopt;
+}
+
+std::optional<std::string> Tokenizer::detokenize(const std::vector<int32_t>& ids) {
+  int known;
+  {
+    std::lock_guard lock(mutex_);
+    known = form_;
+  }
+  const std::string path =
+      known >= 0 && std::string_view(kTokenizeForms[known].path) == "/v1/tokenize"
+          ? "/v1/detokenize"
+          : "/detokenize";
+  json body = {{"tokens", ids}};
+  if (!model_.empty()) body["model"] = model_;
+  HttpResponse response = client_.post_json(path, body);
+  if (no_such_endpoint(response.status)) return std::nullopt;
+  const std::string where = client_.where(path);
+  return parse_detokenize(parsed_body(response, where), where);
+}
+
+std::string parse_detokenize(const json& body, const std::string& where) {
+  if (!body.is_object()) malformed(where, "$", "expected an object, got " + type_of(body));
+  for (const TokenizeForm& form : kTokenizeForms)
+    if (auto it = body.find(form.detokenized_key); it != body.end())
+      return string_at(*it, fmt::format("$.{}", form.detokenized_key), where);
+  malformed(where, "$", "no prompt, content or text in the answer");
+}
+
+std::optional<Tokenized> tokenize(Client& client, std::string_view text, const std::string& model) {
+  return Tokenizer(client, model).tokenize(text);
 }
 
 }  // namespace kvaudit::net

@@ -3,6 +3,8 @@
 // scheduler info (max_total_num_tokens) and internal_states[] (python/sglang/srt/entrypoints/
 // http_server.py). vLLM: /metrics carries vllm:cache_config_info, an info gauge whose
 // labels are the CacheConfig fields; /version the release; /v1/models max_model_len.
+// llama.cpp's llama-server: /props (default_generation_settings.n_ctx, total_slots,
+// build_info); it does not report its KV cache types (-ctk/-ctv) over HTTP at all.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -121,6 +123,56 @@ bool read_vllm_metrics(const std::vector<net::MetricSample>& samples, ServerFact
   return false;
 }
 
+bool read_llamacpp_props(const json& props, ServerFacts& facts) {
+  if (!props.is_object() || !props.contains("default_generation_settings") ||
+      !(props.contains("total_slots") || props.contains("build_info")))
+    return false;
+  const std::string where = facts.url + "/props";
+  facts.engine = "llama.cpp";
+  facts.detected_by = "/props";
+  if (auto it = props.find("build_info"); it != props.end() && it->is_string())
+    facts.engine_version = it->get<std::string>();
+  if (auto it = props.find("model_path"); it != props.end() && it->is_string())
+    facts.model_path = it->get<std::string>();
+  if (auto it = props.find("total_slots"); it != props.end()) facts.slots = integer_of(*it);
+  const json& settings = props["default_generation_settings"];
+  if (settings.is_object() && settings.contains("n_ctx")) {
+    facts.context_length = integer_of(settings["n_ctx"]);
+    if (facts.context_length)
+      facts.evidence.push_back(
+          {where, "default_generation_settings.n_ctx", with_thousands(*facts.context_length)});
+  }
+  if (facts.slots) facts.evidence.push_back({where, "total_slots", std::to_string(*facts.slots)});
+  return true;
+}
+
+bool read_tgi_info(const json& info, ServerFacts& facts) {
+  if (!info.is_object() || !info.contains("model_id") || !info.contains("max_total_tokens"))
+    return false;
+  const std::string where = facts.url + "/info";
+  facts.engine = "tgi";
+  facts.detected_by = "/info";
+  if (auto it = info.find("version"); it != info.end() && it->is_string())
+    facts.engine_version = it->get<std::string>();
+  if (auto it = info.find("model_id"); it != info.end() && it->is_string())
+    facts.model_path = it->get<std::string>();
+  if (auto it = info.find("model_dtype"); it != info.end() && it->is_string())
+    facts.dtype = it->get<std::string>();
+  facts.context_length = integer_of(info["max_total_tokens"]);  // input + output per request
+  if (auto it = info.find("max_batch_total_tokens"); it != info.end()) {
+    // The tokens all running requests may hold at once: TGI's KV budget.
+    facts.capacity_tokens = integer_of(*it);
+    if (facts.capacity_tokens) {
+      facts.capacity_source = where + " max_batch_total_tokens";
+      facts.evidence.push_back(
+          {where, "max_batch_total_tokens", with_thousands(*facts.capacity_tokens)});
+    }
+  }
+  if (facts.context_length)
+    facts.evidence.push_back({where, "max_total_tokens", with_thousands(*facts.context_length)});
+  return true;
+}
+
 ServerFacts detect_server(net::Client& client) {
   ServerFacts facts;
   facts.url = client.url().text();
@@ -171,6 +223,8 @@ ServerFacts detect_server(net::Client& client) {
       }
     }
   }
+  if (facts.engine == "generic") read_llamacpp_props(json_of(optional_get("/props")), facts);
+  if (facts.engine == "generic") read_tgi_info(json_of(optional_get("/info")), facts);
   net::HttpResponse models = optional_get("/v1/models");
   if (models.status == 200) {
     try {
@@ -195,7 +249,28 @@ ServerFacts detect_server(net::Client& client) {
                                       net::error_message_of(models.body)));
   }
   if (facts.detected_by.empty()) facts.detected_by = models.status == 200 ? "/v1/models" : "none";
-  facts.has_tokenize = net::tokenize(client, "kvaudit", facts.model_id).has_value();
+  // The tokenizer, in its dialect, and whether its ids decode back to the text (then
+  // prompt lengths are the served model's own counts).
+  net::Tokenizer tokenizer(client, facts.model_id);
+  const std::string sample = "def kvaudit(value):";
+  try {
+    if (auto tokens = tokenizer.tokenize(sample)) {
+      facts.has_tokenize = true;
+      facts.tokenize_dialect = tokenizer.dialect();
+      facts.evidence.push_back({client.where("/tokenize"), "dialect", facts.tokenize_dialect});
+      if (auto text = tokenizer.detokenize(tokens->ids); text && *text != sample)
+        facts.notes.push_back(fmt::format(
+            "/detokenize of /tokenize's {} ids gives '{}', not '{}': prompt lengths are counted "
+            "with a tokenizer that does not round-trip",
+            tokens->ids.size(), *text, sample));
+    }
+  } catch (const net::RequestError& error) {
+    if (error.kind() != net::FailureKind::no_progress &&
+        error.kind() != net::FailureKind::malformed)
+      throw;
+    facts.notes.push_back(fmt::format(
+        "{}: not used; prompt lengths are approximated (4 bytes per token)", error.what()));
+  }
   return facts;
 }
 
@@ -203,6 +278,40 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
                                              const checkpoint::ModelFacts* model) {
   std::vector<report::Finding> findings;
   const std::string where = facts.url;
+  if (facts.engine == "llama.cpp") {
+    findings.push_back(
+        {"probe-kv-type-unreported", report::Severity::info,
+         "llama.cpp's llama-server does not report its KV cache types over HTTP",
+         "-ctk/-ctv choose f16, q8_0, q4_0 ... caches (q4_0 keeps 4 bits per value plus a scale "
+         "per 32); /props, /slots and /metrics say nothing about them, so only the start-up "
+         "log (at -lv 4: 'llama_kv_cache: ... K (q4_0)') or a behavioural comparison can tell. "
+         "kvaudit has no engine rules for llama.cpp.",
+         [&] {
+           std::vector<report::Evidence> evidence = {{where, "detected by", facts.detected_by}};
+           if (facts.context_length)
+             evidence.push_back({where + "/props", "n_ctx", with_thousands(*facts.context_length)});
+           if (facts.slots)
+             evidence.push_back({where + "/props", "total_slots", std::to_string(*facts.slots)});
+           return evidence;
+         }(),
+         "compare against the same model with an f16 cache: kvaudit probe URL --compare "
+         "F16_URL --smoke --recall",
+         "llama.cpp tools/server/README.md (/props, /slots, /metrics)"});
+    return findings;
+  }
+  if (facts.engine == "tgi") {
+    findings.push_back(
+        {"probe-kv-type-unreported",
+         report::Severity::info,
+         "Hugging Face TGI does not report its KV cache dtype over HTTP",
+         "/info gives the weights' dtype and the token budgets, not the cache's; kvaudit has no "
+         "engine rules for TGI, so only the behavioural probes can judge its KV precision.",
+         {{where, "detected by", facts.detected_by}},
+         "compare against a deployment you trust: kvaudit probe URL --compare OTHER_URL --smoke "
+         "--recall",
+         ""});
+    return findings;
+  }
   if (facts.engine == "generic") {
     std::vector<std::string> asked;  // the endpoints each engine's data says report the KV dtype
     for (const std::string& name : engines::known_engines())

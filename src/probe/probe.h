@@ -26,7 +26,7 @@ namespace kvaudit::probe {
 
 struct ServerFacts {
   std::string url;
-  std::string engine = "generic";  // "sglang" | "vllm" | "generic"
+  std::string engine = "generic";  // "sglang" | "vllm" | "llama.cpp" | "tgi" | "generic"
   std::string engine_version;      // as reported ("" unknown)
   std::string detected_by;         // endpoint that identified the engine
   std::string model_id;            // served model name (/v1/models), sent as "model"
@@ -43,6 +43,8 @@ struct ServerFacts {
   std::string quantization_param_path;
   bool calculate_kv_scales = false;  // vLLM
   bool has_tokenize = false;
+  std::string tokenize_dialect;  // the request form /tokenize answered ("POST /tokenize {...}")
+  std::optional<int64_t> slots;  // llama-server's parallel slots (each holds n_ctx / slots)
   std::vector<report::Evidence> evidence;  // what each endpoint said
   std::vector<std::string> notes;
 };
@@ -55,7 +57,15 @@ void read_sglang_server_info(const nlohmann::json& info, ServerFacts& facts,
 // num_gpu_blocks, calculate_kv_scales, ...); false when the metrics lack it.
 bool read_vllm_metrics(const std::vector<net::MetricSample>& samples, ServerFacts& facts);
 
-// Asks the server: /server_info or /get_server_info, /metrics (+ /version), /v1/models, /tokenize.
+// Reads llama.cpp's llama-server /props (default_generation_settings.n_ctx, total_slots,
+// model_path, build_info); false when the answer is not llama-server's.
+bool read_llamacpp_props(const nlohmann::json& props, ServerFacts& facts);
+// Reads Hugging Face TGI's /info (version, model_id, model_dtype, max_total_tokens per
+// request, max_batch_total_tokens); false when the answer is not TGI's.
+bool read_tgi_info(const nlohmann::json& info, ServerFacts& facts);
+
+// Asks the server: /server_info or /get_server_info, /metrics (+ /version), /props,
+// /v1/models, /tokenize (+ /detokenize to check the round trip).
 // Transport failures propagate as net::RequestError; missing endpoints do not.
 ServerFacts detect_server(net::Client& client);
 
@@ -113,6 +123,7 @@ struct ProbeRecord {
   int64_t expected_tokens = 0;
   std::vector<Position> generated;  // greedy tokens with top-k
   std::vector<Position> forced;     // teacher-forced window: last prompt tokens + expected
+  std::string forced_note;          // why there is no teacher-forced score ("" if scored)
   double seconds = 0.0;
 };
 nlohmann::json to_json(const ProbeRecord& record);

@@ -56,6 +56,7 @@ json to_json(const ProbeRecord& record) {
       {"expected_tokens", record.expected_tokens},
       {"generated", positions_to_json(record.generated)},
       {"forced", positions_to_json(record.forced)},
+      {"forced_note", record.forced_note},
       {"seconds", record.seconds}};
   return doc;
 }
@@ -78,6 +79,7 @@ ProbeRecord record_from_json(const json& doc, const std::string& where) {
       record.expected_logprob = doc["expected_logprob"].get<double>();
     record.expected_tokens = doc.value("expected_tokens", int64_t{0});
     record.generated = positions_from_json(doc.value("generated", json::array()));
+    record.forced_note = doc.value("forced_note", "");
     record.forced = positions_from_json(doc.value("forced", json::array()));
     record.seconds = doc.value("seconds", 0.0);
     return record;

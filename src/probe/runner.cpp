@@ -42,18 +42,20 @@ struct Prepared {
 
 constexpr int64_t kForcedWindow = 64;  // prompt positions kept before the expected text
 
-// Counts tokens with the server's /tokenize, memoised; else bytes / 4.
+// Counts tokens with the server's /tokenize (in the dialect it speaks), memoised; else
+// bytes / 4. A tokenizer that stops answering tokens stops the run (no_progress).
 class TokenCounter {
  public:
-  TokenCounter(net::Client* client, std::string model)
-      : client_(client), model_(std::move(model)) {}
+  TokenCounter(net::Client* client, std::string model) {
+    if (client) tokenizer_.emplace(*client, std::move(model)), client_ = client;
+  }
   int64_t operator()(std::string_view text) {
-    if (!client_) return static_cast<int64_t>((text.size() + 3) / 4);
+    if (!tokenizer_) return static_cast<int64_t>((text.size() + 3) / 4);
     {
       std::lock_guard lock(mutex_);
       if (auto it = cache_.find(std::string(text)); it != cache_.end()) return it->second;
     }
-    auto tokens = net::tokenize(*client_, text, model_);
+    auto tokens = tokenizer_->tokenize(text);
     if (!tokens)
       throw net::RequestError(client_->where("/tokenize"), "the tokenizer endpoint went away",
                               net::FailureKind::http, 404);
@@ -65,8 +67,8 @@ class TokenCounter {
   }
 
  private:
-  net::Client* client_;
-  std::string model_;
+  net::Client* client_ = nullptr;
+  std::optional<net::Tokenizer> tokenizer_;
   std::mutex mutex_;
   std::unordered_map<std::string, int64_t> cache_;
 };
@@ -122,8 +124,24 @@ std::vector<Position> positions_of(const std::vector<net::TokenLogprob>& tokens,
 
 bool fatal(const net::RequestError& error) {
   return error.server_unavailable() || error.kind() == net::FailureKind::malformed ||
-         error.kind() == net::FailureKind::too_large || error.status() == 401 ||
+         error.kind() == net::FailureKind::too_large ||
+         error.kind() == net::FailureKind::no_progress || error.status() == 401 ||
          error.status() == 403 || error.status() == 404;
+}
+
+// A completion that produced nothing for max_tokens >= 1: asking again would get nothing
+// again, so the run stops (with what it finished) instead of scoring emptiness forever.
+void require_progress(const net::Completion& answer, const std::string& where) {
+  const bool reported_zero = answer.completion_tokens && *answer.completion_tokens == 0;
+  const bool silent_zero = !answer.completion_tokens && answer.tokens.empty() &&
+                           answer.text.empty() && answer.finish_reason == "length";
+  if (reported_zero || silent_zero)
+    throw net::RequestError(
+        where,
+        fmt::format("no progress: the completion has 0 tokens (finish_reason '{}'){}",
+                    answer.finish_reason,
+                    reported_zero ? " per its usage" : ", no text and no log-probs"),
+        net::FailureKind::no_progress);
 }
 
 // Teacher-forced score of `expected` after `prompt`: one echo request over the whole text.
@@ -146,6 +164,17 @@ void score_forced(net::Client& client, const std::string& model, const Prepared&
   if (!answer.has_logprobs) return;
   const size_t prompt_bytes = prepared.prompt.size();
   const size_t full_bytes = request.prompt.size();
+  // llama-server accepts echo and ignores it: only the generated tokens come back, which
+  // must not be read as the prompt's.
+  size_t returned_bytes = 0;
+  for (const auto& token : answer.tokens) returned_bytes += token.token.size();
+  const bool offsets = !answer.tokens.empty() && answer.tokens[0].text_offset >= 0;
+  if (!offsets && returned_bytes < full_bytes) {
+    record.forced_note =
+        "echo ignored: the server returned only the generated tokens, so the expected text has "
+        "no teacher-forced score (compare uses the greedy prefix)";
+    return;
+  }
   size_t first = answer.tokens.size(), last = answer.tokens.size();
   size_t offset = 0;
   for (size_t i = 0; i < answer.tokens.size(); ++i) {
@@ -231,6 +260,7 @@ ProbeRecord run_one(net::Client& client, const std::string& model, const Spec& s
     record.error = error.problem();
     return record;
   }
+  require_progress(answer, client.where(record.endpoint.substr(0, record.endpoint.find(' '))));
   record.output = answer.text;
   if (answer.prompt_tokens) record.prompt_tokens = *answer.prompt_tokens;
   record.generated = positions_of(answer.tokens, 0, answer.tokens.size());
@@ -466,8 +496,15 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
                                           finished, total, kept));
   }
   for (size_t side = 0; side < sides; ++side) {
+    std::map<std::string, int> notes;  // forced_note -> probes
     for (auto& slot : slots[side])
-      if (slot) result.servers[side].records.push_back(std::move(*slot));
+      if (slot) {
+        if (!slot->forced_note.empty()) ++notes[slot->forced_note];
+        result.servers[side].records.push_back(std::move(*slot));
+      }
+    for (const auto& [note, count] : notes)
+      result.notes.push_back(fmt::format("{}: {} of {} probes: {}", result.servers[side].facts.url,
+                                         count, result.servers[side].records.size(), note));
     result.servers[side].client_stats = clients[side]->stats();
   }
   if (sides == 2)

@@ -93,6 +93,10 @@ struct CorpusEntry {
   std::string label() const { return engine + "/" + entry.at("file").get<std::string>(); }
 };
 
+void PrintTo(const CorpusEntry& c, std::ostream* os) {
+  *os << c.label();
+}
+
 std::vector<CorpusEntry> corpus_entries() {
   std::vector<CorpusEntry> out;
   for (const auto& dir : fs::directory_iterator(corpus_dir())) {

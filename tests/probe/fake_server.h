@@ -32,10 +32,12 @@ struct FakeConfig {
   double confidence = 0.9;    // probability of the chosen token at every position
   bool wrong_recall = false;  // answers recall prompts with the wrong arguments
   bool tokenize = true;
-  int fail_first = 0;    // first N completion requests answer 500
-  int stop_after = -1;   // after N completion requests the server shuts down
-  int stall_ms = 0;      // completions wait this long before answering
-  bool garbage = false;  // completions answer non-JSON
+  int fail_first = 0;             // first N completion requests answer 500
+  int stop_after = -1;            // after N completion requests the server shuts down
+  int stall_ms = 0;               // completions wait this long before answering
+  bool garbage = false;           // completions answer non-JSON
+  int tokenize_empty_after = -1;  // after N /tokenize requests every one answers {"tokens": []}
+  int zero_after = -1;            // after N completion requests every one has zero tokens
   int64_t context_length = 16384;
   std::string api_key;  // non-empty: every request needs "Authorization: Bearer KEY"
 };
@@ -136,10 +138,26 @@ class FakeServer {
       res.set_content("<html><body>Gateway error</body></html>", "text/html");
       return true;
     }
+    if (config_.zero_after >= 0 && n >= config_.zero_after) {
+      // A server that answers and produces nothing, however often it is asked.
+      res.set_content(
+          json(
+              {{"object", "text_completion"},
+               {"model", "fake-model"},
+               {"choices",
+                {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}, {"logprobs", nullptr}}}},
+               {"usage", {{"prompt_tokens", 10}, {"completion_tokens", 0}}}})
+              .dump(),
+          "application/json");
+      return true;
+    }
     return false;
   }
 
   void setup() {
+    // As real servers (uvicorn, kvaudit serve) do: without it every keep-alive response
+    // waits for the client's delayed ACK.
+    server_.set_tcp_nodelay(true);
     server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (config_.api_key.empty() ||
           req.get_header_value("Authorization") == "Bearer " + config_.api_key)
@@ -185,9 +203,11 @@ class FakeServer {
       });
     }
     if (config_.tokenize)
-      server_.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+      server_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
         auto body = json::parse(req.body);
         std::string text = body.value("prompt", "");
+        int n = tokenizes_++;
+        if (config_.tokenize_empty_after >= 0 && n >= config_.tokenize_empty_after) text.clear();
         json ids = json::array();
         for (unsigned char c : text) ids.push_back(int(c));
         res.set_content(json({{"tokens", ids}, {"count", text.size()}}).dump(), "application/json");
@@ -254,7 +274,7 @@ class FakeServer {
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
-  std::atomic<int> completions_{0}, greedy_{0}, chats_{0};
+  std::atomic<int> completions_{0}, greedy_{0}, chats_{0}, tokenizes_{0};
   std::atomic<bool> stopping_{false};
 };
 

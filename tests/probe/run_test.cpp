@@ -1,5 +1,6 @@
 // Probe runs against fake servers: smoke, recall scoring, A/B verdicts, and the faults a
 // live run meets (a server killed mid-run and resumed, a stall, garbage, 500s that pass).
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -269,6 +270,70 @@ TEST(ProbeFaults, AuthenticationFailureSaysHowToFixIt) {
   client.api_key = "sk-right";
   RunResult result = run_probes({server.url()}, client, options);
   EXPECT_EQ(result.servers[0].records.size(), 3u);
+}
+
+// A server that answers and makes no progress stops the run within its timeout, with one
+// line naming the endpoint, and what finished stays in the results file.
+TEST(ProbeFaults, ZeroTokenCompletionsStopTheRunAndKeepWhatFinished) {
+  const std::string results = temp_path("kvaudit-probe-zero");
+  FakeServer server({.zero_after = 4});  // the first two recall probes finish (2 requests each)
+  ProbeOptions options = small_recall();
+  options.results_path = results;
+  options.concurrency = 1;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    run_probes({server.url()}, fast_client_options(), options);
+    FAIL() << "expected the run to stop";
+  } catch (const InputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("/v1/completions"));
+    EXPECT_THAT(error.what(), HasSubstr("no progress: the completion has 0 tokens"));
+    EXPECT_THAT(error.what(), HasSubstr("stopped after 2 of 6 probes"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(load_results(results).records.size(), 2u);
+  EXPECT_LE(server.completions(), 6);  // it asked once more, not forever
+  std::filesystem::remove(results);
+}
+
+TEST(ProbeFaults, TokenizerThatStopsAnsweringTokensStopsTheRun) {
+  const std::string results = temp_path("kvaudit-probe-notokens");
+  // Detection's sample and the first case's pieces tokenize; then every answer is [].
+  FakeServer server({.tokenize_empty_after = 40});
+  ProbeOptions options = small_recall();
+  options.results_path = results;
+  options.concurrency = 1;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    run_probes({server.url()}, fast_client_options(), options);
+    FAIL() << "expected the run to stop";
+  } catch (const InputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("/tokenize"));
+    EXPECT_THAT(error.what(), HasSubstr("no progress"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  std::filesystem::remove(results);
+}
+
+TEST(ProbeFaults, TokenizerWithNoTokensFromTheStartIsNotUsed) {
+  FakeServer server({.tokenize_empty_after = 0});
+  ProbeOptions options = small_recall();
+  auto start = std::chrono::steady_clock::now();
+  RunResult result = run_probes({server.url()}, fast_client_options(), options);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(result.servers[0].facts.has_tokenize);
+  EXPECT_THAT(fmt::format("{}", fmt::join(result.servers[0].facts.notes, "\n")),
+              HasSubstr("no progress"));
+  EXPECT_THAT(result.token_counting, HasSubstr("approximation"));
+  EXPECT_EQ(result.servers[0].records.size(), 6u);
+}
+
+// Keep-alive: a run reuses its connections instead of opening one per request.
+TEST(ProbeRun, ConnectionsAreReused) {
+  FakeServer server({});
+  RunResult result = run_probes({server.url()}, fast_client_options(), small_recall());
+  const net::ClientStats& stats = result.servers[0].client_stats;
+  EXPECT_GT(stats.requests, 20);
+  EXPECT_LE(stats.connections, 2);  // --concurrency 2
 }
 
 TEST(ProbeCompare, KlFromTopK) {
