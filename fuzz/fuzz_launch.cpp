@@ -1,0 +1,33 @@
+// Fuzzes the launch-command and systemd-unit parsers: the input is a command line (first
+// byte even) or a unit file (odd). Bad input must be an InputError, never a crash or hang.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "engines/engines.h"
+#include "util/util.h"
+
+namespace fs = std::filesystem;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
+  try {
+    if (data[0] & 1) {
+      static const fs::path unit =
+          fs::temp_directory_path() / ("kvaudit-fuzz-unit-" + std::to_string(::getpid()));
+      std::ofstream(unit, std::ios::binary | std::ios::trunc) << text;
+      kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_systemd_unit(unit);
+      if (flags.engine.empty()) __builtin_trap();  // a parse that succeeds names its engine
+    } else {
+      kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_launch_command(text, "fuzz");
+      if (flags.engine.empty()) __builtin_trap();
+    }
+  } catch (const kvaudit::InputError&) {
+  }
+  return 0;
+}

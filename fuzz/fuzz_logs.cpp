@@ -1,0 +1,31 @@
+// Fuzzes the start-up log reader: the input is a log (first byte picks how it is fed: a
+// whole text, or the ServerArgs repr alone). Invariants: no crash, no hang, every launch's
+// line range inside the input, a repr never reports more fields than it had text for.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "logs/logs.h"
+#include "util/util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (data[0] & 1) {
+    kvaudit::logs::ReprResult r = kvaudit::logs::parse_python_repr(text);
+    if (r.consumed > text.size()) __builtin_trap();
+    if (r.complete && r.cuts != 0) __builtin_trap();
+    return 0;
+  }
+  try {
+    kvaudit::logs::LogScan scan = kvaudit::logs::scan_log_text(text, "fuzz");
+    for (const auto& launch : scan.launches) {
+      if (launch.first_line < 1 || launch.last_line < launch.first_line) __builtin_trap();
+      if (launch.last_line > scan.lines + 1) __builtin_trap();
+    }
+    (void)kvaudit::logs::logs_report(scan, true, {});
+  } catch (const kvaudit::InputError&) {
+  }
+  return 0;
+}
