@@ -510,7 +510,11 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   // Every template that matches; of several of one kind (an older message that extends a
   // newer one, say), the longest says the most.
   std::vector<TemplateHit> hits;
-  for (const auto& [engine, log] : templates_) {
+  // Named pairs, not a structured binding: clang 14 (the sanitizer build) cannot capture
+  // structured bindings in a lambda.
+  for (const auto& pair : templates_) {
+    const engines::EngineModel* engine = pair.first;
+    const engines::LogTemplate* log = pair.second;
     auto captures = engines::match_log_template(*log, m);
     if (!captures) continue;
     auto same = std::find_if(hits.begin(), hits.end(), [&](const TemplateHit& h) {

@@ -5,6 +5,8 @@
 // the fixture logs and one line per log template, plan over several architectures, the
 // launch parser, and probe's server findings. A key whose mutation changes nothing is
 // data no code reads (or a rule no scenario can reach): the test names it.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -403,8 +405,8 @@ std::vector<Probe> battery_probes(const Battery& b) {
             return plan::plan_report(model, capacity, nullptr, true).payload.dump();
           }));
   // plan --from-log on the real logs whose model is known
-  for (const auto& [file, model] : b.from_logs)
-    out.push_back(guarded([&file, &model] {
+  for (const auto& from_log : b.from_logs)  // named: clang 14 cannot capture bindings
+    out.push_back(guarded([&file = from_log.first, &model = from_log.second] {
       std::string printed;
       logs::LogScan scan = logs::scan_log_text(file, "log");
       for (const auto& launch : scan.launches) {
@@ -550,14 +552,17 @@ std::vector<Mutation> all_mutations(const Docs& docs) {
   std::vector<Mutation> out;
   auto document_mutations = [&](const std::string& file, const json& doc,
                                 std::function<json&(Docs&)> get) {
-    for (const auto& [key, value] : doc.items()) {
+    for (const auto& item : doc.items()) {
+      const std::string key = item.key();  // a named copy: lambdas below capture it
+      const json& value = item.value();
       if (kDescriptive.count(key)) continue;
       if (value.is_array() && !value.empty() && value[0].is_object()) {
         list_mutations(
             file + " " + key + "[]", value, [get, key](Docs& d) -> json& { return get(d)[key]; },
             out);
       } else if (value.is_object()) {
-        for (const auto& [inner, member] : value.items()) {
+        for (const auto& member : value.items()) {
+          const std::string inner = member.key();
           if (kDescriptive.count(inner)) continue;
           out.push_back({file + " " + key + "." + inner,
                          [get, key, inner](Docs& d) { mutate_value(get(d)[key][inner]); }});
@@ -568,11 +573,11 @@ std::vector<Mutation> all_mutations(const Docs& docs) {
     }
   };
   document_mutations("dtypes.json", docs.dtypes, [](Docs& d) -> json& { return d.dtypes; });
-  for (const auto& [e, doc] : docs.engine)
-    document_mutations(e + ".json", doc, [e](Docs& d) -> json& { return d.engine[e]; });
-  for (const auto& [e, doc] : docs.capacity)
-    document_mutations("capacity/" + e + ".json", doc,
-                       [e](Docs& d) -> json& { return d.capacity[e]; });
+  for (const auto& [name, doc] : docs.engine)
+    document_mutations(name + ".json", doc, [e = name](Docs& d) -> json& { return d.engine[e]; });
+  for (const auto& [name, doc] : docs.capacity)
+    document_mutations("capacity/" + name + ".json", doc,
+                       [e = name](Docs& d) -> json& { return d.capacity[e]; });
   return out;
 }
 

@@ -3,6 +3,8 @@
 // no undocumented key. The scenarios are chosen so every documented object appears at least
 // once with content (a block-scaled dtype, dropped scales, a start-up failure, an
 // unverified bound), so an object the code stopped emitting fails the test too.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <set>

@@ -5,6 +5,7 @@
 // read as stated must be listed in KNOWN_GAPS.json with why; a listed gap that starts to
 // read right fails too, so the list only shrinks.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // Probe runs against fake servers: smoke, recall scoring, A/B verdicts, and the faults a
 // live run meets (a server killed mid-run and resumed, a stall, garbage, 500s that pass).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
