@@ -62,6 +62,7 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
   out.title =
       fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine->engine, version);
 
+  if (!model.source.empty()) out.facts.push_back(Fact{"source", "Read from", model.source, ""});
   out.facts.push_back(
       Fact{"architecture", "Architecture",
            fmt::format("{} ({})", model.architecture.empty() ? "?" : model.architecture,

@@ -26,6 +26,7 @@ struct CheckOptions {
   std::string launch;
   std::string unit;
   std::string fail_on = "critical";
+  CheckpointSource source;
   OutputOptions output;
 };
 
@@ -85,7 +86,7 @@ int run_check_command(CheckOptions& options) {
   if (input.version_given && !engines::parse_version(flags.engine_version))
     throw InputError("--engine-version", "cannot read version '" + flags.engine_version + "'");
   auto start = std::chrono::steady_clock::now();
-  input.model = checkpoint::read_checkpoint(checkpoint_path);
+  input.model = read_checkpoint_argument(checkpoint_path, options.source);
   input.read_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   input.flags = flags;
@@ -104,7 +105,10 @@ void add_check_command(CLI::App& app, Runner& run) {
   auto options = std::make_shared<CheckOptions>();
   CLI::App* check =
       app.add_subcommand("check", "Audit a checkpoint + launch for silent KV-cache precision loss");
-  check->add_option("checkpoint", options->checkpoint, "Checkpoint folder (or a bare config.json)");
+  check->add_option("checkpoint", options->checkpoint,
+                    "Checkpoint folder, a bare config.json, or a hub repository "
+                    "org/model[@revision] (read without its weights)");
+  add_checkpoint_source_options(*check, options->source);
   check->add_option("--engine", options->engine, "sglang or vllm")
       ->check(CLI::IsMember(engines::known_engines()));
   check->add_option("--engine-version", options->engine_version,

@@ -35,6 +35,7 @@ struct PlanFlags {
   std::string from_log;
   int launch = 0;
   plan::LogFlagOverrides given;  // the flags above that were given, for --from-log
+  CheckpointSource source;
   bool explain = false;
   OutputOptions output;
 };
@@ -67,7 +68,7 @@ int64_t parse_bytes(const std::string& text, const std::string& flag) {
 int run_plan(PlanFlags& f) {
   if (f.checkpoint.empty()) throw InputError("plan", "give a checkpoint folder or a config.json");
   checkpoint::ReadOptions read;
-  checkpoint::ModelFacts model = checkpoint::read_checkpoint(f.checkpoint, read);
+  checkpoint::ModelFacts model = read_checkpoint_argument(f.checkpoint, f.source, read);
 
   plan::PlanOptions options;
   options.engine = f.engine;
@@ -133,7 +134,10 @@ void add_plan_command(CLI::App& app, Runner& run) {
   CLI::App* cmd = app.add_subcommand("plan",
                                      "KV-cache capacity per dtype as the engine computes it "
                                      "(bytes/token/GPU, pool, tokens, concurrency)");
-  cmd->add_option("checkpoint", flags->checkpoint, "Checkpoint folder or config.json")->required();
+  cmd->add_option("checkpoint", flags->checkpoint,
+                  "Checkpoint folder, config.json, or a hub repository org/model[@revision]")
+      ->required();
+  add_checkpoint_source_options(*cmd, flags->source);
   CLI::Option* engine_opt = cmd->add_option("--engine", flags->engine, "sglang or vllm")
                                 ->check(CLI::IsMember(engines::known_engines()));
   CLI::Option* version_opt =

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "report/report.h"
 
 namespace kvaudit::cli {
@@ -32,6 +33,18 @@ void emit(const report::Report& report, const OutputOptions& options);
 // "1k,4k,32k" -> {1024, 4096, 32768}; throws InputError naming `flag` with `example`.
 std::vector<int64_t> parse_token_counts(const std::string& list, const char* flag,
                                         const char* example);
+
+// A checkpoint argument: a local folder or config.json (which wins when it exists), else a
+// hub reference ("org/model[@revision]", "hf://org/model"), read without its weights.
+struct CheckpointSource {
+  std::string hf_token;     // --hf-token (else HF_TOKEN, HF_TOKEN_PATH, $HF_HOME/token)
+  std::string hf_endpoint;  // --hf-endpoint (else HF_ENDPOINT)
+  bool offline = false;     // --offline: only what the caches hold
+};
+void add_checkpoint_source_options(CLI::App& command, CheckpointSource& source);
+checkpoint::ModelFacts read_checkpoint_argument(const std::string& argument,
+                                                const CheckpointSource& source,
+                                                const checkpoint::ReadOptions& read = {});
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.

@@ -225,6 +225,9 @@ std::unique_ptr<Client::Connection> Client::take_connection() {
   // Headers and body go out in separate writes; on a reused connection Nagle's algorithm
   // holds the body until the server's delayed ACK (~40 ms a request).
   http.set_tcp_nodelay(true);
+  // Bodies are taken as sent: a range answer that is content-encoded must be seen (and
+  // refused), not silently inflated into bytes that are not the file's.
+  http.set_decompress(false);
   if (!options_.api_key.empty()) http.set_bearer_token_auth(options_.api_key);
   if (url_.scheme == "https") {
     http.enable_server_certificate_verification(options_.verify_tls);
@@ -268,8 +271,8 @@ struct SlotGuard {
 
 }  // namespace
 
-HttpResponse Client::send(const std::string& method, std::string_view path,
-                          const std::string* body) {
+HttpResponse Client::send(const std::string& method, std::string_view path, const std::string* body,
+                          const GetRequest* extra) {
   SlotGuard guard(state_->slots);
   state_->requests++;
   const std::string where_text = where(path);
@@ -286,14 +289,26 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
     httplib::Request request;
     request.method = method;
     request.path = url_.base_path + std::string(path);
-    request.set_header("Accept", "application/json");
+    bool accept_given = false;
+    if (extra)
+      for (const auto& [name, value] : extra->headers) {
+        request.set_header(name, value);
+        accept_given |= name == "Accept";
+      }
+    if (!accept_given) request.set_header("Accept", "application/json");
     if (body) {
       request.body = *body;
       request.set_header("Content-Type", "application/json");
     }
     std::string received;
-    bool too_large = false;
+    bool too_large = false, cut = false;
+    const uint64_t stop_after = extra ? extra->stop_after_bytes : 0;
     request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+      if (stop_after > 0 && received.size() + length >= stop_after) {
+        received.append(data, stop_after - received.size());
+        cut = true;
+        return false;  // enough: the rest of the body is not read
+      }
       if (received.size() + length > options_.max_response_bytes) {
         too_large = true;
         return false;
@@ -312,6 +327,10 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
     const std::string tries =
         attempt == 0 ? "" : fmt::format(" (after {} attempts over {:.1f} s)", attempt + 1, total_s);
 
+    // Stopped on purpose (stop_after_bytes): an answer like any other, but its connection
+    // has unread bytes and is not reused.
+    const bool stopped = cut;
+    if (stopped) sent = true, error = httplib::Error::Success;
     if (!sent || error != httplib::Error::Success) {
       if (too_large)
         throw RequestError(
@@ -368,11 +387,17 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
       continue;
     }
 
-    give_back(std::move(connection));
+    if (!stopped) give_back(std::move(connection));
     HttpResponse result;
     result.status = response.status;
+    result.body_cut = stopped;
     result.body = received.empty() ? std::move(response.body) : std::move(received);
     result.content_type = response.get_header_value("Content-Type");
+    for (const auto& [name, value] : response.headers) {
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      result.headers[lower] = value;
+    }
     result.attempts = attempt + 1;
     const bool retryable = result.status == 429 || result.status >= 500;
     if (!retryable) return result;
@@ -391,6 +416,10 @@ HttpResponse Client::send(const std::string& method, std::string_view path,
 
 HttpResponse Client::get(std::string_view path) {
   return send("GET", path, nullptr);
+}
+
+HttpResponse Client::get(const GetRequest& request) {
+  return send("GET", request.path, nullptr, &request);
 }
 
 HttpResponse Client::post_json(std::string_view path, const nlohmann::json& body) {

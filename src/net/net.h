@@ -87,7 +87,21 @@ struct HttpResponse {
   int status = 0;
   std::string body;
   std::string content_type;
-  int attempts = 1;  // 1 + retries used
+  int attempts = 1;                            // 1 + retries used
+  std::map<std::string, std::string> headers;  // response headers, names in lower case
+  bool body_cut = false;                       // reading stopped at the request's stop_after_bytes
+  std::string header(const std::string& lower_case_name) const {
+    auto it = headers.find(lower_case_name);
+    return it == headers.end() ? "" : it->second;
+  }
+};
+
+// A GET with request headers of its own (Range, Accept-Encoding) and a limit after which
+// the client stops reading the body without failing (a server that ignores Range).
+struct GetRequest {
+  std::string path;  // may carry a query string
+  std::vector<std::pair<std::string, std::string>> headers;
+  uint64_t stop_after_bytes = 0;  // 0: read it all (up to max_response_bytes)
 };
 
 // Counts of what the client did (for tests and the report).
@@ -115,6 +129,7 @@ class Client {
   // answer); throws RequestError for transport failures once retries are spent, and for
   // 429/5xx that persist after retries (kind http).
   HttpResponse get(std::string_view path);
+  HttpResponse get(const GetRequest& request);
   HttpResponse post_json(std::string_view path, const nlohmann::json& body);
 
   // As above, but a non-2xx status throws RequestError(kind http) with the server's
@@ -126,7 +141,8 @@ class Client {
   std::string where(std::string_view path) const;  // "http://host:port/path" for messages
 
  private:
-  HttpResponse send(const std::string& method, std::string_view path, const std::string* body);
+  HttpResponse send(const std::string& method, std::string_view path, const std::string* body,
+                    const GetRequest* extra = nullptr);
   struct Connection;
   std::unique_ptr<Connection> take_connection();
   void give_back(std::unique_ptr<Connection> connection);

@@ -105,10 +105,13 @@ report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPl
                            const LogPrediction* from_log, bool explain) {
   report::Report out;
   out.command = "plan";
-  std::string model_name = model.dir.empty() ? model.config_file : model.dir.filename().string();
+  std::string model_name = model.dir.empty()       ? model.config_file
+                           : !model.source.empty() ? model.dir.string()  // hf://org/model@sha
+                                                   : model.dir.filename().string();
   out.title =
       fmt::format("kvaudit plan: {} on {} (TP {}{})", model_name, plan.engine, plan.parallel.tp,
                   plan.parallel.pp > 1 ? fmt::format(", PP {}", plan.parallel.pp) : "");
+  if (!model.source.empty()) out.facts.push_back({"source", "Read from", Value{model.source}, ""});
   out.facts.push_back({"engine", "Engine", Value{plan.engine}, ""});
   out.facts.push_back({"tp", "Tensor parallel", Value{int64_t{plan.parallel.tp}}, ""});
   out.facts.push_back({"attention_tp", "Attention TP (KV heads split over)",

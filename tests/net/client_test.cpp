@@ -338,5 +338,41 @@ TEST(NetClient, ApiKeyFromEnvironment) {
   EXPECT_EQ(api_key_from_environment(), "");
 }
 
+// A server that sends 8 MB when 100 bytes are wanted (as one that ignores Range does): the
+// client keeps the bytes it asked for and stops reading; its request headers reach the server.
+TEST(NetClient, StopsReadingAfterTheBytesItNeeds) {
+  std::atomic<int> served{0};
+  std::string range_seen;
+  LocalServer local;
+  local.server.Get("/big", [&](const httplib::Request& req, httplib::Response& res) {
+    ++served;
+    range_seen = req.get_header_value("X-Probe");
+    res.set_chunked_content_provider("application/octet-stream",
+                                     [](size_t offset, httplib::DataSink& sink) {
+                                       if (offset >= (8u << 20)) {
+                                         sink.done();
+                                         return true;
+                                       }
+                                       std::string chunk(1 << 16, 'x');
+                                       return sink.write(chunk.data(), chunk.size());
+                                     });
+  });
+  local.start();
+  {
+    Client client(parse_url(local.url()), fast_options());
+    GetRequest request;
+    request.path = "/big";
+    request.headers = {{"X-Probe", "yes"}};
+    request.stop_after_bytes = 100;
+    HttpResponse response = client.get(request);
+    EXPECT_EQ(response.status, 200);
+    EXPECT_TRUE(response.body_cut);
+    EXPECT_EQ(response.body.size(), 100u);
+    EXPECT_EQ(range_seen, "yes");
+    EXPECT_EQ(client.stats().retries, 0);
+  }
+  EXPECT_EQ(served.load(), 1);
+}
+
 }  // namespace
 }  // namespace kvaudit::net

@@ -1,0 +1,692 @@
+// hub: references, the endpoint and token conventions, the two caches (kvaudit's and the
+// user's Hugging Face cache), and the remote fetch that lays out sparse stand-in shards.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "hub/hub.h"
+#include "util/json.h"
+#include "util/util.h"
+
+namespace kvaudit::hub {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------- references
+
+namespace {
+
+bool valid_name_part(std::string_view part) {
+  if (part.empty() || part.size() > 96 || part == "." || part == "..") return false;
+  if (!std::isalnum(static_cast<unsigned char>(part[0]))) return false;
+  return std::all_of(part.begin(), part.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+bool is_commit_sha(std::string_view text) {
+  return text.size() == 40 && std::all_of(text.begin(), text.end(), [](char c) {
+           return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+         });
+}
+
+// A revision in a URL path: "refs/pr/4" -> "refs%2Fpr%2F4" (the hub's own encoding).
+std::string encode_revision(std::string_view revision) {
+  std::string out;
+  for (char c : revision) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')
+      out += c;
+    else
+      out += fmt::format("%{:02X}", static_cast<unsigned char>(c));
+  }
+  return out;
+}
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::string(value) : std::string();
+}
+
+fs::path home() {
+  std::string h = env("HOME");
+  return h.empty() ? fs::path("/tmp") : fs::path(h);
+}
+
+fs::path hf_home() {
+  std::string h = env("HF_HOME");
+  if (!h.empty()) return h;
+  std::string xdg = env("XDG_CACHE_HOME");
+  return (xdg.empty() ? home() / ".cache" : fs::path(xdg)) / "huggingface";
+}
+
+std::string trimmed(std::string text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  size_t start = 0;
+  while (start < text.size() && std::isspace(static_cast<unsigned char>(text[start]))) ++start;
+  return text.substr(start);
+}
+
+}  // namespace
+
+std::string HubRef::text() const {
+  return revision.empty() || revision == "main" ? repo : repo + "@" + revision;
+}
+
+std::optional<HubRef> parse_hub_ref(std::string_view text) {
+  if (text.rfind("hf://", 0) == 0) text.remove_prefix(5);
+  HubRef ref;
+  ref.revision = "main";
+  if (size_t at = text.find('@'); at != std::string_view::npos) {
+    ref.revision = std::string(text.substr(at + 1));
+    text = text.substr(0, at);
+    if (ref.revision.empty() || ref.revision.size() > 256) return std::nullopt;
+    for (char c : ref.revision)
+      if (static_cast<unsigned char>(c) < 0x21) return std::nullopt;
+  }
+  size_t slash = text.find('/');
+  if (slash == std::string_view::npos || text.find('/', slash + 1) != std::string_view::npos)
+    return std::nullopt;
+  if (!valid_name_part(text.substr(0, slash)) || !valid_name_part(text.substr(slash + 1)))
+    return std::nullopt;
+  ref.repo = std::string(text);
+  return ref;
+}
+
+std::string resolve_endpoint(const std::string& flag) {
+  std::string endpoint = !flag.empty() ? flag : env("HF_ENDPOINT");
+  if (endpoint.empty()) endpoint = "https://huggingface.co";
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  return endpoint;
+}
+
+std::string resolve_token(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (std::string token = env("HF_TOKEN"); !token.empty()) return token;
+  std::vector<fs::path> files;
+  if (std::string path = env("HF_TOKEN_PATH"); !path.empty()) files.push_back(path);
+  files.push_back(hf_home() / "token");
+  for (const fs::path& file : files) {
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) continue;
+    try {
+      if (std::string token = trimmed(read_text_file(file, 4096)); !token.empty()) return token;
+    } catch (const InputError&) {
+    }
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------- caches
+
+namespace {
+
+fs::path kvaudit_cache_root(const HubOptions& options) {
+  if (!options.cache_dir.empty()) return options.cache_dir;
+  if (std::string dir = env("KVAUDIT_CACHE_DIR"); !dir.empty()) return fs::path(dir);
+  std::string xdg = env("XDG_CACHE_HOME");
+  return (xdg.empty() ? home() / ".cache" : fs::path(xdg)) / "kvaudit" / "hub";
+}
+
+fs::path hf_cache_root(const HubOptions& options) {
+  if (!options.hf_cache.empty()) return options.hf_cache;
+  if (std::string dir = env("HF_HUB_CACHE"); !dir.empty()) return fs::path(dir);
+  return hf_home() / "hub";
+}
+
+// The Hugging Face cache's folder name for a model repository (kvaudit's cache uses it too).
+std::string repo_folder(const std::string& repo) {
+  return "models--" + repo.substr(0, repo.find('/')) + "--" + repo.substr(repo.find('/') + 1);
+}
+
+constexpr const char* kManifest = ".kvaudit-hub.json";
+
+// The shard names an index's weight_map lists, with the tensors of each (simdjson: a
+// 500K-tensor index is tens of MB).
+std::map<std::string, std::vector<std::string>> index_shards(const std::string& text,
+                                                             const std::string& where) {
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(text);
+  simdjson::dom::element doc;
+  if (auto error = parser.parse(padded).get(doc))
+    throw InputError(where, fmt::format("invalid JSON ({})", simdjson::error_message(error)));
+  simdjson::dom::object map;
+  if (doc["weight_map"].get_object().get(map) != simdjson::SUCCESS)
+    throw InputError(where, "has no \"weight_map\" object");
+  std::map<std::string, std::vector<std::string>> shards;
+  for (auto [tensor, file] : map) {
+    std::string_view name;
+    if (file.get_string().get(name) != simdjson::SUCCESS)
+      throw InputError(where, fmt::format("weight_map['{}'] is not a file name", tensor));
+    if (name.empty() || name.find('/') != std::string_view::npos || name == "..")
+      throw InputError(where, fmt::format("weight_map names shard '{}' outside the repository "
+                                          "folder",
+                                          name));
+    shards[std::string(name)].emplace_back(tensor);
+  }
+  return shards;
+}
+
+// The user's Hugging Face cache snapshot of this revision, when it holds every file an
+// audit reads (a partial snapshot is not used: it would make a partial audit).
+std::optional<fs::path> hf_cache_snapshot(const HubRef& ref, const HubOptions& options,
+                                          std::string& sha, std::vector<std::string>& notes) {
+  const fs::path repo = hf_cache_root(options) / repo_folder(ref.repo);
+  std::error_code ec;
+  if (!fs::is_directory(repo, ec)) return std::nullopt;
+  std::string commit = ref.revision;
+  if (!is_commit_sha(commit)) {
+    const fs::path refs = repo / "refs" / ref.revision;
+    if (!fs::is_regular_file(refs, ec)) return std::nullopt;
+    try {
+      commit = trimmed(read_text_file(refs, 256));
+    } catch (const InputError&) {
+      return std::nullopt;
+    }
+    if (!is_commit_sha(commit)) return std::nullopt;
+  }
+  const fs::path snapshot = repo / "snapshots" / commit;
+  if (!fs::exists(snapshot / "config.json", ec)) return std::nullopt;
+  std::vector<std::string> missing;
+  if (fs::exists(snapshot / "model.safetensors.index.json", ec)) {
+    try {
+      const fs::path index = snapshot / "model.safetensors.index.json";
+      for (const auto& [shard, tensors] :
+           index_shards(read_text_file(index, options.max_index_bytes), index.string()))
+        if (!fs::exists(snapshot / shard, ec)) missing.push_back(shard);
+    } catch (const InputError& error) {
+      notes.push_back(fmt::format("Hugging Face cache snapshot {} not used: {}", snapshot.string(),
+                                  error.what()));
+      return std::nullopt;
+    }
+  } else if (!fs::exists(snapshot / "model.safetensors", ec)) {
+    missing.push_back("model.safetensors");
+  }
+  if (!missing.empty()) {
+    notes.push_back(
+        fmt::format("Hugging Face cache snapshot {} lacks {} shard(s) (e.g. {}): read "
+                    "from the hub instead",
+                    snapshot.string(), missing.size(), missing.front()));
+    return std::nullopt;
+  }
+  sha = commit;
+  return snapshot;
+}
+
+// ---------------------------------------------------------------- the fetcher
+
+// GETs with the hub's redirect rules: relative and absolute Locations, a bounded count, and
+// Authorization only to the endpoint's own origin (a CDN URL carries its own signature).
+class Fetcher {
+ public:
+  Fetcher(const HubOptions& options, std::string endpoint, std::string token, std::string repo)
+      : options_(options),
+        endpoint_(net::parse_url(endpoint)),
+        token_(std::move(token)),
+        user_agent_(fmt::format("kvaudit/1; model_id={}", repo)) {}
+
+  struct Answer {
+    net::HttpResponse response;
+    std::string url;     // the last URL asked
+    std::string commit;  // X-Repo-Commit, from any answer of the chain
+  };
+
+  // `path` is below the endpoint ("/org/model/resolve/sha/config.json").
+  Answer get(const std::string& path, std::optional<ByteRange> range, bool follow = true) {
+    return get_from(origin_of(endpoint_), endpoint_.base_path + path, range, follow);
+  }
+  // An absolute URL an earlier answer redirected to (a signed CDN URL, reused for the
+  // file's further ranges instead of asking the hub to redirect again).
+  Answer get_url(const std::string& url, std::optional<ByteRange> range) {
+    size_t path_at = url.find('/', url.find("://") + 3);
+    return get_from(origin_of(net::parse_url(url.substr(0, path_at))), url.substr(path_at), range,
+                    true);
+  }
+
+ private:
+  Answer get_from(std::string origin, std::string request_path, std::optional<ByteRange> range,
+                  bool follow) {
+    Answer answer;
+    for (int hop = 0;; ++hop) {
+      net::GetRequest request;
+      request.path = request_path;
+      request.headers = {
+          {"User-Agent", user_agent_}, {"Accept", "*/*"}, {"Accept-Encoding", "identity"}};
+      if (range) {
+        request.headers.emplace_back("Range",
+                                     fmt::format("bytes={}-{}", range->first, range->last));
+        // A server that ignores Range sends the whole file: stop once the bytes are in.
+        request.stop_after_bytes = range->last + 1;
+      }
+      answer.url = origin + request_path;
+      answer.response = client(origin).get(request);
+      requests_++;
+      bytes_ += answer.response.body.size();
+      if (std::string commit = answer.response.header("x-repo-commit"); !commit.empty())
+        answer.commit = commit;
+      const int status = answer.response.status;
+      if (!follow || status < 300 || status >= 400 || status == 304) return answer;
+      const std::string location = answer.response.header("location");
+      if (location.empty())
+        throw InputError(answer.url, fmt::format("HTTP {} without a Location", status));
+      if (hop + 1 >= options_.max_redirects)
+        throw InputError(answer.url, fmt::format("more than {} redirects (a redirect loop?)",
+                                                 options_.max_redirects));
+      if (location.find("://") != std::string::npos) {  // absolute: maybe another host
+        size_t path_at = location.find('/', location.find("://") + 3);
+        std::string target_origin =
+            path_at == std::string::npos ? location : location.substr(0, path_at);
+        origin = origin_of(net::parse_url(target_origin));
+        request_path = path_at == std::string::npos ? "/" : location.substr(path_at);
+      } else if (!location.empty() && location[0] == '/') {  // host-relative
+        request_path = location;
+      } else {  // relative to the current path's folder
+        std::string base = request_path.substr(0, request_path.find('?'));
+        request_path = base.substr(0, base.rfind('/') + 1) + location;
+      }
+    }
+  }
+
+ public:
+  int64_t requests() const { return requests_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  static std::string origin_of(const net::Url& url) {
+    const std::string host =
+        url.host.find(':') != std::string::npos ? "[" + url.host + "]" : url.host;
+    return fmt::format("{}://{}:{}", url.scheme, host, url.port);
+  }
+
+  net::Client& client(const std::string& origin) {
+    std::lock_guard lock(mutex_);
+    auto it = clients_.find(origin);
+    if (it != clients_.end()) return *it->second;
+    net::ClientOptions options = options_.client;
+    options.max_concurrency = std::max(1, options_.concurrency);
+    // The token goes to the endpoint's own origin only: never to a CDN or another host a
+    // mirror redirects to.
+    options.api_key = origin == origin_of(endpoint_) ? token_ : "";
+    auto made = std::make_unique<net::Client>(net::parse_url(origin), options);
+    net::Client& out = *made;
+    clients_.emplace(origin, std::move(made));
+    return out;
+  }
+
+  const HubOptions& options_;
+  net::Url endpoint_;
+  std::string token_;
+  std::string user_agent_;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<net::Client>> clients_;
+  std::atomic<int64_t> requests_{0};
+  std::atomic<uint64_t> bytes_{0};
+};
+
+// What a refused answer means on the hub, as one line that says what to do.
+[[noreturn]] void hub_refusal(const Fetcher::Answer& answer, const HubRef& ref,
+                              const std::string& endpoint, bool has_token) {
+  const int status = answer.response.status;
+  const std::string code = answer.response.header("x-error-code");
+  const std::string message = net::error_message_of(answer.response.body);
+  if (status == 401 || status == 403) {
+    if (code == "GatedRepo" || message.find("gated") != std::string::npos || has_token)
+      throw InputError(answer.url,
+                       fmt::format("HTTP {}: {} is gated or you lack access ({}): accept its terms "
+                                   "at {}/{} and pass --hf-token or set HF_TOKEN",
+                                   status, ref.repo, message, endpoint, ref.repo));
+    throw InputError(answer.url,
+                     fmt::format("HTTP {}: {} is private or gated ({}): pass --hf-token or set "
+                                 "HF_TOKEN",
+                                 status, ref.repo, message));
+  }
+  if (status == 404 && code == "RevisionNotFound")
+    throw InputError(answer.url, fmt::format("no revision '{}' in {}", ref.revision, ref.repo));
+  if (status == 404 && (code == "RepoNotFound" || code.empty()))
+    throw InputError(answer.url,
+                     fmt::format("no repository {} on {} (or it is private: pass --hf-token)",
+                                 ref.repo, endpoint));
+  throw InputError(answer.url, fmt::format("HTTP {}: {}", status, message));
+}
+
+struct Remote {
+  Fetcher& fetcher;
+  const HubRef& ref;
+  const std::string& endpoint;
+  bool has_token;
+  std::string commit;
+  std::string path(const std::string& file) const {
+    return fmt::format("/{}/resolve/{}/{}", ref.repo, commit, file);
+  }
+  std::string label(const std::string& file) const {
+    return fmt::format("hf://{}@{}/{}", ref.repo, commit.substr(0, 12), file);
+  }
+  // A whole small file, or nullopt when the hub says it does not exist (EntryNotFound).
+  std::optional<std::string> file(const std::string& name, uint64_t max_bytes,
+                                  bool optional) const {
+    Fetcher::Answer answer = fetcher.get(path(name), ByteRange{0, max_bytes});
+    const int status = answer.response.status;
+    if (status == 404 && (optional || answer.response.header("x-error-code") == "EntryNotFound")) {
+      if (optional && answer.response.header("x-error-code") != "RepoNotFound") return std::nullopt;
+      throw InputError(answer.url, fmt::format("{} has no {} at {}", ref.repo, name, commit));
+    }
+    if (status != 200 && status != 206) hub_refusal(answer, ref, endpoint, has_token);
+    RangeAnswer bytes = check_range_answer(answer.response, ByteRange{0, max_bytes}, answer.url);
+    if (bytes.total > max_bytes)
+      throw InputError(answer.url, fmt::format("{} bytes, more than the {} kvaudit reads for {}",
+                                               bytes.total, max_bytes, name));
+    return bytes.bytes;
+  }
+  RangeAnswer range(const std::string& name, ByteRange wanted) const {
+    std::string known;
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = final_urls.find(name); it != final_urls.end()) known = it->second;
+    }
+    if (!known.empty()) {
+      Fetcher::Answer answer = fetcher.get_url(known, wanted);
+      if (answer.response.status == 200 || answer.response.status == 206)
+        return check_range_answer(answer.response, wanted, answer.url);
+      // An expired or refused signed URL: ask the hub again.
+    }
+    Fetcher::Answer answer = fetcher.get(path(name), wanted);
+    if (answer.response.status != 200 && answer.response.status != 206)
+      hub_refusal(answer, ref, endpoint, has_token);
+    RangeAnswer out = check_range_answer(answer.response, wanted, answer.url);
+    std::lock_guard lock(mutex);
+    final_urls[name] = answer.url;
+    return out;
+  }
+  mutable std::mutex mutex;
+  mutable std::map<std::string, std::string> final_urls;  // file -> the URL that answered
+};
+
+struct ShardResult {
+  std::string name;
+  uint64_t total = 0;
+  uint64_t header_bytes = 0;
+  int scale_tensors = 0;
+  uint64_t weight_bytes_read = 0;
+  std::exception_ptr error;
+};
+
+// Writes `bytes` at `offset` of an open file, or throws.
+void write_at(int fd, uint64_t offset, std::string_view bytes, const fs::path& file) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n =
+        ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw InputError(file.string(), fmt::format("cannot write: {}", std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+// One shard: its length prefix and header (one range inside the header, then the rest),
+// the bytes of its KV-scale tensors, laid out as a sparse file of the shard's real size.
+void fetch_shard(const Remote& remote, const std::string& name,
+                 const std::vector<std::string>* index_names, const fs::path& dir,
+                 ShardResult& out) {
+  out.name = name;
+  const std::string label = remote.label(name);
+  // Inside the header for certain: from the index's names when there is one, else the
+  // 8-byte prefix alone.
+  uint64_t first_bytes = 8;
+  if (index_names) {
+    std::vector<std::string_view> names(index_names->begin(), index_names->end());
+    first_bytes = std::max<uint64_t>(8, header_lower_bound(names));
+  }
+  RangeAnswer head = remote.range(name, ByteRange{0, first_bytes - 1});
+  out.total = head.total;
+  const uint64_t header_length = safetensors_header_length(head.bytes, head.total, label);
+  std::string prefix_and_header =
+      head.bytes.substr(0, std::min<uint64_t>(head.bytes.size(), 8 + header_length));
+  out.weight_bytes_read += head.bytes.size() - prefix_and_header.size();
+  if (prefix_and_header.size() < 8 + header_length) {
+    RangeAnswer rest =
+        remote.range(name, ByteRange{prefix_and_header.size(), 8 + header_length - 1});
+    prefix_and_header += rest.bytes;
+  }
+  out.header_bytes = header_length;
+  checkpoint::SafetensorsHeader header = checkpoint::parse_safetensors_header(
+      std::string_view(prefix_and_header).substr(8), head.total - 8 - header_length, label);
+
+  const fs::path file = dir / name;
+  int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0)
+    throw InputError(file.string(), fmt::format("cannot create: {}", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  write_at(fd, 0, prefix_and_header, file);
+  // The scale tensors' bytes, each its own range (adjacent ones merged: k_scale and
+  // v_scale usually sit side by side); only tensors the reader will read (<= 64K elements).
+  std::vector<ByteRange> spans;
+  for (const auto& tensor : header.tensors) {
+    if (!checkpoint::classify_scale_tensor(tensor.name) || tensor.data_end <= tensor.data_begin ||
+        tensor.element_count() > (1u << 16))
+      continue;
+    ++out.scale_tensors;
+    ByteRange span{8 + header_length + tensor.data_begin, 8 + header_length + tensor.data_end - 1};
+    if (!spans.empty() && spans.back().last + 1 == span.first)
+      spans.back().last = span.last;
+    else
+      spans.push_back(span);
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const ByteRange& a, const ByteRange& b) { return a.first < b.first; });
+  for (const ByteRange& span : spans) {
+    RangeAnswer bytes = remote.range(name, span);
+    if (bytes.bytes.size() != span.size())
+      throw InputError(label, fmt::format("bytes {}-{} came back as {} bytes", span.first,
+                                          span.last, bytes.bytes.size()));
+    write_at(fd, span.first, bytes.bytes, file);
+  }
+  // The weights stay holes: the file has the shard's size and reads as zeros there.
+  if (::ftruncate(fd, static_cast<off_t>(head.total)) != 0)
+    throw InputError(file.string(), fmt::format("cannot size: {}", std::strerror(errno)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- open
+
+HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) {
+  HubCheckpoint out;
+  out.ref = ref;
+  out.endpoint = resolve_endpoint(options.endpoint);
+  const std::string token = resolve_token(options.token);
+
+  // 1. The user's own Hugging Face cache, when it holds the revision whole.
+  if (auto snapshot = hf_cache_snapshot(ref, options, out.commit, out.notes)) {
+    out.dir = *snapshot;
+    out.label = fmt::format("hf://{}@{}", ref.repo, out.commit.substr(0, 12));
+    out.source = fmt::format("{} @ {} from the local Hugging Face cache {}", ref.repo, out.commit,
+                             snapshot->string());
+    return out;
+  }
+
+  const fs::path repo_cache = kvaudit_cache_root(options) / repo_folder(ref.repo);
+  std::error_code ec;
+  Fetcher fetcher(options, out.endpoint, token, ref.repo);
+  // 2. The commit: given, remembered (offline), or one request for the revision.
+  if (is_commit_sha(ref.revision)) {
+    out.commit = ref.revision;
+  } else if (options.offline) {
+    try {
+      out.commit =
+          trimmed(read_text_file(repo_cache / "refs" / encode_revision(ref.revision), 256));
+    } catch (const InputError&) {
+      throw InputError(ref.text(), "--offline: not in the kvaudit cache (audit it once online)");
+    }
+  } else {
+    // resolve/REVISION/config.json answers with the commit in X-Repo-Commit, redirect or not.
+    Fetcher::Answer answer = fetcher.get(
+        fmt::format("/{}/resolve/{}/config.json", ref.repo, encode_revision(ref.revision)),
+        ByteRange{0, 0}, /*follow=*/false);
+    if (answer.response.status >= 400) hub_refusal(answer, ref, out.endpoint, !token.empty());
+    out.commit = answer.commit;
+    if (!is_commit_sha(out.commit))
+      throw InputError(answer.url, fmt::format("the answer names no commit (X-Repo-Commit '{}'): "
+                                               "is {} a Hugging Face hub?",
+                                               out.commit, out.endpoint));
+  }
+  out.label = fmt::format("hf://{}@{}", ref.repo, out.commit.substr(0, 12));
+  const fs::path final_dir = repo_cache / out.commit;
+
+  // 3. kvaudit's cache of that commit.
+  if (fs::exists(final_dir / kManifest, ec)) {
+    out.dir = final_dir;
+    out.stats.requests = fetcher.requests();
+    out.stats.bytes = fetcher.bytes();
+    out.source = fmt::format("{} @ {} from the kvaudit cache {} ({} request{} this run)", ref.repo,
+                             out.commit, final_dir.string(), out.stats.requests,
+                             out.stats.requests == 1 ? "" : "s");
+    if (!is_commit_sha(ref.revision)) {
+      fs::create_directories(repo_cache / "refs", ec);
+      write_file_atomically(repo_cache / "refs" / encode_revision(ref.revision), out.commit);
+    }
+    return out;
+  }
+  if (options.offline)
+    throw InputError(ref.text(), fmt::format("--offline: commit {} is not in the kvaudit cache {}",
+                                             out.commit, repo_cache.string()));
+
+  // 4. Fetch into a scratch folder, then rename: a killed run leaves no half cache.
+  const fs::path scratch =
+      repo_cache / fmt::format(".{}.partial-{}", out.commit, static_cast<long>(::getpid()));
+  fs::remove_all(scratch, ec);
+  fs::create_directories(scratch, ec);
+  if (ec) throw InputError(scratch.string(), "cannot create the cache folder: " + ec.message());
+  struct Cleanup {
+    fs::path dir;
+    ~Cleanup() {
+      std::error_code e;
+      if (!dir.empty()) fs::remove_all(dir, e);
+    }
+  } cleanup{scratch};
+
+  Remote remote{fetcher, ref, out.endpoint, !token.empty(), out.commit, {}, {}};
+  json manifest = {{"repo", ref.repo},
+                   {"revision", ref.revision},
+                   {"commit", out.commit},
+                   {"endpoint", out.endpoint},
+                   {"files", json::array()}};
+  auto keep = [&](const std::string& name, const std::string& bytes) {
+    write_file_atomically(scratch / name, bytes);
+    manifest["files"].push_back({{"path", name}, {"bytes", bytes.size()}});
+    ++out.stats.files_fetched;
+  };
+  keep("config.json", *remote.file("config.json", options.max_small_file_bytes, false));
+  if (auto quant = remote.file("hf_quant_config.json", options.max_small_file_bytes, true))
+    keep("hf_quant_config.json", *quant);
+  std::map<std::string, std::vector<std::string>> shards;
+  if (auto index = remote.file("model.safetensors.index.json", options.max_index_bytes, true)) {
+    keep("model.safetensors.index.json", *index);
+    shards = index_shards(*index, remote.label("model.safetensors.index.json"));
+  } else {
+    shards["model.safetensors"];  // a single-file checkpoint (its header says what it holds)
+  }
+  if (shards.size() > options.max_shards)
+    throw InputError(remote.label("model.safetensors.index.json"),
+                     fmt::format("names {} shards, more than the {} kvaudit reads", shards.size(),
+                                 options.max_shards));
+  const bool indexed = !(shards.size() == 1 && shards.begin()->second.empty());
+
+  std::vector<std::pair<std::string, const std::vector<std::string>*>> work;
+  for (const auto& [name, tensors] : shards) work.push_back({name, indexed ? &tensors : nullptr});
+  std::vector<ShardResult> results(work.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex progress_mutex;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < work.size();) {
+      try {
+        fetch_shard(remote, work[i].first, work[i].second, scratch, results[i]);
+      } catch (...) {
+        results[i].error = std::current_exception();
+        next = work.size();  // the first failure stops the rest
+      }
+      int64_t finished = ++done;
+      if (options.on_progress) {
+        std::lock_guard lock(progress_mutex);
+        options.on_progress(finished, static_cast<int64_t>(work.size()));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t thread_count =
+      std::min<size_t>(work.size(), static_cast<size_t>(std::clamp(options.concurrency, 1, 64)));
+  for (size_t t = 1; t < thread_count; ++t) threads.emplace_back(worker);
+  worker();
+  for (auto& thread : threads) thread.join();
+  uint64_t header_bytes = 0;
+  int scale_tensors = 0;
+  for (const auto& result : results) {
+    if (result.error) std::rethrow_exception(result.error);
+    manifest["files"].push_back({{"path", result.name},
+                                 {"bytes", result.total},
+                                 {"header_bytes", result.header_bytes},
+                                 {"scale_tensors", result.scale_tensors}});
+    header_bytes += result.header_bytes;
+    scale_tensors += result.scale_tensors;
+    out.stats.weight_bytes_read += result.weight_bytes_read;
+    ++out.stats.files_fetched;
+  }
+  out.stats.requests = fetcher.requests();
+  out.stats.bytes = fetcher.bytes();
+  manifest["requests"] = out.stats.requests;
+  manifest["bytes"] = out.stats.bytes;
+  write_file_atomically(scratch / kManifest, manifest.dump(1));
+  fs::rename(scratch, final_dir, ec);
+  if (ec && !fs::exists(final_dir / kManifest))  // another run may have finished first
+    throw InputError(final_dir.string(),
+                     "cannot move the fetched files into the cache: " + ec.message());
+  cleanup.dir = ec ? scratch : fs::path();
+  if (!is_commit_sha(ref.revision)) {
+    fs::create_directories(repo_cache / "refs", ec);
+    write_file_atomically(repo_cache / "refs" / encode_revision(ref.revision), out.commit);
+  }
+  out.dir = final_dir;
+  out.source = fmt::format(
+      "{} @ {} from {}: {} requests, {} bytes ({} shard header bytes, {} KV-scale tensors read; "
+      "no weights)",
+      ref.repo, out.commit, out.endpoint, out.stats.requests, with_thousands(out.stats.bytes),
+      with_thousands(header_bytes), scale_tensors);
+  return out;
+}
+
+checkpoint::ModelFacts read_hub_checkpoint(const HubCheckpoint& hub,
+                                           const checkpoint::ReadOptions& options) {
+  checkpoint::ModelFacts facts = checkpoint::read_checkpoint(hub.dir, options);
+  // Name files by the repository, not by where the cache happens to live.
+  const std::string local = hub.dir.string();
+  auto relabel = [&](std::string& text) {
+    if (text.rfind(local, 0) == 0) text = hub.label + text.substr(local.size());
+  };
+  relabel(facts.config_file);
+  if (facts.quant) {
+    relabel(facts.quant->source_file);
+    relabel(facts.quant->other_source_file);
+  }
+  facts.source = hub.source;
+  facts.dir = hub.label;  // reports name the repository; nothing reads files after this
+  for (const auto& note : hub.notes) facts.notes.push_back(note);
+  return facts;
+}
+
+}  // namespace kvaudit::hub
