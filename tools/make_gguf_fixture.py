@@ -124,16 +124,10 @@ def load_tokenizer(model_dir, vocab_size):
 # ---- the fixture's own tokenizer, for --check-tokens (Hugging Face semantics) ----
 
 def byte_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+    """GPT-2's byte -> printable character table: the one train_fixture_model.py trained with."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_fixture_model import bytes_to_unicode
+    return bytes_to_unicode()
 
 
 def hf_encoder(tok):

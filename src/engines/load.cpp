@@ -181,81 +181,76 @@ std::string_view log_kind_name(LogKind kind) {
   return "?";
 }
 
+namespace {
+
+// Every field a log template may name, and whether it holds a number (its placeholder then
+// matches numbers only, whatever the format spec says).
+struct LogField {
+  std::string_view name;
+  bool numeric;
+};
+constexpr LogField kLogFields[] = {
+    {"", false},  // a placeholder nobody reads
+    {"server_args_repr", false},
+    {"non_default_args_repr", false},
+    {"engine_config", false},
+    {"engine_version", false},
+    {"avail_mem_gib", true},
+    {"mem_usage_gib", true},
+    {"model_class", false},
+    {"load_details", false},
+    {"model_dtype", false},
+    {"kv_dtype", false},
+    {"pool_tokens", true},
+    {"k_gib", true},
+    {"v_gib", true},
+    {"kv_gib", true},
+    {"mamba_slots", true},
+    {"conv_gib", true},
+    {"ssm_gib", true},
+    {"full_tokens", true},
+    {"swa_tokens", true},
+    {"max_total_num_tokens", true},
+    {"max_running_requests", true},
+    {"context_len", true},
+    {"summary_details", false},
+    {"available_kv_gib", true},
+    {"kv_cache_tokens", true},
+    {"concurrency_context", true},
+    {"concurrency_x", true},
+    {"gpu_blocks", true},
+    {"cpu_blocks", true},
+    {"weights_gib", true},
+    {"scale_name", false},
+    {"tensor_example", false},
+    {"expected_name", false},
+    {"scales_file", false},
+    {"model_name", false},
+    {"error_detail", false},
+    {"argument", false},
+    {"namespace_args_repr", false},
+    {"mem_fraction_static", true},
+    {"max_total_tokens_arg", true},
+    {"block_size", true},
+    {"dp_size", true},
+    {"quantization", false},
+};
+
+}  // namespace
+
 const std::vector<std::string>& log_field_names() {
-  static const std::vector<std::string> names = {"",  // a placeholder nobody reads
-                                                 "server_args_repr",
-                                                 "non_default_args_repr",
-                                                 "engine_config",
-                                                 "engine_version",
-                                                 "avail_mem_gib",
-                                                 "mem_usage_gib",
-                                                 "model_class",
-                                                 "load_details",
-                                                 "model_dtype",
-                                                 "kv_dtype",
-                                                 "pool_tokens",
-                                                 "k_gib",
-                                                 "v_gib",
-                                                 "kv_gib",
-                                                 "mamba_slots",
-                                                 "conv_gib",
-                                                 "ssm_gib",
-                                                 "full_tokens",
-                                                 "swa_tokens",
-                                                 "max_total_num_tokens",
-                                                 "max_running_requests",
-                                                 "context_len",
-                                                 "summary_details",
-                                                 "available_kv_gib",
-                                                 "kv_cache_tokens",
-                                                 "concurrency_context",
-                                                 "concurrency_x",
-                                                 "gpu_blocks",
-                                                 "cpu_blocks",
-                                                 "weights_gib",
-                                                 "scale_name",
-                                                 "tensor_example",
-                                                 "expected_name",
-                                                 "scales_file",
-                                                 "model_name",
-                                                 "error_detail",
-                                                 "argument",
-                                                 "namespace_args_repr",
-                                                 "mem_fraction_static",
-                                                 "max_total_tokens_arg",
-                                                 "block_size",
-                                                 "dp_size",
-                                                 "quantization"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const LogField& field : kLogFields) out.emplace_back(field.name);
+    return out;
+  }();
   return names;
 }
 
-bool is_numeric_log_field(std::string_view field) {
-  static const std::vector<std::string_view> numeric = {"avail_mem_gib",
-                                                        "mem_usage_gib",
-                                                        "pool_tokens",
-                                                        "k_gib",
-                                                        "v_gib",
-                                                        "kv_gib",
-                                                        "mamba_slots",
-                                                        "conv_gib",
-                                                        "ssm_gib",
-                                                        "full_tokens",
-                                                        "swa_tokens",
-                                                        "max_total_num_tokens",
-                                                        "max_running_requests",
-                                                        "context_len",
-                                                        "available_kv_gib",
-                                                        "kv_cache_tokens",
-                                                        "concurrency_context",
-                                                        "concurrency_x",
-                                                        "gpu_blocks",
-                                                        "cpu_blocks",
-                                                        "weights_gib",
-                                                        "mem_fraction_static",
-                                                        "max_total_tokens_arg",
-                                                        "block_size",
-                                                        "dp_size"};
-  return std::find(numeric.begin(), numeric.end(), field) != numeric.end();
+bool is_numeric_log_field(std::string_view name) {
+  for (const LogField& field : kLogFields)
+    if (field.name == name) return field.numeric;
+  return false;
 }
 
 bool glob_match(std::string_view pattern, std::string_view text) {
