@@ -132,6 +132,7 @@ struct OverlayRequest {
   std::string engine_version;  // "" = latest known
   int tp = 1;                  // ranks written into SGLang's JSON
   Granularity granularity = Granularity::tensor;
+  bool dry_run = false;  // only say which carrier would load (view in OverlayResult); no files
 };
 
 struct CarrierAttempt {
@@ -149,6 +150,7 @@ struct OverlayResult {
   engines::ResolvedKv resolved;              // the engine's view of checkpoint + overlay
   std::vector<std::string> tensor_names;     // scale tensors written
   std::vector<std::string> notes;
+  std::optional<checkpoint::ModelFacts> view;  // dry run: the checkpoint as the engine sees it
 };
 
 // Chooses the first carrier that the target engine version loads for this checkpoint

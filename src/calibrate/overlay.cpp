@@ -132,7 +132,7 @@ std::map<std::string, std::string> carrier_files(const checkpoint::ModelFacts& m
   files[kScalesFile] = safetensors_bytes(tensors);
 
   // A sharded checkpoint is loaded through its index, so the index must name the new file.
-  const fs::path index = model.dir / "model.safetensors.index.json";
+  const fs::path index = model.files_dir / "model.safetensors.index.json";
   std::error_code ec;
   if (fs::exists(index, ec)) {
     json doc = read_json_object(index);
@@ -143,20 +143,20 @@ std::map<std::string, std::string> carrier_files(const checkpoint::ModelFacts& m
   }
 
   if (carrier == Carrier::modelopt) {
-    const fs::path hf_quant = model.dir / "hf_quant_config.json";
+    const fs::path hf_quant = model.files_dir / "hf_quant_config.json";
     if (fs::exists(hf_quant, ec)) {
       json doc = read_json_object(hf_quant);
       doc["quantization"]["kv_cache_quant_algo"] = "FP8";
       files["hf_quant_config.json"] = doc.dump(2) + "\n";
     } else {  // ModelOpt config inside config.json
-      json doc = read_json_object(model.dir / "config.json");
+      json doc = read_json_object(model.files_dir / "config.json");
       json& block = doc.contains("quantization_config") ? doc["quantization_config"]
                                                         : doc["text_config"]["quantization_config"];
       block["kv_cache_quant_algo"] = "FP8";
       files["config.json"] = doc.dump(2) + "\n";
     }
   } else {
-    json doc = read_json_object(model.dir / "config.json");
+    json doc = read_json_object(model.files_dir / "config.json");
     const bool nested = !doc.contains("quantization_config") && doc.contains("text_config") &&
                         doc["text_config"].contains("quantization_config");
     json& block = nested ? doc["text_config"]["quantization_config"] : doc["quantization_config"];
@@ -228,14 +228,17 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
                             const std::vector<LayerScales>& scales, const OverlayRequest& request) {
   std::error_code ec;
   const fs::path model_dir = fs::weakly_canonical(request.model_dir, ec);
-  const fs::path out_dir = fs::weakly_canonical(request.out_dir, ec);
-  if (out_dir == model_dir)
+  // A dry run (what would load?) stages its views in the temp folder and writes nothing.
+  const fs::path out_dir =
+      request.dry_run ? fs::temp_directory_path() / fmt::format("kvaudit-preview-{}", ::getpid())
+                      : fs::weakly_canonical(request.out_dir, ec);
+  if (!request.dry_run && out_dir == model_dir)
     throw InputError(request.out_dir.string(),
                      "is the checkpoint folder; calibrate never modifies the original: give a new "
                      "folder and place its files beside the originals when deploying");
-  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+  if (!request.dry_run && fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     throw InputError(request.out_dir.string(), "exists and is not a folder");
-  if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec) &&
+  if (!request.dry_run && fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec) &&
       !fs::exists(out_dir / kMarkerFile, ec))
     throw InputError(
         request.out_dir.string(),
@@ -288,7 +291,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
 
     ScratchFolder scratch{scratch_name(out_dir.parent_path(), "view")};
     checkpoint::ModelFacts seen =
-        checkpoint::read_checkpoint(merged_view(model.dir, files, scratch.path));
+        checkpoint::read_checkpoint(merged_view(model.files_dir, files, scratch.path));
     engines::ResolvedKv resolved = engines::resolve_kv(seen, flags, engine);
 
     CarrierAttempt attempt{carrier, false, "", ""};
@@ -331,6 +334,20 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
     }
     result.attempts.push_back(attempt);
     if (!attempt.works) continue;
+    if (request.dry_run) {  // the engine's view of the checkpoint with the overlay, no files
+      seen.dir = model.dir;
+      seen.files_dir = model.files_dir;
+      seen.source = model.source;
+      result.carrier = carrier;
+      result.resolved = resolved;
+      result.tensor_names = tensor_names;
+      result.launch_flags = {"--kv-cache-dtype", flags.kv_cache_dtype};
+      if (carrier == Carrier::quantization_param_path)
+        result.launch_flags.insert(result.launch_flags.end(),
+                                   {"--quantization-param-path", "SCALES.json"});
+      result.view = std::move(seen);
+      return result;
+    }
 
     // Stage the overlay next to its destination, then move it into place in one rename.
     result.carrier = carrier;
@@ -377,6 +394,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
     return result;
   }
 
+  if (request.dry_run) return result;  // no view: the attempts say why nothing loads
   std::string reasons;
   for (const CarrierAttempt& attempt : result.attempts)
     reasons +=

@@ -211,6 +211,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
   if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "dtype");
   facts.quant = read_quant_facts(facts.dir, config, *text_config);
 
+  facts.files_dir = facts.dir;
   if (bare_config || !options.read_safetensors) return facts;
   facts.shard_files = find_shards(facts.dir);
   // Shard headers are independent: read them on a few threads, then merge in shard

@@ -190,8 +190,9 @@ const std::vector<ScaleConvention>& scale_conventions();
 std::optional<ScaleTensor> classify_scale_tensor(std::string_view name);
 
 struct ModelFacts {
-  std::filesystem::path dir;     // checkpoint folder (hub: "hf://org/model@sha")
-  std::string source;            // where it was read, when not a local folder ("" local)
+  std::filesystem::path dir;        // checkpoint folder (hub: "hf://org/model@sha")
+  std::filesystem::path files_dir;  // where its files are on this machine (hub: the cache)
+  std::string source;               // where it was read, when not a local folder ("" local)
   std::string config_file;       // path of config.json
   std::string model_type;        // of the language model ("qwen3_5_moe_text" -> as written)
   std::string outer_model_type;  // wrapper's model_type when nested under text_config

@@ -684,7 +684,7 @@ checkpoint::ModelFacts read_hub_checkpoint(const HubCheckpoint& hub,
     relabel(facts.quant->other_source_file);
   }
   facts.source = hub.source;
-  facts.dir = hub.label;  // reports name the repository; nothing reads files after this
+  facts.dir = hub.label;  // reports name the repository; files_dir stays where they are
   for (const auto& note : hub.notes) facts.notes.push_back(note);
   return facts;
 }

@@ -303,8 +303,11 @@ HttpResponse Client::send(const std::string& method, std::string_view path, cons
     std::string received;
     bool too_large = false, cut = false;
     const uint64_t stop_after = extra ? extra->stop_after_bytes : 0;
+    httplib::Response response;  // filled with the status and headers before the body
     request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
-      if (stop_after > 0 && received.size() + length >= stop_after) {
+      // Only a success body is cut short: an error's body is its message.
+      const bool success = response.status >= 200 && response.status < 300;
+      if (success && stop_after > 0 && received.size() + length >= stop_after) {
         received.append(data, stop_after - received.size());
         cut = true;
         return false;  // enough: the rest of the body is not read
@@ -316,7 +319,6 @@ HttpResponse Client::send(const std::string& method, std::string_view path, cons
       received.append(data, length);
       return true;
     };
-    httplib::Response response;
     httplib::Error error = httplib::Error::Success;
     auto attempt_started = std::chrono::steady_clock::now();
     bool sent = http.send(request, response, error);

@@ -46,6 +46,10 @@ json findings_of(const json& report) {
 }
 
 TEST(HubCli, CheckAndPlanOfAHubRepositoryMatchTheLocalFolder) {
+  ASSERT_EQ(std::system((std::string(KVAUDIT_TEST_DIR) + "/../tools/ensure-demo-checkpoint.sh " +
+                         KVAUDIT_BUILD_DIR + " > /dev/null")
+                            .c_str()),
+            0);
   const fs::path demo = fs::path(KVAUDIT_BUILD_DIR) / "demo-checkpoint";
   const fs::path cache =
       fs::temp_directory_path() / ("kvaudit-hub-cli-" + std::to_string(::getpid()));
