@@ -50,9 +50,7 @@ std::string concatenated_sources(const fs::path& root, size_t max_bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  fs::path tokenizer_dir =
-      argc > 1 ? fs::path(argv[1])
-               : fs::path(KVAUDIT_SOURCE_DIR) / ".." / "shared" / "data" / "qwen3-tokenizer";
+  fs::path tokenizer_dir = argc > 1 ? fs::path(argv[1]) : fs::path(KVAUDIT_QWEN3_TOKENIZER_DIR);
   fs::path source_dir = argc > 2 ? fs::path(argv[2]) : fs::path("/usr/lib/python3.11");
   size_t max_bytes = (argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 16) << 20;
   try {

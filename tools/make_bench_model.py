@@ -5,7 +5,7 @@ Two files hold the same values, so kvaudit's reference engine and llama.cpp can 
 identical work:
   OUT/                 Hugging Face layout: config.json, model.safetensors (F16 or BF16
                        projection/embedding matrices, F32 norms and biases), and the real
-                       Qwen3 tokenizer from ../shared (its 151,669 tokens fit the 151,936 rows)
+                       vendored Qwen3 tokenizer (its 151,669 tokens fit the 151,936 rows)
   --gguf FILE          the same tensors as a GGUF (llama.cpp's "qwen2" architecture), written
                        with llama.cpp's own gguf-py (pass --gguf-py DIR; nothing of llama.cpp
                        lives in this repository)
@@ -28,8 +28,10 @@ SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
              num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
              max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0)
 SEED = 20261129
-TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
-                             "data", "qwen3-tokenizer")
+# The vendored Qwen3 tokenizer as CMake extracts it (tests/fixtures/tokenizer/qwen3/), or
+# KVAUDIT_QWEN3_TOKENIZER.
+TOKENIZER_DIR = os.environ.get("KVAUDIT_QWEN3_TOKENIZER") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "build", "fixtures", "qwen3-tokenizer")
 
 
 def tensor_shapes():

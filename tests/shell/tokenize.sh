@@ -5,7 +5,7 @@
 set -euo pipefail
 kvaudit="$1"
 source_dir="$2"
-tokenizer_dir="${KVAUDIT_QWEN3_TOKENIZER:-$source_dir/../shared/data/qwen3-tokenizer}"
+tokenizer_dir="${KVAUDIT_QWEN3_TOKENIZER:-$3/fixtures/qwen3-tokenizer}"  # vendored, extracted by CMake
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 fs::path qwen3_dir() {
   if (const char* dir = std::getenv("KVAUDIT_QWEN3_TOKENIZER")) return dir;
-  return fs::path(KVAUDIT_SOURCE_DIR) / ".." / "shared" / "data" / "qwen3-tokenizer";
+  return fs::path(KVAUDIT_QWEN3_TOKENIZER_DIR);
 }
 
 const Tokenizer& qwen3() {

@@ -22,7 +22,7 @@ const { Tokenizer: RustTokenizer } = require("tokenizers");
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repo = join(here, "..", "..");
-const tokenizerDir = process.argv[2] ?? join(repo, "..", "shared", "data", "qwen3-tokenizer");
+const tokenizerDir = process.argv[2] ?? join(repo, "build", "fixtures", "qwen3-tokenizer");
 const fixtureDir = join(repo, "tests", "fixtures", "tokenizer");
 
 const tokenizerJsonPath = join(tokenizerDir, "tokenizer.json");
@@ -62,7 +62,7 @@ for (const { name, text } of corpus) {
 }
 
 const golden = {
-  tokenizer: "Qwen3 (../shared/data/qwen3-tokenizer)",
+  tokenizer: "Qwen3 (tests/fixtures/tokenizer/qwen3, vendored)",
   generator: {
     script: "tools/goldens/generate_tokenizer_goldens.mjs",
     "@lenml/tokenizers": packageVersion(join("@lenml", "tokenizers")),
