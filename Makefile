@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 FUZZ_SECONDS ?= 20
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps deps-full build asan fuzz test test-release test-asan test-fuzz demo demo-live bench format format-check clean
+.PHONY: all deps deps-full build asan fuzz check test test-release test-asan test-fuzz demo demo-live bench format format-check clean
 
 all: build
 
@@ -36,6 +36,14 @@ fuzz: asan
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# The edit-compile-test loop: the release build and its tests, without the heavy oracles
+# (the fixture-model evaluations, the PyTorch forward comparisons, the engine-data mutation
+# sweep, the headless-browser render, the shell stories that serve or calibrate a model)
+# and without the sanitizer build and the fuzzers, which `make test` runs.
+CHECK_EXCLUDE ?= ^(Fixture(Model)?[.]|EngineDataCoverage[.]|Families/ForwardVsTorch[.]|shell[.](live_story|calibrate_cli|probe_cli|html_render)$$)
+check: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -E '$(CHECK_EXCLUDE)'
+
 # Left out of the sanitizer run, kept in the release run: the fixture-model evaluations
 # (Fixture.*, FixtureModel.*: whole-text perplexity and calibration runs of the trained
 # model) and the shell stories that serve or calibrate that model (live_story,
@@ -57,7 +65,9 @@ test: deps-full
 	$(MAKE) test-asan
 	$(MAKE) test-fuzz
 
-demo: build
+# Builds only what the demo runs (kvaudit and the sparse-checkpoint maker), not the tests.
+demo: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target kvaudit kvaudit_make_checkpoint
 	tools/demo.sh $(BUILD)/kvaudit
 
 demo-live: build

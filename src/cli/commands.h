@@ -1,6 +1,8 @@
 // cli: thin front end. Each command file parses its flags into plain structs,
 // calls the modules, and hands a report::Report to emit(). Exit codes:
-// 0 success, 1 the report fails its gate (--fail-on, --expect, ...), 2 bad input.
+// 0 success, 1 the report fails its gate (--fail-on, --expect, ...), 2 bad input (one
+// line naming the file or flag), 3 internal error (an exception that is not InputError:
+// a kvaudit bug, never the user's input).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ namespace kvaudit::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitGateFailed = 1;
 inline constexpr int kExitInputError = 2;
+inline constexpr int kExitInternalError = 3;
 
 struct OutputOptions {
   bool json = false;
@@ -45,6 +48,9 @@ void add_checkpoint_source_options(CLI::App& command, CheckpointSource& source);
 checkpoint::ModelFacts read_checkpoint_argument(const std::string& argument,
                                                 const CheckpointSource& source,
                                                 const checkpoint::ReadOptions& read = {});
+
+// "96GiB", "98304MiB", "80GB" (decimal), "103079215104" (bytes); InputError naming `flag`.
+int64_t parse_size_bytes(const std::string& text, const std::string& flag);
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.

@@ -9,8 +9,11 @@ int main(int argc, char** argv) {
   using namespace kvaudit;
   CLI::App app{
       "kvaudit: catch silent accuracy loss in LLM serving (KV cache first).\n"
-      "Try: make demo   or   kvaudit check examples/qwen3.5-397b-a17b-nvfp4/generated "
-      "--engine sglang --tp 8"};
+      "Try: make demo   (it builds build/demo-checkpoint, then runs: kvaudit check "
+      "build/demo-checkpoint --unit examples/qwen3.5-397b-a17b-nvfp4/sglang.service --gpu "
+      "rtx-pro-6000)\n"
+      "Exit codes: 0 done, 1 the report fails its gate (--fail-on, --expect, ...), 2 bad input "
+      "(one line names the file or flag), 3 internal error (a kvaudit bug: please report it)"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", "kvaudit 0.1.0");
   cli::Runner run;
@@ -40,6 +43,6 @@ int main(int argc, char** argv) {
     return cli::kExitInputError;
   } catch (const std::exception& error) {
     std::cerr << "kvaudit: internal error: " << error.what() << '\n';
-    return cli::kExitInputError;
+    return cli::kExitInternalError;
   }
 }
