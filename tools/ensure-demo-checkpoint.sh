@@ -12,7 +12,9 @@ target=$build/demo-checkpoint
 index=$target/model.safetensors.index.json
 exec 9> "$build/.demo-checkpoint.lock"
 flock 9
-if [[ ! -f $index || $manifest -nt $index ]]; then
+example=$(dirname "$manifest")
+if [[ ! -f $index || $manifest -nt $index || $example/config.json -nt $index ||
+      $example/hf_quant_config.json -nt $index || $build/kvaudit_make_checkpoint -nt $index ]]; then
   staging=$(mktemp -d "$build/.demo-checkpoint.XXXXXX")
   trap 'rm -rf "$staging"' EXIT
   "$build/kvaudit_make_checkpoint" "$manifest" "$staging/ckpt" > /dev/null

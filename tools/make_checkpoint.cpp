@@ -11,15 +11,22 @@
 // "for" ranges are "start..end[:step]" (end exclusive) or lists; names substitute {VAR}.
 // "values" fills every instance; "values_per_instance" gives one list per instance.
 // Raw "data_hex" writes bytes as is (for malformed fixtures).
+// Groups keep a real export's order (layer by layer, expert by expert): an entry with
+// "tensors" instead of "name" repeats its children, in order, for every value of its own
+// "for" (first variable outermost), the children seeing the group's variables in their
+// names. A child (group or tensor) with "if" / "unless" ({"L": "3..60:4"}) is kept only
+// where the enclosing variables' values are / are not in those ranges.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -108,6 +115,89 @@ void encode_values(const std::string& dtype, const ordered_json& values,
   }
 }
 
+using Bindings = std::vector<std::pair<std::string, std::string>>;
+
+std::string substitute(std::string text, const Bindings& bindings) {
+  for (const auto& [var, value] : bindings) {
+    std::string token = "{" + var + "}";
+    for (size_t pos; (pos = text.find(token)) != std::string::npos;)
+      text.replace(pos, token.size(), value);
+  }
+  return text;
+}
+
+// Whether the "if" / "unless" conditions of a spec hold for the enclosing group variables.
+bool selected(const ordered_json& spec, const Bindings& bindings) {
+  auto holds = [&](const ordered_json& conditions) {
+    for (const auto& [var, range] : conditions.items()) {
+      const std::string* value = nullptr;
+      for (const auto& [name, bound] : bindings)
+        if (name == var) value = &bound;
+      if (value == nullptr)
+        throw std::runtime_error("condition on " + var + ", which no enclosing group binds");
+      std::vector<std::string> allowed = expand_values(range);
+      if (std::find(allowed.begin(), allowed.end(), *value) == allowed.end()) return false;
+    }
+    return true;
+  };
+  if (spec.contains("if") && !holds(spec["if"])) return false;
+  if (spec.contains("unless") && holds(spec["unless"])) return false;
+  return true;
+}
+
+void add_tensors(const ordered_json& spec, const Bindings& bindings, std::vector<Tensor>& tensors,
+                 std::map<const ordered_json*, size_t>& instances);
+
+// A group: its children, in order, for every combination of its loop values.
+void add_group(const ordered_json& spec, const Bindings& bindings, size_t depth,
+               const std::vector<std::pair<std::string, std::vector<std::string>>>& loops,
+               std::vector<Tensor>& tensors, std::map<const ordered_json*, size_t>& instances) {
+  if (depth == loops.size()) {
+    for (const auto& child : spec["tensors"])
+      if (selected(child, bindings)) add_tensors(child, bindings, tensors, instances);
+    return;
+  }
+  for (const auto& value : loops[depth].second) {
+    Bindings inner = bindings;
+    inner.emplace_back(loops[depth].first, value);
+    add_group(spec, inner, depth + 1, loops, tensors, instances);
+  }
+}
+
+void add_tensors(const ordered_json& spec, const Bindings& bindings, std::vector<Tensor>& tensors,
+                 std::map<const ordered_json*, size_t>& instances) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> loops;
+  const ordered_json loop_spec = spec.value("for", ordered_json::object());
+  for (const auto& [var, range] : loop_spec.items()) loops.emplace_back(var, expand_values(range));
+  if (spec.contains("tensors")) {
+    add_group(spec, bindings, 0, loops, tensors, instances);
+    return;
+  }
+  std::vector<std::string> names;
+  expand(spec, loops, 0, substitute(spec["name"].get<std::string>(), bindings), names);
+  auto dtype = kvaudit::checkpoint::parse_dtype(spec["dtype"].get<std::string>());
+  if (!dtype) throw std::runtime_error("unknown dtype in manifest: " + spec["dtype"].dump());
+  std::vector<uint64_t> shape = spec["shape"].get<std::vector<uint64_t>>();
+  uint64_t elements = 1;
+  for (auto dim : shape) elements *= dim;
+  uint64_t bytes = elements * kvaudit::checkpoint::dtype_bits(*dtype) / 8;
+  for (const auto& name : names) {
+    size_t i = instances[&spec]++;  // instance number across every group iteration
+    Tensor tensor{name, spec["dtype"].get<std::string>(), shape, bytes, {}};
+    if (spec.contains("values_per_instance"))
+      encode_values(tensor.dtype, spec["values_per_instance"][i], tensor.data);
+    else if (spec.contains("values")) {
+      ordered_json values = spec["values"];
+      while (values.size() < elements && !values.empty()) values.push_back(values.back());
+      encode_values(tensor.dtype, values, tensor.data);
+    }
+    if (!tensor.data.empty() && tensor.data.size() != bytes)
+      throw std::runtime_error(fmt::format("{}: {} value bytes for a {}-byte tensor", tensor.name,
+                                           tensor.data.size(), bytes));
+    tensors.push_back(std::move(tensor));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,34 +217,10 @@ int main(int argc, char** argv) {
                     out_dir / file.get<std::string>(), fs::copy_options::overwrite_existing);
 
     std::vector<Tensor> tensors;
-    for (const auto& spec : manifest.value("tensors", ordered_json::array())) {
-      std::vector<std::pair<std::string, std::vector<std::string>>> loops;
-      const ordered_json loop_spec = spec.value("for", ordered_json::object());
-      for (const auto& [var, range] : loop_spec.items())
-        loops.emplace_back(var, expand_values(range));
-      std::vector<std::string> names;
-      expand(spec, loops, 0, spec["name"].get<std::string>(), names);
-      auto dtype = kvaudit::checkpoint::parse_dtype(spec["dtype"].get<std::string>());
-      if (!dtype) throw std::runtime_error("unknown dtype in manifest: " + spec["dtype"].dump());
-      std::vector<uint64_t> shape = spec["shape"].get<std::vector<uint64_t>>();
-      uint64_t elements = 1;
-      for (auto dim : shape) elements *= dim;
-      uint64_t bytes = elements * kvaudit::checkpoint::dtype_bits(*dtype) / 8;
-      for (size_t i = 0; i < names.size(); ++i) {
-        Tensor tensor{names[i], spec["dtype"].get<std::string>(), shape, bytes, {}};
-        if (spec.contains("values_per_instance"))
-          encode_values(tensor.dtype, spec["values_per_instance"][i], tensor.data);
-        else if (spec.contains("values")) {
-          ordered_json values = spec["values"];
-          while (values.size() < elements && !values.empty()) values.push_back(values.back());
-          encode_values(tensor.dtype, values, tensor.data);
-        }
-        if (!tensor.data.empty() && tensor.data.size() != bytes)
-          throw std::runtime_error(fmt::format("{}: {} value bytes for a {}-byte tensor",
-                                               tensor.name, tensor.data.size(), bytes));
-        tensors.push_back(std::move(tensor));
-      }
-    }
+    std::map<const ordered_json*, size_t> instances;
+    const ordered_json specs = manifest.value("tensors", ordered_json::array());
+    for (const auto& spec : specs)
+      if (selected(spec, {})) add_tensors(spec, {}, tensors, instances);
 
     int shard_count = std::max(1, manifest.value("shards", 1));
     uint64_t total = 0;

@@ -232,6 +232,10 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
       for (const auto& tensor : header.tensors) {
         out.weight_bytes += tensor.data_end - tensor.data_begin;
         std::string_view name = tensor.name;
+        // A multi-token-prediction head ("mtp.layers.0..." in Qwen3-Next / Qwen3.5) is the
+        // speculative draft model, loaded only with NEXTN/MTP decoding and numbered from 0
+        // on its own: its projections and scales are not the main model's layer 0.
+        if (name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos) continue;
         if (name.ends_with(".self_attn.k_proj.weight") ||
             name.ends_with(".self_attn.v_proj.weight"))
           out.kv_projection_weights.push_back(tensor.name);

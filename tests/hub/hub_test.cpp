@@ -126,7 +126,7 @@ TEST(Refs, ParseAndRefuse) {
     EXPECT_FALSE(parse_hub_ref(bad)) << bad;
 }
 
-// The motivating demo (370,008 tensors in 32 shards): the same audit, what it cost, and a
+// The motivating demo (371,444 tensors in 32 shards): the same audit, what it cost, and a
 // second run of the same revision that fetches no file.
 TEST(HubAudit, DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit) {
   const fs::path cache = fresh_cache("demo");
@@ -140,7 +140,7 @@ TEST(HubAudit, DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit) {
   expect_same_audit(local, remote);
   EXPECT_EQ(remote.dir.string(), "hf://nvidia/demo@0123456789ab");
   EXPECT_THAT(remote.source, HasSubstr(kCommit));
-  // The cost, for the record: headers only (the demo's are 51.9 MB; weights 236 GB).
+  // The cost, for the record: headers only (the demo's are 51.9 MB; weights 251 GB).
   uint64_t header_bytes = 0;
   for (const auto& shard : local.shard_files)
     header_bytes += checkpoint::read_safetensors_header(demo_dir() / shard).header_bytes;

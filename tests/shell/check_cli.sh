@@ -14,12 +14,12 @@ demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 out=$("$kvaudit" check "$demo" --engine sglang --tp 8 --no-color); status=$?
 [[ $status -eq 1 ]] && pass || fail "demo exit $status, expected 1"
 for needle in "fp8-unit-scale" "fp8_e4m3" "scale 1.0" "--kv-cache-dtype bf16" "hf_quant_config.json" \
-    "370008 tensors"; do
+    "371444 tensors"; do
   grep -qF -- "$needle" <<< "$out" && pass || fail "demo report lacks '$needle'"
 done
 # JSON: the same verdict (exit 1), documented top-level keys and finding fields. Long
 # names wrap in the terminal; the JSON carries them whole. (Each check of the demo's
-# 370008-tensor header takes ~10 s under ASan: one JSON run serves every JSON check.)
+# 371444-tensor header takes ~10 s under ASan: one JSON run serves every JSON check.)
 json=$("$kvaudit" check "$demo" --engine sglang --tp 8 --json); status=$?
 [[ $status -eq 1 ]] && pass || fail "demo --json exit $status, expected 1"
 [[ $json == *"model.language_model.layers.3.self_attn.k_proj.k_scale"* ]] \
