@@ -132,8 +132,9 @@ void rule_unit_scale(Context& ctx) {
                         : fmt::format("{} quantized layer(s)", layers.size())),
         fmt::format("Silent precision loss that grows with context: {}.", numeric_meaning(ctx)),
         evidence,
-        fmt::format("{} (2x KV memory), or calibrate scales the engine loads: kvaudit calibrate "
-                    "--model DIR --engine {} --format {}",
+        fmt::format("{} (twice the KV bytes per token: the decision table, with --gpu or "
+                    "--from-log, gives the tokens and concurrency left), or calibrate scales the "
+                    "engine loads: kvaudit calibrate --model DIR --engine {} --format {}",
                     ctx.fix_flag("bf16"), ctx.engine().engine, ctx.resolved.kv_cache_dtype),
         reference_text(fallback.provenance)});
     return;

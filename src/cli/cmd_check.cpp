@@ -1,9 +1,15 @@
 // kvaudit check: checkpoint + launch -> findings.
+#include <fmt/format.h>
+
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 
 #include "audit/audit.h"
 #include "cli/commands.h"
+#include "decide/decide.h"
+#include "logs/logs.h"
+#include "plan/plan.h"
 #include "util/util.h"
 
 namespace kvaudit::cli {
@@ -26,6 +32,13 @@ struct CheckOptions {
   std::string launch;
   std::string unit;
   std::string fail_on = "critical";
+  // The decision table: what sizes the KV pools, at which context lengths, and where the
+  // corrected unit goes.
+  std::string gpu;
+  std::string gpu_mem;
+  std::string from_log;
+  std::string contexts;
+  std::string write_unit;
   CheckpointSource source;
   OutputOptions output;
 };
@@ -38,6 +51,116 @@ constexpr const char* kCheckUsage =
     "Try the bundled example: make demo   (runs kvaudit check on "
     "examples/qwen3.5-397b-a17b-nvfp4)\n"
     "kvaudit check --help lists every flag.\n";
+
+decide::MemorySource memory_source(const CheckOptions& options) {
+  decide::MemorySource memory;
+  if (!options.gpu.empty()) {
+    plan::GpuPreset gpu = plan::find_gpu(options.gpu);
+    memory.gpu_memory_bytes = gpu.memory_mib * plan::kMiB;
+    memory.gpu_name = gpu.name;
+  }
+  if (!options.gpu_mem.empty()) {
+    memory.gpu_memory_bytes = parse_size_bytes(options.gpu_mem, "--gpu-mem");
+    if (memory.gpu_name.empty()) memory.gpu_name = options.gpu_mem;
+  }
+  if (!options.from_log.empty()) {
+    logs::LogScan scan = options.from_log == "-" ? logs::scan_log(std::cin, "stdin")
+                                                 : logs::scan_log_file(options.from_log);
+    if (scan.launches.empty())
+      throw InputError(options.from_log, "no SGLang or vLLM start-up lines found");
+    memory.logged = scan.launches.back().memory;
+    memory.log_label = fmt::format("the latest launch of {} (launch {} of {})",
+                                   options.from_log == "-" ? "stdin" : options.from_log,
+                                   scan.launches.size(), scan.launches.size());
+  }
+  return memory;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return lines;
+}
+
+// The unit text with only the changed lines, as "-" / "+" pairs.
+std::vector<std::string> line_diff(const std::string& before, const std::string& after) {
+  std::vector<std::string> a = split_lines(before), b = split_lines(after);
+  size_t head = 0;
+  while (head < a.size() && head < b.size() && a[head] == b[head]) ++head;
+  size_t tail = 0;
+  while (tail < a.size() - head && tail < b.size() - head &&
+         a[a.size() - 1 - tail] == b[b.size() - 1 - tail])
+    ++tail;
+  std::vector<std::string> out;
+  for (size_t i = head; i < a.size() - tail; ++i) out.push_back("- " + a[i]);
+  for (size_t i = head; i < b.size() - tail; ++i) out.push_back("+ " + b[i]);
+  return out;
+}
+
+void add_decision(const CheckOptions& options, const audit::CheckInput& input,
+                  const audit::CheckResult& result, report::Report& report) {
+  decide::DecisionOptions request;
+  if (!options.contexts.empty())
+    request.contexts = parse_token_counts(options.contexts, "--context", "32k,128k");
+  request.memory = memory_source(options);
+  decide::Decision decision = decide::decide(input, result, request);
+
+  std::vector<std::string> fix_lines;
+  const decide::KvOption* fixed = nullptr;
+  for (const auto& option : decision.options)
+    if (option.id == decision.recommended) fixed = &option;
+  if (!options.write_unit.empty() && options.unit.empty())
+    throw InputError("--write-unit", "needs --unit (the unit to correct)");
+  decide::Verification where;
+  if (!options.unit.empty()) where.unit_name = std::filesystem::path(options.unit).stem().string();
+  const decide::ServerAddress address = decide::server_address(input.flags, *input.engine);
+  where.url = address.url;
+  where.port_source = address.port_source;
+  if (fixed) {
+    const std::string change = "--kv-cache-dtype " + fixed->flag_value;
+    if (!options.unit.empty()) {
+      const std::string original = read_text_file(options.unit);
+      const std::string corrected =
+          decide::fix_unit(original, *input.engine, fixed->flag_value, options.unit);
+      for (const auto& line : line_diff(original, corrected)) fix_lines.push_back(line);
+      if (!options.write_unit.empty()) {
+        std::error_code same;
+        if (std::filesystem::equivalent(options.unit, options.write_unit, same))
+          throw InputError(options.write_unit,
+                           "is the unit itself; the original stays untouched, name another file");
+        write_file_atomically(options.write_unit, corrected);
+        fix_lines.push_back(fmt::format("wrote {} (the unit with {}, every other byte kept)",
+                                        options.write_unit, change));
+        fix_lines.push_back(
+            fmt::format("sudo install -m 644 {} /etc/systemd/system/{}.service && sudo systemctl "
+                        "daemon-reload && sudo systemctl restart {}",
+                        options.write_unit, where.unit_name, where.unit_name));
+      } else {
+        fix_lines.push_back(fmt::format(
+            "kvaudit check ... --unit {} --write-unit {}.fixed.service writes the corrected unit",
+            options.unit, where.unit_name));
+      }
+    } else if (!options.launch.empty()) {
+      fix_lines.push_back(decide::fix_command(options.launch, *input.engine, fixed->flag_value));
+    } else {
+      fix_lines.push_back(fmt::format("launch with {}", change));
+    }
+  }
+  if (!fixed && !options.write_unit.empty())
+    throw InputError("--write-unit", decision.options.front().critical == 0
+                                         ? "nothing to correct: the launch has no critical finding"
+                                         : "no KV option clears the critical findings; see the "
+                                           "decision table");
+  std::vector<std::string> verify_lines;
+  if (fixed) verify_lines = decide::verification_commands(decision, *fixed, input, where);
+  decide::add_decision_to_report(decision, fix_lines, verify_lines, report);
+}
 
 int run_check_command(CheckOptions& options) {
   if (options.checkpoint.empty() && options.launch.empty() && options.unit.empty()) {
@@ -92,7 +215,9 @@ int run_check_command(CheckOptions& options) {
   input.flags = flags;
 
   audit::CheckResult result = audit::run_check(input);
-  emit(audit::build_check_report(input, result), options.output);
+  report::Report report = audit::build_check_report(input, result);
+  add_decision(options, input, result, report);
+  emit(report, options.output);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never
                           : options.fail_on == "warning" ? audit::FailOn::warning
                                                          : audit::FailOn::critical;
@@ -132,6 +257,17 @@ void add_check_command(CLI::App& app, Runner& run) {
   check->add_option("--launch", options->launch, "The engine's launch command line");
   check->add_option("--unit", options->unit,
                     "A systemd unit file whose ExecStart launches the engine");
+  check->add_option("--gpu", options->gpu,
+                    "GPU preset (data/gpus.json) sizing each KV option: h100, h200, b200, "
+                    "rtx-pro-6000, ...");
+  check->add_option("--gpu-mem", options->gpu_mem, "GPU memory per device: 96GiB, 80GB");
+  check->add_option("--from-log", options->from_log,
+                    "A start-up log (or - for stdin) whose printed memory sizes each option");
+  check->add_option("--context", options->contexts,
+                    "Context lengths for the concurrency columns (default 32k,128k and the "
+                    "launch's context length)");
+  check->add_option("--write-unit", options->write_unit,
+                    "Write the corrected --unit here (atomically; the original stays untouched)");
   check->add_option("--fail-on", options->fail_on, "Exit 1 when a finding is at least this severe")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
   add_output_options(*check, options->output);

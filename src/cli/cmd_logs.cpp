@@ -75,6 +75,7 @@ int run_logs(LogsFlags& f) {
                      "the log has " + std::to_string(scan.launches.size()) + " launches");
   if (f.launch > 0) {
     // Verify launch N as if it were the latest: drop the ones after it.
+    scan.launches_after = static_cast<int64_t>(scan.launches.size()) - f.launch;
     scan.launches.resize(static_cast<size_t>(f.launch));
   }
   std::vector<report::Finding> check_findings;

@@ -40,31 +40,6 @@ struct PlanFlags {
   OutputOptions output;
 };
 
-// "96GiB", "98304MiB", "80GB" (decimal), "103079215104" (bytes).
-int64_t parse_bytes(const std::string& text, const std::string& flag) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
-    ++i;
-  if (i == 0) throw InputError(flag, "expected a size such as 96GiB, 98304MiB or 80GB: " + text);
-  double value = std::stod(text.substr(0, i));
-  std::string unit = text.substr(i);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double scale = 1;
-  if (unit == "gib" || unit == "g")
-    scale = double(1 << 30);
-  else if (unit == "mib" || unit == "m")
-    scale = double(1 << 20);
-  else if (unit == "gb")
-    scale = 1e9;
-  else if (unit == "mb")
-    scale = 1e6;
-  else if (unit == "tib")
-    scale = double(int64_t{1} << 40);
-  else if (!unit.empty() && unit != "b")
-    throw InputError(flag, "unknown unit '" + unit + "' in " + text);
-  return static_cast<int64_t>(std::llround(value * scale));
-}
-
 int run_plan(PlanFlags& f) {
   if (f.checkpoint.empty()) throw InputError("plan", "give a checkpoint folder or a config.json");
   checkpoint::ReadOptions read;
@@ -83,7 +58,7 @@ int run_plan(PlanFlags& f) {
     options.gpu_name = gpu.name;
   }
   if (!f.gpu_mem.empty()) {
-    options.gpu_memory_bytes = parse_bytes(f.gpu_mem, "--gpu-mem");
+    options.gpu_memory_bytes = parse_size_bytes(f.gpu_mem, "--gpu-mem");
     if (options.gpu_name.empty()) options.gpu_name = f.gpu_mem;
   }
   if (f.mem_fraction >= 0) {
@@ -92,7 +67,7 @@ int run_plan(PlanFlags& f) {
     options.memory_fraction = f.mem_fraction;
   }
   if (!f.weights_per_gpu.empty())
-    options.weight_bytes_per_gpu = parse_bytes(f.weights_per_gpu, "--weights-per-gpu");
+    options.weight_bytes_per_gpu = parse_size_bytes(f.weights_per_gpu, "--weights-per-gpu");
   options.contexts.clear();
   for (const auto& part : split_list(f.contexts)) {
     auto tokens = parse_token_count(part);

@@ -1,3 +1,4 @@
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -42,6 +43,31 @@ std::vector<int64_t> parse_token_counts(const std::string& list, const char* fla
   }
   if (values.empty()) throw InputError(flag, "expects at least one token count");
   return values;
+}
+
+// "96GiB", "98304MiB", "80GB" (decimal), "103079215104" (bytes).
+int64_t parse_size_bytes(const std::string& text, const std::string& flag) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == 0) throw InputError(flag, "expected a size such as 96GiB, 98304MiB or 80GB: " + text);
+  double value = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (unit == "gib" || unit == "g")
+    scale = double(1 << 30);
+  else if (unit == "mib" || unit == "m")
+    scale = double(1 << 20);
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "tib")
+    scale = double(int64_t{1} << 40);
+  else if (!unit.empty() && unit != "b")
+    throw InputError(flag, "unknown unit '" + unit + "' in " + text);
+  return static_cast<int64_t>(std::llround(value * scale));
 }
 
 }  // namespace kvaudit::cli

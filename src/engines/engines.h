@@ -373,6 +373,8 @@ struct LaunchSpec {
   bool positional_model = false;
   std::map<std::string, std::vector<std::string>> flags;  // field -> spellings
   std::vector<std::string> boolean_flags;
+  int default_port = 0;             // the server's port when --port is not given
+  std::string default_port_source;  // where in the engine's source that default is
 };
 
 struct ServerInfoSpec {                  // how a live server reports its KV dtype
@@ -471,6 +473,8 @@ struct LaunchFlags {
   std::optional<int> speculative_draft_layers;
   std::optional<int64_t> max_total_tokens;
   std::optional<int> page_size;
+  std::string host;                  // --host ("" not given)
+  std::optional<int> port;           // --port
   std::string source;                // "flags", "launch command", "unit FILE"
   bool calculate_kv_scales = false;  // vLLM --calculate-kv-scales (releases that have it)
   std::vector<std::string> ignored_arguments;

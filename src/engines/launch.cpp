@@ -161,6 +161,10 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
       flags.max_total_tokens = to_int(word, value, label);
     } else if (field == "page_size") {
       flags.page_size = to_int(word, value, label);
+    } else if (field == "host") {
+      flags.host = value;
+    } else if (field == "port") {
+      flags.port = to_int(word, value, label);
     }
   }
   if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0 || flags.dcp == 0)

@@ -39,7 +39,9 @@ const std::vector<std::string>& launch_fields() {
                                                   "speculative_algorithm",
                                                   "speculative_draft_layers",
                                                   "max_total_tokens",
-                                                  "page_size"};
+                                                  "page_size",
+                                                  "host",
+                                                  "port"};
   return fields;
 }
 
@@ -344,6 +346,10 @@ void read_launch(JsonReader& top, EngineModel& model) {
   }
   flags.finish();
   model.launch.boolean_flags = launch.strings_or_empty("boolean_flags");
+  model.launch.default_port = static_cast<int>(launch.integer("default_port"));
+  if (model.launch.default_port <= 0 || model.launch.default_port > 65535)
+    launch.fail("default_port", "not a TCP port");
+  model.launch.default_port_source = launch.string("default_port_source");
   launch.finish();
   if (model.launch.entry_points.empty()) launch.fail("entry_points", "empty");
 }
@@ -686,7 +692,7 @@ void lint_model(EngineModel& model) {
 }
 
 void read_capacity(const std::filesystem::path& file, EngineModel& model) {
-  const std::string where = file.string();
+  const std::string where = display_path(file);
   json document = read_json_file(file, 1 << 20);
   JsonReader top(document, where);
   model.capacity.file = where;
@@ -742,7 +748,7 @@ void read_capacity(const std::filesystem::path& file, EngineModel& model) {
 EngineModel load_engine_model(const std::filesystem::path& engine_file,
                               const std::filesystem::path& capacity_file) {
   EngineModel model;
-  model.file = engine_file.string();
+  model.file = display_path(engine_file);
   json document = read_json_file(engine_file, 4 << 20);
   JsonReader top(document, model.file);
   model.engine = top.string("engine");

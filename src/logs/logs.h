@@ -122,6 +122,7 @@ struct LogScan {
   std::string source;
   std::vector<Launch> launches;  // file order, latest last
   int64_t launches_dropped = 0;  // oldest launches beyond the kept window
+  int64_t launches_after = 0;    // later launches set aside to verify an older one (--launch N)
   uint64_t bytes = 0;
   int64_t lines = 0;
   int64_t matched_lines = 0;

@@ -186,10 +186,16 @@ report::Report logs_report(const LogScan& scan, bool all_launches,
   out.tables.push_back(std::move(table));
   if (scan.launches.size() > 1) out.charts.push_back(std::move(chart));
 
+  // --launch N picks an older launch: say which one the expectations were checked on.
+  const std::string which =
+      scan.launches_after == 0
+          ? std::string("latest launch")
+          : fmt::format("launch {} of {}", latest.index + 1,
+                        static_cast<int64_t>(scan.launches.size()) + scan.launches_after);
   if (!expectations.empty()) {
     report::Table expect;
     expect.id = "expectations";
-    expect.title = "Expectations (latest launch)";
+    expect.title = fmt::format("Expectations ({})", which);
     expect.columns = {{"key", "key", "", 0},
                       {"expected", "expected", "", 0},
                       {"actual", "log says", "", 0},
@@ -228,11 +234,12 @@ report::Report logs_report(const LogScan& scan, bool all_launches,
   for (const auto& f : latest.findings)
     if (static_cast<int>(f.severity) > static_cast<int>(worst)) worst = f.severity;
   if (unmet > 0) {
-    out.verdict = fmt::format("latest launch fails {} expectation(s): {}", unmet, first_unmet);
+    out.verdict = fmt::format("{} fails {} expectation(s): {}", which, unmet, first_unmet);
     out.verdict_severity = report::Severity::critical;
   } else {
     out.verdict = fmt::format(
-        "latest launch #{}: {} KV cache, {}{}{}", latest.index + 1,
+        "{}{}: {} KV cache, {}{}{}", which,
+        scan.launches_after == 0 ? fmt::format(" #{}", latest.index + 1) : "",
         latest.kv_cache_dtype_resolved.empty() ? "unknown" : latest.kv_cache_dtype_resolved,
         latest.ready ? "ready" : "not ready",
         latest.max_total_tokens ? ", " + with_thousands(*latest.max_total_tokens) + " tokens" : "",

@@ -2,6 +2,8 @@
 // checkpoint the launch served (scale fallback, capacity against plan).
 #include <fmt/format.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -206,13 +208,26 @@ std::vector<ExpectationResult> check_expectations(const Launch& launch,
       r.met = r.actual == e.value;
     } else if (e.key == "max_total_tokens") {
       r.actual = launch.max_total_tokens ? std::to_string(*launch.max_total_tokens) : "";
+      // N, >=N, or LO..HI (the interval check and plan print for a launch's memory).
       std::string v = e.value;
-      bool at_least = v.rfind(">=", 0) == 0;
+      const bool at_least = v.rfind(">=", 0) == 0;
       if (at_least) v = v.substr(2);
-      auto wanted = parse_token_count(v);
-      if (!wanted) throw InputError("--expect", "max_total_tokens needs a token count: " + e.value);
-      r.met = launch.max_total_tokens && (at_least ? *launch.max_total_tokens >= *wanted
-                                                   : *launch.max_total_tokens == *wanted);
+      std::optional<int64_t> lo, hi;
+      if (size_t dots = v.find(".."); dots != std::string::npos) {
+        lo = parse_token_count(v.substr(0, dots));
+        hi = parse_token_count(v.substr(dots + 2));
+        if (!lo || !hi || *lo > *hi || at_least)
+          throw InputError("--expect",
+                           "max_total_tokens range must read LO..HI with LO <= HI: " + e.value);
+      } else {
+        lo = parse_token_count(v);
+        if (!lo)
+          throw InputError("--expect",
+                           "max_total_tokens needs a token count (N, >=N or LO..HI): " + e.value);
+        hi = at_least ? std::numeric_limits<int64_t>::max() : *lo;
+      }
+      r.met = launch.max_total_tokens && *lo <= *launch.max_total_tokens &&
+              *launch.max_total_tokens <= *hi;
     }
     results.push_back(r);
   }

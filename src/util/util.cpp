@@ -74,6 +74,16 @@ fs::path data_dir() {
   return fs::path(KVAUDIT_SOURCE_DIR) / "data";
 }
 
+std::string display_path(const fs::path& path) {
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  if (ec || !path.is_absolute()) return path.string();
+  const fs::path normal = path.lexically_normal();
+  const fs::path relative = normal.lexically_relative(cwd);
+  if (relative.empty() || *relative.begin() == "..") return normal.string();
+  return relative.string();
+}
+
 std::optional<int64_t> parse_token_count(std::string_view text) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
   while (!text.empty() && text.back() == ' ') text.remove_suffix(1);

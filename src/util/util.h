@@ -37,6 +37,9 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view c
 // The folder holding engines/ and gpus.json: $KVAUDIT_DATA_DIR, then ../share/kvaudit
 // next to the binary, then the source tree's data/.
 std::filesystem::path data_dir();
+// A path as reports show it: relative to the working directory when it lies inside it
+// ("data/engines/sglang.json"), else as given; reports never carry a build machine's root.
+std::string display_path(const std::filesystem::path& path);
 
 // "8k" -> 8192, "128K" -> 131072, "1m" -> 1048576, "4096" -> 4096. Binary multipliers,
 // as context lengths are quoted (128K context = 131072 tokens).

@@ -16,6 +16,7 @@
 #include "../plan/plan_models.h"
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "decide/decide.h"
 #include "engines/engines.h"
 #include "logs/logs.h"
 #include "plan/plan.h"
@@ -429,12 +430,21 @@ std::vector<Probe> battery_probes(const Battery& b) {
     for (const auto& command : commands)
       out.push_back(guarded([&command] {
         engines::LaunchFlags f = engines::parse_launch_command(command, "--launch");
-        return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", f.engine,
-                           f.kv_cache_dtype, f.model_path, f.tp, f.pp, f.dp, f.dcp, f.dp_attention,
-                           f.quantization_param_path, f.quantization, f.dtype,
-                           f.context_length.value_or(-1), f.memory_fraction.value_or(-1),
-                           f.mamba_ssm_dtype, f.calculate_kv_scales, f.kv_cache_dtype_skip_layers,
-                           fmt::join(f.ignored_arguments, ","));
+        return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", f.host,
+                           f.port.value_or(-1), f.engine, f.kv_cache_dtype, f.model_path, f.tp,
+                           f.pp, f.dp, f.dcp, f.dp_attention, f.quantization_param_path,
+                           f.quantization, f.dtype, f.context_length.value_or(-1),
+                           f.memory_fraction.value_or(-1), f.mamba_ssm_dtype, f.calculate_kv_scales,
+                           f.kv_cache_dtype_skip_layers, fmt::join(f.ignored_arguments, ","));
+      }));
+  // where check's verification commands reach the restarted server
+  for (const auto& [e, commands] : b.launches)
+    for (const auto& command : commands)
+      out.push_back(guarded([&command] {
+        engines::LaunchFlags f = engines::parse_launch_command(command, "--launch");
+        const decide::ServerAddress address =
+            decide::server_address(f, engines::engine_model(f.engine));
+        return address.url + " " + address.port_source;
       }));
   // probe: what a live server's report means
   out.push_back([] {

@@ -12,6 +12,7 @@
 #include "audit/audit.h"
 #include "common/fixtures.h"
 #include "common/schema_doc.h"
+#include "decide/decide.h"
 #include "engines/engines.h"
 
 namespace kvaudit {
@@ -82,7 +83,14 @@ json check_payload(const std::string& fixture, const std::string& engine, const 
   input.engine = &engines::engine_model(engine);
   input.version_given = !version.empty();
   audit::CheckResult result = audit::run_check(input);
-  return audit::build_check_report(input, result).payload;
+  report::Report report = audit::build_check_report(input, result);
+  decide::DecisionOptions options;
+  options.memory.gpu_memory_bytes = int64_t{80} << 30;  // sized: token ranges and concurrency
+  options.memory.gpu_name = "80 GiB";
+  const decide::Decision decision = decide::decide(input, result, options);
+  decide::add_decision_to_report(decision, {"- old", "+ new"}, {"kvaudit probe URL --smoke"},
+                                 report);
+  return report.payload;
 }
 
 TEST(PayloadSchema, CheckPayloadMatchesTheDocumentBothWays) {
@@ -99,7 +107,7 @@ TEST(PayloadSchema, CheckPayloadMatchesTheDocumentBothWays) {
       check_payload("llama-bf16-plain", "vllm", "fp8", "0.33.0", removed_flag),
       check_payload("llama-bf16-plain", "vllm", "auto", "")};
   for (size_t i = 0; i < payloads.size(); ++i)
-    for (const char* key : {"engine", "model", "resolved_kv"}) {
+    for (const char* key : {"engine", "model", "resolved_kv", "decision"}) {
       ASSERT_TRUE(payloads[i].contains(key)) << "scenario " << i << " has no " << key;
       validator.validate(payloads[i][key], std::string("check.") + key,
                          "scenario " + std::to_string(i) + " $." + key);
