@@ -53,7 +53,9 @@ check: build
 # its kvaudit runs (check, quant --html) are in check_cli and quant_cli too.
 # EngineDataCoverage mutates every engine-data key and reruns ~50k inputs per key: ~30 s in
 # release, many minutes under ASan, and it tests the data's reach, not memory safety.
-ASAN_EXCLUDE ?= ^(Fixture(Model)?[.]|EngineDataCoverage[.]|shell[.](live_story|calibrate_cli|probe_cli|html_render)$$)
+# decide_cli runs check on the 371K-tensor demo a dozen times (and make demo's script): its
+# code runs under the sanitizers in test_decide.
+ASAN_EXCLUDE ?= ^(Fixture(Model)?[.]|EngineDataCoverage[.]|shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli)$$)
 test-asan: asan
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS) -E '$(ASAN_EXCLUDE)'
 

@@ -111,7 +111,7 @@ void add_logs_command(CLI::App& app, Runner& run) {
   cmd->add_option(
       "--expect", flags->expect,
       "KEY=VALUE the launch must show (kv_cache_dtype, scale_fallback, engine, tp, ready, "
-      "max_total_tokens); exit 1 when not met");
+      "max_total_tokens=N, >=N or LO..HI); exit 1 when not met");
   cmd->add_option(
       "--checkpoint", flags->checkpoint,
       "The checkpoint the launch served: decides the scale fallback and checks capacity");

@@ -168,7 +168,10 @@ void size_option(KvOption& option, const audit::CheckInput& input, const engines
       plan::LogPrediction prediction =
           plan::predict_from_log(input.model, plan::reconcile_log_flags(*memory.logged, every, {}));
       for (const auto& r : prediction.rows)
-        if (r.kv_cache_dtype == option.kv_cache_dtype) option.tokens = r.max_total_tokens;
+        if (r.kv_cache_dtype == option.kv_cache_dtype) {
+          option.tokens = r.max_total_tokens;
+          option.tokens_from_log = true;
+        }
       // Requests the pool holds, from the low end of that range (the plan's own budget model
       // differs from the printed one by its reserve estimates); other limits stay the plan's.
       if (option.tokens && !option.tokens->empty())
@@ -228,6 +231,8 @@ Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_lau
        sizable ? engines::kv_cache_dtype_choices(engine, version) : std::vector<std::string>{}) {
     const std::string dtype = engines::cli_dtype(engine, version, value);
     if (dtype.empty() || value == "auto" || seen.count(dtype)) continue;
+    const engines::KvDtype* spec = engines::find_kv_dtype(dtype);
+    if (spec && spec->mla_only && !input.model.mla) continue;  // a layout of the MLA latent
     seen.insert(dtype);
     out.options.push_back(
         judged(dtype, dtype, "--kv-cache-dtype " + value, value, check_with(input, value)));
@@ -279,7 +284,7 @@ std::vector<std::string> expectations_for(const KvOption& option) {
   if (!dtype || !dtype->quantized || option.scale_source == "checkpoint" ||
       option.scale_source == "quantization_param_path")
     out.push_back("scale_fallback=false");
-  if (option.tokens)
+  if (option.tokens && option.tokens_from_log)
     out.push_back(
         option.tokens->lo == option.tokens->hi
             ? fmt::format("max_total_tokens={}", option.tokens->lo)

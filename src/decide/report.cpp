@@ -11,6 +11,17 @@ namespace {
 
 using report::Value;
 
+// "1 critical, 2 warnings", "none".
+std::string findings_cell(const KvOption& o) {
+  if (o.critical == 0 && o.warning == 0) return "none";
+  std::string out;
+  if (o.critical > 0) out = fmt::format("{} critical", o.critical);
+  if (o.warning > 0)
+    out +=
+        fmt::format("{}{} warning{}", out.empty() ? "" : ", ", o.warning, o.warning > 1 ? "s" : "");
+  return out;
+}
+
 // The scale source as a table cell says it.
 std::string scales_cell(const std::string& source) {
   if (source == "unit_default") return "1.0 (none loaded)";
@@ -54,13 +65,9 @@ void add_decision_to_report(const Decision& decision, const std::vector<std::str
   report::Table table;
   table.id = "decision";
   table.title = "Every KV option of this release, judged and sized";
-  table.columns = {{"option", "Option", "", 0},
-                   {"change", "Change", "", 0},
-                   {"kv_dtype", "KV dtype", "", 0},
-                   {"scales", "Scales", "", 0},
-                   {"critical", "Critical", "", 0},
-                   {"warning", "Warnings", "", 0},
-                   {"tokens", "KV tokens per GPU", "tokens", 0}};
+  table.columns = {{"option", "Option", "", 0},      {"change", "Change", "", 0},
+                   {"kv_dtype", "KV dtype", "", 0},  {"scales", "Scales", "", 0},
+                   {"left", "Findings left", "", 0}, {"tokens", "KV tokens per GPU", "tokens", 0}};
   for (int64_t context : decision.contexts)
     table.columns.push_back(
         {"concurrency_" + std::to_string(context), "Requests at " + context_label(context), "", 0});
@@ -70,17 +77,17 @@ void add_decision_to_report(const Decision& decision, const std::vector<std::str
   chart.kind = report::ChartKind::bars;
   chart.x_label = "option";
   chart.y_label = "tokens";
+  chart.precision = 0;  // token counts
   report::Series series{"KV tokens per GPU", {}};
   nlohmann::json options = nlohmann::json::array();
   for (const KvOption& o : decision.options) {
     std::vector<Value> row = {Value{o.label + (o.id == decision.recommended   ? " (the fix)"
                                                : o.id == decision.alternative ? " (keeps capacity)"
                                                                               : "")},
-                              Value{o.possible ? o.change : "not possible: " + o.why_not},
+                              Value{o.possible ? o.change : "not possible (see the note)"},
                               o.possible ? Value{o.kv_cache_dtype} : Value{},
                               o.possible ? Value{scales_cell(o.scale_source)} : Value{},
-                              o.possible ? Value{int64_t{o.critical}} : Value{},
-                              o.possible ? Value{int64_t{o.warning}} : Value{},
+                              o.possible ? Value{findings_cell(o)} : Value{},
                               o.tokens
                                   ? (o.tokens->lo == o.tokens->hi
                                          ? Value{o.tokens->lo}
@@ -103,7 +110,10 @@ void add_decision_to_report(const Decision& decision, const std::vector<std::str
   table.note = decision.memory_note;
   if (!decision.sized) out.notes.push_back(decision.memory_note);
   for (const KvOption& o : decision.options)
-    if (!o.how.empty() && o.possible) out.notes.push_back(fmt::format("{}: {}", o.label, o.how));
+    if (!o.possible)
+      out.notes.push_back(fmt::format("{}: not possible: {}", o.label, o.why_not));
+    else if (!o.how.empty())
+      out.notes.push_back(fmt::format("{}: {}", o.label, o.how));
   if (decision.sized) out.tables.push_back(std::move(table));
   if (!series.y.empty()) {
     chart.series.push_back(std::move(series));

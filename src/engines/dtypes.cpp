@@ -92,6 +92,7 @@ std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& file) {
         static_cast<int>(entry.integer_or("fixed_mla_bytes_per_token_layer", 0));
     dtype.scales = parse_semantics(entry);
     dtype.quantized = entry.boolean_or("quantized", false);
+    dtype.mla_only = entry.boolean_or("mla_only", false);
     dtype.description = entry.string("description");
     dtype.reference = entry.string_or("reference", "");
     entry.allow_descriptive({"notes"});

@@ -90,6 +90,7 @@ struct KvDtype {
   std::string block_scale_format;           // how a block scale is encoded ("ue8m0", "fp8_e4m3")
   int scale_bytes_per_token_head = 0;       // inline per-(token, head) scales, K and V each
   int fixed_mla_bytes_per_token_layer = 0;  // packed MLA layouts (fp8_ds_mla: 656)
+  bool mla_only = false;  // a layout of the MLA latent: not offered for other attention
   ScaleSemantics scales = ScaleSemantics::none;
   bool quantized = false;  // narrower than 16 bits: accuracy depends on scales or layout
   std::string description;

@@ -195,6 +195,11 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
   std::vector<const engines::KvDtype*> dtypes;
   for (const auto& name : options.kv_cache_dtypes) {
     const engines::KvDtype* dtype = &plan_dtype(engine, version, name);
+    if (dtype->mla_only && !model.mla)
+      throw InputError("--kv-cache-dtype",
+                       fmt::format("{} is a layout of the MLA latent (DeepSeek-style attention); "
+                                   "this model has none",
+                                   dtype->name));
     if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) dtypes.push_back(dtype);
   }
   if (dtypes.empty()) {
@@ -206,7 +211,8 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
     for (const auto& cli : engines::kv_cache_dtype_choices(engine, version)) {
       const engines::KvDtype* dtype =
           engines::find_kv_dtype(engines::cli_dtype(engine, version, cli));
-      if (dtype && std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end() &&
+      if (dtype && (!dtype->mla_only || model.mla) &&
+          std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end() &&
           std::find(others.begin(), others.end(), dtype) == others.end())
         others.push_back(dtype);
     }
