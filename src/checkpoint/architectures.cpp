@@ -30,6 +30,25 @@ std::string string_or(const json& config, const char* key, std::string fallback 
 
 enum class Family { dense, mistral, qwen2, hybrid_gdn, mla, gemma2, gemma3, gpt_oss };
 
+// transformers' Qwen2Config / Qwen3Config defaults for keys a config.json may omit.
+constexpr int64_t kQwenMaxWindowLayers = 28;
+constexpr int64_t kQwenSlidingWindow = 4096;
+
+double number_or(const json& config, const char* key, double fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_number()) throw InputError("config.json", fmt::format("'{}' must be a number", key));
+  return it->get<double>();
+}
+
+bool bool_or(const json& config, const char* key, bool fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_boolean())
+    throw InputError("config.json", fmt::format("'{}' must be true/false", key));
+  return it->get<bool>();
+}
+
 struct KnownArchitecture {
   std::string_view model_type;
   Family family;
@@ -42,8 +61,9 @@ constexpr std::array kKnownArchitectures = {
     KnownArchitecture{"mixtral", Family::mistral},
     KnownArchitecture{"qwen2", Family::qwen2},
     KnownArchitecture{"qwen2_moe", Family::qwen2},
-    KnownArchitecture{"qwen3", Family::dense},
-    KnownArchitecture{"qwen3_moe", Family::dense},
+    // Qwen3 follows Qwen2's sliding rule (transformers Qwen3Config.__post_init__).
+    KnownArchitecture{"qwen3", Family::qwen2},
+    KnownArchitecture{"qwen3_moe", Family::qwen2},
     KnownArchitecture{"qwen3_next", Family::hybrid_gdn},
     KnownArchitecture{"qwen3_5", Family::hybrid_gdn},
     KnownArchitecture{"qwen3_5_text", Family::hybrid_gdn},
@@ -82,10 +102,11 @@ LayerKind default_layer_kind(Family family, const json& config, int layer) {
       return int_or(config, "sliding_window", 0) > 0 ? LayerKind::sliding_attention
                                                      : LayerKind::full_attention;
     case Family::qwen2: {
-      // HF Qwen2: sliding only when use_sliding_window, from max_window_layers on.
+      // HF Qwen2/Qwen3 configs: sliding only when use_sliding_window, from max_window_layers
+      // on (class default 28 when the key is absent), window default 4096.
       bool sliding = config.value("use_sliding_window", false) &&
-                     layer >= int_or(config, "max_window_layers", 0) &&
-                     int_or(config, "sliding_window", 0) > 0;
+                     layer >= int_or(config, "max_window_layers", kQwenMaxWindowLayers) &&
+                     int_or(config, "sliding_window", kQwenSlidingWindow) > 0;
       return sliding ? LayerKind::sliding_attention : LayerKind::full_attention;
     }
     case Family::hybrid_gdn: {
@@ -162,6 +183,22 @@ void fill_architecture(const json& config, ModelFacts& facts) {
   facts.num_experts = positive_int(
       config, config.contains("num_local_experts") ? "num_local_experts" : "n_routed_experts",
       int_or(config, "num_experts", 0), 1 << 20);
+  facts.intermediate_size = positive_int(config, "intermediate_size", 0, 1 << 24);
+  facts.rms_norm_eps = number_or(config, "rms_norm_eps", 1e-6);
+  facts.tie_word_embeddings = bool_or(config, "tie_word_embeddings", false);
+  facts.attention_bias = bool_or(config, "attention_bias", false);
+  facts.mlp_bias = bool_or(config, "mlp_bias", false);
+  facts.hidden_act = string_or(config, "hidden_act", "silu");
+  // Newer transformers write rope_theta and partial_rotary_factor inside rope_parameters.
+  const json* rope_parameters = nullptr;
+  if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object())
+    rope_parameters = &*it;
+  facts.rope_theta =
+      number_or(config, "rope_theta",
+                rope_parameters ? number_or(*rope_parameters, "rope_theta", 10000.0) : 10000.0);
+  facts.partial_rotary_factor =
+      number_or(config, "partial_rotary_factor",
+                rope_parameters ? number_or(*rope_parameters, "partial_rotary_factor", 1.0) : 1.0);
   std::string dtype = string_or(config, "torch_dtype", string_or(config, "dtype"));
   if (!dtype.empty()) facts.torch_dtype = dtype;
   facts.attention_sinks = family == Family::gpt_oss;
@@ -204,7 +241,8 @@ void fill_architecture(const json& config, ModelFacts& facts) {
                                    it->size(), facts.num_layers));
     layer_types = &*it;
   }
-  int sliding_window = positive_int(config, "sliding_window", 0, 1 << 30);
+  int sliding_window = positive_int(config, "sliding_window",
+                                    family == Family::qwen2 ? kQwenSlidingWindow : 0, 1 << 30);
   facts.layers.clear();
   facts.layers.reserve(facts.num_layers);
   for (int i = 0; i < facts.num_layers; ++i) {

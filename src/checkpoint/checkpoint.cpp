@@ -118,7 +118,7 @@ std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& conf
 }
 
 // Shard files named by the index (each must exist), or every *.safetensors.
-std::vector<std::string> find_shards(const fs::path& dir) {
+std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, below
   fs::path index = dir / "model.safetensors.index.json";
   std::error_code ec;
   std::vector<std::string> shards;
@@ -164,6 +164,10 @@ std::vector<std::string> find_shards(const fs::path& dir) {
 }
 
 }  // namespace
+
+std::vector<std::string> list_shards(const fs::path& dir) {
+  return find_shards(dir);
+}
 
 ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& options) {
   ModelFacts facts;

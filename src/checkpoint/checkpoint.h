@@ -193,10 +193,10 @@ struct ModelFacts {
   std::filesystem::path dir;        // checkpoint folder (hub: "hf://org/model@sha")
   std::filesystem::path files_dir;  // where its files are on this machine (hub: the cache)
   std::string source;               // where it was read, when not a local folder ("" local)
-  std::string config_file;       // path of config.json
-  std::string model_type;        // of the language model ("qwen3_5_moe_text" -> as written)
-  std::string outer_model_type;  // wrapper's model_type when nested under text_config
-  std::string architecture;      // architectures[0]
+  std::string config_file;          // path of config.json
+  std::string model_type;           // of the language model ("qwen3_5_moe_text" -> as written)
+  std::string outer_model_type;     // wrapper's model_type when nested under text_config
+  std::string architecture;         // architectures[0]
   bool architecture_known = false;
   std::string torch_dtype;  // "bfloat16", "float16", ...
   int num_layers = 0;
@@ -211,6 +211,16 @@ struct ModelFacts {
   int num_experts = 0;
   bool multimodal = false;  // the config carries a vision tower (vision_config)
   int mtp_layers = 0;       // multi-token-prediction (NEXTN / MTP) draft layers in the checkpoint
+  // What a forward pass needs beyond the KV facts (read by model/, as config.json says it;
+  // checkpoint/ is the one reader of config.json).
+  int intermediate_size = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // the config's "attention_bias" (Qwen2 has q/k/v biases anyway)
+  bool mlp_bias = false;
+  std::string hidden_act;       // "silu" when absent
+  double rope_theta = 10000.0;  // rope_theta, or rope_parameters.rope_theta (newer configs)
+  double partial_rotary_factor = 1.0;
   std::vector<LayerFacts> layers;
   std::optional<MlaFacts> mla;
   std::optional<LinearAttentionFacts> linear_attention;
@@ -237,6 +247,11 @@ struct ReadOptions {
 // file and the problem for anything malformed.
 ModelFacts read_checkpoint(const std::filesystem::path& dir_or_config,
                            const ReadOptions& options = {});
+
+// The checkpoint's shard files, relative to dir: the index's weight_map when
+// model.safetensors.index.json exists (every file it names must exist), else every
+// *.safetensors in the folder, sorted.
+std::vector<std::string> list_shards(const std::filesystem::path& dir);
 
 // Builds per-layer facts from a (language-model) config object. Exposed for tests.
 void fill_architecture(const nlohmann::json& text_config, ModelFacts& facts);

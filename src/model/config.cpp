@@ -40,68 +40,54 @@ std::string_view rope_type_name(RopeType type) {
 
 namespace {
 
-int64_t get_int(const nlohmann::json& object, const char* key, const std::string& label,
-                std::optional<int64_t> fallback = std::nullopt) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) {
-    if (fallback) return *fallback;
-    throw InputError(label, fmt::format("missing \"{}\"", key));
-  }
-  if (!it->is_number_integer() && !it->is_number_unsigned())
-    throw InputError(label, fmt::format("\"{}\" must be an integer", key));
-  return it->get<int64_t>();
-}
-
-double get_number(const nlohmann::json& object, const char* key, const std::string& label,
-                  double fallback) {
+double number_in(const nlohmann::json& object, const char* key, const std::string& label,
+                 double fallback) {
   auto it = object.find(key);
   if (it == object.end() || it->is_null()) return fallback;
   if (!it->is_number()) throw InputError(label, fmt::format("\"{}\" must be a number", key));
   return it->get<double>();
 }
 
-bool get_bool(const nlohmann::json& object, const char* key, const std::string& label,
-              bool fallback) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) throw InputError(label, fmt::format("\"{}\" must be true/false", key));
-  return it->get<bool>();
-}
-
-RopeConfig parse_rope(const nlohmann::json& config, const ModelConfig& model,
-                      const std::string& label) {
+// rope_scaling (or a non-default rope_parameters), as checkpoint/ kept it.
+RopeConfig rope_from(const checkpoint::ModelFacts& facts, const ModelConfig& model,
+                     const std::string& label) {
   RopeConfig rope;
-  rope.theta = get_number(config, "rope_theta", label, 10000.0);
-  double partial = get_number(config, "partial_rotary_factor", label, 1.0);
+  rope.theta = facts.rope_theta;
+  const double partial = facts.partial_rotary_factor;
   rope.rotary_dim = static_cast<int>(model.head_dim * partial);
   if (rope.rotary_dim <= 0 || rope.rotary_dim > model.head_dim || rope.rotary_dim % 2 != 0)
     throw InputError(label, fmt::format("partial_rotary_factor {} gives an unusable rotary "
                                         "width {} for head_dim {}",
                                         partial, rope.rotary_dim, model.head_dim));
-  auto scaling = config.find("rope_scaling");
-  if (scaling == config.end() || scaling->is_null()) return rope;
-  if (!scaling->is_object()) throw InputError(label, "\"rope_scaling\" must be an object");
-  std::string type = scaling->value("rope_type", scaling->value("type", std::string("default")));
-  rope.factor = get_number(*scaling, "factor", label, 1.0);
-  rope.original_max_position =
-      get_int(*scaling, "original_max_position_embeddings", label, model.max_position_embeddings);
+  const nlohmann::json& scaling = facts.rope_scaling;
+  if (scaling.is_null()) return rope;
+  if (!scaling.is_object()) throw InputError(label, "\"rope_scaling\" must be an object");
+  std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  rope.factor = number_in(scaling, "factor", label, 1.0);
+  auto original = scaling.find("original_max_position_embeddings");
+  rope.original_max_position = model.max_position_embeddings;
+  if (original != scaling.end() && !original->is_null()) {
+    if (!original->is_number_integer() && !original->is_number_unsigned())
+      throw InputError(label, "\"original_max_position_embeddings\" must be an integer");
+    rope.original_max_position = original->get<int64_t>();
+  }
   if (type == "default") {
     rope.type = RopeType::standard;
   } else if (type == "linear") {
     rope.type = RopeType::linear;
   } else if (type == "llama3") {
     rope.type = RopeType::llama3;
-    rope.low_freq_factor = get_number(*scaling, "low_freq_factor", label, 1.0);
-    rope.high_freq_factor = get_number(*scaling, "high_freq_factor", label, 4.0);
+    rope.low_freq_factor = number_in(scaling, "low_freq_factor", label, 1.0);
+    rope.high_freq_factor = number_in(scaling, "high_freq_factor", label, 4.0);
     if (rope.high_freq_factor <= rope.low_freq_factor)
       throw InputError(label, "llama3 rope_scaling needs high_freq_factor > low_freq_factor");
   } else if (type == "yarn") {
     rope.type = RopeType::yarn;
-    rope.beta_fast = get_number(*scaling, "beta_fast", label, 32.0);
-    rope.beta_slow = get_number(*scaling, "beta_slow", label, 1.0);
+    rope.beta_fast = number_in(scaling, "beta_fast", label, 32.0);
+    rope.beta_slow = number_in(scaling, "beta_slow", label, 1.0);
     // YaRN's default attention temperature: 0.1 ln(s) + 1 (get_mscale in transformers).
     double fallback = rope.factor > 1.0 ? 0.1 * std::log(rope.factor) + 1.0 : 1.0;
-    rope.attention_factor = get_number(*scaling, "attention_factor", label, fallback);
+    rope.attention_factor = number_in(scaling, "attention_factor", label, fallback);
   } else {
     throw InputError(label, fmt::format("rope_scaling type \"{}\" is not supported (supported: "
                                         "default, linear, llama3, yarn)",
@@ -113,13 +99,10 @@ RopeConfig parse_rope(const nlohmann::json& config, const ModelConfig& model,
 
 }  // namespace
 
-ModelConfig parse_model_config(const nlohmann::json& config, const std::string& label) {
-  if (!config.is_object()) throw InputError(label, "config is not a JSON object");
+ModelConfig model_config_from(const checkpoint::ModelFacts& facts, const std::string& label) {
   ModelConfig model;
-  auto archs = config.find("architectures");
-  if (archs != config.end() && archs->is_array() && !archs->empty() && (*archs)[0].is_string())
-    model.architecture = (*archs)[0].get<std::string>();
-  std::string model_type = config.value("model_type", std::string());
+  model.architecture = facts.architecture;
+  const std::string& model_type = facts.model_type;
   if (model.architecture == "LlamaForCausalLM" || model_type == "llama") {
     model.family = Family::llama;
   } else if (model.architecture == "MistralForCausalLM" || model_type == "mistral") {
@@ -133,63 +116,66 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
                                         "by the reference engine (Llama, Mistral, Qwen2, Qwen3)",
                                         model.architecture, model_type));
   }
-  model.hidden_size = static_cast<int>(get_int(config, "hidden_size", label));
-  model.intermediate_size = static_cast<int>(get_int(config, "intermediate_size", label));
-  model.num_layers = static_cast<int>(get_int(config, "num_hidden_layers", label));
-  model.num_heads = static_cast<int>(get_int(config, "num_attention_heads", label));
-  model.num_kv_heads =
-      static_cast<int>(get_int(config, "num_key_value_heads", label, model.num_heads));
-  model.vocab_size = get_int(config, "vocab_size", label);
-  model.max_position_embeddings = get_int(config, "max_position_embeddings", label, 4096);
+  model.hidden_size = facts.hidden_size;
+  model.intermediate_size = facts.intermediate_size;
+  model.num_layers = facts.num_layers;
+  model.num_heads = facts.num_attention_heads;
+  model.num_kv_heads = facts.num_kv_heads;
+  model.vocab_size = facts.vocab_size;
+  model.max_position_embeddings =
+      facts.max_position_embeddings > 0 ? facts.max_position_embeddings : 4096;
   if (model.hidden_size <= 0 || model.intermediate_size <= 0 || model.num_layers <= 0 ||
       model.num_heads <= 0 || model.num_kv_heads <= 0 || model.vocab_size <= 0)
-    throw InputError(label, "sizes must be positive");
+    throw InputError(label,
+                     "sizes must be positive (hidden_size, intermediate_size, "
+                     "num_hidden_layers, num_attention_heads, num_key_value_heads, "
+                     "vocab_size)");
   if (model.num_heads % model.num_kv_heads != 0)
     throw InputError(label, fmt::format("num_attention_heads {} is not a multiple of "
                                         "num_key_value_heads {}",
                                         model.num_heads, model.num_kv_heads));
-  int64_t default_head_dim = model.hidden_size / model.num_heads;
-  model.head_dim = static_cast<int>(get_int(config, "head_dim", label, default_head_dim));
+  model.head_dim = facts.head_dim;
   if (model.head_dim <= 0 || model.head_dim % 2 != 0)
     throw InputError(label, fmt::format("head_dim {} must be positive and even", model.head_dim));
-  model.rms_norm_eps = static_cast<float>(get_number(config, "rms_norm_eps", label, 1e-6));
-  model.tie_word_embeddings = get_bool(config, "tie_word_embeddings", label, false);
+  model.rms_norm_eps = static_cast<float>(facts.rms_norm_eps);
+  model.tie_word_embeddings = facts.tie_word_embeddings;
   model.qk_norm = model.family == Family::qwen3;
-  model.attention_bias =
-      model.family == Family::qwen2 || get_bool(config, "attention_bias", label, false);
-  if (get_bool(config, "mlp_bias", label, false))
-    throw InputError(label, "mlp_bias is not supported");
-  std::string act = config.value("hidden_act", std::string("silu"));
-  if (act != "silu")
-    throw InputError(label, fmt::format("hidden_act \"{}\" is not supported", act));
-
-  // Sliding windows: Mistral applies "sliding_window" to every layer; Qwen2/Qwen3 only when
-  // use_sliding_window is true, to layers at and after max_window_layers; an explicit
-  // "layer_types" list (newer transformers) wins.
+  model.attention_bias = model.family == Family::qwen2 || facts.attention_bias;
+  if (facts.mlp_bias) throw InputError(label, "mlp_bias is not supported");
+  if (facts.hidden_act != "silu")
+    throw InputError(label, fmt::format("hidden_act \"{}\" is not supported", facts.hidden_act));
+  // Sliding windows are checkpoint/'s per-layer facts (layer_types, Mistral's every layer,
+  // Qwen's use_sliding_window from max_window_layers on): the audit and the engine agree.
   model.sliding_window.assign(model.num_layers, 0);
-  int64_t window = get_int(config, "sliding_window", label, 0);
-  if (window < 0) throw InputError(label, "sliding_window must not be negative");
-  auto layer_types = config.find("layer_types");
-  if (layer_types != config.end() && layer_types->is_array()) {
-    if (static_cast<int>(layer_types->size()) != model.num_layers)
-      throw InputError(label, "layer_types length differs from num_hidden_layers");
-    for (int i = 0; i < model.num_layers; ++i) {
-      if ((*layer_types)[i] == "sliding_attention") {
-        if (window <= 0) throw InputError(label, "sliding_attention layer without sliding_window");
-        model.sliding_window[i] = static_cast<int>(window);
-      }
-    }
-  } else if (model.family == Family::mistral) {
-    for (int& w : model.sliding_window) w = static_cast<int>(window);
-  } else if (model.family == Family::qwen2 || model.family == Family::qwen3) {
-    if (get_bool(config, "use_sliding_window", label, false) && window > 0) {
-      int64_t first = get_int(config, "max_window_layers", label, model.num_layers);
-      for (int i = 0; i < model.num_layers; ++i)
-        if (i >= first) model.sliding_window[i] = static_cast<int>(window);
+  for (const checkpoint::LayerFacts& layer : facts.layers) {
+    if (layer.kind == checkpoint::LayerKind::sliding_attention) {
+      if (layer.sliding_window <= 0)
+        throw InputError(label, "sliding_attention layer without sliding_window");
+      model.sliding_window[layer.index] = layer.sliding_window;
+    } else if (layer.kind != checkpoint::LayerKind::full_attention) {
+      throw InputError(label, fmt::format("layer {} is {}: not supported by the reference engine",
+                                          layer.index, checkpoint::layer_kind_name(layer.kind)));
     }
   }
-  model.rope = parse_rope(config, model, label);
+  model.rope = rope_from(facts, model, label);
   return model;
+}
+
+ModelConfig parse_model_config(const nlohmann::json& config, const std::string& label) {
+  if (!config.is_object()) throw InputError(label, "config is not a JSON object");
+  checkpoint::ModelFacts facts;
+  facts.config_file = label;
+  if (auto archs = config.find("architectures");
+      archs != config.end() && archs->is_array() && !archs->empty() && (*archs)[0].is_string())
+    facts.architecture = (*archs)[0].get<std::string>();
+  try {
+    checkpoint::fill_architecture(config, facts);
+  } catch (const InputError& error) {
+    throw InputError(label, error.problem());
+  } catch (const nlohmann::json::exception& error) {
+    throw InputError(label, std::string("unexpected value: ") + error.what());
+  }
+  return model_config_from(facts, label);
 }
 
 std::vector<double> rope_inverse_frequencies(const RopeConfig& rope) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "numerics/numerics.h"
 
 namespace kvaudit::model {
@@ -64,8 +65,11 @@ struct ModelConfig {
   RopeConfig rope;
 };
 
-// Parses a config.json object. Throws InputError(label, ...) for unsupported architectures,
-// rope types or inconsistent shapes.
+// What the forward pass needs, from checkpoint/'s reading of config.json (the one reader:
+// check/plan and eval/serve see the same layers and windows). Throws InputError(label, ...)
+// for unsupported architectures, rope types or inconsistent shapes.
+ModelConfig model_config_from(const checkpoint::ModelFacts& facts, const std::string& label);
+// The same from a config.json object (read through checkpoint::fill_architecture).
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& label);
 
 // Inverse frequencies of the rotary pairs [rotary_dim / 2] after the configured scaling.

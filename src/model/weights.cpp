@@ -103,25 +103,20 @@ std::unique_ptr<Model::Mapping> map_file(const fs::path& path) {
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const fs::path& dir) {
-  fs::path config_path = dir / "config.json";
-  std::string label = config_path.string();
-  nlohmann::json config_json;
-  try {
-    config_json = nlohmann::json::parse(read_text_file(config_path, 16 << 20));
-  } catch (const nlohmann::json::exception& error) {  // syntax, or a number out of range
-    throw InputError(label, fmt::format("not valid JSON: {}", error.what()));
-  }
+  // config.json through checkpoint/ (the one reader), and the shards it lists: the index's
+  // when there is one, so a scales-only file written beside the shards is not mapped.
+  checkpoint::ReadOptions config_only;
+  config_only.read_safetensors = false;
+  if (!fs::is_directory(dir)) throw InputError(dir.string(), "not a checkpoint folder");
+  const checkpoint::ModelFacts facts = checkpoint::read_checkpoint(dir, config_only);
+  const std::string label = facts.config_file;
   std::unique_ptr<Model> model(new Model());
   model->dir_ = dir;
-  model->config_ = parse_model_config(config_json, label);
+  model->config_ = model_config_from(facts, label);
   const ModelConfig& c = model->config_;
 
   std::vector<fs::path> shards;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.path().extension() == ".safetensors") shards.push_back(entry.path());
-  if (ec) throw InputError(dir.string(), "cannot list the checkpoint folder");
-  std::sort(shards.begin(), shards.end());
+  for (const std::string& name : checkpoint::list_shards(dir)) shards.push_back(dir / name);
   if (shards.empty()) throw InputError(dir.string(), "no *.safetensors files (weights) found");
 
   std::map<std::string, BoundTensor> tensors;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "checkpoint/checkpoint.h"
 #include "model/model.h"
 #include "util/util.h"
 
@@ -50,6 +51,61 @@ TEST(Config, LayerTypesWin) {
   ModelConfig c = parse_model_config(json, "config.json");
   EXPECT_EQ(c.sliding_window[0], 0);
   EXPECT_EQ(c.sliding_window[1], 128);
+}
+
+// One reader: the audit's layer facts and the engine's windows come from the same reading,
+// so the cases the two used to disagree on (Qwen3's use_sliding_window, a missing
+// max_window_layers) give the same layers in both.
+std::vector<int> audit_windows(const nlohmann::json& json) {
+  checkpoint::ModelFacts facts;
+  checkpoint::fill_architecture(json, facts);
+  std::vector<int> out;
+  for (const auto& layer : facts.layers)
+    out.push_back(layer.kind == checkpoint::LayerKind::sliding_attention ? layer.sliding_window
+                                                                         : 0);
+  return out;
+}
+
+TEST(Config, Qwen3SlidingWindowFollowsTransformersDefaults) {
+  auto json = base_config();
+  json["architectures"] = {"Qwen3ForCausalLM"};
+  json["model_type"] = "qwen3";
+  json["num_hidden_layers"] = 36;
+  json["use_sliding_window"] = true;
+  json.erase("max_window_layers");  // transformers' Qwen3Config default: 28
+  json.erase("sliding_window");     // default 4096
+  ModelConfig c = parse_model_config(json, "config.json");
+  for (int i = 0; i < 36; ++i) EXPECT_EQ(c.sliding_window[i], i >= 28 ? 4096 : 0) << i;
+  EXPECT_EQ(c.sliding_window, audit_windows(json));
+  json["use_sliding_window"] = false;
+  c = parse_model_config(json, "config.json");
+  for (int w : c.sliding_window) EXPECT_EQ(w, 0);
+  EXPECT_EQ(c.sliding_window, audit_windows(json));
+}
+
+TEST(Config, EngineAndAuditSeeTheSameLayersOnEveryFixtureModel) {
+  const auto models = std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "model";
+  int seen = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(models)) {
+    if (entry.path().filename() != "config.json") continue;
+    const auto json = nlohmann::json::parse(read_text_file(entry.path()));
+    EXPECT_EQ(parse_model_config(json, "config.json").sliding_window, audit_windows(json))
+        << entry.path();
+    ++seen;
+  }
+  EXPECT_GE(seen, 7);  // qwen3-pystd and the six tiny families
+  for (bool use : {false, true}) {
+    auto json = base_config();
+    json["use_sliding_window"] = use;
+    EXPECT_EQ(parse_model_config(json, "config.json").sliding_window, audit_windows(json));
+  }
+}
+
+TEST(Config, RopeThetaInsideRopeParameters) {
+  auto json = base_config();
+  json.erase("rope_theta");
+  json["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5000000.0}};
+  EXPECT_DOUBLE_EQ(parse_model_config(json, "config.json").rope.theta, 5000000.0);
 }
 
 TEST(Config, RejectsWhatItCannotRun) {

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "model/model.h"
 #include "util/util.h"
 
@@ -196,6 +198,30 @@ TEST(Session, CapturesKAfterRopeAndNormAndV) {
   std::vector<float> with_scales;
   calibrated.forward(ref.tokens, 0, with_scales);
   EXPECT_LT(relative_error(with_scales, ref.logits), 0.05);
+}
+
+// With an index, the engine maps the shards it names, as the engines do: a scales-only file
+// that calibrate writes beside the shards (here: not even a valid safetensors file) is not
+// read, and one the index names but the folder lacks is a one-line error.
+TEST(Load, ReadsTheShardsTheIndexNamesOnly) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("kvaudit-indexed-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* file : {"config.json", "model.safetensors"})
+    fs::copy_file(tiny_dir("llama_f32") / file, dir / file);
+  nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                          {"weight_map", nlohmann::json::object()}};
+  for (const auto& tensor : checkpoint::read_safetensors_header(dir / "model.safetensors").tensors)
+    index["weight_map"][tensor.name] = "model.safetensors";
+  write_file_atomically(dir / "model.safetensors.index.json", index.dump());
+  write_file_atomically(dir / "kv_scales.safetensors", "not a safetensors file");
+  auto model = Model::load(dir);
+  EXPECT_EQ(model->config().num_layers, Model::load(tiny_dir("llama_f32"))->config().num_layers);
+  index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors";
+  write_file_atomically(dir / "model.safetensors.index.json", index.dump());
+  EXPECT_THROW(Model::load(dir), InputError);
+  fs::remove_all(dir);
 }
 
 }  // namespace
