@@ -10,34 +10,6 @@
 
 namespace kvaudit::model {
 
-std::string_view family_name(Family family) {
-  switch (family) {
-    case Family::llama:
-      return "llama";
-    case Family::mistral:
-      return "mistral";
-    case Family::qwen2:
-      return "qwen2";
-    case Family::qwen3:
-      return "qwen3";
-  }
-  return "?";
-}
-
-std::string_view rope_type_name(RopeType type) {
-  switch (type) {
-    case RopeType::standard:
-      return "default";
-    case RopeType::linear:
-      return "linear";
-    case RopeType::llama3:
-      return "llama3";
-    case RopeType::yarn:
-      return "yarn";
-  }
-  return "?";
-}
-
 namespace {
 
 double number_in(const nlohmann::json& object, const char* key, const std::string& label,

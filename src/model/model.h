@@ -27,11 +27,9 @@ using numerics::ThreadPool;
 // ---------------------------------------------------------------- configuration
 
 enum class Family { llama, mistral, qwen2, qwen3 };
-std::string_view family_name(Family family);
 
 // Rotary position embedding as Hugging Face's rope_scaling describes it.
 enum class RopeType { standard, linear, llama3, yarn };
-std::string_view rope_type_name(RopeType type);
 
 struct RopeConfig {
   RopeType type = RopeType::standard;

@@ -96,28 +96,6 @@ Url parse_url(std::string_view text) {
 
 // ---------------------------------------------------------------- errors
 
-std::string_view failure_kind_name(FailureKind kind) {
-  switch (kind) {
-    case FailureKind::dns:
-      return "dns";
-    case FailureKind::refused:
-      return "refused";
-    case FailureKind::timeout:
-      return "timeout";
-    case FailureKind::tls:
-      return "tls";
-    case FailureKind::http:
-      return "http";
-    case FailureKind::malformed:
-      return "malformed";
-    case FailureKind::too_large:
-      return "too_large";
-    case FailureKind::no_progress:
-      return "no_progress";
-  }
-  return "unknown";
-}
-
 RequestError::RequestError(std::string where, std::string problem, FailureKind kind, int status)
     : InputError(std::move(where), std::move(problem)), kind_(kind), status_(status) {}
 

@@ -67,7 +67,6 @@ enum class FailureKind {
   // completion of zero tokens. Retrying would loop forever, so callers stop.
   no_progress,
 };
-std::string_view failure_kind_name(FailureKind kind);
 
 class RequestError : public InputError {
  public:

@@ -8,6 +8,7 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "quant/quant.h"
 #include "util/util.h"
@@ -270,9 +271,8 @@ std::unique_ptr<QkvSource> make_synthetic(std::string_view profile, const Attent
   } else if (profile == "small-values") {
     p = Profile::small_values;
   } else {
-    throw InputError("--synthetic", fmt::format("unknown profile '{}' (outlier-keys, gaussian, "
-                                                "small-values)",
-                                                profile));
+    throw InputError("--synthetic", fmt::format("unknown profile '{}' ({})", profile,
+                                                fmt::join(synthetic_profiles(), ", ")));
   }
   return std::make_unique<SyntheticSource>(p, std::string(profile), shape, tokens, seed);
 }

@@ -20,12 +20,6 @@
 
 namespace kvaudit::serve {
 
-// An error a request ends with: HTTP status and the OpenAI-style message.
-struct RequestError {
-  int status = 400;
-  std::string message;
-};
-
 // Thrown by request parsing and admission; the HTTP layer turns it into {"error": ...}.
 struct HttpError : std::runtime_error {
   HttpError(int status_code, const std::string& message)

@@ -135,7 +135,6 @@ class Server {
   void stop();
 
   int port() const;
-  const KvSetup& kv_setup() const;
   const PoolPlan& pool() const;
   // The JSON /get_server_info returns.
   nlohmann::json server_info() const;

@@ -498,9 +498,6 @@ void Server::stop() {
 int Server::port() const {
   return impl_->port;
 }
-const KvSetup& Server::kv_setup() const {
-  return impl_->kv;
-}
 const PoolPlan& Server::pool() const {
   return impl_->pool;
 }
