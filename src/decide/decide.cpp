@@ -13,7 +13,7 @@ namespace kvaudit::decide {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kGiB = kBytesPerGiB;
 
 std::vector<int64_t> default_contexts(const audit::CheckInput& input) {
   std::vector<int64_t> out = {32768, 131072};

@@ -43,8 +43,8 @@ struct TokenComparison {
 TokenComparison compare_logits(std::span<const float> base_log_probs,
                                std::span<const float> test_logits, int32_t correct,
                                int64_t position);
-// log-softmax of one row, in double accumulation, written as float.
-void log_softmax(std::span<const float> logits, std::span<float> log_probs);
+// log-softmax of one row: numerics::log_softmax (eval and serve share it).
+using numerics::log_softmax;
 
 // Linear-interpolated percentile of sorted values, as llama.cpp computes them
 // (fraction in [0, 1]: 0 = minimum, 1 = maximum).

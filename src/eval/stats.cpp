@@ -9,24 +9,6 @@
 
 namespace kvaudit::eval {
 
-void log_softmax(std::span<const float> logits, std::span<float> log_probs) {
-  float max_logit = -std::numeric_limits<float>::infinity();
-  bool finite = true;
-  for (float v : logits) {
-    if (!std::isfinite(v)) finite = false;
-    max_logit = std::max(max_logit, v);
-  }
-  if (!finite) {
-    std::fill(log_probs.begin(), log_probs.end(), std::numeric_limits<float>::quiet_NaN());
-    return;
-  }
-  double sum = 0.0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - max_logit);
-  const double log_sum = std::log(sum) + max_logit;
-  for (size_t i = 0; i < logits.size(); ++i)
-    log_probs[i] = static_cast<float>(static_cast<double>(logits[i]) - log_sum);
-}
-
 TokenComparison compare_logits(std::span<const float> base_log_probs,
                                std::span<const float> test_logits, int32_t correct,
                                int64_t position) {

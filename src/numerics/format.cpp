@@ -314,4 +314,10 @@ std::vector<float> static_scales(const KvFormat& format, const KvLayout& layout,
   return scales;
 }
 
+int64_t quantized_tokens(const KvFormat& format, int64_t tokens) {
+  if (format.strategy != ScaleStrategy::kivi) return tokens;
+  if (tokens < format.residual_tokens) return 0;
+  return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
+}
+
 }  // namespace kvaudit::numerics

@@ -32,11 +32,6 @@ bool is_kivi(const KvFormat& format) {
   return format.strategy == ScaleStrategy::kivi;
 }
 
-// Tokens a KIVI cache holds quantised after `tokens` appends.
-int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
-  if (tokens < format.residual_tokens) return 0;
-  return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
-}
 
 // Runs body(counts, begin, end) over [0, units) in `tasks` contiguous parts, on the pool
 // when there is one, each part with its own counts; returns their sum (in task order, so
@@ -297,7 +292,7 @@ EncodeCounts round_trip_into(const KvFormat& format, const KvLayout& layout, KvR
   const int64_t tokens = int64_t(rows.size()) / n;
   const RowCodec codec(format, layout, role, calibration);
   const bool kivi = is_kivi(format);
-  const int64_t quantized = kivi ? kivi_quantized_tokens(format, tokens) : tokens;
+  const int64_t quantized = quantized_tokens(format, tokens);
   // Work units: single tokens, or whole token groups for KIVI.
   const int64_t unit_tokens = kivi ? format.group_tokens : 1;
   const int64_t units = quantized / unit_tokens;

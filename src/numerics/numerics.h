@@ -127,6 +127,10 @@ struct KvFormat {
 // Throws InputError("--formats", ...) on an unknown or inconsistent spec.
 KvFormat parse_kv_format(std::string_view spec);
 std::vector<KvFormat> parse_kv_formats(std::string_view comma_separated);
+// Tokens of `tokens` appended ones that the cache holds quantised: all of them, except for
+// KIVI, which keeps the newest residual_tokens (and a partial key group) in full
+// precision: whole groups of group_tokens that have left the residual window.
+int64_t quantized_tokens(const KvFormat& format, int64_t tokens);
 
 enum class KvRole { key, value };
 std::string_view kv_role_name(KvRole role);  // "K" | "V"
@@ -209,6 +213,14 @@ struct ErrorStats {
   double relative_rmse() const;  // sqrt(sum (d - r)^2 / sum r^2); 0 when both are 0
   double snr_db() const;         // 10 log10(sum r^2 / sum (d - r)^2); +inf when exact
 };
+
+// ---------------------------------------------------------------- log-probabilities
+
+// log-softmax of one row of logits, accumulated in double, written as float; the one
+// implementation eval and serve share. A NaN or +inf logit leaves the distribution
+// undefined: every output is NaN (so a NaN-poisoned cache shows as NaN downstream);
+// -inf logits get log-probability -inf. log_probs.size() must equal logits.size().
+void log_softmax(std::span<const float> logits, std::span<float> log_probs);
 
 // ---------------------------------------------------------------- threads
 // A fixed pool of worker threads owned by the caller. parallel_for splits [0, count) into

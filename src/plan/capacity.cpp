@@ -15,7 +15,7 @@ namespace kvaudit::plan {
 namespace {
 
 std::string gib(int64_t bytes) {
-  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / kGiB);
+  return gib_text(static_cast<double>(bytes)) + " GiB";
 }
 
 int64_t cdiv(int64_t a, int64_t b) {

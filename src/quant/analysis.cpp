@@ -64,12 +64,6 @@ numerics::StaticAmax calibration_of_head(const KvFormat& format, const numerics:
   return {slice(calibration.amax), slice(calibration.scales)};
 }
 
-int64_t kivi_quantized_tokens(const KvFormat& format, int64_t tokens) {
-  if (format.strategy != ScaleStrategy::kivi || tokens < format.residual_tokens) {
-    return format.strategy == ScaleStrategy::kivi ? 0 : tokens;
-  }
-  return (tokens - format.residual_tokens) / format.group_tokens * format.group_tokens;
-}
 
 // Keeps the k largest (score, index) pairs seen so far (NaN never; ties to the lower
 // index), cheaply: candidates go into a buffer that is pruned back to k when it reaches
@@ -527,7 +521,7 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     const auto step_format = [&](size_t f, int64_t first, int64_t count) {
       KvFormat format = formats[f];
       const int64_t quantized_end =
-          std::clamp(kivi_quantized_tokens(format, total) - first, int64_t(0), count);
+          std::clamp(numerics::quantized_tokens(format, total) - first, int64_t(0), count);
       format.residual_tokens = 0;
       return std::pair{format, quantized_end};
     };
@@ -612,7 +606,7 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
             for (const KvFormat& format : formats) {
               patched[ci] =
                   patched[ci] || (format.strategy == ScaleStrategy::kivi &&
-                                  kivi_quantized_tokens(format, context) - block_first < usable);
+                                  numerics::quantized_tokens(format, context) - block_first < usable);
             }
             const bool shared = !patched[ci] && usable == block;
             if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
@@ -629,7 +623,7 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
               keys[f + 1] = dec_k[f].data() + b * dim;
               values[f + 1] = dec_v[f].data() + b * dim;
               const int64_t quantized =
-                  kivi_quantized_tokens(formats[f], contexts[ci]) - block_first;
+                  numerics::quantized_tokens(formats[f], contexts[ci]) - block_first;
               if (!patched[ci] || formats[f].strategy != ScaleStrategy::kivi ||
                   quantized >= run.usable)
                 continue;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "report/report.h"
+#include "util/util.h"
 
 namespace kvaudit::report {
 namespace {

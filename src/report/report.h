@@ -133,9 +133,8 @@ std::string format_fact(const Fact& fact);
 // combining marks and zero-width joiners 0, one grapheme cluster at most 2.
 size_t display_width(std::string_view text);
 
-// The text with every invalid UTF-8 sequence replaced by U+FFFD (JSON and HTML must
-// be valid UTF-8; log lines and file names may not be).
-std::string to_valid_utf8(std::string_view text);
+// JSON and HTML must be valid UTF-8 (log lines and file names may not be): they go
+// through kvaudit::to_valid_utf8 (util/).
 
 // Escapes &, <, >, " and ' for HTML text and attribute values (after to_valid_utf8).
 std::string escape_html(std::string_view text);

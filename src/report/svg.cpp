@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "report/report.h"
+#include "util/util.h"
 
 namespace kvaudit::report {
 namespace {

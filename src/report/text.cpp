@@ -116,26 +116,6 @@ bool stdout_wants_color() {
   return isatty(STDOUT_FILENO) == 1;
 }
 
-std::string to_valid_utf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  const auto* bytes = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
-  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(text.size());
-  while (left > 0) {
-    utf8proc_int32_t codepoint = 0;
-    utf8proc_ssize_t used = utf8proc_iterate(bytes, left, &codepoint);
-    if (used <= 0) {
-      out += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
-      used = 1;
-    } else {
-      out.append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(used));
-    }
-    bytes += used;
-    left -= used;
-  }
-  return out;
-}
-
 size_t display_width(std::string_view text) {
   // Terminals draw one grapheme cluster (a base plus combining marks, or an emoji
   // ZWJ sequence) in the width of its widest code point; U+FE0F (emoji

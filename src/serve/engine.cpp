@@ -24,17 +24,10 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// log-softmax in double accumulation. NaN logits stay NaN (a NaN-poisoned cache shows).
+// The row's log-softmax (numerics::log_softmax) into `out`.
 void log_softmax(const float* logits, int64_t n, std::vector<float>& out) {
   out.resize(n);
-  float max_value = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i)
-    if (logits[i] > max_value) max_value = logits[i];
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isnan(logits[i])) sum += std::exp(static_cast<double>(logits[i]) - max_value);
-  const double log_sum = std::log(sum) + max_value;
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(logits[i] - log_sum);
+  numerics::log_softmax({logits, static_cast<size_t>(n)}, out);
 }
 
 // The k most likely tokens, best first, ties to the lower id; NaN entries never rank.

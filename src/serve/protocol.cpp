@@ -171,7 +171,7 @@ json byte_list(const tokenizer::Tokenizer& tokenizer, int32_t token) {
 
 std::string token_text(const tokenizer::Tokenizer& tokenizer, int32_t token) {
   auto bytes = tokenizer.token_bytes(token);
-  return bytes ? tokenizer::to_valid_utf8(*bytes) : std::string();
+  return bytes ? to_valid_utf8(*bytes) : std::string();
 }
 
 json error_body(int status, const std::string& message) {

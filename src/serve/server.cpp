@@ -59,7 +59,7 @@ std::string py_str(const std::string& text) {
 }
 
 std::string gib(double bytes) {
-  return fmt::format("{:.2f}", bytes / kGiB);
+  return gib_text(bytes);
 }
 
 std::vector<int32_t> eos_ids(const checkpoint::ModelFacts& facts,

@@ -111,8 +111,5 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Replaces every maximal ill-formed UTF-8 subsequence of `bytes` with U+FFFD (EF BF BD).
-// Valid input comes back unchanged.
-std::string to_valid_utf8(std::string_view bytes);
 
 }  // namespace kvaudit::tokenizer

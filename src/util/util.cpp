@@ -74,6 +74,10 @@ fs::path data_dir() {
   return fs::path(KVAUDIT_SOURCE_DIR) / "data";
 }
 
+std::string gib_text(double bytes) {
+  return fmt::format("{:.2f}", bytes / kBytesPerGiB);
+}
+
 std::string display_path(const fs::path& path) {
   std::error_code ec;
   const fs::path cwd = fs::current_path(ec);

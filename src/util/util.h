@@ -34,6 +34,16 @@ std::string read_text_file(const std::filesystem::path& path, uint64_t max_bytes
 // a failure never leaves a partial file behind.
 void write_file_atomically(const std::filesystem::path& path, std::string_view content);
 
+// Bytes as GiB with two decimals, no unit ("94.57"): how SGLang prints memory and how
+// plan's derivations quote it.
+inline constexpr double kBytesPerGiB = 1024.0 * 1024.0 * 1024.0;
+std::string gib_text(double bytes);
+
+// Replaces every maximal ill-formed UTF-8 subsequence of `bytes` with U+FFFD (EF BF BD).
+// Valid input comes back unchanged.
+std::string to_valid_utf8(std::string_view bytes);
+bool is_valid_utf8(std::string_view bytes);
+
 // The folder holding engines/ and gpus.json: $KVAUDIT_DATA_DIR, then ../share/kvaudit
 // next to the binary, then the source tree's data/.
 std::filesystem::path data_dir();

@@ -20,6 +20,24 @@ TEST(Stats, LogSoftmaxOfUniformAndShifted) {
   EXPECT_NEAR(out2[1], std::log(0.75), 1e-4);
 }
 
+TEST(Stats, LogSoftmaxOfNonFiniteLogits) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> out(3);
+  std::vector<float> masked = {0.0f, -inf, 0.0f};  // a masked token: probability 0
+  log_softmax(masked, out);
+  EXPECT_NEAR(out[0], std::log(0.5), 1e-7);
+  EXPECT_EQ(out[1], -inf);
+  EXPECT_NEAR(out[2], std::log(0.5), 1e-7);
+  for (float poison : {std::numeric_limits<float>::quiet_NaN(), inf}) {
+    std::vector<float> poisoned = {0.0f, poison, 1.0f};  // undefined: every entry NaN
+    log_softmax(poisoned, out);
+    for (float v : out) EXPECT_TRUE(std::isnan(v));
+  }
+  std::vector<float> nothing = {-inf, -inf, -inf};
+  log_softmax(nothing, out);
+  for (float v : out) EXPECT_TRUE(std::isnan(v));
+}
+
 TEST(Stats, CompareLogitsByHand) {
   // base p = (0.5, 0.25, 0.25); test p = (0.25, 0.5, 0.25); correct token 1.
   std::vector<float> base = {static_cast<float>(std::log(0.5)), static_cast<float>(std::log(0.25)),

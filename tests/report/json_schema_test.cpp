@@ -238,7 +238,7 @@ TEST(JsonStrings, InvalidUtf8IsReplacedSoDumpNeverThrows) {
   nlohmann::json back = nlohmann::json::parse(text);
   EXPECT_EQ(back["title"], "log line \xEF\xBF\xBD\xEF\xBF\xBD end");
   EXPECT_EQ(back["findings"][0]["evidence"][0]["file"], "f\xEF\xBF\xBD");
-  EXPECT_EQ(back["raw"], "bad \xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(back["raw"], "bad \xEF\xBF\xBD");  // a truncated sequence is one maximal subpart
 }
 
 }  // namespace
