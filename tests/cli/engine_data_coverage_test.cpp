@@ -62,7 +62,11 @@ void write_docs(const Docs& docs, const fs::path& dir) {
 
 // ---------------------------------------------------------------- scenarios
 
+// Every finding id the battery produced, when a test collects them (see below).
+std::set<std::string>* g_finding_ids = nullptr;
+
 std::string text_of(const report::Finding& f) {
+  if (g_finding_ids) g_finding_ids->insert(f.id);
   std::string out = fmt::format("{}|{}|{}|{}|{}|{}", f.id, report::severity_name(f.severity),
                                 f.title, f.consequence, f.fix, f.reference);
   for (const auto& e : f.evidence) out += fmt::format("|{}:{}={}", e.file, e.key, e.value);
@@ -648,5 +652,50 @@ TEST(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
                               << fmt::format("{}", fmt::join(unread, "\n  "));
 }
 
+// The finding catalogue: every id check, logs, plan --from-log and probe emit across the
+// battery (every release x request x model x flag variant, every log template and fixture
+// log) is documented in docs/findings.md with its severity, and every id documented there
+// exists in the source. A new finding without a line in the catalogue fails here.
+TEST(EngineDataCoverage, EveryFindingIdIsInTheCatalogue) {
+  const Battery battery = build_battery();
+  std::set<std::string> emitted;
+  g_finding_ids = &emitted;
+  for (const auto& probe : battery_probes(battery)) probe();
+  g_finding_ids = nullptr;
+  ASSERT_GT(emitted.size(), 20u);
+  // | `id` | severity | command | meaning |
+  const std::string doc = read_text_file(fs::path(KVAUDIT_TEST_DIR) / ".." / "docs" / "findings.md");
+  std::map<std::string, std::string> documented;
+  std::istringstream lines(doc);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const size_t end = line.find('`', 3);
+    const size_t bar = line.find('|', end);
+    const size_t bar2 = line.find('|', bar + 1);
+    ASSERT_NE(bar2, std::string::npos) << line;
+    std::string severity = line.substr(bar + 1, bar2 - bar - 1);
+    severity.erase(0, severity.find_first_not_of(' '));
+    severity.erase(severity.find_last_not_of(' ') + 1);
+    documented[line.substr(3, end - 3)] = severity;
+  }
+  for (const auto& id : emitted)
+    EXPECT_TRUE(documented.count(id)) << "finding id '" << id << "' is not in docs/findings.md";
+  // Documented ids exist in the code (a literal in some module).
+  std::string sources;
+  for (const auto& entry : fs::recursive_directory_iterator(fs::path(KVAUDIT_TEST_DIR) / ".." / "src"))
+    if (entry.is_regular_file()) sources += read_text_file(entry.path());
+  for (const auto& [id, severity] : documented) {
+    EXPECT_NE(sources.find('"' + id + '"'), std::string::npos)
+        << "docs/findings.md lists '" << id << "', which no source file names";
+    EXPECT_TRUE(severity == "critical" || severity == "warning" || severity == "info" ||
+                severity == "varies")
+        << id << ": severity '" << severity << "'";
+  }
+  std::string all;
+  for (const auto& id : emitted) all += id + " ";
+  std::cout << "  [catalogue] " << emitted.size() << " ids emitted: " << all << "\n";
+}
+
 }  // namespace
 }  // namespace kvaudit
+
