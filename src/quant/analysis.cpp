@@ -64,7 +64,6 @@ numerics::StaticAmax calibration_of_head(const KvFormat& format, const numerics:
   return {slice(calibration.amax), slice(calibration.scales)};
 }
 
-
 // Keeps the k largest (score, index) pairs seen so far (NaN never; ties to the lower
 // index), cheaply: candidates go into a buffer that is pruned back to k when it reaches
 // 4k. Candidates may be a superset of what an exact scan keeps (pruning sorts that out):
@@ -287,33 +286,60 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace
+// How pass 2 round-trips each format one KV head at a time: on the head's own rows; on
+// them with each row's whole-row range (a scale per token over every head); or, for
+// scales that span heads any other way, on whole rows, cut.
+enum class HeadPath { own_rows, token_ranges, whole_rows };
 
-QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& formats,
-                      const AnalysisOptions& options, numerics::ThreadPool& pool) {
-  const auto start = std::chrono::steady_clock::now();
-  QuantAnalysis result;
-  result.source = source.description();
-  result.shape = source.shape();
-  result.formats = formats;
-  const AttentionShape shape = source.shape();
-  const numerics::KvLayout layout = shape.kv_layout();
-  const int64_t n = layout.row_elements(), dim = shape.head_dim;
-  const int group = shape.q_heads / shape.kv_heads;
-  std::vector<int64_t> contexts = options.contexts;
-  std::sort(contexts.begin(), contexts.end());
-  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
-  if (contexts.empty()) throw InputError("--ctx", "no context length given");
-  if (contexts.front() < 1) throw InputError("--ctx", "context lengths must be positive");
-  if (contexts.back() > source.tokens()) {
+// The checked inputs and what every pass shares.
+struct Setup {
+  Setup(const QkvSource& source_, const std::vector<KvFormat>& formats_,
+        const AnalysisOptions& options_)
+      : source(source_), formats(formats_), options(options_), shape(source_.shape()) {}
+  const QkvSource& source;
+  const std::vector<KvFormat>& formats;
+  const AnalysisOptions& options;
+  AttentionShape shape;
+  numerics::KvLayout layout;
+  int64_t n = 0, dim = 0;           // row elements (every head), head width
+  int group = 0;                    // query heads per KV head
+  std::vector<int64_t> contexts;    // ascending, unique
+  int64_t total = 0;                // tokens analysed: the largest context
+  int64_t step = 0;                 // tokens a head task handles at a time (whole KIVI groups)
+  std::vector<HeadPath> head_path;  // [format]
+  bool whole_rows = false, any_token_ranges = false;
+  // The layout of the query columns (see HeadAccumulator).
+  int64_t nq = 0, context_pitch = 0, queries_pitch = 0;
+
+  void read_rows(KvRole role, int64_t first, int64_t count, std::span<float> out) const {
+    if (role == KvRole::key) {
+      source.keys(first, count, out);
+    } else {
+      source.values(first, count, out);
+    }
+  }
+};
+
+Setup set_up(const QkvSource& source, const std::vector<KvFormat>& formats,
+             const AnalysisOptions& options) {
+  Setup s(source, formats, options);
+  s.layout = s.shape.kv_layout();
+  s.n = s.layout.row_elements();
+  s.dim = s.shape.head_dim;
+  s.group = s.shape.q_heads / s.shape.kv_heads;
+  s.contexts = options.contexts;
+  std::sort(s.contexts.begin(), s.contexts.end());
+  s.contexts.erase(std::unique(s.contexts.begin(), s.contexts.end()), s.contexts.end());
+  if (s.contexts.empty()) throw InputError("--ctx", "no context length given");
+  if (s.contexts.front() < 1) throw InputError("--ctx", "context lengths must be positive");
+  if (s.contexts.back() > source.tokens()) {
     throw InputError("--ctx", fmt::format("context {} is longer than the input ({} tokens)",
-                                          contexts.back(), source.tokens()));
+                                          s.contexts.back(), source.tokens()));
   }
   if (formats.empty()) throw InputError("--formats", "no format given");
-  for (const KvFormat& format : formats) numerics::validate_kv_layout(format, layout);
+  for (const KvFormat& format : formats) numerics::validate_kv_layout(format, s.layout);
   if (options.top_k < 1) throw InputError("--top-k", "must be at least 1");
-  const int64_t total = contexts.back();
-  result.tokens = total;
+  s.total = s.contexts.back();
   // A step: the tokens a head task reads, round-trips and folds at a time, whole KIVI
   // groups (a step's quantised rows are whole groups).
   int64_t groups = 1;
@@ -322,333 +348,469 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
       groups = std::lcm(groups, int64_t(format.group_tokens));
   }
   if (options.step_tokens < 1) throw InputError("step", "must be at least one token");
-  const int64_t step = (options.step_tokens + groups - 1) / groups * groups;
-  // The calibration pass reads spans of whole steps.
-  const int64_t span = step;
-  const auto read_rows = [&](KvRole role, int64_t first, int64_t count, std::span<float> out) {
-    if (role == KvRole::key) {
-      source.keys(first, count, out);
-    } else {
-      source.values(first, count, out);
-    }
-  };
-
-  // How pass 2 round-trips each format one KV head at a time: on the head's own rows; on
-  // them with each row's whole-row range (a scale per token over every head); or, for
-  // scales that span heads any other way, on whole rows, cut.
-  enum class HeadPath { own_rows, token_ranges, whole_rows };
-  std::vector<HeadPath> head_path(formats.size());
-  bool whole_rows = false, any_token_ranges = false;
-  // [format][role]: every token's whole-row range, for the token_ranges formats.
-  std::vector<std::array<std::vector<float>, 2>> token_ranges(formats.size());
+  s.step = (options.step_tokens + groups - 1) / groups * groups;
+  s.head_path.resize(formats.size());
   for (size_t f = 0; f < formats.size(); ++f) {
-    head_path[f] = head_separable(formats[f], layout)            ? HeadPath::own_rows
-                   : formats[f].strategy == ScaleStrategy::token ? HeadPath::token_ranges
-                                                                 : HeadPath::whole_rows;
-    whole_rows = whole_rows || head_path[f] == HeadPath::whole_rows;
-    if (head_path[f] == HeadPath::token_ranges) {
-      any_token_ranges = true;
-      for (auto& ranges : token_ranges[f]) ranges.resize(size_t(2 * total));
-    }
+    s.head_path[f] = head_separable(formats[f], s.layout)          ? HeadPath::own_rows
+                     : formats[f].strategy == ScaleStrategy::token ? HeadPath::token_ranges
+                                                                   : HeadPath::whole_rows;
+    s.whole_rows = s.whole_rows || s.head_path[f] == HeadPath::whole_rows;
+    s.any_token_ranges = s.any_token_ranges || s.head_path[f] == HeadPath::token_ranges;
   }
+  s.nq = int64_t(s.group) * options.query_positions;
+  s.context_pitch = numerics::column_pitch(s.nq);
+  // Padded by 8 floats: a row length of a multiple of 4 cache lines (5 contexts of 64
+  // queries) puts a query tile's rows in a quarter of L1's sets, and it no longer stays
+  // in L1 while the keys stream past.
+  s.queries_pitch = s.context_pitch * int64_t(s.contexts.size()) + 8;
+  return s;
+}
 
-  // Pass 1: calibration (amax over every analysed token) for static scales, and the
-  // whole-row ranges of per-token formats. Each task reads its spans and takes every
-  // format's amax of them while they are in cache; maxima merge in any order to the same
-  // result.
-  const auto calibration_start = std::chrono::steady_clock::now();
-  std::vector<std::array<numerics::StaticAmax, 2>> calibration(formats.size());
-  if (options.calibrate || any_token_ranges) {
+// Pass 1's results: per format and role, the static calibration (amax over every analysed
+// token) and, for per-token formats, every token's whole-row range.
+struct Calibration {
+  std::vector<std::array<numerics::StaticAmax, 2>> amax;        // [format][role]
+  std::vector<std::array<std::vector<float>, 2>> token_ranges;  // [format][role]
+  std::vector<std::array<numerics::StaticAmax, 2>> head_amax;   // [format * heads + head]
+};
+
+// Pass 1: each task reads its spans of whole steps and takes every format's amax of them
+// while they are in cache; maxima merge in any order to the same result.
+Calibration calibration_pass(const Setup& s, numerics::ThreadPool& pool) {
+  const size_t format_count = s.formats.size();
+  Calibration c;
+  c.amax.resize(format_count);
+  c.token_ranges.resize(format_count);
+  for (size_t f = 0; f < format_count; ++f)
+    if (s.head_path[f] == HeadPath::token_ranges)
+      for (auto& ranges : c.token_ranges[f]) ranges.resize(size_t(2 * s.total));
+  if (s.options.calibrate || s.any_token_ranges) {
     std::mutex merge_mutex;
-    const int64_t spans = (total + span - 1) / span;
+    const int64_t span = s.step;
+    const int64_t spans = (s.total + span - 1) / span;
     pool.parallel_for(spans, int(std::min<int64_t>(spans, 256)), [&](int, int64_t b, int64_t e) {
-      std::vector<std::array<numerics::StaticAmax, 2>> local(formats.size());
+      std::vector<std::array<numerics::StaticAmax, 2>> local(format_count);
       std::vector<float> rows;
-      for (int64_t s = b; s < e; ++s) {
-        const int64_t first = s * span, count = std::min(span, total - first);
-        rows.resize(size_t(count * n));
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t first = i * span, count = std::min(span, s.total - first);
+        rows.resize(size_t(count * s.n));
         for (KvRole role : {KvRole::key, KvRole::value}) {
-          read_rows(role, first, count, rows);
-          for (size_t f = 0; f < formats.size(); ++f) {
-            if (head_path[f] == HeadPath::token_ranges) {
-              numerics::token_row_ranges(formats[f], layout, rows,
-                                         std::span(token_ranges[f][size_t(role)])
+          s.read_rows(role, first, count, rows);
+          for (size_t f = 0; f < format_count; ++f) {
+            if (s.head_path[f] == HeadPath::token_ranges) {
+              numerics::token_row_ranges(s.formats[f], s.layout, rows,
+                                         std::span(c.token_ranges[f][size_t(role)])
                                              .subspan(size_t(2 * first), size_t(2 * count)));
             }
-            if (!options.calibrate) continue;
-            const numerics::StaticAmax part = numerics::calibrate_amax(formats[f], layout, rows);
+            if (!s.options.calibrate) continue;
+            const numerics::StaticAmax part =
+                numerics::calibrate_amax(s.formats[f], s.layout, rows);
             auto& amax = local[f][size_t(role)].amax;
             if (amax.empty()) amax.assign(part.amax.size(), 0.0f);
-            for (size_t i = 0; i < part.amax.size(); ++i) amax[i] = std::max(amax[i], part.amax[i]);
+            for (size_t k = 0; k < part.amax.size(); ++k) amax[k] = std::max(amax[k], part.amax[k]);
           }
         }
       }
       const std::lock_guard<std::mutex> lock(merge_mutex);
-      for (size_t f = 0; f < formats.size(); ++f) {
+      for (size_t f = 0; f < format_count; ++f) {
         for (size_t role = 0; role < 2; ++role) {
-          auto& amax = calibration[f][role].amax;
+          auto& amax = c.amax[f][role].amax;
           const auto& part = local[f][role].amax;
           if (amax.empty()) amax.assign(part.size(), 0.0f);
-          for (size_t i = 0; i < part.size(); ++i) amax[i] = std::max(amax[i], part[i]);
+          for (size_t k = 0; k < part.size(); ++k) amax[k] = std::max(amax[k], part[k]);
         }
       }
     });
   }
+  const int heads = s.shape.kv_heads;
+  c.head_amax.resize(format_count * size_t(heads));
+  for (size_t f = 0; f < format_count; ++f)
+    for (int h = 0; h < heads; ++h)
+      for (size_t role = 0; role < 2; ++role)
+        c.head_amax[f * size_t(heads) + size_t(h)][role] =
+            calibration_of_head(s.formats[f], s.layout, c.amax[f][role], h);
+  return c;
+}
 
-  // Tensor metric accumulators: [format][role].
-  result.tensors.resize(formats.size() * 2);
-  for (size_t f = 0; f < formats.size(); ++f) {
+// The tensor metrics' fixed parts: [format * 2 + role].
+std::vector<TensorMetrics> tensor_metrics(const Setup& s, const Calibration& c) {
+  std::vector<TensorMetrics> out(s.formats.size() * 2);
+  for (size_t f = 0; f < s.formats.size(); ++f) {
     for (KvRole role : {KvRole::key, KvRole::value}) {
-      TensorMetrics& m = result.tensors[f * 2 + size_t(role)];
-      m.format = formats[f].spec;
+      TensorMetrics& m = out[f * 2 + size_t(role)];
+      m.format = s.formats[f].spec;
       m.role = role;
-      m.bits_per_element = numerics::stored_bits_per_element(formats[f], layout, role);
-      m.scales = numerics::static_scales(formats[f], layout, calibration[f][size_t(role)]);
+      m.bits_per_element = numerics::stored_bits_per_element(s.formats[f], s.layout, role);
+      m.scales = numerics::static_scales(s.formats[f], s.layout, c.amax[f][size_t(role)]);
     }
   }
+  return out;
+}
 
-  // Attention accumulators: [kv head], rows [context][position x query head of the group].
-  const int64_t nq = int64_t(group) * options.query_positions;
-  const int64_t context_pitch = numerics::column_pitch(nq);
-  // Padded by 8 floats: a row length of a multiple of 4 cache lines (5 contexts of 64
-  // queries) puts a query tile's rows in a quarter of L1's sets, and it no longer stays
-  // in L1 while the keys stream past.
-  const int64_t queries_pitch = context_pitch * int64_t(contexts.size()) + 8;
-  const int64_t all_rows = nq * int64_t(contexts.size());
-  std::vector<HeadAccumulator> heads(static_cast<size_t>(shape.kv_heads));
+// Attention accumulators: [kv head], rows [context][position x query head of the group],
+// each head's queries transposed into its columns.
+std::vector<HeadAccumulator> head_accumulators(const Setup& s) {
+  const int64_t all_rows = s.nq * int64_t(s.contexts.size());
+  std::vector<HeadAccumulator> heads(static_cast<size_t>(s.shape.kv_heads));
   for (HeadAccumulator& acc : heads) {
-    acc.queries_t.assign(size_t(dim * queries_pitch), 0.0f);
-    acc.reference.init(all_rows, dim, options.top_k);
-    acc.formats.resize(formats.size());
-    for (SoftmaxState& s : acc.formats) s.init(all_rows, dim, options.top_k);
-    acc.score_error_sq.assign(contexts.size() * formats.size(), 0.0);
-    acc.score_ref_sq.assign(contexts.size() * formats.size(), 0.0);
+    acc.queries_t.assign(size_t(s.dim * s.queries_pitch), 0.0f);
+    acc.reference.init(all_rows, s.dim, s.options.top_k);
+    acc.formats.resize(s.formats.size());
+    for (SoftmaxState& st : acc.formats) st.init(all_rows, s.dim, s.options.top_k);
+    acc.score_error_sq.assign(s.contexts.size() * s.formats.size(), 0.0);
+    acc.score_ref_sq.assign(s.contexts.size() * s.formats.size(), 0.0);
   }
-  {
-    std::vector<float> q_rows(size_t(options.query_positions * shape.q_heads * dim));
-    for (size_t ci = 0; ci < contexts.size(); ++ci) {
-      source.queries(contexts[ci], options.query_positions, q_rows);
-      for (int h = 0; h < shape.kv_heads; ++h) {
-        std::vector<float>& queries_t = heads[size_t(h)].queries_t;
-        for (int p = 0; p < options.query_positions; ++p) {
-          for (int g = 0; g < group; ++g) {
-            const float* src = q_rows.data() + (int64_t(p) * shape.q_heads + h * group + g) * dim;
-            const int64_t column = int64_t(ci) * context_pitch + int64_t(p) * group + g;
-            for (int64_t c = 0; c < dim; ++c)
-              queries_t[size_t(c * queries_pitch + column)] = src[c];
-          }
+  const int positions = s.options.query_positions;
+  std::vector<float> q_rows(size_t(positions * s.shape.q_heads * s.dim));
+  for (size_t ci = 0; ci < s.contexts.size(); ++ci) {
+    s.source.queries(s.contexts[ci], positions, q_rows);
+    for (int h = 0; h < s.shape.kv_heads; ++h) {
+      std::vector<float>& queries_t = heads[size_t(h)].queries_t;
+      for (int p = 0; p < positions; ++p) {
+        for (int g = 0; g < s.group; ++g) {
+          const float* src =
+              q_rows.data() + (int64_t(p) * s.shape.q_heads + h * s.group + g) * s.dim;
+          const int64_t column = int64_t(ci) * s.context_pitch + int64_t(p) * s.group + g;
+          for (int64_t k = 0; k < s.dim; ++k)
+            queries_t[size_t(k * s.queries_pitch + column)] = src[k];
         }
       }
     }
   }
+  return heads;
+}
 
-  result.calibration_seconds = seconds_since(calibration_start);
+// What one head's pass-2 work adds up to (merged in head order).
+struct HeadResult {
+  std::vector<numerics::EncodeCounts> counts;  // [format * 2 + role]
+  std::vector<numerics::ErrorStats> errors;    // [format * 2 + role]
+  double load_seconds = 0, codec_seconds = 0, error_seconds = 0, attention_seconds = 0;
+};
 
-  // Pass 2: a task per KV head walks the tokens a step at a time: it reads the head's K
-  // and V, round-trips them through every format, tallies them and adds the tensor error,
-  // then folds each key block into every context that covers it. What a step touches is
-  // the head's own and small (a few hundred KB: it stays in L2, where the GEMMs run at
-  // full speed; a pipeline of shared whole-row chunks ran them from memory at half). The
-  // per-head results merge in head order, so the figures do not depend on the thread
-  // count. A scale per token over every head is taken from the row's range (pass 1);
-  // formats whose scales span heads any other way (groups wider than a head) are
-  // round-tripped on whole rows and cut, their counts taken once, by head 0's task.
-  const numerics::KvLayout head_layout{1, int(dim)};
-  std::vector<std::array<numerics::StaticAmax, 2>> head_calibration(formats.size() *
-                                                                    size_t(shape.kv_heads));
-  for (size_t f = 0; f < formats.size(); ++f) {
-    for (int h = 0; h < shape.kv_heads; ++h) {
-      for (size_t role = 0; role < 2; ++role) {
-        head_calibration[f * size_t(shape.kv_heads) + size_t(h)][role] =
-            calibration_of_head(formats[f], layout, calibration[f][role], h);
+// A run of contexts folded together over `usable` keys of a block: contexts that cover
+// the whole block with the shared decoded K/V go in runs; one that ends in the block, or
+// that sees KIVI-patched K/V, goes alone.
+struct ContextRun {
+  size_t context_begin, context_end;
+  int64_t usable;
+  bool shared;  // may take more contexts
+};
+
+// One pass-2 task: KV heads [head_begin, head_end), the tokens a step at a time. Its
+// buffers are one head's rows of a step ([step, dim]: the reference and each format's
+// decoded K and V, KIVI-patched copies of a block for a context that ends inside it) and
+// the step's whole rows [step, n] with, for formats that need them, their round trips.
+class HeadTask {
+ public:
+  HeadTask(const Setup& s, const Calibration& c, std::vector<HeadAccumulator>& heads,
+           std::vector<HeadResult>& results, int64_t head_begin, int64_t head_end)
+      : s_(s),
+        c_(c),
+        heads_(heads),
+        results_(results),
+        head_begin_(head_begin),
+        head_end_(head_end),
+        format_count_(s.formats.size()),
+        timing_(results[size_t(head_begin)]),  // the task's time, by part, with its first head
+        head_layout_{1, int(s.dim)} {
+    const size_t rows = size_t(s.step * s.dim);
+    ref_k_.resize(rows);
+    ref_v_.resize(rows);
+    dec_k_.assign(format_count_, std::vector<float>(rows));
+    dec_v_ = patched_k_ = patched_v_ = dec_k_;
+    rows_decoded_.resize(format_count_);
+    patched_.resize(s.contexts.size());
+    keys_.resize(format_count_ + 1);
+    values_.resize(format_count_ + 1);
+    for (int64_t h = head_begin; h < head_end; ++h) {
+      results[size_t(h)].counts.assign(format_count_ * 2, numerics::EncodeCounts{});
+      results[size_t(h)].errors.assign(format_count_ * 2, numerics::ErrorStats{});
+    }
+  }
+
+  void run() {
+    clock_ = std::chrono::steady_clock::now();
+    for (int64_t first = 0; first < s_.total; first += s_.step) {
+      const int64_t count = std::min(s_.step, s_.total - first);
+      if (s_.whole_rows) round_trip_whole_rows(first, count);
+      for (int64_t h = head_begin_; h < head_end_; ++h) {
+        round_trip_head(h, first, count);
+        fold_step(h, first, count);
+        lap(timing_.attention_seconds);
       }
     }
   }
-  struct HeadResult {
-    std::vector<numerics::EncodeCounts> counts;  // [format * 2 + role]
-    std::vector<numerics::ErrorStats> errors;    // [format * 2 + role]
-    double load_seconds = 0, codec_seconds = 0, error_seconds = 0, attention_seconds = 0;
-  };
-  std::vector<HeadResult> head_results(static_cast<size_t>(shape.kv_heads));
-  // A run of contexts folded together over `usable` keys of a block: contexts that cover
-  // the whole block with the shared decoded K/V go in runs; one that ends in the block, or
-  // that sees KIVI-patched K/V, goes alone.
-  struct ContextRun {
-    size_t context_begin, context_end;
-    int64_t usable;
-    bool shared;  // may take more contexts
-  };
-  const size_t format_count = formats.size();
+
+ private:
+  void lap(double& seconds) {
+    const auto now = std::chrono::steady_clock::now();
+    seconds += std::chrono::duration<double>(now - clock_).count();
+    clock_ = now;
+  }
+  void cut_head(const std::vector<float>& rows, int64_t h, int64_t count, float* head_rows) const {
+    for (int64_t t = 0; t < count; ++t)
+      std::copy_n(rows.data() + t * s_.n + h * s_.dim, s_.dim, head_rows + t * s_.dim);
+  }
+  // dst[i] = bf16(src[i]) widened back, for i < count.
+  void to_bf16(const float* src, float* dst, size_t count) {
+    as_bf16_.resize(count);
+    numerics::float_to_bf16_bulk({src, count}, as_bf16_);
+    numerics::bf16_to_float_bulk(as_bf16_, {dst, count});
+  }
+  // KIVI: tokens from the residual window of the largest context on stay BF16 (they are
+  // BF16 for every smaller context too); the rest is quantised group by group. Returns
+  // the format as round-tripped and the step's quantised token count.
+  std::pair<KvFormat, int64_t> step_format(size_t f, int64_t first, int64_t count) const {
+    KvFormat format = s_.formats[f];
+    const int64_t quantized_end =
+        std::clamp(numerics::quantized_tokens(format, s_.total) - first, int64_t(0), count);
+    format.residual_tokens = 0;
+    return {format, quantized_end};
+  }
+
+  // The step's whole rows through every format that needs them (scales spanning heads);
+  // the task of head 0 counts their codes, as every task round-trips the same rows.
+  void round_trip_whole_rows(int64_t first, int64_t count) {
+    rows_k_.resize(size_t(count * s_.n));
+    rows_v_.resize(size_t(count * s_.n));
+    s_.read_rows(KvRole::key, first, count, rows_k_);
+    s_.read_rows(KvRole::value, first, count, rows_v_);
+    lap(timing_.load_seconds);
+    for (size_t f = 0; f < format_count_; ++f) {
+      if (s_.head_path[f] != HeadPath::whole_rows) continue;
+      const auto [format, quantized_end] = step_format(f, first, count);
+      for (KvRole role : {KvRole::key, KvRole::value}) {
+        const std::vector<float>& rows = role == KvRole::key ? rows_k_ : rows_v_;
+        std::vector<float>& decoded = rows_decoded_[f][size_t(role)];
+        decoded.resize(rows.size());
+        const numerics::EncodeCounts counts =
+            numerics::round_trip_into(format, s_.layout, role, c_.amax[f][size_t(role)],
+                                      std::span(rows).first(size_t(quantized_end * s_.n)), decoded);
+        if (head_begin_ == 0) results_[0].counts[f * 2 + size_t(role)].merge(counts);
+      }
+    }
+    lap(timing_.codec_seconds);
+  }
+
+  // Head h's rows of the step: read (or cut from the whole rows), through every format,
+  // the tensor error added.
+  void round_trip_head(int64_t h, int64_t first, int64_t count) {
+    HeadResult& out = results_[size_t(h)];
+    const size_t size = size_t(count * s_.dim);
+    if (s_.whole_rows) {
+      cut_head(rows_k_, h, count, ref_k_.data());
+      cut_head(rows_v_, h, count, ref_v_.data());
+    } else {
+      s_.source.head_keys(first, count, int(h), std::span(ref_k_).first(size));
+      s_.source.head_values(first, count, int(h), std::span(ref_v_).first(size));
+    }
+    lap(timing_.load_seconds);
+    for (size_t f = 0; f < format_count_; ++f) {
+      const auto [format, quantized_end] = step_format(f, first, count);
+      for (KvRole role : {KvRole::key, KvRole::value}) {
+        const bool key = role == KvRole::key;
+        const std::span<const float> ref =
+            std::span<const float>(key ? ref_k_ : ref_v_).first(size);
+        std::vector<float>& decoded = key ? dec_k_[f] : dec_v_[f];
+        const size_t index = f * 2 + size_t(role);
+        if (s_.head_path[f] == HeadPath::own_rows) {
+          out.counts[index].merge(numerics::round_trip_into(
+              format, head_layout_, role,
+              c_.head_amax[f * size_t(s_.shape.kv_heads) + size_t(h)][size_t(role)],
+              ref.first(size_t(quantized_end * s_.dim)), decoded));
+        } else if (s_.head_path[f] == HeadPath::token_ranges) {
+          out.counts[index].merge(numerics::round_trip_head_rows(
+              format, int(s_.dim), role, ref.first(size_t(quantized_end * s_.dim)),
+              std::span<const float>(c_.token_ranges[f][size_t(role)])
+                  .subspan(size_t(2 * first), size_t(2 * quantized_end)),
+              decoded));
+        } else {
+          cut_head(rows_decoded_[f][size_t(role)], h, quantized_end, decoded.data());
+        }
+        if (quantized_end < count) {  // the BF16 tail
+          to_bf16(ref.data() + quantized_end * s_.dim, decoded.data() + quantized_end * s_.dim,
+                  size_t((count - quantized_end) * s_.dim));
+        }
+        lap(timing_.codec_seconds);
+        out.errors[index].add(ref, std::span<const float>(decoded).first(size));
+        lap(timing_.error_seconds);
+      }
+    }
+  }
+
+  // Folds each key block of head h's step into every context that covers it.
+  void fold_step(int64_t h, int64_t first, int64_t count) {
+    HeadAccumulator& acc = heads_[size_t(h)];
+    const int64_t dim = s_.dim;
+    for (int64_t b = 0; b < count; b += kKeyBlock) {
+      const int64_t block = std::min(kKeyBlock, count - b), block_first = first + b;
+      runs_.clear();
+      for (size_t ci = 0; ci < s_.contexts.size(); ++ci) {
+        const int64_t context = s_.contexts[ci];
+        patched_[ci] = false;
+        if (block_first >= context) continue;
+        const int64_t usable = std::min(block, context - block_first);
+        for (const KvFormat& format : s_.formats) {
+          patched_[ci] =
+              patched_[ci] || (format.strategy == ScaleStrategy::kivi &&
+                               numerics::quantized_tokens(format, context) - block_first < usable);
+        }
+        const bool shared = !patched_[ci] && usable == block;
+        if (shared && !runs_.empty() && runs_.back().shared && runs_.back().context_end == ci) {
+          runs_.back().context_end = ci + 1;
+        } else {
+          runs_.push_back({ci, ci + 1, usable, shared});
+        }
+      }
+      for (const ContextRun& run : runs_) {
+        const size_t ci = run.context_begin;
+        keys_[0] = ref_k_.data() + b * dim;
+        values_[0] = ref_v_.data() + b * dim;
+        for (size_t f = 0; f < format_count_; ++f) {
+          keys_[f + 1] = dec_k_[f].data() + b * dim;
+          values_[f + 1] = dec_v_[f].data() + b * dim;
+          const int64_t quantized =
+              numerics::quantized_tokens(s_.formats[f], s_.contexts[ci]) - block_first;
+          if (!patched_[ci] || s_.formats[f].strategy != ScaleStrategy::kivi ||
+              quantized >= run.usable)
+            continue;
+          // KIVI at a context that ends in this block: its tokens at and past the
+          // context's quantised prefix are BF16.
+          const size_t kept = size_t(std::max<int64_t>(0, quantized) * dim);
+          const size_t used = size_t(run.usable * dim);
+          for (auto [decoded, copy, reference] :
+               {std::tuple{keys_[f + 1], &patched_k_[f], keys_[0]},
+                std::tuple{values_[f + 1], &patched_v_[f], values_[0]}}) {
+            std::copy_n(decoded, kept, copy->data());
+            to_bf16(reference + kept, copy->data() + kept, used - kept);
+          }
+          keys_[f + 1] = patched_k_[f].data();
+          values_[f + 1] = patched_v_[f].data();
+        }
+        const FoldShape fold{s_.nq, s_.context_pitch,  s_.queries_pitch,
+                             dim,   run.context_begin, run.context_end};
+        fold_block(acc, fold, dim, keys_, values_, block_first, run.usable);
+      }
+    }
+  }
+
+  const Setup& s_;
+  const Calibration& c_;
+  std::vector<HeadAccumulator>& heads_;
+  std::vector<HeadResult>& results_;
+  const int64_t head_begin_, head_end_;
+  const size_t format_count_;
+  HeadResult& timing_;
+  const numerics::KvLayout head_layout_;
+  std::chrono::steady_clock::time_point clock_;
+  std::vector<float> ref_k_, ref_v_, rows_k_, rows_v_;
+  std::vector<std::vector<float>> dec_k_, dec_v_, patched_k_, patched_v_;
+  std::vector<std::array<std::vector<float>, 2>> rows_decoded_;  // [format][role]
+  std::vector<uint16_t> as_bf16_;
+  std::vector<ContextRun> runs_;
+  std::vector<char> patched_;
+  std::vector<const float*> keys_, values_;
+};
+
+// Pass 2: a task per KV head walks the tokens a step at a time: it reads the head's K
+// and V, round-trips them through every format, tallies them and adds the tensor error,
+// then folds each key block into every context that covers it. What a step touches is
+// the head's own and small (a few hundred KB: it stays in L2, where the GEMMs run at
+// full speed; a pipeline of shared whole-row chunks ran them from memory at half). The
+// per-head results merge in head order, so the figures do not depend on the thread
+// count. A scale per token over every head is taken from the row's range (pass 1);
+// formats whose scales span heads any other way (groups wider than a head) are
+// round-tripped on whole rows and cut, their counts taken once, by head 0's task.
+std::vector<HeadResult> head_pass(const Setup& s, const Calibration& c,
+                                  std::vector<HeadAccumulator>& heads, numerics::ThreadPool& pool) {
+  std::vector<HeadResult> results(static_cast<size_t>(s.shape.kv_heads));
   // Tasks: a KV head each; when a format needs whole rows, a run of heads per thread, so
   // whole rows are read and round-tripped once per step per thread rather than per head.
-  const int tasks = whole_rows ? std::clamp(pool.threads(), 1, shape.kv_heads) : shape.kv_heads;
-  pool.parallel_for(shape.kv_heads, tasks, [&](int, int64_t head_begin, int64_t head_end) {
-    for (int64_t h = head_begin; h < head_end; ++h) {
-      head_results[size_t(h)].counts.assign(format_count * 2, numerics::EncodeCounts{});
-      head_results[size_t(h)].errors.assign(format_count * 2, numerics::ErrorStats{});
-    }
-    // The task's time, by part, is kept with its first head.
-    HeadResult& timing = head_results[size_t(head_begin)];
-    auto clock = std::chrono::steady_clock::now();
-    const auto lap = [&](double& seconds) {
-      const auto now = std::chrono::steady_clock::now();
-      seconds += std::chrono::duration<double>(now - clock).count();
-      clock = now;
-    };
-    // One head's rows of a step, [step, dim]: the reference and each format's decoded K
-    // and V, and KIVI-patched copies of a block for a context that ends inside it. Whole
-    // rows [step, n] of the step and, for each format that needs them, their round trips.
-    std::vector<float> ref_k(size_t(step * dim)), ref_v(size_t(step * dim));
-    std::vector<std::vector<float>> dec_k(format_count, std::vector<float>(size_t(step * dim)));
-    std::vector<std::vector<float>> dec_v = dec_k, patched_k = dec_k, patched_v = dec_k;
-    std::vector<float> rows_k, rows_v;
-    std::vector<std::array<std::vector<float>, 2>> rows_decoded(format_count);  // [format][role]
-    std::vector<uint16_t> as_bf16;
-    const auto cut_head = [&](const std::vector<float>& rows, int64_t h, int64_t count,
-                              float* head_rows) {
-      for (int64_t t = 0; t < count; ++t)
-        std::copy_n(rows.data() + t * n + h * dim, dim, head_rows + t * dim);
-    };
-    // dst[i] = bf16(src[i]) widened back, for i < count.
-    const auto to_bf16 = [&](const float* src, float* dst, size_t count) {
-      as_bf16.resize(count);
-      numerics::float_to_bf16_bulk({src, count}, as_bf16);
-      numerics::bf16_to_float_bulk(as_bf16, {dst, count});
-    };
-    // KIVI: tokens from the residual window of the largest context on stay BF16 (they are
-    // BF16 for every smaller context too); the rest is quantised group by group. Returns
-    // the format as round-tripped and the step's quantised token count.
-    const auto step_format = [&](size_t f, int64_t first, int64_t count) {
-      KvFormat format = formats[f];
-      const int64_t quantized_end =
-          std::clamp(numerics::quantized_tokens(format, total) - first, int64_t(0), count);
-      format.residual_tokens = 0;
-      return std::pair{format, quantized_end};
-    };
-    std::vector<ContextRun> runs;
-    std::vector<char> patched(contexts.size());
-    std::vector<const float*> keys(format_count + 1), values(format_count + 1);
-    for (int64_t first = 0; first < total; first += step) {
-      const int64_t count = std::min(step, total - first);
-      const size_t size = size_t(count * dim);
-      if (whole_rows) {
-        rows_k.resize(size_t(count * n));
-        rows_v.resize(size_t(count * n));
-        read_rows(KvRole::key, first, count, rows_k);
-        read_rows(KvRole::value, first, count, rows_v);
-        lap(timing.load_seconds);
-        for (size_t f = 0; f < format_count; ++f) {
-          if (head_path[f] != HeadPath::whole_rows) continue;
-          const auto [format, quantized_end] = step_format(f, first, count);
-          for (KvRole role : {KvRole::key, KvRole::value}) {
-            const std::vector<float>& rows = role == KvRole::key ? rows_k : rows_v;
-            std::vector<float>& decoded = rows_decoded[f][size_t(role)];
-            decoded.resize(rows.size());
-            const numerics::EncodeCounts counts = numerics::round_trip_into(
-                format, layout, role, calibration[f][size_t(role)],
-                std::span(rows).first(size_t(quantized_end * n)), decoded);
-            // Every task round-trips the whole rows: the task of head 0 counts them.
-            if (head_begin == 0) head_results[0].counts[f * 2 + size_t(role)].merge(counts);
-          }
-        }
-        lap(timing.codec_seconds);
-      }
-      for (int64_t h = head_begin; h < head_end; ++h) {
-        HeadResult& out = head_results[size_t(h)];
-        HeadAccumulator& acc = heads[size_t(h)];
-        if (whole_rows) {
-          cut_head(rows_k, h, count, ref_k.data());
-          cut_head(rows_v, h, count, ref_v.data());
-        } else {
-          source.head_keys(first, count, int(h), std::span(ref_k).first(size));
-          source.head_values(first, count, int(h), std::span(ref_v).first(size));
-        }
-        lap(timing.load_seconds);
-        for (size_t f = 0; f < format_count; ++f) {
-          const auto [format, quantized_end] = step_format(f, first, count);
-          for (KvRole role : {KvRole::key, KvRole::value}) {
-            const bool key = role == KvRole::key;
-            const std::span<const float> ref =
-                std::span<const float>(key ? ref_k : ref_v).first(size);
-            std::vector<float>& decoded = key ? dec_k[f] : dec_v[f];
-            const size_t index = f * 2 + size_t(role);
-            if (head_path[f] == HeadPath::own_rows) {
-              out.counts[index].merge(numerics::round_trip_into(
-                  format, head_layout, role,
-                  head_calibration[f * size_t(shape.kv_heads) + size_t(h)][size_t(role)],
-                  ref.first(size_t(quantized_end * dim)), decoded));
-            } else if (head_path[f] == HeadPath::token_ranges) {
-              out.counts[index].merge(numerics::round_trip_head_rows(
-                  format, int(dim), role, ref.first(size_t(quantized_end * dim)),
-                  std::span<const float>(token_ranges[f][size_t(role)])
-                      .subspan(size_t(2 * first), size_t(2 * quantized_end)),
-                  decoded));
-            } else {
-              cut_head(rows_decoded[f][size_t(role)], h, quantized_end, decoded.data());
-            }
-            if (quantized_end < count) {  // the BF16 tail
-              to_bf16(ref.data() + quantized_end * dim, decoded.data() + quantized_end * dim,
-                      size_t((count - quantized_end) * dim));
-            }
-            lap(timing.codec_seconds);
-            out.errors[index].add(ref, std::span<const float>(decoded).first(size));
-            lap(timing.error_seconds);
-          }
-        }
-        for (int64_t b = 0; b < count; b += kKeyBlock) {
-          const int64_t block = std::min(kKeyBlock, count - b), block_first = first + b;
-          runs.clear();
-          for (size_t ci = 0; ci < contexts.size(); ++ci) {
-            const int64_t context = contexts[ci];
-            patched[ci] = false;
-            if (block_first >= context) continue;
-            const int64_t usable = std::min(block, context - block_first);
-            for (const KvFormat& format : formats) {
-              patched[ci] =
-                  patched[ci] || (format.strategy == ScaleStrategy::kivi &&
-                                  numerics::quantized_tokens(format, context) - block_first < usable);
-            }
-            const bool shared = !patched[ci] && usable == block;
-            if (shared && !runs.empty() && runs.back().shared && runs.back().context_end == ci) {
-              runs.back().context_end = ci + 1;
-            } else {
-              runs.push_back({ci, ci + 1, usable, shared});
-            }
-          }
-          for (const ContextRun& run : runs) {
-            const size_t ci = run.context_begin;
-            keys[0] = ref_k.data() + b * dim;
-            values[0] = ref_v.data() + b * dim;
-            for (size_t f = 0; f < format_count; ++f) {
-              keys[f + 1] = dec_k[f].data() + b * dim;
-              values[f + 1] = dec_v[f].data() + b * dim;
-              const int64_t quantized =
-                  numerics::quantized_tokens(formats[f], contexts[ci]) - block_first;
-              if (!patched[ci] || formats[f].strategy != ScaleStrategy::kivi ||
-                  quantized >= run.usable)
-                continue;
-              // KIVI at a context that ends in this block: its tokens at and past the
-              // context's quantised prefix are BF16.
-              const size_t kept = size_t(std::max<int64_t>(0, quantized) * dim);
-              const size_t used = size_t(run.usable * dim);
-              for (auto [decoded, copy, reference] :
-                   {std::tuple{keys[f + 1], &patched_k[f], keys[0]},
-                    std::tuple{values[f + 1], &patched_v[f], values[0]}}) {
-                std::copy_n(decoded, kept, copy->data());
-                to_bf16(reference + kept, copy->data() + kept, used - kept);
-              }
-              keys[f + 1] = patched_k[f].data();
-              values[f + 1] = patched_v[f].data();
-            }
-            const FoldShape fold{nq,  context_pitch,     queries_pitch,
-                                 dim, run.context_begin, run.context_end};
-            fold_block(acc, fold, dim, keys, values, block_first, run.usable);
-          }
-        }
-        lap(timing.attention_seconds);
-      }
-    }
+  const int tasks =
+      s.whole_rows ? std::clamp(pool.threads(), 1, s.shape.kv_heads) : s.shape.kv_heads;
+  pool.parallel_for(s.shape.kv_heads, tasks, [&](int, int64_t head_begin, int64_t head_end) {
+    HeadTask(s, c, heads, results, head_begin, head_end).run();
   });
+  return results;
+}
+
+// The final metrics of one (format, context) from every head's accumulators.
+AttentionPoint attention_point(const Setup& s, std::vector<HeadAccumulator>& heads, size_t f,
+                               size_t ci) {
+  AttentionPoint point;
+  point.format = s.formats[f].spec;
+  point.context_tokens = s.contexts[ci];
+  const int64_t nq = s.nq, dim = s.dim;
+  double kl_sum = 0, out_err = 0, out_ref = 0, agree = 0, err_sq = 0, ref_sq = 0;
+  int64_t finite = 0;
+  for (HeadAccumulator& acc : heads) {
+    err_sq += acc.score_error_sq[ci * s.formats.size() + f];
+    ref_sq += acc.score_ref_sq[ci * s.formats.size() + f];
+    SoftmaxState& ref = acc.reference;
+    SoftmaxState& st = acc.formats[f];
+    for (int64_t row = int64_t(ci) * nq; row < int64_t(ci + 1) * nq; ++row) {
+      const size_t q = size_t(row);
+      ++point.queries;
+      const double log_z_ref = ref.max_logit[q] + std::log(double(ref.sum_exp[q]));
+      const double log_z = st.max_logit[q] + std::log(double(st.sum_exp[q]));
+      const double kl = st.kl_partial[q] / ref.sum_exp[q] - log_z_ref + log_z;
+      double e = 0, r = 0;
+      bool ok = std::isfinite(kl);
+      for (int64_t k = 0; k < dim && ok; ++k) {
+        const double o_ref = ref.output[q * size_t(dim) + size_t(k)] / ref.sum_exp[q];
+        const double o = st.output[q * size_t(dim) + size_t(k)] / st.sum_exp[q];
+        ok = std::isfinite(o);
+        e += (o - o_ref) * (o - o_ref);
+        r += o_ref * o_ref;
+      }
+      if (!ok) {
+        ++point.nonfinite_queries;
+        continue;
+      }
+      ++finite;
+      kl_sum += std::max(0.0, kl);
+      point.kl_max = std::max(point.kl_max, std::max(0.0, kl));
+      out_err += e;
+      out_ref += r;
+      const std::vector<int64_t> a = ref.top[q].indices();
+      const std::vector<int64_t> b = st.top[q].indices();
+      std::vector<int64_t> common;
+      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+      agree += a.empty() ? 1.0 : double(common.size()) / double(a.size());
+    }
+  }
+  point.score_rel_rmse = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : 0.0;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  point.kl_mean = finite ? kl_sum / double(finite) : nan;
+  point.topk_agreement = finite ? agree / double(finite) : nan;
+  point.output_rel_error = finite && out_ref > 0 ? std::sqrt(out_err / out_ref) : nan;
+  if (!finite) point.kl_max = nan;
+  return point;
+}
+
+}  // namespace
+
+// The passes: set_up (checks, steps, how each format goes through a head), calibration
+// (pass 1), the accumulators with their queries, head_pass (pass 2), then the merge in
+// head order and the metrics per (format, context).
+QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& formats,
+                      const AnalysisOptions& options, numerics::ThreadPool& pool) {
+  const auto start = std::chrono::steady_clock::now();
+  QuantAnalysis result;
+  result.source = source.description();
+  result.shape = source.shape();
+  result.formats = formats;
+  const Setup s = set_up(source, formats, options);
+  result.tokens = s.total;
+
+  const auto calibration_start = std::chrono::steady_clock::now();
+  const Calibration calibration = calibration_pass(s, pool);
+  result.tensors = tensor_metrics(s, calibration);
+  std::vector<HeadAccumulator> heads = head_accumulators(s);
+  result.calibration_seconds = seconds_since(calibration_start);
+
+  const std::vector<HeadResult> head_results = head_pass(s, calibration, heads, pool);
+  const size_t format_count = formats.size();
   double attention_thread_seconds = 0.0, flops = 0.0;
   double load_thread_seconds = 0.0, codec_thread_seconds = 0.0, error_thread_seconds = 0.0;
   for (const HeadResult& part : head_results) {
@@ -661,8 +823,8 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
     error_thread_seconds += part.error_seconds;
     attention_thread_seconds += part.attention_seconds;
   }
-  for (int64_t context : contexts) {
-    flops += 4.0 * double(nq) * double(context) * double(dim) * double(shape.kv_heads) *
+  for (int64_t context : s.contexts) {
+    flops += 4.0 * double(s.nq) * double(context) * double(s.dim) * double(s.shape.kv_heads) *
              double(format_count + 1);
   }
   // Parts overlap in time: each is reported as its tasks' thread time over the threads.
@@ -670,63 +832,12 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& form
   result.load_seconds = load_thread_seconds / threads;
   result.codec_seconds = codec_thread_seconds / threads;
   result.tensor_error_seconds = error_thread_seconds / threads;
-  const double attention_seconds = attention_thread_seconds / threads;
 
-  // Final metrics per (format, context).
-  for (size_t f = 0; f < formats.size(); ++f) {
-    for (size_t ci = 0; ci < contexts.size(); ++ci) {
-      AttentionPoint point;
-      point.format = formats[f].spec;
-      point.context_tokens = contexts[ci];
-      double kl_sum = 0, out_err = 0, out_ref = 0, agree = 0, err_sq = 0, ref_sq = 0;
-      int64_t finite = 0;
-      for (HeadAccumulator& acc : heads) {
-        err_sq += acc.score_error_sq[ci * formats.size() + f];
-        ref_sq += acc.score_ref_sq[ci * formats.size() + f];
-        SoftmaxState& ref = acc.reference;
-        SoftmaxState& st = acc.formats[f];
-        for (int64_t row = int64_t(ci) * nq; row < int64_t(ci + 1) * nq; ++row) {
-          const size_t q = size_t(row);
-          ++point.queries;
-          const double log_z_ref = ref.max_logit[q] + std::log(double(ref.sum_exp[q]));
-          const double log_z = st.max_logit[q] + std::log(double(st.sum_exp[q]));
-          const double kl = st.kl_partial[q] / ref.sum_exp[q] - log_z_ref + log_z;
-          double e = 0, r = 0;
-          bool ok = std::isfinite(kl);
-          for (int64_t c = 0; c < dim && ok; ++c) {
-            const double o_ref = ref.output[q * size_t(dim) + size_t(c)] / ref.sum_exp[q];
-            const double o = st.output[q * size_t(dim) + size_t(c)] / st.sum_exp[q];
-            ok = std::isfinite(o);
-            e += (o - o_ref) * (o - o_ref);
-            r += o_ref * o_ref;
-          }
-          if (!ok) {
-            ++point.nonfinite_queries;
-            continue;
-          }
-          ++finite;
-          kl_sum += std::max(0.0, kl);
-          point.kl_max = std::max(point.kl_max, std::max(0.0, kl));
-          out_err += e;
-          out_ref += r;
-          const std::vector<int64_t> a = ref.top[q].indices();
-          const std::vector<int64_t> b = st.top[q].indices();
-          std::vector<int64_t> common;
-          std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
-          agree += a.empty() ? 1.0 : double(common.size()) / double(a.size());
-        }
-      }
-      point.score_rel_rmse = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : 0.0;
-      const double nan = std::numeric_limits<double>::quiet_NaN();
-      point.kl_mean = finite ? kl_sum / double(finite) : nan;
-      point.topk_agreement = finite ? agree / double(finite) : nan;
-      point.output_rel_error = finite && out_ref > 0 ? std::sqrt(out_err / out_ref) : nan;
-      if (!finite) point.kl_max = nan;
-      result.attention.push_back(point);
-    }
-  }
+  for (size_t f = 0; f < format_count; ++f)
+    for (size_t ci = 0; ci < s.contexts.size(); ++ci)
+      result.attention.push_back(attention_point(s, heads, f, ci));
   result.attention_flops = flops;
-  result.attention_seconds = attention_seconds;
+  result.attention_seconds = attention_thread_seconds / threads;
   result.total_seconds = seconds_since(start);
   return result;
 }
