@@ -32,6 +32,17 @@ CheckResult run_check(const CheckInput& input);
 // Rule ids, so tests can assert that each rule fires and does not fire.
 std::vector<std::string> rule_ids();
 
+// The fp8-unit-scale finding's consequence, fix and reference for a release and dtype:
+// check and logs report the same finding with the same words (logs adds its own title
+// and evidence: the lines that prove the fallback).
+struct UnitScaleText {
+  std::string consequence;
+  std::string fix;
+  std::string reference;
+};
+UnitScaleText unit_scale_text(const engines::EngineModel& engine, const engines::Version& version,
+                              const std::string& kv_cache_dtype);
+
 enum class FailOn { critical, warning, never };
 // True when some finding is at or above the gate.
 bool fails_gate(const std::vector<report::Finding>& findings, FailOn fail_on);

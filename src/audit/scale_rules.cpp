@@ -21,8 +21,8 @@ using report::Severity;
 
 namespace {
 
-std::string numeric_meaning(const Context& ctx) {
-  auto limits = limits_of(ctx.resolved.dtype);
+std::string numeric_meaning(const engines::KvDtype* dtype) {
+  auto limits = limits_of(dtype);
   if (!limits) return "at scale 1.0 the format's range is used as is, without calibration";
   return fmt::format(
       "at scale 1.0, |K|,|V| above {} saturate (CUDA kernels) or become {} from {} (PyTorch "
@@ -123,20 +123,16 @@ void rule_unit_scale(Context& ctx) {
       evidence.push_back({ctx.launch_label(), "--kv-cache-dtype-skip-layers",
                           fmt::format("{} layer(s) stay in {}", ctx.resolved.skipped_layers.size(),
                                       ctx.resolved.model_dtype)});
-    ctx.findings.push_back(Finding{
-        "fp8-unit-scale", Severity::critical,
-        fmt::format("{} KV cache with no usable scales: {} uses scale 1.0 for {}",
-                    ctx.resolved.kv_cache_dtype, ctx.engine_label(),
-                    ctx.resolved.skipped_layers.empty()
-                        ? std::string("every layer")
-                        : fmt::format("{} quantized layer(s)", layers.size())),
-        fmt::format("Silent precision loss that grows with context: {}.", numeric_meaning(ctx)),
-        evidence,
-        fmt::format("{} (twice the KV bytes per token: the decision table, with --gpu or "
-                    "--from-log, gives the tokens and concurrency left), or calibrate scales the "
-                    "engine loads: kvaudit calibrate --model DIR --engine {} --format {}",
-                    ctx.fix_flag("bf16"), ctx.engine().engine, ctx.resolved.kv_cache_dtype),
-        reference_text(fallback.provenance)});
+    const UnitScaleText text =
+        unit_scale_text(ctx.engine(), ctx.resolved.version, ctx.resolved.kv_cache_dtype);
+    ctx.findings.push_back(
+        Finding{"fp8-unit-scale", Severity::critical,
+                fmt::format("{} KV cache with no usable scales: {} uses scale 1.0 for {}",
+                            ctx.resolved.kv_cache_dtype, ctx.engine_label(),
+                            ctx.resolved.skipped_layers.empty()
+                                ? std::string("every layer")
+                                : fmt::format("{} quantized layer(s)", layers.size())),
+                text.consequence, evidence, text.fix, text.reference});
     return;
   }
   if (ctx.resolved.scale_source != ScaleSource::checkpoint) return;
@@ -155,7 +151,7 @@ void rule_unit_scale(Context& ctx) {
       Severity::critical,
       fmt::format("{} of {} attention layers have no loaded KV scale and run at scale 1.0",
                   missing.size(), layers.size()),
-      fmt::format("Those layers lose precision silently: {}.", numeric_meaning(ctx)),
+      fmt::format("Those layers lose precision silently: {}.", numeric_meaning(ctx.resolved.dtype)),
       {{model.dir.string(), "layers without k/v scales", names_preview(missing, 8)}},
       "export scales for every attention layer (kvaudit calibrate), or " + ctx.fix_flag("bf16"),
       reference_text(fallback.provenance)});
@@ -387,6 +383,21 @@ void rule_misleading_warning(Context& ctx) {
                   *ctx.resolved.scale_warning_text, ctx.resolved.scale_warning_meaning),
       evidence, "none: verify with kvaudit logs instead of grepping for the warning",
       reference_text(ctx.resolved.scale_warning_provenance) + "; sgl-project/sglang#31224"});
+}
+
+UnitScaleText unit_scale_text(const engines::EngineModel& engine, const engines::Version& version,
+                              const std::string& kv_cache_dtype) {
+  const std::string bf16 = engines::cli_spelling(engine, version, "bf16");
+  UnitScaleText out;
+  out.consequence = fmt::format("Silent precision loss that grows with context: {}.",
+                                numeric_meaning(engines::find_kv_dtype(kv_cache_dtype)));
+  out.fix = fmt::format(
+      "launch with --kv-cache-dtype {} (twice the KV bytes per token: the decision table, with "
+      "--gpu or --from-log, gives the tokens and concurrency left), or calibrate scales the "
+      "engine loads: kvaudit calibrate --model DIR --engine {} --format {}",
+      bf16.empty() ? "bf16" : bf16, engine.engine, kv_cache_dtype);
+  out.reference = reference_text(engine.fallback_for(version).provenance);
+  return out;
 }
 
 }  // namespace kvaudit::audit

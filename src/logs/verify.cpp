@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "audit/audit.h"
 #include "logs/logs.h"
 #include "logs/parse.h"
 #include "util/util.h"
@@ -103,17 +104,31 @@ void add_findings(Launch& launch, bool is_latest) {
   if (!launch.scale_fallback_reason.empty())
     scale_evidence.push_back({"launch", "scale_fallback", launch.scale_fallback_reason});
   if (launch.scale_fallback.value_or(false)) {
+    // The same finding check reports, in the same words, for the release the log printed
+    // (else the newest known one); the evidence is the log's own lines.
+    audit::UnitScaleText text{
+        "keys above 448 clip (or turn into NaN) and values below 2^-6 lose precision: "
+        "long-context recall suffers while benchmarks look fine",
+        "serve with --kv-cache-dtype bf16, or ship calibrated k_scale/v_scale (kvaudit "
+        "calibrate) that this engine version loads",
+        ""};
+    const auto known = engines::known_engines();
+    if (std::find(known.begin(), known.end(), launch.engine) != known.end()) {
+      const engines::EngineModel& engine = engines::engine_model(launch.engine);
+      const auto printed = engines::parse_version(launch.engine_version);
+      const auto version = printed && !launch.engine_version.empty()
+                               ? printed
+                               : engines::parse_version(engine.latest_known_version);
+      if (version) text = audit::unit_scale_text(engine, *version, launch.kv_cache_dtype_resolved);
+    }
     launch.findings.push_back(
         {"fp8-unit-scale", Severity::critical,
          fmt::format("{}: {} KV cache with scale 1.0", who, launch.kv_cache_dtype_resolved),
-         "keys above 448 clip (or turn into NaN) and values below 2^-6 lose "
-         "precision: long-context recall suffers while benchmarks look fine",
+         text.consequence,
          scale_evidence.empty()
              ? std::vector<Evidence>{{"launch", "scale_fallback", launch.scale_fallback_reason}}
              : scale_evidence,
-         "serve with --kv-cache-dtype bf16, or ship calibrated k_scale/v_scale "
-         "(kvaudit calibrate) that this engine version loads",
-         "ENGINE-FACTS §3 (SGLang BaseKVCacheMethod, vLLM scale check)"});
+         text.fix, text.reference});
   } else if (!launch.scale_fallback && quantized(launch.kv_cache_dtype_resolved)) {
     launch.findings.push_back(
         {"fp8-scale-unverified", Severity::warning,
