@@ -114,13 +114,12 @@ bool probe_failed(const RunResult& result) {
   return result.compare && result.compare->verdict == "different";
 }
 
-report::Report build_probe_report(const RunResult& result, const ProbeOptions& options) {
-  report::Report out;
-  out.command = "probe";
+namespace {
+
+// The servers: facts, the servers table, their findings (most severe first) and the
+// payload's per-server records.
+json add_servers(const RunResult& result, const ProbeOptions& options, report::Report& out) {
   const size_t sides = result.servers.size();
-  out.title = sides == 2 ? fmt::format("kvaudit probe: A {} vs B {}", result.servers[0].facts.url,
-                                       result.servers[1].facts.url)
-                         : fmt::format("kvaudit probe: {}", result.servers[0].facts.url);
   json servers = json::array();
   report::Table server_table{"servers", "Servers", {}, {}, ""};
   server_table.columns = {{"side", "Side", "", 0, false},
@@ -170,26 +169,45 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
   std::stable_sort(out.findings.begin(), out.findings.end(),
                    [](const auto& a, const auto& b) { return a.severity > b.severity; });
 
-  // Smoke.
+  return servers;
+}
+
+struct SmokeTally {
+  int failed = 0, total = 0;
+};
+
+// The smoke table.
+SmokeTally add_smoke(const RunResult& result, report::Report& out) {
+  const size_t sides = result.servers.size();
   report::Table smoke{"smoke", "Smoke test", {}, {}, ""};
   smoke.columns = {{"side", "Side", "", 0, false},     {"probe", "Probe", "", 0, false},
                    {"passed", "Passed", "", 0, false}, {"expected", "Expected", "", 0, false},
                    {"output", "Output", "", 0, false}, {"endpoint", "Endpoint", "", 0, false}};
-  int smoke_failed = 0, smoke_total = 0;
+  SmokeTally tally;
   for (size_t side = 0; side < sides; ++side)
     for (const auto& record : result.servers[side].records) {
       if (record.kind != "smoke") continue;
-      ++smoke_total;
-      smoke_failed += !record.passed;
+      ++tally.total;
+      tally.failed += !record.passed;
       smoke.rows.push_back(
           {Value(side_name(side, sides)), Value(record.id.substr(6)), Value(record.passed),
            Value(excerpt(record.expected)),
            Value(record.error.empty() ? excerpt(record.output) : "error: " + excerpt(record.error)),
            Value(excerpt(record.endpoint, 40))});
     }
-  if (smoke_total > 0) out.tables.push_back(std::move(smoke));
+  if (tally.total > 0) out.tables.push_back(std::move(smoke));
 
-  // Recall grid per server.
+  return tally;
+}
+
+struct RecallTally {
+  double exact = 0;
+  int total = 0;
+};
+
+// The recall grid per server, with a heatmap each (and B against A when comparing).
+RecallTally add_recall(const RunResult& result, report::Report& out) {
+  const size_t sides = result.servers.size();
   report::Table recall{"recall", "Long-context code recall", {}, {}, result.token_counting};
   recall.columns = {{"side", "Side", "", 0, false},
                     {"ctx_tokens", "Context", "tokens"},
@@ -198,8 +216,7 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
                     {"exact_match", "Exact match", "%", 0},
                     {"logprob_per_token", "Log-prob / token", "nats", 3},
                     {"errors", "Errors", ""}};
-  double exact_total = 0;
-  int recall_total = 0;
+  RecallTally tally;
   std::vector<std::map<std::pair<int64_t, int64_t>, CellScore>> exact_by_side;
   for (size_t side = 0; side < sides; ++side) {
     std::map<std::pair<int64_t, int64_t>, CellScore> cells;
@@ -218,8 +235,8 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
       cell.cases++;
       cell.exact += record.passed;
       if (side == 0 || sides == 1) {
-        exact_total += record.passed;
-        ++recall_total;
+        tally.exact += record.passed;
+        ++tally.total;
       }
       if (record.expected_logprob) {
         cell.logprob += *record.expected_logprob;
@@ -240,6 +257,11 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
   if (exact_by_side.size() == 2 && !exact_by_side[0].empty())
     out.charts.push_back(recall_heatmap(exact_by_side[1], 1, sides, &exact_by_side[0]));
 
+  return tally;
+}
+
+// The A/B table, chart and facts; the payload's "compare" (null without --compare).
+json add_compare(const RunResult& result, report::Report& out) {
   json compare_json;
   if (result.compare) {
     const CompareSummary& c = *result.compare;
@@ -317,14 +339,12 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
         {"recall_logprob_per_token_b", c.recall_logprob_b ? json(*c.recall_logprob_b) : json()},
         {"probes", std::move(probes)}};
   }
-  out.payload["servers"] = std::move(servers);
-  out.payload["compare"] = compare_json;
-  out.payload["token_counting"] = result.token_counting;
-  for (const auto& note : result.notes) out.notes.push_back(note);
-  if (!result.token_counting.empty())
-    out.notes.push_back("Prompt lengths counted with " + result.token_counting + ".");
+  return compare_json;
+}
 
-  // Verdict.
+// The verdict: the A/B result, the smoke and recall tallies, the findings to read.
+void set_verdict(const RunResult& result, const SmokeTally& smoke, const RecallTally& recall,
+                 report::Report& out) {
   report::Severity severity = report::Severity::info;
   for (const auto& finding : out.findings) severity = std::max(severity, finding.severity);
   std::vector<std::string> parts;
@@ -337,15 +357,15 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
     if (c.verdict == "measurably different")
       severity = std::max(severity, report::Severity::warning);
   }
-  if (smoke_total > 0) {
-    parts.push_back(smoke_failed == 0
-                        ? fmt::format("smoke: {} of {} passed", smoke_total, smoke_total)
-                        : fmt::format("smoke: {} of {} FAILED", smoke_failed, smoke_total));
-    if (smoke_failed) severity = report::Severity::critical;
+  if (smoke.total > 0) {
+    parts.push_back(smoke.failed == 0
+                        ? fmt::format("smoke: {} of {} passed", smoke.total, smoke.total)
+                        : fmt::format("smoke: {} of {} FAILED", smoke.failed, smoke.total));
+    if (smoke.failed) severity = report::Severity::critical;
   }
-  if (recall_total > 0 && !result.compare)
+  if (recall.total > 0 && !result.compare)
     parts.push_back(fmt::format("recall exact match {:.0f}% over {} cases",
-                                100.0 * exact_total / recall_total, recall_total));
+                                100.0 * recall.exact / recall.total, recall.total));
   if (parts.empty()) {
     const ServerFacts& f = result.servers[0].facts;
     parts.push_back(fmt::format("{} serving {} with KV dtype {}", f.engine, f.model_id,
@@ -359,6 +379,29 @@ report::Report build_probe_report(const RunResult& result, const ProbeOptions& o
   out.verdict.clear();
   for (size_t i = 0; i < parts.size(); ++i) out.verdict += (i ? "; " : "") + parts[i];
   out.verdict_severity = severity;
+}
+
+}  // namespace
+
+report::Report build_probe_report(const RunResult& result, const ProbeOptions& options) {
+  report::Report out;
+  out.command = "probe";
+  const size_t sides = result.servers.size();
+  out.title = sides == 2 ? fmt::format("kvaudit probe: A {} vs B {}", result.servers[0].facts.url,
+                                       result.servers[1].facts.url)
+                         : fmt::format("kvaudit probe: {}", result.servers[0].facts.url);
+  json servers = add_servers(result, options, out);
+  const SmokeTally smoke = add_smoke(result, out);
+  const RecallTally recall = add_recall(result, out);
+  json compare_json = add_compare(result, out);
+  out.payload["servers"] = std::move(servers);
+  out.payload["compare"] = compare_json;
+  out.payload["token_counting"] = result.token_counting;
+  for (const auto& note : result.notes) out.notes.push_back(note);
+  if (!result.token_counting.empty())
+    out.notes.push_back("Prompt lengths counted with " + result.token_counting + ".");
+
+  set_verdict(result, smoke, recall, out);
   return out;
 }
 
