@@ -354,7 +354,7 @@ void read_launch(JsonReader& top, EngineModel& model) {
   if (model.launch.entry_points.empty()) launch.fail("entry_points", "empty");
 }
 
-void read_rules(JsonReader& top, EngineModel& model) {
+void read_dtype_choices(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("kv_cache_dtype_choices")) {
     DtypeChoices choices;
     choices.versions = read_range(r, "versions");
@@ -378,6 +378,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
     r.finish();
     model.dtype_choices.push_back(std::move(choices));
   }
+}
+
+void read_auto_resolution(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("auto_resolution")) {
     AutoRule rule;
     rule.id = r.string("id");
@@ -395,12 +398,18 @@ void read_rules(JsonReader& top, EngineModel& model) {
     r.finish();
     model.auto_rules.push_back(std::move(rule));
   }
+}
+
+void read_kv_method_rules(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("kv_cache_methods")) {
     KvMethodRule rule{r.string("id"), read_range(r, "versions"), r.strings("quant_methods"),
                       r.string("reason"), read_provenance(r)};
     r.finish();
     model.kv_method_rules.push_back(std::move(rule));
   }
+}
+
+void read_scale_name_rules(JsonReader& top, EngineModel& model) {
   auto read_scale_rules = [&](const char* key, bool drops) {
     std::vector<ScaleNameRule> rules;
     for (JsonReader& r : top.objects(key)) {
@@ -428,6 +437,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
   };
   model.scale_name_rules = read_scale_rules("scale_names", false);
   model.scale_drop_rules = read_scale_rules("scale_drops", true);
+}
+
+void read_fallback_rules(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("fallback")) {
     FallbackRule rule;
     rule.versions = read_range(r, "versions");
@@ -460,6 +472,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
       r.fail("zero_error", "a start-up error needs the engine's message");
     model.fallback_rules.push_back(std::move(rule));
   }
+}
+
+void read_scale_warnings(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("scale_warnings")) {
     ScaleWarningRule rule;
     rule.id = r.string("id");
@@ -474,6 +489,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
     r.finish();
     model.scale_warnings.push_back(std::move(rule));
   }
+}
+
+void read_flag_lifecycle(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("flag_lifecycle")) {
     FlagRule rule;
     rule.id = r.string("id");
@@ -494,6 +512,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
     if (!parsed) r.fail("flag", fmt::format("{} is not among launch.flags", rule.flag));
     model.flag_rules.push_back(std::move(rule));
   }
+}
+
+void read_param_path_rules(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("quantization_param_path")) {
     ParamPathRule rule;
     rule.id = r.string("id");
@@ -516,6 +537,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
   }
   model.has_quantization_param_path = model.launch.flags.count("quantization_param_path") > 0;
   model.has_dynamic_scales_flag = model.launch.flags.count("calculate_kv_scales") > 0;
+}
+
+void read_checkpoint_aborts(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("checkpoint_aborts")) {
     CheckpointAbort rule;
     rule.id = r.string("id");
@@ -529,6 +553,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
     r.finish();
     model.checkpoint_aborts.push_back(std::move(rule));
   }
+}
+
+void read_dtype_hazards(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("dtype_hazards")) {
     DtypeHazard rule;
     rule.id = r.string("id");
@@ -542,6 +569,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
     r.finish();
     model.dtype_hazards.push_back(std::move(rule));
   }
+}
+
+void read_defaults(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("defaults")) {
     EngineDefaults d;
     d.versions = read_range(r, "versions");
@@ -567,6 +597,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
       r.fail("mamba_ssm_dtype", fmt::format("unknown dtype '{}'", d.mamba_ssm_dtype));
     model.defaults.push_back(std::move(d));
   }
+}
+
+void read_log_templates(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("log_messages")) {
     LogTemplate log;
     log.id = r.string("id");
@@ -587,6 +620,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
     }
     model.log_templates.push_back(std::move(log));
   }
+}
+
+void read_server_info(JsonReader& top, EngineModel& model) {
   if (auto info = top.optional_object("server_info")) {
     ServerInfoSpec spec;
     spec.endpoints = info->strings("endpoints");
@@ -595,6 +631,23 @@ void read_rules(JsonReader& top, EngineModel& model) {
     info->finish();
     model.server_info = spec;
   }
+}
+
+// Every rule section of an engine file, in file order.
+void read_rules(JsonReader& top, EngineModel& model) {
+  read_dtype_choices(top, model);
+  read_auto_resolution(top, model);
+  read_kv_method_rules(top, model);
+  read_scale_name_rules(top, model);
+  read_fallback_rules(top, model);
+  read_scale_warnings(top, model);
+  read_flag_lifecycle(top, model);
+  read_param_path_rules(top, model);
+  read_checkpoint_aborts(top, model);
+  read_dtype_hazards(top, model);
+  read_defaults(top, model);
+  read_log_templates(top, model);
+  read_server_info(top, model);
 }
 
 // Cross-rule checks: what no single object can see.
