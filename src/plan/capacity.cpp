@@ -171,27 +171,14 @@ SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::Eng
   return rules;
 }
 
-CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOptions& options) {
-  const engines::EngineModel& engine = engines::engine_model(options.engine);
-  auto parsed_version = engines::parse_version(options.engine_version);
-  if (!parsed_version)
-    throw InputError("--engine-version", "cannot read version '" + options.engine_version + "'");
-  const engines::Version version = *parsed_version;
-  const engines::EngineDefaults& defaults = engine.defaults_for(version);
-  const SizingRules rules = sizing_rules(model, engine, version, options);
-  const bool token_pool = engine.capacity.model == engines::CapacityModel::sglang_token_pool;
-  CapacityPlan plan;
-  plan.engine = options.engine;
-  plan.engine_version =
-      options.engine_version.empty() ? engine.latest_known_version : options.engine_version;
-  plan.parallel = options.parallel;
-  plan.gpu_name = options.gpu_name;
-  if (options.parallel.tp < 1 || options.parallel.pp < 1 || options.parallel.dp < 1 ||
-      options.parallel.dcp < 1)
-    throw InputError("--tp/--pp/--dp", "must be at least 1");
-  if (options.parallel.dp_attention && options.parallel.tp % options.parallel.dp != 0)
-    throw InputError("--dp", "DP attention needs TP divisible by DP");
+namespace {
 
+// The dtypes to plan: the ones asked for, else the model dtype then every dtype this
+// release accepts, widest first.
+std::vector<const engines::KvDtype*> planned_dtypes(const checkpoint::ModelFacts& model,
+                                                    const engines::EngineModel& engine,
+                                                    const engines::Version& version,
+                                                    const PlanOptions& options) {
   std::vector<const engines::KvDtype*> dtypes;
   for (const auto& name : options.kv_cache_dtypes) {
     const engines::KvDtype* dtype = &plan_dtype(engine, version, name);
@@ -224,6 +211,12 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
     dtypes.insert(dtypes.end(), others.begin(), others.end());
   }
 
+  return dtypes;
+}
+
+// GPU memory and weights per GPU (given, else the checkpoint's bytes over TP x PP).
+void set_weights(const checkpoint::ModelFacts& model, const PlanOptions& options,
+                 CapacityPlan& plan) {
   plan.gpu_memory_bytes = options.gpu_memory_bytes.value_or(0);
   if (options.weight_bytes_per_gpu) {
     plan.weight_bytes_per_gpu = *options.weight_bytes_per_gpu;
@@ -239,13 +232,13 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
     plan.notes.push_back(
         "no safetensors headers read: weights per GPU taken as 0 (pass --weights-per-gpu)");
   }
+}
 
-  const double mamba_ratio =
-      options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9));
-  const double swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
-  const int mamba_request_ratio = defaults.mamba_requests_per_slot.value_or(1);
-  const int page = options.page_size.value_or(defaults.page_size.value_or(token_pool ? 1 : 16));
-
+// The KV budget per GPU as the engine computes it: SGLang's profile with
+// mem_fraction_static (given or its default table), vLLM's gpu_memory_utilization.
+void set_budget(const engines::EngineModel& engine, const engines::Version& version,
+                const engines::EngineDefaults& defaults, const SizingRules& rules,
+                const PlanOptions& options, bool token_pool, CapacityPlan& plan) {
   if (plan.gpu_memory_bytes > 0) {
     if (token_pool) {
       if (options.memory_fraction) {
@@ -299,6 +292,92 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
   } else {
     plan.notes.push_back("no GPU memory given (--gpu or --gpu-mem): bytes per token only");
   }
+}
+
+// One dtype's row: bytes per token per GPU, pool, tokens and concurrency.
+PlanRow plan_row(const checkpoint::ModelFacts& model, const engines::KvDtype* dtype,
+                 const PlanOptions& options, const SizingRules& rules, bool token_pool,
+                 const CapacityPlan& plan, double mamba_ratio, double swa_ratio,
+                 int mamba_request_ratio, int page) {
+  PlanRow row;
+  row.kv_cache_dtype = dtype->name;
+  if (token_pool) {
+    CellSize cell = sglang_cell_size(model, *dtype, options.parallel, rules);
+    auto mamba = sglang_mamba_state(model, options.parallel, rules);
+    row.cell_bytes_per_token_per_gpu = cell.bytes_per_token;
+    row.derivation = cell.derivation;
+    if (mamba) {
+      row.mamba_state_bytes_per_request = mamba->bytes_per_request;
+      for (const auto& line : mamba->derivation) row.derivation.push_back(line);
+    }
+    if (plan.gpu_memory_bytes > 0) {
+      SglangPools pools = sglang_pools(plan.budget_bytes, cell, mamba, mamba_ratio, page,
+                                       options.max_total_tokens, std::nullopt, swa_ratio);
+      if (options.parallel.dcp > 1) {
+        pools.max_total_tokens *= options.parallel.dcp;
+        pools.derivation.push_back(
+            fmt::format("x DCP {} = {} tokens", options.parallel.dcp, pools.max_total_tokens));
+      }
+      row.kv_pool_bytes = pools.kv_budget_bytes;
+      row.max_total_tokens = pools.max_total_tokens;
+      row.swa_tokens = pools.swa_tokens;
+      row.mamba_slots = pools.mamba_slots;
+      row.mamba_pool_bytes = pools.mamba_pool_bytes;
+      for (const auto& line : pools.derivation) row.derivation.push_back(line);
+      row.concurrency = sglang_concurrency(pools, cell, options, mamba_request_ratio);
+    }
+  } else {
+    VllmLayout layout = vllm_layout(model, *dtype, options.parallel, page);
+    row.cell_bytes_per_token_per_gpu = layout.bytes_per_token;
+    row.derivation = layout.derivation;
+    if (plan.gpu_memory_bytes > 0 && plan.budget_bytes > 0) {
+      row.num_blocks = plan.budget_bytes / layout.page_bytes_per_layer / layout.group_size;
+      row.kv_pool_bytes = row.num_blocks * layout.page_bytes_per_layer * layout.group_size;
+      row.max_total_tokens = row.num_blocks / layout.num_groups * layout.block_size;
+      row.derivation.push_back(fmt::format(
+          "num_blocks = {} B // {} B // {} layers = {}; tokens = {} // {} group(s) x {} = {}",
+          plan.budget_bytes, layout.page_bytes_per_layer, layout.group_size, row.num_blocks,
+          row.num_blocks, layout.num_groups, layout.block_size, row.max_total_tokens));
+      row.concurrency = vllm_concurrency(row.num_blocks, layout, options);
+    }
+  }
+  return row;
+}
+
+}  // namespace
+
+// The passes: the dtypes, the weights, the budget, then a row per dtype.
+CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOptions& options) {
+  const engines::EngineModel& engine = engines::engine_model(options.engine);
+  auto parsed_version = engines::parse_version(options.engine_version);
+  if (!parsed_version)
+    throw InputError("--engine-version", "cannot read version '" + options.engine_version + "'");
+  const engines::Version version = *parsed_version;
+  const engines::EngineDefaults& defaults = engine.defaults_for(version);
+  const SizingRules rules = sizing_rules(model, engine, version, options);
+  const bool token_pool = engine.capacity.model == engines::CapacityModel::sglang_token_pool;
+  CapacityPlan plan;
+  plan.engine = options.engine;
+  plan.engine_version =
+      options.engine_version.empty() ? engine.latest_known_version : options.engine_version;
+  plan.parallel = options.parallel;
+  plan.gpu_name = options.gpu_name;
+  if (options.parallel.tp < 1 || options.parallel.pp < 1 || options.parallel.dp < 1 ||
+      options.parallel.dcp < 1)
+    throw InputError("--tp/--pp/--dp", "must be at least 1");
+  if (options.parallel.dp_attention && options.parallel.tp % options.parallel.dp != 0)
+    throw InputError("--dp", "DP attention needs TP divisible by DP");
+
+  const std::vector<const engines::KvDtype*> dtypes =
+      planned_dtypes(model, engine, version, options);
+  set_weights(model, options, plan);
+  const double mamba_ratio =
+      options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9));
+  const double swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
+  const int mamba_request_ratio = defaults.mamba_requests_per_slot.value_or(1);
+  const int page = options.page_size.value_or(defaults.page_size.value_or(token_pool ? 1 : 16));
+
+  set_budget(engine, version, defaults, rules, options, token_pool, plan);
   if (!token_pool && model.linear_attention)
     plan.notes.push_back(
         "vLLM hybrid GDN/Mamba layouts (attention pages padded to the Mamba state page) are not "
@@ -310,51 +389,9 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
         "read from SGLang's test stub of get_num_kv_heads, not confirmed in a release)",
         options.parallel.dcp, options.parallel.dcp));
 
-  for (const engines::KvDtype* dtype : dtypes) {
-    PlanRow row;
-    row.kv_cache_dtype = dtype->name;
-    if (token_pool) {
-      CellSize cell = sglang_cell_size(model, *dtype, options.parallel, rules);
-      auto mamba = sglang_mamba_state(model, options.parallel, rules);
-      row.cell_bytes_per_token_per_gpu = cell.bytes_per_token;
-      row.derivation = cell.derivation;
-      if (mamba) {
-        row.mamba_state_bytes_per_request = mamba->bytes_per_request;
-        for (const auto& line : mamba->derivation) row.derivation.push_back(line);
-      }
-      if (plan.gpu_memory_bytes > 0) {
-        SglangPools pools = sglang_pools(plan.budget_bytes, cell, mamba, mamba_ratio, page,
-                                         options.max_total_tokens, std::nullopt, swa_ratio);
-        if (options.parallel.dcp > 1) {
-          pools.max_total_tokens *= options.parallel.dcp;
-          pools.derivation.push_back(
-              fmt::format("x DCP {} = {} tokens", options.parallel.dcp, pools.max_total_tokens));
-        }
-        row.kv_pool_bytes = pools.kv_budget_bytes;
-        row.max_total_tokens = pools.max_total_tokens;
-        row.swa_tokens = pools.swa_tokens;
-        row.mamba_slots = pools.mamba_slots;
-        row.mamba_pool_bytes = pools.mamba_pool_bytes;
-        for (const auto& line : pools.derivation) row.derivation.push_back(line);
-        row.concurrency = sglang_concurrency(pools, cell, options, mamba_request_ratio);
-      }
-    } else {
-      VllmLayout layout = vllm_layout(model, *dtype, options.parallel, page);
-      row.cell_bytes_per_token_per_gpu = layout.bytes_per_token;
-      row.derivation = layout.derivation;
-      if (plan.gpu_memory_bytes > 0 && plan.budget_bytes > 0) {
-        row.num_blocks = plan.budget_bytes / layout.page_bytes_per_layer / layout.group_size;
-        row.kv_pool_bytes = row.num_blocks * layout.page_bytes_per_layer * layout.group_size;
-        row.max_total_tokens = row.num_blocks / layout.num_groups * layout.block_size;
-        row.derivation.push_back(fmt::format(
-            "num_blocks = {} B // {} B // {} layers = {}; tokens = {} // {} group(s) x {} = {}",
-            plan.budget_bytes, layout.page_bytes_per_layer, layout.group_size, row.num_blocks,
-            row.num_blocks, layout.num_groups, layout.block_size, row.max_total_tokens));
-        row.concurrency = vllm_concurrency(row.num_blocks, layout, options);
-      }
-    }
-    plan.rows.push_back(std::move(row));
-  }
+  for (const engines::KvDtype* dtype : dtypes)
+    plan.rows.push_back(plan_row(model, dtype, options, rules, token_pool, plan, mamba_ratio,
+                                 swa_ratio, mamba_request_ratio, page));
   return plan;
 }
 
