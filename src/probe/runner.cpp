@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -315,6 +316,83 @@ std::optional<checkpoint::ModelFacts> local_checkpoint(const std::string& dir,
 
 }  // namespace
 
+namespace {
+
+// The probes to run: the smoke set and the recall grid (cells the server's context cannot
+// hold are skipped with a note).
+std::vector<Spec> probe_specs(const ProbeOptions& options, std::optional<int64_t> context,
+                              RunResult& result) {
+  std::vector<Spec> specs;
+  if (options.smoke)
+    for (const char* which : {"short", "arithmetic", "medium"})
+      specs.push_back({fmt::format("smoke/{}", which), "smoke", which});
+  if (options.recall) {
+    for (int64_t ctx : options.ctx_tokens)
+      for (int64_t depth : options.depth_tokens) {
+        if (depth >= ctx) continue;
+        if (context && ctx + 64 > *context) {
+          result.notes.push_back(fmt::format(
+              "recall ctx {} skipped: the server's context length is {} tokens", ctx, *context));
+          continue;
+        }
+        for (int c = 0; c < options.cases_per_cell; ++c)
+          specs.push_back({fmt::format("recall/ctx={}/depth={}/case={}", ctx, depth, c), "recall",
+                           "", ctx, depth, c});
+      }
+    std::sort(result.notes.begin(), result.notes.end());
+    result.notes.erase(std::unique(result.notes.begin(), result.notes.end()), result.notes.end());
+  }
+
+  return specs;
+}
+
+// Records a results file already holds, keyed by server, probe and settings, into their
+// slots (a resumed run asks nothing twice).
+void resume_from_file(const ProbeOptions& options, const std::vector<Spec>& specs,
+                      const std::function<std::string(size_t, const Spec&)>& key_of,
+                      std::vector<std::vector<std::optional<ProbeRecord>>>& slots,
+                      RunResult& result) {
+  const size_t sides = slots.size();
+  if (options.results_path.empty()) return;
+  {
+    ResultsFile previous = load_results(options.results_path);
+    std::map<std::string, ProbeRecord> by_key;
+    for (auto& [key, record] : previous.records) by_key[key] = std::move(record);
+    for (size_t side = 0; side < sides; ++side)
+      for (size_t i = 0; i < specs.size(); ++i)
+        if (auto it = by_key.find(key_of(side, specs[i])); it != by_key.end()) {
+          slots[side][i] = it->second;
+          result.servers[side].resumed++;
+        }
+    if (previous.skipped_lines > 0)
+      result.notes.push_back(
+          fmt::format("{}: skipped {} unreadable line(s) (a torn last line "
+                      "from a killed run is expected)",
+                      options.results_path, previous.skipped_lines));
+  }
+}
+
+// The finished records into each server's run, with the notes the probes forced and the
+// clients' request counts.
+void collect_records(std::vector<std::vector<std::optional<ProbeRecord>>>& slots,
+                     const std::vector<std::unique_ptr<net::Client>>& clients, RunResult& result) {
+  const size_t sides = slots.size();
+  for (size_t side = 0; side < sides; ++side) {
+    std::map<std::string, int> notes;  // forced_note -> probes
+    for (auto& slot : slots[side])
+      if (slot) {
+        if (!slot->forced_note.empty()) ++notes[slot->forced_note];
+        result.servers[side].records.push_back(std::move(*slot));
+      }
+    for (const auto& [note, count] : notes)
+      result.notes.push_back(fmt::format("{}: {} of {} probes: {}", result.servers[side].facts.url,
+                                         count, result.servers[side].records.size(), note));
+    result.servers[side].client_stats = clients[side]->stats();
+  }
+}
+
+}  // namespace
+
 RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client_options,
                      const ProbeOptions& options, const std::string& checkpoint_dir) {
   if (urls.empty() || urls.size() > 2)
@@ -341,26 +419,7 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
     if (run.facts.context_length && (!context || *run.facts.context_length < *context))
       context = run.facts.context_length;
 
-  std::vector<Spec> specs;
-  if (options.smoke)
-    for (const char* which : {"short", "arithmetic", "medium"})
-      specs.push_back({fmt::format("smoke/{}", which), "smoke", which});
-  if (options.recall) {
-    for (int64_t ctx : options.ctx_tokens)
-      for (int64_t depth : options.depth_tokens) {
-        if (depth >= ctx) continue;
-        if (context && ctx + 64 > *context) {
-          result.notes.push_back(fmt::format(
-              "recall ctx {} skipped: the server's context length is {} tokens", ctx, *context));
-          continue;
-        }
-        for (int c = 0; c < options.cases_per_cell; ++c)
-          specs.push_back({fmt::format("recall/ctx={}/depth={}/case={}", ctx, depth, c), "recall",
-                           "", ctx, depth, c});
-      }
-    std::sort(result.notes.begin(), result.notes.end());
-    result.notes.erase(std::unique(result.notes.begin(), result.notes.end()), result.notes.end());
-  }
+  std::vector<Spec> specs = probe_specs(options, context, result);
 
   // Prompt lengths are measured with the first server's tokenizer when it has one; both
   // sides get the identical text either way.
@@ -382,22 +441,8 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
     return fmt::format("{}|{}|{}|model={}", result.servers[side].facts.url, spec.id, fingerprint,
                        models[side]);
   };
-  if (!options.results_path.empty()) {
-    ResultsFile previous = load_results(options.results_path);
-    std::map<std::string, ProbeRecord> by_key;
-    for (auto& [key, record] : previous.records) by_key[key] = std::move(record);
-    for (size_t side = 0; side < sides; ++side)
-      for (size_t i = 0; i < specs.size(); ++i)
-        if (auto it = by_key.find(key_of(side, specs[i])); it != by_key.end()) {
-          slots[side][i] = it->second;
-          result.servers[side].resumed++;
-        }
-    if (previous.skipped_lines > 0)
-      result.notes.push_back(
-          fmt::format("{}: skipped {} unreadable line(s) (a torn last line "
-                      "from a killed run is expected)",
-                      options.results_path, previous.skipped_lines));
-  }
+  resume_from_file(options, specs, key_of, slots, result);
+
   struct Task {
     size_t side, spec;
   };
@@ -495,18 +540,8 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
     throw InputError("probe", fmt::format("{} (stopped after {} of {} probes; {})", *failure,
                                           finished, total, kept));
   }
-  for (size_t side = 0; side < sides; ++side) {
-    std::map<std::string, int> notes;  // forced_note -> probes
-    for (auto& slot : slots[side])
-      if (slot) {
-        if (!slot->forced_note.empty()) ++notes[slot->forced_note];
-        result.servers[side].records.push_back(std::move(*slot));
-      }
-    for (const auto& [note, count] : notes)
-      result.notes.push_back(fmt::format("{}: {} of {} probes: {}", result.servers[side].facts.url,
-                                         count, result.servers[side].records.size(), note));
-    result.servers[side].client_stats = clients[side]->stats();
-  }
+  collect_records(slots, clients, result);
+
   if (sides == 2)
     result.compare = compare_records(result.servers[0].records, result.servers[1].records);
   return result;
