@@ -54,12 +54,11 @@ struct KvStats {
 struct CollectOptions {
   int64_t chunk_tokens = 1024;  // the text is run in independent sequences of this length
   double percentile = 100.0;    // also collect this percentile of per-token head maxima
-  int threads = 2;
 };
 
 // Runs `tokens` through the reference engine (BF16 KV cache) and records K/V maxima.
 KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tokens,
-                         const CollectOptions& options);
+                         const CollectOptions& options, numerics::ThreadPool& pool);
 nlohmann::json kv_stats_to_json(const KvStats& stats);
 // Parses and validates a statistics document (InputError(label, ...) on any problem:
 // missing layers, NaN or negative maxima, wrong lengths).
@@ -101,7 +100,8 @@ struct LayerClipping {
 std::vector<LayerClipping> measure_clipping(const model::Model& model,
                                             std::span<const int32_t> tokens,
                                             const std::vector<LayerScales>& scales,
-                                            Granularity granularity, const CollectOptions& options);
+                                            Granularity granularity, const CollectOptions& options,
+                                            numerics::ThreadPool& pool);
 
 // Scales as a model::Session takes them (explicit, bit for bit), per layer {K, V}.
 std::vector<std::array<numerics::StaticAmax, 2>> session_scales(

@@ -38,13 +38,12 @@ std::vector<float> head_percentile(const std::vector<float>& token_head, int hea
 }  // namespace
 
 KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tokens,
-                         const CollectOptions& options) {
+                         const CollectOptions& options, numerics::ThreadPool& pool) {
   const model::ModelConfig& config = model.config();
   if (tokens.empty()) throw InputError("--text", "the calibration text holds no tokens");
   if (options.chunk_tokens < 1) throw InputError("--ctx", "must be at least 1 token");
   if (!(options.percentile > 0.0 && options.percentile <= 100.0))
     throw InputError("--percentile", "must lie in (0, 100]");
-  model::ThreadPool pool(options.threads);
   model::Session session(model, numerics::parse_kv_format("bf16"), pool);
   session.capture_amax(true);
   std::vector<float> unused;
@@ -89,10 +88,9 @@ std::vector<std::array<numerics::StaticAmax, 2>> session_scales(
 std::vector<LayerClipping> measure_clipping(const model::Model& model,
                                             std::span<const int32_t> tokens,
                                             const std::vector<LayerScales>& scales,
-                                            Granularity granularity,
-                                            const CollectOptions& options) {
+                                            Granularity granularity, const CollectOptions& options,
+                                            numerics::ThreadPool& pool) {
   const std::string spec = granularity == Granularity::tensor ? "fp8_e4m3:tensor" : "fp8_e4m3:head";
-  model::ThreadPool pool(options.threads);
   model::Session session(model, numerics::parse_kv_format(spec), pool, session_scales(scales));
   std::vector<float> unused;
   const int64_t chunk = std::min<int64_t>(

@@ -52,20 +52,21 @@ int run_calibrate_command(const CalibrateFlags& flags) {
   std::optional<std::vector<calibrate::LayerClipping>> clipping;
   std::vector<calibrate::LayerScales> scales;
   calibrate::CollectOptions collect;
-  collect.threads = flags.threads;
   collect.percentile = flags.percentile;
   if (!flags.text_file.empty()) {
     auto ctx = parse_token_count(flags.ctx);
     if (!ctx || *ctx < 1) throw InputError("--ctx", "expects a token count like 1024 or 4k");
     collect.chunk_tokens = *ctx;
     auto model = model::Model::load(flags.model_dir);
+    numerics::ThreadPool pool(flags.threads);
     auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
                                                                             : flags.tokenizer_dir);
     std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));
-    stats = calibrate::collect_kv_stats(*model, tokens, collect);
+    stats = calibrate::collect_kv_stats(*model, tokens, collect, pool);
     stats.source = fmt::format("reference engine over {}", flags.text_file);
     scales = calibrate::compute_scales(stats, options);
-    clipping = calibrate::measure_clipping(*model, tokens, scales, options.granularity, collect);
+    clipping =
+        calibrate::measure_clipping(*model, tokens, scales, options.granularity, collect, pool);
   } else {
     stats = calibrate::read_kv_stats(flags.stats_file);
     if (options.use_percentile && stats.percentile != flags.percentile)

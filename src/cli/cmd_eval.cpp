@@ -39,6 +39,7 @@ int run_eval_command(const EvalFlags& flags) {
   std::vector<std::string> formats = flags.kv.empty() ? std::vector<std::string>{"bf16"} : flags.kv;
   for (const std::string& spec : formats) numerics::parse_kv_format(spec);  // fail early
   auto model = model::Model::load(flags.model_dir);
+  numerics::ThreadPool pool(flags.threads);  // owned here, shared by every pass
   auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
                                                                           : flags.tokenizer_dir);
 
@@ -69,12 +70,11 @@ int run_eval_command(const EvalFlags& flags) {
     options.max_chunks = flags.chunks;
     options.first_scored = flags.score_from;
     options.position_buckets = flags.buckets;
-    options.threads = flags.threads;
     options.loaded_scales = loaded;
     if (!flags.calibration_file.empty())
       options.calibration_tokens = tokenizer.encode(read_text_file(flags.calibration_file));
     std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));
-    perplexity = eval::run_perplexity(*model, tokens, options);
+    perplexity = eval::run_perplexity(*model, tokens, options, pool);
     eval::add_perplexity_to_report(*perplexity, out);
   }
   std::optional<eval::RecallResult> recall;
@@ -85,9 +85,8 @@ int run_eval_command(const EvalFlags& flags) {
     options.depth_tokens = parse_token_counts(flags.recall_depth, "--recall-depth", "256,512,8k");
     options.cases_per_cell = flags.recall_cases;
     options.seed = flags.seed;
-    options.threads = flags.threads;
     options.loaded_scales = loaded;
-    recall = eval::run_recall(*model, tokenizer, options);
+    recall = eval::run_recall(*model, tokenizer, options, pool);
     eval::add_recall_to_report(*recall, out);
   }
   eval::set_eval_verdict(perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr, out);

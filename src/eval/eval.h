@@ -97,8 +97,7 @@ struct PerplexityOptions {
   int64_t max_chunks = 0;               // 0: as many as the text holds
   int64_t first_scored = -1;            // -1: n_ctx / 2 (llama.cpp)
   int position_buckets = 4;             // over the scored range
-  int threads = 2;
-  int64_t piece_tokens = 512;  // tokens per forward call (bounds logits memory)
+  int64_t piece_tokens = 512;           // tokens per forward call (bounds logits memory)
   // Static scales (":tensor", ":head", ":channel", nvfp4 tensor scale) are calibrated from
   // the baseline's K/V on these tokens (empty: on the first chunk of the eval text).
   std::vector<int32_t> calibration_tokens;
@@ -141,7 +140,7 @@ std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
 // Runs every format over the same chunks; the baseline's log-probs are computed once per
 // chunk and reused. Throws InputError when the text is shorter than one chunk.
 PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
-                                const PerplexityOptions& options);
+                                const PerplexityOptions& options, numerics::ThreadPool& pool);
 
 // ---------------------------------------------------------------- recall probe
 
@@ -178,7 +177,6 @@ struct RecallOptions {
   std::vector<int64_t> depth_tokens = {32, 128, 384};  // cells with depth >= ctx are skipped
   int cases_per_cell = 4;
   uint64_t seed = 1;
-  int threads = 2;
   bool with_control = true;  // also score control cases (first format only)
   LoadedScales loaded_scales;
 };
@@ -206,7 +204,7 @@ struct RecallResult {
 // Teacher-forced scoring of recall cases on the reference engine. Static-scale formats
 // are calibrated on the first case's baseline K/V.
 RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
-                        const RecallOptions& options);
+                        const RecallOptions& options, numerics::ThreadPool& pool);
 
 // Teacher-forced score of one case (exposed for tests): tokens of prompt + expected are
 // run once; the expected text's tokens are those that end after the prompt's bytes.

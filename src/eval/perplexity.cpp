@@ -60,7 +60,7 @@ std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
 }
 
 PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
-                                const PerplexityOptions& options) {
+                                const PerplexityOptions& options, numerics::ThreadPool& pool) {
   if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
   if (options.ctx_tokens < 4) throw InputError("--ctx", "must be at least 4 tokens");
   PerplexityResult result;
@@ -80,7 +80,6 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
   const int64_t vocab = model.config().vocab_size;
   result.simd_target = model::kernel_target_name();
 
-  model::ThreadPool pool(options.threads);
   std::vector<numerics::KvFormat> formats;
   for (const std::string& spec : options.kv_formats)
     formats.push_back(numerics::parse_kv_format(spec));

@@ -189,12 +189,11 @@ RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenize
 }
 
 RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
-                        const RecallOptions& options) {
+                        const RecallOptions& options, numerics::ThreadPool& pool) {
   if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
   TokenCounter counter = [&](std::string_view text) {
     return static_cast<int64_t>(tokenizer.encode(text).size());
   };
-  model::ThreadPool pool(options.threads);
   RecallResult result;
   std::vector<numerics::KvFormat> formats;
   for (const std::string& spec : options.kv_formats)

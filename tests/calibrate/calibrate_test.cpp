@@ -16,6 +16,12 @@
 namespace kvaudit::calibrate {
 namespace {
 
+// The tests' thread pool, owned here as the CLI owns its own.
+numerics::ThreadPool& test_pool() {
+  static numerics::ThreadPool pool(2);
+  return pool;
+}
+
 namespace fs = std::filesystem;
 using kvaudit::testing::fixture_checkpoint;
 using nlohmann::json;
@@ -130,7 +136,7 @@ class FixtureModel : public ::testing::Test {
     CollectOptions options;
     options.chunk_tokens = 512;
     options.percentile = 99.0;
-    stats_ = collect_kv_stats(*model_, tokens_, options);
+    stats_ = collect_kv_stats(*model_, tokens_, options, test_pool());
   }
   static void TearDownTestSuite() { delete model_; }
   static model::Model* model_;
@@ -161,8 +167,8 @@ TEST_F(FixtureModel, CollectsPerHeadMaximaAndPercentiles) {
   float tensor_max = *std::max_element(channels.begin(), channels.end());
   CollectOptions one_chunk;
   one_chunk.chunk_tokens = 512;
-  KvStats first =
-      collect_kv_stats(*model_, std::span<const int32_t>(tokens_).first(512), one_chunk);
+  KvStats first = collect_kv_stats(*model_, std::span<const int32_t>(tokens_).first(512), one_chunk,
+                                   test_pool());
   EXPECT_EQ(*std::max_element(first.layers[0].k_amax.begin(), first.layers[0].k_amax.end()),
             tensor_max);
 }
@@ -172,7 +178,7 @@ TEST_F(FixtureModel, CalibratedScalesDoNotClipTheCalibrationText) {
   CollectOptions options;
   options.chunk_tokens = 512;
   std::vector<LayerClipping> clipping =
-      measure_clipping(*model_, tokens_, scales, Granularity::tensor, options);
+      measure_clipping(*model_, tokens_, scales, Granularity::tensor, options, test_pool());
   // Layer 0 sees exactly the K/V it was calibrated on: its maximum maps onto 448, nothing
   // clips. Later layers see activations already shaped by the FP8 cache below them, which can
   // step slightly past the BF16-calibrated maxima: rare, but real, and reported.
@@ -186,7 +192,7 @@ TEST_F(FixtureModel, CalibratedScalesDoNotClipTheCalibrationText) {
   p99.use_percentile = true;
   double clipped = 0.0;
   for (const LayerClipping& layer : measure_clipping(*model_, tokens_, compute_scales(stats_, p99),
-                                                     Granularity::tensor, options))
+                                                     Granularity::tensor, options, test_pool()))
     clipped += layer.k_saturated + layer.v_saturated;
   EXPECT_GT(clipped, 0.0);  // the p99 maxima leave the top tokens above the range
 }
@@ -323,7 +329,7 @@ TEST_F(FixtureModel, CalibratedScalesBeatScaleOneInEval) {
   options.ctx_tokens = 256;
   options.max_chunks = 4;
   options.loaded_scales = {session_scales(compute_scales(stats_, {})), "calibration"};
-  eval::PerplexityResult result = eval::run_perplexity(*model_, eval_tokens, options);
+  eval::PerplexityResult result = eval::run_perplexity(*model_, eval_tokens, options, test_pool());
   const eval::KldSummary& unit = result.formats[1].summary;
   const eval::KldSummary& calibrated = result.formats[2].summary;
   EXPECT_EQ(result.formats[2].calibration, "scales loaded from calibration");

@@ -15,6 +15,12 @@
 namespace kvaudit::eval {
 namespace {
 
+// The tests' thread pool, owned here as the CLI owns its own.
+numerics::ThreadPool& test_pool() {
+  static numerics::ThreadPool pool(2);
+  return pool;
+}
+
 namespace fs = std::filesystem;
 
 fs::path fixture_dir() {
@@ -48,7 +54,8 @@ TEST(Fixture, HeldOutLossMatchesPyTorch) {
   options.ctx_tokens = held["seq_len"].get<int64_t>();
   options.max_chunks = held["chunks"].get<int64_t>();
   options.first_scored = 0;  // PyTorch scored every position of each chunk
-  PerplexityResult result = run_perplexity(*fixture().model, fixture().heldout, options);
+  PerplexityResult result =
+      run_perplexity(*fixture().model, fixture().heldout, options, test_pool());
   const double nll = std::log(result.formats[0].summary.ppl_base);
   EXPECT_NEAR(nll, held["mean_nll_nats"].get<double>(), 2e-3);
 }
@@ -58,7 +65,8 @@ TEST(Fixture, PerplexityFarBelowUniform) {
   options.kv_formats = {"bf16"};
   options.ctx_tokens = 256;
   options.max_chunks = 8;
-  PerplexityResult result = run_perplexity(*fixture().model, fixture().heldout, options);
+  PerplexityResult result =
+      run_perplexity(*fixture().model, fixture().heldout, options, test_pool());
   const double vocab = static_cast<double>(fixture().model->config().vocab_size);
   EXPECT_LT(result.formats[0].summary.ppl_base, vocab / 10.0);
 }
@@ -73,7 +81,7 @@ TEST(Fixture, RecallFarAboveControl) {
   options.ctx_tokens = {256};
   options.depth_tokens = {16, 48};
   options.cases_per_cell = 6;
-  RecallResult result = run_recall(*fixture().model, fixture().tokenizer, options);
+  RecallResult result = run_recall(*fixture().model, fixture().tokenizer, options, test_pool());
   ASSERT_EQ(result.formats[0].cells.size(), 2u);
   for (const RecallCell& cell : result.formats[0].cells) {
     // Per argument token, copying from the definition is at least e^1.5 = 4.5x likelier than
@@ -99,7 +107,8 @@ TEST(Fixture, ScaleOneLosesPrecisionOnSmallLayers) {
   options.kv_formats = {"bf16", "fp8_e4m3:none", "fp8_e4m3:tensor"};
   options.ctx_tokens = 256;
   options.max_chunks = 8;
-  PerplexityResult result = run_perplexity(*fixture().model, fixture().heldout, options);
+  PerplexityResult result =
+      run_perplexity(*fixture().model, fixture().heldout, options, test_pool());
   ASSERT_EQ(result.formats.size(), 3u);
   const double unscaled = result.formats[1].summary.kld_mean;
   const double calibrated = result.formats[2].summary.kld_mean;
@@ -113,7 +122,8 @@ TEST(Fixture, FormatsOrderedByDamage) {
                         "int8:g32", "int4:g32", "int4:g128"};
   options.ctx_tokens = 256;
   options.max_chunks = 4;
-  PerplexityResult result = run_perplexity(*fixture().model, fixture().heldout, options);
+  PerplexityResult result =
+      run_perplexity(*fixture().model, fixture().heldout, options, test_pool());
   ASSERT_EQ(result.formats.size(), 7u);
   const auto& f = result.formats;
   EXPECT_EQ(f[0].summary.kld_mean, 0.0);
@@ -144,9 +154,11 @@ TEST(Fixture, PiecewiseScoringEqualsWholeChunks) {
   options.kv_formats = {"bf16", "fp8_e4m3:none"};
   options.ctx_tokens = 128;
   options.max_chunks = 2;
-  PerplexityResult whole = run_perplexity(*fixture().model, fixture().heldout, options);
+  PerplexityResult whole =
+      run_perplexity(*fixture().model, fixture().heldout, options, test_pool());
   options.piece_tokens = 37;  // pieces that straddle the first scored position (64)
-  PerplexityResult pieces = run_perplexity(*fixture().model, fixture().heldout, options);
+  PerplexityResult pieces =
+      run_perplexity(*fixture().model, fixture().heldout, options, test_pool());
   for (size_t f = 0; f < 2; ++f) {
     EXPECT_EQ(whole.formats[f].summary.count, 2 * 63);
     EXPECT_EQ(whole.formats[f].summary.kld_mean, pieces.formats[f].summary.kld_mean);
