@@ -54,15 +54,9 @@ constexpr const char* kCheckUsage =
 
 decide::MemorySource memory_source(const CheckOptions& options) {
   decide::MemorySource memory;
-  if (!options.gpu.empty()) {
-    plan::GpuPreset gpu = plan::find_gpu(options.gpu);
-    memory.gpu_memory_bytes = gpu.memory_mib * plan::kMiB;
-    memory.gpu_name = gpu.name;
-  }
-  if (!options.gpu_mem.empty()) {
-    memory.gpu_memory_bytes = parse_size_bytes(options.gpu_mem, "--gpu-mem");
-    if (memory.gpu_name.empty()) memory.gpu_name = options.gpu_mem;
-  }
+  const GpuMemory gpu = gpu_memory_from_flags(options.gpu, options.gpu_mem);
+  memory.gpu_memory_bytes = gpu.bytes;
+  memory.gpu_name = gpu.name;
   if (!options.from_log.empty()) {
     logs::LogScan scan = options.from_log == "-" ? logs::scan_log(std::cin, "stdin")
                                                  : logs::scan_log_file(options.from_log);

@@ -52,15 +52,9 @@ int run_plan(PlanFlags& f) {
   options.mamba_ssm_dtype = f.mamba_ssm_dtype;
   if (f.speculative_draft_layers > 0) options.speculative_draft_layers = f.speculative_draft_layers;
   options.kv_cache_dtypes = split_list(f.kv_cache_dtypes);
-  if (!f.gpu.empty()) {
-    plan::GpuPreset gpu = plan::find_gpu(f.gpu);
-    options.gpu_memory_bytes = gpu.memory_mib * plan::kMiB;
-    options.gpu_name = gpu.name;
-  }
-  if (!f.gpu_mem.empty()) {
-    options.gpu_memory_bytes = parse_size_bytes(f.gpu_mem, "--gpu-mem");
-    if (options.gpu_name.empty()) options.gpu_name = f.gpu_mem;
-  }
+  const GpuMemory gpu = gpu_memory_from_flags(f.gpu, f.gpu_mem);
+  if (gpu.bytes) options.gpu_memory_bytes = gpu.bytes;
+  options.gpu_name = gpu.name;
   if (f.mem_fraction >= 0) {
     if (f.mem_fraction <= 0 || f.mem_fraction > 1)
       throw InputError("--mem-fraction", "must be in (0, 1]");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,14 @@ checkpoint::ModelFacts read_checkpoint_argument(const std::string& argument,
 
 // "96GiB", "98304MiB", "80GB" (decimal), "103079215104" (bytes); InputError naming `flag`.
 int64_t parse_size_bytes(const std::string& text, const std::string& flag);
+
+// --gpu PRESET and --gpu-mem SIZE (which wins for the size; the preset's name stays):
+// the bytes per GPU and the name reports show. Nothing when both are empty.
+struct GpuMemory {
+  std::optional<int64_t> bytes;
+  std::string name;
+};
+GpuMemory gpu_memory_from_flags(const std::string& gpu, const std::string& gpu_mem);
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.

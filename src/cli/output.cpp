@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "plan/plan.h"
 #include "util/util.h"
 
 namespace kvaudit::cli {
@@ -46,6 +47,20 @@ std::vector<int64_t> parse_token_counts(const std::string& list, const char* fla
 }
 
 // "96GiB", "98304MiB", "80GB" (decimal), "103079215104" (bytes).
+GpuMemory gpu_memory_from_flags(const std::string& gpu, const std::string& gpu_mem) {
+  GpuMemory out;
+  if (!gpu.empty()) {
+    plan::GpuPreset preset = plan::find_gpu(gpu);
+    out.bytes = preset.memory_mib * plan::kMiB;
+    out.name = preset.name;
+  }
+  if (!gpu_mem.empty()) {
+    out.bytes = parse_size_bytes(gpu_mem, "--gpu-mem");
+    if (out.name.empty()) out.name = gpu_mem;
+  }
+  return out;
+}
+
 int64_t parse_size_bytes(const std::string& text, const std::string& flag) {
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))

@@ -46,4 +46,15 @@ inline std::filesystem::path fixture_checkpoint(const std::string& name) {
   return out;
 }
 
+// The build's demo checkpoint (the bundled Qwen3.5 example as sparse shards), made once,
+// under a lock, by tools/ensure-demo-checkpoint.sh if a clean build lacks it.
+inline std::filesystem::path demo_checkpoint() {
+  const std::string command = std::string(KVAUDIT_TEST_DIR) +
+                              "/../tools/ensure-demo-checkpoint.sh " + KVAUDIT_BUILD_DIR +
+                              " > /dev/null";
+  if (std::system(command.c_str()) != 0)
+    throw std::runtime_error("cannot make the demo checkpoint: " + command);
+  return std::filesystem::path(KVAUDIT_BUILD_DIR) / "demo-checkpoint";
+}
+
 }  // namespace kvaudit::testing

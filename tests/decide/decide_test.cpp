@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "common/fixtures.h"
 #include "decide/decide.h"
 #include "engines/engines.h"
 #include "logs/logs.h"
@@ -22,13 +23,8 @@ const fs::path kExample =
 const fs::path kJournal =
     fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" / "journal_qwen35_fp8_then_bf16.log";
 
-// The build's demo checkpoint, made (once, under a lock) if a clean build lacks it.
 fs::path demo_dir() {
-  const std::string command = std::string(KVAUDIT_TEST_DIR) +
-                              "/../tools/ensure-demo-checkpoint.sh " + KVAUDIT_BUILD_DIR +
-                              " > /dev/null";
-  if (std::system(command.c_str()) != 0) ADD_FAILURE() << "cannot make the demo checkpoint";
-  return fs::path(KVAUDIT_BUILD_DIR) / "demo-checkpoint";
+  return kvaudit::testing::demo_checkpoint();
 }
 
 const checkpoint::ModelFacts& demo_model() {

@@ -32,13 +32,8 @@ fs::path fresh_cache(const std::string& name) {
   return dir;
 }
 
-// The build's shared demo checkpoint, made (once, under a lock) if a clean build lacks it.
 fs::path demo_dir() {
-  const std::string command = std::string(KVAUDIT_TEST_DIR) +
-                              "/../tools/ensure-demo-checkpoint.sh " + KVAUDIT_BUILD_DIR +
-                              " > /dev/null";
-  if (std::system(command.c_str()) != 0) ADD_FAILURE() << "cannot make the demo checkpoint";
-  return fs::path(KVAUDIT_BUILD_DIR) / "demo-checkpoint";
+  return kvaudit::testing::demo_checkpoint();
 }
 
 HubOptions options_for(const std::string& endpoint, const fs::path& cache) {
