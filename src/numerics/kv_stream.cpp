@@ -32,7 +32,6 @@ bool is_kivi(const KvFormat& format) {
   return format.strategy == ScaleStrategy::kivi;
 }
 
-
 // Runs body(counts, begin, end) over [0, units) in `tasks` contiguous parts, on the pool
 // when there is one, each part with its own counts; returns their sum (in task order, so
 // it does not depend on the threads).

@@ -111,5 +111,4 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-
 }  // namespace kvaudit::tokenizer
