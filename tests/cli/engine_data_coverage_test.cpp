@@ -664,7 +664,8 @@ TEST(EngineDataCoverage, EveryFindingIdIsInTheCatalogue) {
   g_finding_ids = nullptr;
   ASSERT_GT(emitted.size(), 20u);
   // | `id` | severity | command | meaning |
-  const std::string doc = read_text_file(fs::path(KVAUDIT_TEST_DIR) / ".." / "docs" / "findings.md");
+  const std::string doc =
+      read_text_file(fs::path(KVAUDIT_TEST_DIR) / ".." / "docs" / "findings.md");
   std::map<std::string, std::string> documented;
   std::istringstream lines(doc);
   for (std::string line; std::getline(lines, line);) {
@@ -682,7 +683,8 @@ TEST(EngineDataCoverage, EveryFindingIdIsInTheCatalogue) {
     EXPECT_TRUE(documented.count(id)) << "finding id '" << id << "' is not in docs/findings.md";
   // Documented ids exist in the code (a literal in some module).
   std::string sources;
-  for (const auto& entry : fs::recursive_directory_iterator(fs::path(KVAUDIT_TEST_DIR) / ".." / "src"))
+  for (const auto& entry :
+       fs::recursive_directory_iterator(fs::path(KVAUDIT_TEST_DIR) / ".." / "src"))
     if (entry.is_regular_file()) sources += read_text_file(entry.path());
   for (const auto& [id, severity] : documented) {
     EXPECT_NE(sources.find('"' + id + '"'), std::string::npos)
@@ -698,4 +700,3 @@ TEST(EngineDataCoverage, EveryFindingIdIsInTheCatalogue) {
 
 }  // namespace
 }  // namespace kvaudit
-

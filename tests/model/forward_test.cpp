@@ -5,10 +5,10 @@
 // with partial rotary. Error is max |ours - reference| / max |reference| over all logits.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
