@@ -224,14 +224,13 @@ fs::path scratch_name(const fs::path& near, const char* what) {
 
 }  // namespace
 
-OverlayResult write_overlay(const checkpoint::ModelFacts& model,
-                            const std::vector<LayerScales>& scales, const OverlayRequest& request) {
+namespace {
+
+// Refuses an output folder that is the checkpoint, a file, or a non-empty folder calibrate
+// did not write.
+void check_destination(const OverlayRequest& request, const fs::path& model_dir,
+                       const fs::path& out_dir) {
   std::error_code ec;
-  const fs::path model_dir = fs::weakly_canonical(request.model_dir, ec);
-  // A dry run (what would load?) stages its views in the temp folder and writes nothing.
-  const fs::path out_dir =
-      request.dry_run ? fs::temp_directory_path() / fmt::format("kvaudit-preview-{}", ::getpid())
-                      : fs::weakly_canonical(request.out_dir, ec);
   if (!request.dry_run && out_dir == model_dir)
     throw InputError(request.out_dir.string(),
                      "is the checkpoint folder; calibrate never modifies the original: give a new "
@@ -243,6 +242,119 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
     throw InputError(
         request.out_dir.string(),
         "is not empty and holds no earlier calibrate output; refusing to overwrite it");
+}
+
+// The carriers worth trying for this checkpoint and request, in order of preference.
+std::vector<Carrier> candidate_carriers(const checkpoint::ModelFacts& model,
+                                        const OverlayRequest& request,
+                                        const engines::EngineModel& engine) {
+  std::vector<Carrier> candidates;
+  const std::string method = model.quant ? model.quant->method : "";
+  if (method == "modelopt" && request.granularity == Granularity::tensor)
+    candidates.push_back(Carrier::modelopt);
+  else if (method == "compressed-tensors")
+    candidates.push_back(Carrier::compressed_tensors);
+  else if (method.empty())
+    candidates.push_back(Carrier::kv_only_compressed_tensors);
+  if (engine.has_quantization_param_path && request.granularity == Granularity::tensor)
+    candidates.push_back(Carrier::quantization_param_path);
+  return candidates;
+}
+
+// Whether the engine, reading the checkpoint with this carrier's files, loads our scales
+// and only ours; else why not.
+CarrierAttempt judge_carrier(const checkpoint::ModelFacts& model, Carrier carrier,
+                             const engines::ResolvedKv& resolved,
+                             const std::vector<std::string>& tensor_names) {
+  CarrierAttempt attempt{carrier, false, "", ""};
+  const std::string wanted =
+      carrier == Carrier::quantization_param_path ? "quantization_param_path" : "checkpoint";
+  std::vector<std::string> ours_dropped;
+  for (const auto& drop : resolved.dropped)
+    for (const std::string& name : drop.tensor_names)
+      if (std::binary_search(tensor_names.begin(), tensor_names.end(), name)) {
+        if (attempt.why.empty()) {
+          attempt.why = fmt::format("{} ({})", drop.reason, drop.rule_id);
+          attempt.reference = drop.provenance.reference;
+        }
+        ours_dropped.push_back(name);
+      }
+  if (resolved.kv_cache_dtype != "fp8_e4m3") {
+    attempt.why = fmt::format("the KV cache resolves to {}, not fp8_e4m3", resolved.kv_cache_dtype);
+  } else if (ours_dropped.empty() && carrier != Carrier::quantization_param_path &&
+             !model.kv_scales.empty()) {
+    // The engine would load the old tensors as well, in file order: which wins is undefined.
+    attempt.why = fmt::format(
+        "the checkpoint already holds {} KV scale tensors (e.g. {} in {}) that the engine would "
+        "load too, in an undefined order; remove them from the checkpoint first",
+        model.kv_scales.size(), model.kv_scales[0].name, model.kv_scales[0].shard_file);
+  } else if (!resolved.startup_failures.empty()) {
+    attempt.why =
+        fmt::format("the server would not start: {} ({})", resolved.startup_failures.front().cause,
+                    resolved.startup_failures.front().message);
+    attempt.reference = resolved.startup_failures.front().provenance.reference;
+  } else if (ours_dropped.empty() && engines::scale_source_name(resolved.scale_source) == wanted) {
+    attempt.works = true;
+    attempt.why = carrier == Carrier::quantization_param_path
+                      ? "SGLang reads the JSON given with --quantization-param-path"
+                      : fmt::format("{} scale tensors loaded", tensor_names.size());
+  } else if (attempt.why.empty()) {
+    attempt.why = fmt::format("the engine data resolves the scale source to {}",
+                              engines::scale_source_name(resolved.scale_source));
+  }
+  return attempt;
+}
+
+// The marker file: what the overlay is for (engine, release, carrier, launch flags) and
+// the scales it carries.
+json marker_json(const OverlayRequest& request, Carrier carrier,
+                 const std::vector<std::string>& launch_flags,
+                 const std::vector<std::string>& tensor_names,
+                 const std::vector<LayerScales>& scales) {
+  json marker = {{"format", "kvaudit-calibration/1"},
+                 {"engine", request.engine},
+                 {"engine_version", request.engine_version},
+                 {"carrier", carrier_name(carrier)},
+                 {"launch_flags", launch_flags},
+                 {"tensors", tensor_names}};
+  json layers = json::array();
+  for (const LayerScales& layer : scales)
+    layers.push_back({{"layer", layer.layer},
+                      {"k_scale", layer.k_scale},
+                      {"v_scale", layer.v_scale},
+                      {"k_amax", layer.k_amax},
+                      {"v_amax", layer.v_amax}});
+  marker["layers"] = std::move(layers);
+  return marker;
+}
+
+// Writes the files into a staging folder beside out_dir, then moves it into place in one
+// rename: a reader never sees half an overlay.
+void write_staged(const std::map<std::string, std::string>& files, const fs::path& out_dir) {
+  std::error_code ec;
+  const fs::path staging = scratch_name(out_dir.parent_path(), "overlay");
+  fs::create_directories(staging);
+  try {
+    for (const auto& [name, bytes] : files) write_bytes(staging / name, bytes);
+    if (fs::exists(out_dir, ec)) fs::remove_all(out_dir);
+    fs::rename(staging, out_dir);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+}
+
+}  // namespace
+
+OverlayResult write_overlay(const checkpoint::ModelFacts& model,
+                            const std::vector<LayerScales>& scales, const OverlayRequest& request) {
+  std::error_code ec;
+  const fs::path model_dir = fs::weakly_canonical(request.model_dir, ec);
+  // A dry run (what would load?) stages its views in the temp folder and writes nothing.
+  const fs::path out_dir =
+      request.dry_run ? fs::temp_directory_path() / fmt::format("kvaudit-preview-{}", ::getpid())
+                      : fs::weakly_canonical(request.out_dir, ec);
+  check_destination(request, model_dir, out_dir);
   if (request.tp < 1 || request.tp > 1024) throw InputError("--tp", "must lie in 1..1024");
 
   const engines::EngineModel& engine = engines::engine_model(request.engine);
@@ -261,17 +373,9 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
                       engine_label, fallback.provenance.reference, fallback.non_scalar_error));
   }
 
-  std::vector<Carrier> candidates;
-  const std::string method = model.quant ? model.quant->method : "";
-  if (method == "modelopt" && request.granularity == Granularity::tensor)
-    candidates.push_back(Carrier::modelopt);
-  else if (method == "compressed-tensors")
-    candidates.push_back(Carrier::compressed_tensors);
-  else if (method.empty())
-    candidates.push_back(Carrier::kv_only_compressed_tensors);
+  const std::vector<Carrier> candidates = candidate_carriers(model, request, engine);
   const bool sglang_json = engine.has_quantization_param_path;
-  if (sglang_json && request.granularity == Granularity::tensor)
-    candidates.push_back(Carrier::quantization_param_path);
+  const std::string method = model.quant ? model.quant->method : "";
 
   fs::create_directories(out_dir.parent_path(), ec);
   OverlayResult result;
@@ -294,44 +398,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
         checkpoint::read_checkpoint(merged_view(model.files_dir, files, scratch.path));
     engines::ResolvedKv resolved = engines::resolve_kv(seen, flags, engine);
 
-    CarrierAttempt attempt{carrier, false, "", ""};
-    const std::string wanted =
-        carrier == Carrier::quantization_param_path ? "quantization_param_path" : "checkpoint";
-    std::vector<std::string> ours_dropped;
-    for (const auto& drop : resolved.dropped)
-      for (const std::string& name : drop.tensor_names)
-        if (std::binary_search(tensor_names.begin(), tensor_names.end(), name)) {
-          if (attempt.why.empty()) {
-            attempt.why = fmt::format("{} ({})", drop.reason, drop.rule_id);
-            attempt.reference = drop.provenance.reference;
-          }
-          ours_dropped.push_back(name);
-        }
-    if (resolved.kv_cache_dtype != "fp8_e4m3") {
-      attempt.why =
-          fmt::format("the KV cache resolves to {}, not fp8_e4m3", resolved.kv_cache_dtype);
-    } else if (ours_dropped.empty() && carrier != Carrier::quantization_param_path &&
-               !model.kv_scales.empty()) {
-      // The engine would load the old tensors as well, in file order: which wins is undefined.
-      attempt.why = fmt::format(
-          "the checkpoint already holds {} KV scale tensors (e.g. {} in {}) that the engine would "
-          "load too, in an undefined order; remove them from the checkpoint first",
-          model.kv_scales.size(), model.kv_scales[0].name, model.kv_scales[0].shard_file);
-    } else if (!resolved.startup_failures.empty()) {
-      attempt.why = fmt::format("the server would not start: {} ({})",
-                                resolved.startup_failures.front().cause,
-                                resolved.startup_failures.front().message);
-      attempt.reference = resolved.startup_failures.front().provenance.reference;
-    } else if (ours_dropped.empty() &&
-               engines::scale_source_name(resolved.scale_source) == wanted) {
-      attempt.works = true;
-      attempt.why = carrier == Carrier::quantization_param_path
-                        ? "SGLang reads the JSON given with --quantization-param-path"
-                        : fmt::format("{} scale tensors loaded", tensor_names.size());
-    } else if (attempt.why.empty()) {
-      attempt.why = fmt::format("the engine data resolves the scale source to {}",
-                                engines::scale_source_name(resolved.scale_source));
-    }
+    const CarrierAttempt attempt = judge_carrier(model, carrier, resolved, tensor_names);
     result.attempts.push_back(attempt);
     if (!attempt.works) continue;
     if (request.dry_run) {  // the engine's view of the checkpoint with the overlay, no files
@@ -368,29 +435,10 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
       result.notes.push_back(
           "SGLang's --quantization-param-path is not applied on some model paths in the versions "
           "kvaudit knows (sgl-project/sglang#18818); confirm after launch with kvaudit logs");
-    json marker = {{"format", "kvaudit-calibration/1"},        {"engine", request.engine},
-                   {"engine_version", request.engine_version}, {"carrier", carrier_name(carrier)},
-                   {"launch_flags", result.launch_flags},      {"tensors", tensor_names}};
-    json layers = json::array();
-    for (const LayerScales& layer : scales)
-      layers.push_back({{"layer", layer.layer},
-                        {"k_scale", layer.k_scale},
-                        {"v_scale", layer.v_scale},
-                        {"k_amax", layer.k_amax},
-                        {"v_amax", layer.v_amax}});
-    marker["layers"] = std::move(layers);
-    files[kMarkerFile] = marker.dump(2) + "\n";
+    files[kMarkerFile] =
+        marker_json(request, carrier, result.launch_flags, tensor_names, scales).dump(2) + "\n";
 
-    const fs::path staging = scratch_name(out_dir.parent_path(), "overlay");
-    fs::create_directories(staging);
-    try {
-      for (const auto& [name, bytes] : files) write_bytes(staging / name, bytes);
-      if (fs::exists(out_dir, ec)) fs::remove_all(out_dir);
-      fs::rename(staging, out_dir);
-    } catch (...) {
-      fs::remove_all(staging, ec);
-      throw;
-    }
+    write_staged(files, out_dir);
     return result;
   }
 
