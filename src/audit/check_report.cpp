@@ -49,19 +49,11 @@ std::string scale_source_text(const engines::ResolvedKv& resolved) {
   return "not applicable (16-bit cache)";
 }
 
-}  // namespace
-
-report::Report build_check_report(const CheckInput& input, const CheckResult& result) {
+// The facts: what was read (architecture, layers, heads, dtype, quantization, headers),
+// the launch, and what the engine resolves.
+void add_check_facts(const CheckInput& input, const CheckResult& result, report::Report& out) {
   const auto& model = input.model;
   const auto& resolved = result.resolved;
-  report::Report out;
-  out.command = "check";
-  std::string version = input.version_given
-                            ? input.flags.engine_version
-                            : "latest known (" + input.engine->latest_known_version + ")";
-  out.title =
-      fmt::format("kvaudit check: {} on {} {}", model.dir.string(), input.engine->engine, version);
-
   if (!model.source.empty()) out.facts.push_back(Fact{"source", "Read from", model.source, ""});
   out.facts.push_back(
       Fact{"architecture", "Architecture",
@@ -109,7 +101,12 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
   out.facts.push_back(Fact{"scale_source", "KV scales", scale_source_text(resolved), ""});
   out.facts.push_back(Fact{"read_ms", "Checkpoint read (configs + headers)",
                            int64_t(input.read_seconds * 1000.0 + 0.5), "ms"});
+}
 
+// The checkpoint's KV scale tensors and whether this release loads each.
+void add_scale_table(const CheckInput& input, const CheckResult& result, report::Report& out) {
+  const auto& model = input.model;
+  const auto& resolved = result.resolved;
   if (!model.kv_scales.empty()) {
     report::Table table;
     table.id = "kv_scales";
@@ -130,9 +127,11 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
     }
     out.tables.push_back(std::move(table));
   }
-  out.findings = result.findings;
-  out.notes = model.notes;
+}
 
+// FAIL / WARN / OK from the findings' severities.
+void set_check_verdict(const CheckResult& result, report::Report& out) {
+  const auto& resolved = result.resolved;
   int critical = 0, warning = 0;
   for (const auto& finding : result.findings) {
     critical += finding.severity == Severity::critical;
@@ -151,7 +150,12 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
                                          scale_source_text(resolved))
                            : fmt::format("OK: KV cache {} (full precision, no scales involved)",
                                          resolved.kv_cache_dtype);
+}
 
+// The payload: engine, resolved KV facts with their provenance, model.
+void add_check_payload(const CheckInput& input, const CheckResult& result, report::Report& out) {
+  const auto& model = input.model;
+  const auto& resolved = result.resolved;
   json dropped = json::array();
   // Block-scaled layouts (nvfp4, mxfp8): what a block holds and how its scale is encoded.
   auto block_json = [](const engines::KvDtype& d) {
@@ -215,6 +219,24 @@ report::Report build_check_report(const CheckInput& input, const CheckResult& re
                           {"head_dim", model.head_dim},
                           {"tensor_count", model.tensor_count},
                           {"kv_scale_tensors", model.kv_scales.size()}};
+}
+
+}  // namespace
+
+report::Report build_check_report(const CheckInput& input, const CheckResult& result) {
+  report::Report out;
+  out.command = "check";
+  std::string version = input.version_given
+                            ? input.flags.engine_version
+                            : "latest known (" + input.engine->latest_known_version + ")";
+  out.title = fmt::format("kvaudit check: {} on {} {}", input.model.dir.string(),
+                          input.engine->engine, version);
+  add_check_facts(input, result, out);
+  add_scale_table(input, result, out);
+  out.findings = result.findings;
+  out.notes = input.model.notes;
+  set_check_verdict(result, out);
+  add_check_payload(input, result, out);
   return out;
 }
 
