@@ -41,23 +41,8 @@ std::string scale_text(const TensorMetrics& m, const numerics::KvFormat& format)
   }
 }
 
-}  // namespace
-
-report::Report build_report(const QuantAnalysis& analysis) {
-  report::Report r;
-  r.command = "quant";
-  r.title = fmt::format("kvaudit quant: {}", analysis.source);
-  r.facts.push_back({"source", "Input", analysis.source, ""});
-  r.facts.push_back({"tokens", "Tokens analysed", analysis.tokens, "tokens"});
-  r.facts.push_back({"kv_heads", "KV heads x head_dim",
-                     fmt::format("{} x {}", analysis.shape.kv_heads, analysis.shape.head_dim), ""});
-  r.facts.push_back({"q_heads", "Query heads", int64_t(analysis.shape.q_heads), ""});
-  r.facts.push_back({"simd", "SIMD target", numerics::simd_target_name(), ""});
-  if (analysis.attention_seconds > 0) {
-    r.facts.push_back({"attention_gflops", "Attention analysis throughput",
-                       analysis.attention_flops / analysis.attention_seconds / 1e9, "GFLOP/s"});
-  }
-
+// What each format does to the K and V values (table), and the same as JSON.
+nlohmann::json add_tensor_table(const QuantAnalysis& analysis, report::Report& r) {
   report::Table tensors;
   tensors.id = "tensor_metrics";
   tensors.title = "What each format does to the K and V values";
@@ -105,7 +90,11 @@ report::Report build_report(const QuantAnalysis& analysis) {
       "subnormal: stored with reduced relative precision. Static scales are calibrated on the "
       "analysed tokens (amax / max finite).";
   r.tables.push_back(std::move(tensors));
+  return tensor_json;
+}
 
+// Attention error vs context length (table), and the same as JSON.
+nlohmann::json add_attention_table(const QuantAnalysis& analysis, report::Report& r) {
   report::Table attention;
   attention.id = "attention_metrics";
   attention.title = "Attention error vs context length";
@@ -137,8 +126,11 @@ report::Report build_report(const QuantAnalysis& analysis) {
       "per query in nats; top-k agreement is the overlap of the k highest-scoring "
       "keys; rows with NaN outputs leave those queries out of the averages.";
   r.tables.push_back(std::move(attention));
+  return attention_json;
+}
 
-  // Charts: output error and KL vs context, one line per format.
+// Output error and KL vs context, one line per format.
+void add_error_charts(const QuantAnalysis& analysis, report::Report& r) {
   for (auto [id, title, label, pick] :
        {std::tuple{"output_error_vs_context", "Attention output relative error vs context",
                    "output rel err", +[](const AttentionPoint& p) { return p.output_rel_error; }},
@@ -164,8 +156,10 @@ report::Report build_report(const QuantAnalysis& analysis) {
     }
     r.charts.push_back(std::move(chart));
   }
+}
 
-  // Verdict: name the mechanisms per format.
+// The verdict names the mechanisms per format (NaN, inf, saturation, flush to zero).
+void set_quant_verdict(const QuantAnalysis& analysis, report::Report& r) {
   std::vector<std::string> problems;
   for (size_t i = 0; i < analysis.tensors.size(); ++i) {
     const TensorMetrics& m = analysis.tensors[i];
@@ -190,6 +184,32 @@ report::Report build_report(const QuantAnalysis& analysis) {
     r.verdict = fmt::format("Silent damage: {}.", fmt::join(problems, "; "));
     r.verdict_severity = report::Severity::warning;
   }
+}
+
+}  // namespace
+
+report::Report build_report(const QuantAnalysis& analysis) {
+  report::Report r;
+  r.command = "quant";
+  r.title = fmt::format("kvaudit quant: {}", analysis.source);
+  r.facts.push_back({"source", "Input", analysis.source, ""});
+  r.facts.push_back({"tokens", "Tokens analysed", analysis.tokens, "tokens"});
+  r.facts.push_back({"kv_heads", "KV heads x head_dim",
+                     fmt::format("{} x {}", analysis.shape.kv_heads, analysis.shape.head_dim), ""});
+  r.facts.push_back({"q_heads", "Query heads", int64_t(analysis.shape.q_heads), ""});
+  r.facts.push_back({"simd", "SIMD target", numerics::simd_target_name(), ""});
+  if (analysis.attention_seconds > 0) {
+    r.facts.push_back({"attention_gflops", "Attention analysis throughput",
+                       analysis.attention_flops / analysis.attention_seconds / 1e9, "GFLOP/s"});
+  }
+
+  const nlohmann::json tensor_json = add_tensor_table(analysis, r);
+
+  const nlohmann::json attention_json = add_attention_table(analysis, r);
+
+  add_error_charts(analysis, r);
+
+  set_quant_verdict(analysis, r);
   r.payload["tensors"] = tensor_json;
   r.payload["attention"] = attention_json;
   r.payload["attention_flops"] = analysis.attention_flops;
