@@ -31,11 +31,10 @@ std::string line_ref(int64_t line) {
 
 }  // namespace
 
-void add_findings(Launch& launch, bool is_latest) {
-  launch.findings.clear();
-  const std::string who =
-      fmt::format("launch {} ({})", launch.index + 1,
-                  launch.start_time.empty() ? "no timestamp" : launch.start_time);
+namespace {
+
+// Crashes, out-of-memory, errors after ready, a launch that never became ready.
+void add_failure_findings(Launch& launch, const std::string& who, bool is_latest) {
   std::vector<Evidence> crash, oom, runtime;
   for (const auto& f : launch.failures) {
     Evidence e{line_ref(f.line), f.kind, f.text};
@@ -75,6 +74,10 @@ void add_findings(Launch& launch, bool is_latest) {
          "complete.' (vLLM), or look for the error that stopped it",
          ""});
   }
+}
+
+// What the KV cache resolved to and whether its scales fell back to 1.0.
+void add_kv_findings(Launch& launch, const std::string& who) {
   std::string requested = engines::normalise_dtype(launch.kv_cache_dtype_requested);
   if ((requested.empty() || requested == "auto") && quantized(launch.kv_cache_dtype_resolved)) {
     launch.findings.push_back(
@@ -140,6 +143,10 @@ void add_findings(Launch& launch, bool is_latest) {
          "rerun with --checkpoint DIR (the checkpoint the launch served)",
          "sgl-project/sglang#31224 (warning fires even when scales load)"});
   }
+}
+
+// What the log could not say: a dtype taken by rule, a cut server_args line.
+void add_reading_findings(Launch& launch, const std::string& who) {
   if (launch.resolved_inferred) {
     launch.findings.push_back(
         {"kv-dtype-inferred",
@@ -179,6 +186,18 @@ void add_findings(Launch& launch, bool is_latest) {
          "read the whole line: journalctl --no-pager -o cat (or -a), or the unit's log file",
          ""});
   }
+}
+
+}  // namespace
+
+void add_findings(Launch& launch, bool is_latest) {
+  launch.findings.clear();
+  const std::string who =
+      fmt::format("launch {} ({})", launch.index + 1,
+                  launch.start_time.empty() ? "no timestamp" : launch.start_time);
+  add_failure_findings(launch, who, is_latest);
+  add_kv_findings(launch, who);
+  add_reading_findings(launch, who);
 }
 
 Expectation parse_expectation(std::string_view text) {
