@@ -78,7 +78,7 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
   const int64_t first = result.first_scored;
   const int64_t scored_per_chunk = ctx - 1 - first;
   const int64_t vocab = model.config().vocab_size;
-  result.simd_target = model::kernel_target_name();
+  result.simd_target = numerics::simd_target_name();
 
   std::vector<numerics::KvFormat> formats;
   for (const std::string& spec : options.kv_formats)

@@ -24,47 +24,15 @@
 #ifndef KVAUDIT_MODEL_KERNELS_SCALAR_ONCE
 #define KVAUDIT_MODEL_KERNELS_SCALAR_ONCE
 namespace kvaudit::model::detail {
-// Scalar widening of one stored weight element.
-inline float bf16_bits_to_float(uint16_t bits) {
-  uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof(value));
-  return value;
-}
-inline float f16_bits_to_float(uint16_t bits) {
-  uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  uint32_t exponent = (bits >> 10) & 0x1Fu;
-  uint32_t mantissa = bits & 0x3FFu;
-  uint32_t word;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      word = sign;
-    } else {  // subnormal: renormalise
-      int shift = 0;
-      while ((mantissa & 0x400u) == 0) {
-        mantissa <<= 1;
-        ++shift;
-      }
-      mantissa &= 0x3FFu;
-      word = sign | static_cast<uint32_t>(127 - 15 - shift + 1) << 23 | mantissa << 13;
-    }
-  } else if (exponent == 0x1F) {
-    word = sign | 0x7F800000u | mantissa << 13;
-  } else {
-    word = sign | (exponent + 127 - 15) << 23 | mantissa << 13;
-  }
-  float value;
-  std::memcpy(&value, &word, sizeof(value));
-  return value;
-}
+// Scalar widening of one stored weight element (numerics/ owns the conversions).
 template <int kType>
 inline float weight_scalar(const void* base, int64_t index) {
   if constexpr (kType == 0) {
     return static_cast<const float*>(base)[index];
   } else if constexpr (kType == 1) {
-    return bf16_bits_to_float(static_cast<const uint16_t*>(base)[index]);
+    return numerics::bf16_to_float(static_cast<const uint16_t*>(base)[index]);
   } else {
-    return f16_bits_to_float(static_cast<const uint16_t*>(base)[index]);
+    return numerics::fp16_to_float(static_cast<const uint16_t*>(base)[index]);
   }
 }
 }  // namespace kvaudit::model::detail
@@ -321,10 +289,6 @@ void Softmax(float* HWY_RESTRICT x, int64_t n) {
   for (int64_t j = i; j < n; ++j) x[j] *= 1.0f / sum;
 }
 
-const char* TargetName() {
-  return hwy::TargetName(HWY_TARGET);
-}
-
 }  // namespace kvaudit::model::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -332,7 +296,6 @@ HWY_AFTER_NAMESPACE();
 namespace kvaudit::model {
 
 HWY_EXPORT(MatmulRows);
-HWY_EXPORT(TargetName);
 HWY_EXPORT(Softmax);
 
 namespace {
@@ -406,10 +369,6 @@ void matmul_reference(const float* x, int64_t tokens, const Matrix& w, float* ou
 
 void softmax(float* x, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Softmax)(x, n);
-}
-
-std::string kernel_target_name() {
-  return HWY_DYNAMIC_DISPATCH(TargetName)();
 }
 
 }  // namespace kvaudit::model

@@ -141,8 +141,7 @@ float weight_at(const Matrix& w, int64_t index);
 void weight_row(const Matrix& w, int64_t row, float* out);
 // In-place softmax of one row, as torch.softmax (NaN or +inf anywhere: the row is NaN).
 void softmax(float* x, int64_t n);
-// Names the SIMD target chosen at run time.
-std::string kernel_target_name();
+// The SIMD target chosen at run time is numerics::simd_target_name() (one dispatch table).
 
 // ---------------------------------------------------------------- KV statistics
 // Per-layer absolute maxima of K (as stored: after QK-norm and RoPE) and V, per channel

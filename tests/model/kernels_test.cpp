@@ -150,7 +150,7 @@ TEST(Kernels, SoftmaxMatchesDoubleReference) {
   softmax(row.data(), 3);
   EXPECT_EQ(row[0], 0.0f);
   EXPECT_FLOAT_EQ(row[1], 0.5f);
-  EXPECT_FALSE(kernel_target_name().empty());
+  EXPECT_FALSE(numerics::simd_target_name().empty());
 }
 
 }  // namespace
