@@ -378,6 +378,15 @@ void column_divergence(const float* reference, const float* other, const float* 
 // by row; returns how many (out needs room for rows * columns).
 int64_t column_select_at_least(const float* x, int64_t rows, int64_t pitch, int64_t columns,
                                const float* threshold, int32_t* out);
+// The reference loops the GEMMs above are checked against: the same arguments, summed in
+// double in index order (the kernels sum in float and in their own order, so they agree
+// to rounding, not bit for bit).
+void score_block_reference(const float* queries, int64_t query_count, int64_t query_stride,
+                           const float* keys, int64_t key_count, int64_t key_stride, int64_t dim,
+                           float scale, double* scores);
+void accumulate_weighted_reference(const float* weights, int64_t query_count, int64_t key_count,
+                                   const float* values, int64_t value_stride, int64_t dim,
+                                   double* out, int64_t out_stride);
 // Peak-FMA probe for benchmarks: runs `iterations` rounds of independent FMA chains;
 // fma_probe_flops says how many floating-point operations that was on this target.
 float fma_probe(int64_t iterations);

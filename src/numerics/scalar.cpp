@@ -447,4 +447,28 @@ CodeClass classify_code(ElementType type, uint32_t code) {
   return CodeClass::normal;
 }
 
+void score_block_reference(const float* queries, int64_t query_count, int64_t query_stride,
+                           const float* keys, int64_t key_count, int64_t key_stride, int64_t dim,
+                           float scale, double* scores) {
+  for (int64_t q = 0; q < query_count; ++q)
+    for (int64_t j = 0; j < key_count; ++j) {
+      double s = 0;
+      for (int64_t c = 0; c < dim; ++c)
+        s += double(queries[q * query_stride + c]) * double(keys[j * key_stride + c]);
+      scores[q * key_count + j] = double(scale) * s;
+    }
+}
+
+void accumulate_weighted_reference(const float* weights, int64_t query_count, int64_t key_count,
+                                   const float* values, int64_t value_stride, int64_t dim,
+                                   double* out, int64_t out_stride) {
+  for (int64_t q = 0; q < query_count; ++q)
+    for (int64_t c = 0; c < dim; ++c) {
+      double o = out[q * out_stride + c];
+      for (int64_t j = 0; j < key_count; ++j)
+        o += double(weights[q * key_count + j]) * double(values[j * value_stride + c]);
+      out[q * out_stride + c] = o;
+    }
+}
+
 }  // namespace kvaudit::numerics

@@ -652,20 +652,15 @@ TEST(AttentionKernels, ScoresAndWeightedSumsMatchNaiveLoops) {
         accumulate_weighted(scores.data() + i * nk, 1, nk, v.data(), stride, dim, one.data(), dim);
         for (int64_t c = 0; c < dim; ++c) ASSERT_EQ(one[size_t(c)], out[size_t(i * dim + c)]);
       }
-      for (int64_t i = 0; i < nq; ++i) {
-        for (int64_t j = 0; j < nk; ++j) {
-          double s = 0;
-          for (int64_t c = 0; c < dim; ++c)
-            s += double(q[size_t(i * dim + c)]) * k[size_t(j * stride + c)];
-          ASSERT_NEAR(scores[size_t(i * nk + j)], 0.5 * s, 1e-4 * (1 + std::fabs(s)));
-        }
-        for (int64_t c = 0; c < dim; ++c) {
-          double o = 1.0;
-          for (int64_t j = 0; j < nk; ++j)
-            o += double(scores[size_t(i * nk + j)]) * v[size_t(j * stride + c)];
-          ASSERT_NEAR(out[size_t(i * dim + c)], o, 1e-3 * (1 + std::fabs(o)));
-        }
-      }
+      // Against numerics' double-precision reference loops.
+      std::vector<double> ref_scores(size_t(nq * nk)), ref_out(size_t(nq * dim), 1.0);
+      score_block_reference(q.data(), nq, dim, k.data(), nk, stride, dim, 0.5f, ref_scores.data());
+      accumulate_weighted_reference(scores.data(), nq, nk, v.data(), stride, dim, ref_out.data(),
+                                    dim);
+      for (size_t i = 0; i < scores.size(); ++i)
+        ASSERT_NEAR(scores[i], ref_scores[i], 2e-4 * (1 + std::fabs(ref_scores[i])));
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], ref_out[i], 1e-3 * (1 + std::fabs(ref_out[i])));
     }
     EXPECT_GT(fma_probe_flops(10), 0);
     EXPECT_TRUE(std::isfinite(fma_probe(1000)));
