@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
         o.model_dir, c.num_layers, c.hidden_size, c.vocab_size,
         kvaudit::model::weight_type_name(model->weight_type()),
         static_cast<double>(model->weight_bytes()) / 1e6, o.kv, o.threads,
-        kvaudit::model::kernel_target_name());
+        kvaudit::numerics::simd_target_name());
     kvaudit::model::Session session(*model, format, pool);
     session.max_batch_tokens = o.batch_tokens;
     std::vector<float> logits;

@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (launch.first_line < 1 || launch.last_line < launch.first_line) __builtin_trap();
       if (launch.last_line > scan.lines + 1) __builtin_trap();
     }
-    (void)kvaudit::logs::logs_report(scan, true, {});
+    (void)kvaudit::logs::to_report(scan, true, {});
   } catch (const kvaudit::InputError&) {
   }
   return 0;

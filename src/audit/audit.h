@@ -47,6 +47,6 @@ enum class FailOn { critical, warning, never };
 // True when some finding is at or above the gate.
 bool fails_gate(const std::vector<report::Finding>& findings, FailOn fail_on);
 
-report::Report build_check_report(const CheckInput& input, const CheckResult& result);
+report::Report to_report(const CheckInput& input, const CheckResult& result);
 
 }  // namespace kvaudit::audit

@@ -223,7 +223,7 @@ void add_check_payload(const CheckInput& input, const CheckResult& result, repor
 
 }  // namespace
 
-report::Report build_check_report(const CheckInput& input, const CheckResult& result) {
+report::Report to_report(const CheckInput& input, const CheckResult& result) {
   report::Report out;
   out.command = "check";
   std::string version = input.version_given

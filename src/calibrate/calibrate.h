@@ -171,6 +171,6 @@ struct CalibrationSummary {
   ScaleOptions options;
   OverlayRequest request;
 };
-void add_calibration_to_report(const CalibrationSummary& summary, report::Report& out);
+void add_to_report(const CalibrationSummary& summary, report::Report& out);
 
 }  // namespace kvaudit::calibrate

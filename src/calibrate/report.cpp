@@ -17,7 +17,7 @@ std::string list_text(const std::vector<float>& values) {
 
 }  // namespace
 
-void add_calibration_to_report(const CalibrationSummary& summary, report::Report& out) {
+void add_to_report(const CalibrationSummary& summary, report::Report& out) {
   using report::Column;
   using report::Value;
   const KvStats& stats = *summary.stats;

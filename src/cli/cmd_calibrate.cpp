@@ -106,7 +106,7 @@ int run_calibrate_command(const CalibrateFlags& flags) {
   summary.overlay = &overlay;
   summary.options = options;
   summary.request = request;
-  calibrate::add_calibration_to_report(summary, out);
+  calibrate::add_to_report(summary, out);
   emit(out, flags.output);
   return kExitOk;
 }

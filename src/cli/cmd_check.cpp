@@ -153,7 +153,7 @@ void add_decision(const CheckOptions& options, const audit::CheckInput& input,
                                            "decision table");
   std::vector<std::string> verify_lines;
   if (fixed) verify_lines = decide::verification_commands(decision, *fixed, input, where);
-  decide::add_decision_to_report(decision, fix_lines, verify_lines, report);
+  decide::add_to_report(decision, fix_lines, verify_lines, report);
 }
 
 int run_check_command(CheckOptions& options) {
@@ -209,7 +209,7 @@ int run_check_command(CheckOptions& options) {
   input.flags = flags;
 
   audit::CheckResult result = audit::run_check(input);
-  report::Report report = audit::build_check_report(input, result);
+  report::Report report = audit::to_report(input, result);
   add_decision(options, input, result, report);
   emit(report, options.output);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never

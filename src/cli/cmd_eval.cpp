@@ -52,14 +52,6 @@ int run_eval_command(const EvalFlags& flags) {
     loaded.label = flags.kv_scales;
   }
 
-  report::Report out;
-  out.command = "eval";
-  out.title = fmt::format("kvaudit eval: {} ({} layers, {} KV heads x {}, {} weights)",
-                          flags.model_dir, model->config().num_layers, model->config().num_kv_heads,
-                          model->config().head_dim, model::weight_type_name(model->weight_type()));
-  out.facts.push_back({"baseline", "Baseline KV format", report::Value(formats[0]), ""});
-  out.facts.push_back({"threads", "Threads", report::Value(int64_t{flags.threads}), ""});
-
   std::optional<eval::PerplexityResult> perplexity;
   if (!flags.text_file.empty()) {
     eval::PerplexityOptions options;
@@ -75,7 +67,6 @@ int run_eval_command(const EvalFlags& flags) {
       options.calibration_tokens = tokenizer.encode(read_text_file(flags.calibration_file));
     std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));
     perplexity = eval::run_perplexity(*model, tokens, options, pool);
-    eval::add_perplexity_to_report(*perplexity, out);
   }
   std::optional<eval::RecallResult> recall;
   if (flags.recall) {
@@ -87,10 +78,16 @@ int run_eval_command(const EvalFlags& flags) {
     options.seed = flags.seed;
     options.loaded_scales = loaded;
     recall = eval::run_recall(*model, tokenizer, options, pool);
-    eval::add_recall_to_report(*recall, out);
   }
-  eval::set_eval_verdict(perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr, out);
-  emit(out, flags.output);
+  eval::EvalSummary summary{flags.model_dir,
+                            model->config().num_layers,
+                            model->config().num_kv_heads,
+                            model->config().head_dim,
+                            std::string(model::weight_type_name(model->weight_type())),
+                            formats[0],
+                            flags.threads};
+  emit(eval::to_report(summary, perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr),
+       flags.output);
   return kExitOk;
 }
 

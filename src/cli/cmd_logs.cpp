@@ -90,7 +90,7 @@ int run_logs(LogsFlags& f) {
     }
   }
   auto results = logs::check_expectations(scan.launches.back(), expectations);
-  report::Report report = logs::logs_report(scan, f.all, results);
+  report::Report report = logs::to_report(scan, f.all, results);
   for (auto& finding : check_findings) report.findings.push_back(std::move(finding));
   emit(report, f.output);
   for (const auto& r : results)

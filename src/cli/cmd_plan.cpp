@@ -88,7 +88,7 @@ int run_plan(PlanFlags& f) {
   }
   plan::CapacityPlan capacity = plan::plan_capacity(model, options);
   report::Report report =
-      plan::plan_report(model, capacity, prediction ? &*prediction : nullptr, f.explain);
+      plan::to_report(model, capacity, prediction ? &*prediction : nullptr, f.explain);
   emit(report, f.output);
   if (prediction)
     for (const auto& check : prediction->checks)

@@ -86,7 +86,7 @@ int run_probe_command(const ProbeFlags& flags) {
   std::vector<std::string> urls = {flags.url};
   if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
   probe::RunResult result = probe::run_probes(urls, client, options, flags.checkpoint);
-  report::Report out = probe::build_probe_report(result, options);
+  report::Report out = probe::to_report(result, options);
   emit(out, flags.output);
   bool gate = false;
   for (const auto& finding : out.findings) {

@@ -54,7 +54,7 @@ int run_quant_command(const QuantOptions& options) {
                           : std::clamp(int(std::thread::hardware_concurrency()), 1, 8);
   numerics::ThreadPool pool(threads);
   const quant::QuantAnalysis result = quant::analyze(*source, formats, analysis, pool);
-  emit(quant::build_report(result), options.output);
+  emit(quant::to_report(result), options.output);
   return kExitOk;
 }
 

@@ -102,7 +102,7 @@ std::vector<std::string> verification_commands(const Decision& decision, const K
 std::vector<std::string> expectations_for(const KvOption& option);
 
 // The decision table, the fix and the verification commands as report tables and notes.
-void add_decision_to_report(const Decision& decision, const std::vector<std::string>& fix_lines,
-                            const std::vector<std::string>& verify_lines, report::Report& out);
+void add_to_report(const Decision& decision, const std::vector<std::string>& fix_lines,
+                   const std::vector<std::string>& verify_lines, report::Report& out);
 
 }  // namespace kvaudit::decide

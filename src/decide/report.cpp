@@ -60,8 +60,8 @@ nlohmann::json option_json(const KvOption& o) {
 
 }  // namespace
 
-void add_decision_to_report(const Decision& decision, const std::vector<std::string>& fix_lines,
-                            const std::vector<std::string>& verify_lines, report::Report& out) {
+void add_to_report(const Decision& decision, const std::vector<std::string>& fix_lines,
+                   const std::vector<std::string>& verify_lines, report::Report& out) {
   report::Table table;
   table.id = "decision";
   table.title = "Every KV option of this release, judged and sized";

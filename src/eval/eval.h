@@ -220,9 +220,22 @@ RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenize
 
 // Appends facts, tables (formats, KLD and Delta-p percentiles, by position, encode counts),
 // the KLD-by-position chart and the JSON payload ("perplexity").
-void add_perplexity_to_report(const PerplexityResult& result, report::Report& out);
+void add_to_report(const PerplexityResult& result, report::Report& out);
 // Appends the recall table, one exact-match heatmap per format, and the payload ("recall").
-void add_recall_to_report(const RecallResult& result, report::Report& out);
+void add_to_report(const RecallResult& result, report::Report& out);
+// What an eval report's title and facts say about the run.
+struct EvalSummary {
+  std::string model_dir;
+  int num_layers = 0, num_kv_heads = 0, head_dim = 0;
+  std::string weight_type;  // "bf16", ...
+  std::string baseline;     // the first --kv format
+  int threads = 0;
+};
+// The whole eval report: title and facts, then the perplexity and recall parts present,
+// then the verdict. Either result may be null.
+report::Report to_report(const EvalSummary& summary, const PerplexityResult* perplexity,
+                         const RecallResult* recall);
+
 // The one-line verdict on the worst format. Critical: NaN/inf logits, PPL ratio >= 1.05 or
 // top-1 agreement < 90%; warning: PPL ratio >= 1.01, mean KLD >= 0.01, or recall exact match
 // 20 points below the baseline in some cell; info otherwise. Either input may be null.

@@ -51,7 +51,7 @@ double percentile_value(const std::vector<Percentile>& values, double fraction) 
 
 }  // namespace
 
-void add_perplexity_to_report(const PerplexityResult& result, report::Report& out) {
+void add_to_report(const PerplexityResult& result, report::Report& out) {
   out.facts.push_back({"chunks", "Chunks x context",
                        Value(fmt::format("{} x {} tokens", result.chunks, result.ctx_tokens)), ""});
   out.facts.push_back({"scored_positions", "Scored positions per chunk",
@@ -170,7 +170,7 @@ void add_perplexity_to_report(const PerplexityResult& result, report::Report& ou
                                {"formats", payload}};
 }
 
-void add_recall_to_report(const RecallResult& result, report::Report& out) {
+void add_to_report(const RecallResult& result, report::Report& out) {
   for (const std::string& note : result.notes) out.notes.push_back(note);
   if (result.formats.empty()) return;
   report::Table table{"recall",
@@ -290,6 +290,21 @@ void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* re
   out.verdict_severity = severity;
   out.verdict = parts.empty() ? "evaluated one format (nothing to compare against)"
                               : fmt::format("{}", fmt::join(parts, "; "));
+}
+
+report::Report to_report(const EvalSummary& summary, const PerplexityResult* perplexity,
+                         const RecallResult* recall) {
+  report::Report out;
+  out.command = "eval";
+  out.title =
+      fmt::format("kvaudit eval: {} ({} layers, {} KV heads x {}, {} weights)", summary.model_dir,
+                  summary.num_layers, summary.num_kv_heads, summary.head_dim, summary.weight_type);
+  out.facts.push_back({"baseline", "Baseline KV format", report::Value(summary.baseline), ""});
+  out.facts.push_back({"threads", "Threads", report::Value(int64_t{summary.threads}), ""});
+  if (perplexity) add_to_report(*perplexity, out);
+  if (recall) add_to_report(*recall, out);
+  set_eval_verdict(perplexity, recall, out);
+  return out;
 }
 
 }  // namespace kvaudit::eval

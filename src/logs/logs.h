@@ -170,7 +170,7 @@ void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model,
 // Adds the per-launch findings (silent FP8, unit scales, failures, not ready).
 void add_findings(Launch& launch, bool is_latest);
 
-report::Report logs_report(const LogScan& scan, bool all_launches,
-                           const std::vector<ExpectationResult>& expectations);
+report::Report to_report(const LogScan& scan, bool all_launches,
+                         const std::vector<ExpectationResult>& expectations);
 
 }  // namespace kvaudit::logs

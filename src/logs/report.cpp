@@ -105,8 +105,8 @@ Value text_or_unknown(const std::string& s) {
 
 }  // namespace
 
-report::Report logs_report(const LogScan& scan, bool all_launches,
-                           const std::vector<ExpectationResult>& expectations) {
+report::Report to_report(const LogScan& scan, bool all_launches,
+                         const std::vector<ExpectationResult>& expectations) {
   report::Report out;
   out.command = "logs";
   out.title = "kvaudit logs: " + scan.source;

@@ -296,7 +296,7 @@ LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LogSet
 
 // ---------------------------------------------------------------- report
 
-report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
-                           const LogPrediction* from_log, bool explain);
+report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
+                         const LogPrediction* from_log, bool explain);
 
 }  // namespace kvaudit::plan

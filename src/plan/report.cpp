@@ -101,8 +101,8 @@ void add_from_log(report::Report& out, const LogPrediction& prediction) {
 
 }  // namespace
 
-report::Report plan_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
-                           const LogPrediction* from_log, bool explain) {
+report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
+                         const LogPrediction* from_log, bool explain) {
   report::Report out;
   out.command = "plan";
   std::string model_name = model.dir.empty()       ? model.config_file

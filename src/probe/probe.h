@@ -202,7 +202,7 @@ struct RunResult {
 RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client,
                      const ProbeOptions& options, const std::string& checkpoint_dir = "");
 
-report::Report build_probe_report(const RunResult& result, const ProbeOptions& options);
+report::Report to_report(const RunResult& result, const ProbeOptions& options);
 
 // Exit gate: a smoke probe failed, or the comparison verdict is "different".
 bool probe_failed(const RunResult& result);

@@ -383,7 +383,7 @@ void set_verdict(const RunResult& result, const SmokeTally& smoke, const RecallT
 
 }  // namespace
 
-report::Report build_probe_report(const RunResult& result, const ProbeOptions& options) {
+report::Report to_report(const RunResult& result, const ProbeOptions& options) {
   report::Report out;
   out.command = "probe";
   const size_t sides = result.servers.size();

@@ -122,6 +122,6 @@ QuantAnalysis analyze(const QkvSource& source, const std::vector<numerics::KvFor
                       const AnalysisOptions& options, numerics::ThreadPool& pool);
 
 // The report `kvaudit quant` prints: tensor table, attention table, error-vs-context chart.
-report::Report build_report(const QuantAnalysis& analysis);
+report::Report to_report(const QuantAnalysis& analysis);
 
 }  // namespace kvaudit::quant

@@ -188,7 +188,7 @@ void set_quant_verdict(const QuantAnalysis& analysis, report::Report& r) {
 
 }  // namespace
 
-report::Report build_report(const QuantAnalysis& analysis) {
+report::Report to_report(const QuantAnalysis& analysis) {
   report::Report r;
   r.command = "quant";
   r.title = fmt::format("kvaudit quant: {}", analysis.source);

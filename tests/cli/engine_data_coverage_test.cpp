@@ -378,16 +378,15 @@ std::vector<Probe> battery_probes(const Battery& b) {
               input.engine = &engines::engine_model(e);
               input.version_given = !v.empty();
               audit::CheckResult result = audit::run_check(input);
-              return fmt::format(
-                  "{}\n{}", fingerprint(result),
-                  audit::build_check_report(input, result).payload["resolved_kv"].dump());
+              return fmt::format("{}\n{}", fingerprint(result),
+                                 audit::to_report(input, result).payload["resolved_kv"].dump());
             }));
           }
   // logs
   for (const auto& text : b.log_texts)
     out.push_back(guarded([&text] {
       logs::LogScan scan = logs::scan_log_text(text, "log");
-      std::string printed = logs::logs_report(scan, true, {}).payload.dump();
+      std::string printed = logs::to_report(scan, true, {}).payload.dump();
       for (const auto& launch : scan.launches)
         for (const auto& f : launch.findings) printed += fmt::format("\n{}", text_of(f));
       return printed;
@@ -407,7 +406,7 @@ std::vector<Probe> battery_probes(const Battery& b) {
             options.gpu_memory_bytes = int64_t{81559} << 20;
             options.weight_bytes_per_gpu = int64_t{20} << 30;
             plan::CapacityPlan capacity = plan::plan_capacity(model, options);
-            return plan::plan_report(model, capacity, nullptr, true).payload.dump();
+            return plan::to_report(model, capacity, nullptr, true).payload.dump();
           }));
   // plan --from-log on the real logs whose model is known
   for (const auto& from_log : b.from_logs)  // named: clang 14 cannot capture bindings

@@ -83,13 +83,12 @@ json check_payload(const std::string& fixture, const std::string& engine, const 
   input.engine = &engines::engine_model(engine);
   input.version_given = !version.empty();
   audit::CheckResult result = audit::run_check(input);
-  report::Report report = audit::build_check_report(input, result);
+  report::Report report = audit::to_report(input, result);
   decide::DecisionOptions options;
   options.memory.gpu_memory_bytes = int64_t{80} << 30;  // sized: token ranges and concurrency
   options.memory.gpu_name = "80 GiB";
   const decide::Decision decision = decide::decide(input, result, options);
-  decide::add_decision_to_report(decision, {"- old", "+ new"}, {"kvaudit probe URL --smoke"},
-                                 report);
+  decide::add_to_report(decision, {"- old", "+ new"}, {"kvaudit probe URL --smoke"}, report);
   return report.payload;
 }
 

@@ -60,7 +60,7 @@ TEST(Journal, SplitsTwoLaunchesAndReportsTheBf16One) {
   auto bad = check_expectations(fp8, {parse_expectation("kv_cache_dtype=bfloat16")});
   EXPECT_FALSE(bad[0].met);
   EXPECT_EQ(bad[0].actual, "fp8_e4m3");
-  auto report = logs_report(s, false, ok);
+  auto report = to_report(s, false, ok);
   EXPECT_EQ(report.payload["launches"].size(), 1u);
   EXPECT_EQ(report.payload["launches"][0]["kv_cache_dtype_resolved"], "bf16");
   EXPECT_EQ(report.payload["launches"][0]["max_total_tokens"], 1573854);

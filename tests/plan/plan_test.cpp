@@ -163,7 +163,7 @@ TEST(PlanCapacity, RowsForEveryDefaultDtypeWithConcurrency) {
   EXPECT_GT(plan.rows[0].mamba_slots, 0);
   ASSERT_EQ(plan.rows[0].concurrency.size(), 2u);
   EXPECT_GE(plan.rows[0].concurrency[0].requests, plan.rows[0].concurrency[1].requests);
-  auto report = plan_report(model, plan, nullptr, true);
+  auto report = to_report(model, plan, nullptr, true);
   EXPECT_EQ(report.payload["rows"].size(), 6u);
   EXPECT_EQ(report.payload["rows"][0]["cell_bytes_per_token_per_gpu"], 15360);
   EXPECT_TRUE(report.payload["rows"][0]["concurrency"].contains("8192"));

@@ -52,7 +52,7 @@ TEST(ProbeRun, SmokePassesOnASaneServer) {
   EXPECT_THAT(records[2].expected, ::testing::MatchesRegex(" [A-Z][A-Z]-[0-9]{4}"));
   EXPECT_TRUE(records[2].expected_logprob);  // teacher-forced via echo
   EXPECT_FALSE(probe_failed(result));
-  report::Report report = build_probe_report(result, options);
+  report::Report report = to_report(result, options);
   EXPECT_THAT(report.verdict, HasSubstr("smoke: 3 of 3 passed"));
 }
 
@@ -64,7 +64,7 @@ TEST(ProbeRun, SmokeFailureIsReported) {
   // Break the arithmetic answer after the fact: the gate reads records.
   result.servers[0].records[1].passed = false;
   EXPECT_TRUE(probe_failed(result));
-  EXPECT_THAT(build_probe_report(result, options).verdict, HasSubstr("smoke: 1 of 3 FAILED"));
+  EXPECT_THAT(to_report(result, options).verdict, HasSubstr("smoke: 1 of 3 FAILED"));
 }
 
 TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
@@ -119,7 +119,7 @@ TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
   // Side A is more confident in the expected text.
   EXPECT_EQ(result.compare->better, "a");
   EXPECT_TRUE(probe_failed(result));
-  report::Report report = build_probe_report(result, small_recall());
+  report::Report report = to_report(result, small_recall());
   EXPECT_THAT(report.verdict, HasSubstr("A/B: different"));
   EXPECT_EQ(report.verdict_severity, report::Severity::critical);
   std::vector<std::string> charts;

@@ -458,7 +458,7 @@ TEST(QuantReport, HasTablesChartAndVerdict) {
   numerics::ThreadPool pool(1);
   const QuantAnalysis a =
       analyze(*source, {parse_kv_format("fp8_e4m3:none"), parse_kv_format("nvfp4")}, options, pool);
-  const report::Report r = build_report(a);
+  const report::Report r = to_report(a);
   EXPECT_EQ(r.command, "quant");
   ASSERT_EQ(r.tables.size(), 2u);
   EXPECT_EQ(r.tables[0].rows.size(), 4u);  // 2 formats x K, V
