@@ -152,7 +152,7 @@ void add_decision(const CheckOptions& options, const audit::CheckInput& input,
                                          : "no KV option clears the critical findings; see the "
                                            "decision table");
   std::vector<std::string> verify_lines;
-  if (fixed) verify_lines = decide::verification_commands(decision, *fixed, input, where);
+  if (fixed) verify_lines = decide::verification_commands(decision, *fixed, where);
   decide::add_to_report(decision, fix_lines, verify_lines, report);
 }
 

@@ -13,8 +13,6 @@ namespace kvaudit::decide {
 
 namespace {
 
-constexpr double kGiB = kBytesPerGiB;
-
 std::vector<int64_t> default_contexts(const audit::CheckInput& input) {
   std::vector<int64_t> out = {32768, 131072};
   int64_t longest = input.flags.context_length.value_or(input.model.max_position_embeddings);
@@ -144,8 +142,8 @@ void size_option(KvOption& option, const audit::CheckInput& input, const engines
     // plan computes from a GPU of `total` holding `total - avail_after` of weights.
     const double total = *memory.logged->total_before_load_gib;
     const double after = *memory.logged->avail_after_weights_gib;
-    p.gpu_memory_bytes = static_cast<int64_t>(total * kGiB);
-    p.weight_bytes_per_gpu = static_cast<int64_t>((total - after) * kGiB);
+    p.gpu_memory_bytes = static_cast<int64_t>(total * kBytesPerGiB);
+    p.weight_bytes_per_gpu = static_cast<int64_t>((total - after) * kBytesPerGiB);
     if (memory.logged->mem_fraction_static) p.memory_fraction = memory.logged->mem_fraction_static;
   } else if (memory.gpu_memory_bytes) {
     p.gpu_memory_bytes = memory.gpu_memory_bytes;
@@ -293,7 +291,6 @@ std::vector<std::string> expectations_for(const KvOption& option) {
 }
 
 std::vector<std::string> verification_commands(const Decision& decision, const KvOption& fixed,
-                                               const audit::CheckInput& input,
                                                const Verification& where) {
   std::vector<std::string> expect;
   for (const auto& e : expectations_for(fixed)) expect.push_back("--expect " + e);
@@ -314,7 +311,6 @@ std::vector<std::string> verification_commands(const Decision& decision, const K
         "kvaudit probe {} --compare OLD_URL --smoke --recall   (OLD_URL: the previous launch, {} "
         "KV, on another port: measures what it lost)",
         url, before.kv_cache_dtype));
-  (void)input;
   return out;
 }
 

@@ -93,7 +93,6 @@ struct Verification {
   std::string port_source;  // server_address's, for the note on the probe line
 };
 std::vector<std::string> verification_commands(const Decision& decision, const KvOption& fixed,
-                                               const audit::CheckInput& input,
                                                const Verification& where);
 
 // The expectations `kvaudit logs --expect` checks for an option ("kv_cache_dtype=bf16",

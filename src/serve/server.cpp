@@ -32,7 +32,6 @@ namespace kvaudit::serve {
 namespace {
 
 using nlohmann::json;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr const char* kSglangReady = "The server is fired up and ready to roll!";
 
 std::string timestamp() {
@@ -518,10 +517,10 @@ json Server::Impl::server_info() const {
   json state = args;
   state["last_gen_throughput"] = 0.0;
   state["memory_usage"] = {
-      {"weight", std::round(s.pool.weight_bytes / kGiB * 100) / 100},
+      {"weight", std::round(s.pool.weight_bytes / kBytesPerGiB * 100) / 100},
       {"kvcache", std::round(double((s.pool.max_total_num_tokens + s.pool.page_size) *
                                     s.pool.cell_bytes_per_token) /
-                             kGiB * 100) /
+                             kBytesPerGiB * 100) /
                       100},
       {"token_capacity", s.pool.max_total_num_tokens}};
   state["waiting_queue_size"] = s.metrics.requests_waiting.load();

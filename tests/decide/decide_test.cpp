@@ -187,7 +187,7 @@ TEST(Verify, CommandsNameTheUnitTheUrlAndTheExpectations) {
   DecisionOptions request;
   request.memory.logged = journal().launches.back().memory;
   const Decision decision = decide(input, audit::run_check(input), request);
-  const auto lines = verification_commands(decision, option(decision, "bf16"), input,
+  const auto lines = verification_commands(decision, option(decision, "bf16"),
                                            {"sglang", "http://127.0.0.1:30000", ""});
   ASSERT_GE(lines.size(), 3u);
   EXPECT_EQ(lines[0].rfind("journalctl -u sglang -b --no-pager | kvaudit logs - --expect "

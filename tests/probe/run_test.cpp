@@ -275,24 +275,31 @@ TEST(ProbeFaults, AuthenticationFailureSaysHowToFixIt) {
 
 // A server that answers and makes no progress stops the run within its timeout, with one
 // line naming the endpoint, and what finished stays in the results file.
+// Runs the probes, which must stop with one InputError naming every needle, within
+// 15 s (the bound a stalled or lying server may not stretch, even under the sanitizers).
+void expect_run_stops(const std::string& url, const ProbeOptions& options,
+                      std::initializer_list<const char*> needles) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    run_probes({url}, fast_client_options(), options);
+    FAIL() << "expected the run to stop";
+  } catch (const InputError& error) {
+    for (const char* needle : needles) EXPECT_THAT(error.what(), HasSubstr(needle));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
 TEST(ProbeFaults, ZeroTokenCompletionsStopTheRunAndKeepWhatFinished) {
   const std::string results = temp_path("kvaudit-probe-zero");
   FakeServer server({.zero_after = 4});  // the first two recall probes finish (2 requests each)
   ProbeOptions options = small_recall();
   options.results_path = results;
   options.concurrency = 1;
-  auto start = std::chrono::steady_clock::now();
-  try {
-    run_probes({server.url()}, fast_client_options(), options);
-    FAIL() << "expected the run to stop";
-  } catch (const InputError& error) {
-    EXPECT_THAT(error.what(), HasSubstr("/v1/completions"));
-    EXPECT_THAT(error.what(), HasSubstr("no progress: the completion has 0 tokens"));
-    EXPECT_THAT(error.what(), HasSubstr("stopped after 2 of 6 probes"));
-  }
   // It stops at the first empty answer instead of asking on: well inside the client's
   // read timeout (3 s) times the probes left, even under the sanitizers.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  expect_run_stops(server.url(), options,
+                   {"/v1/completions", "no progress: the completion has 0 tokens",
+                    "stopped after 2 of 6 probes"});
   EXPECT_EQ(load_results(results).records.size(), 2u);
   EXPECT_LE(server.completions(), 6);  // it asked once more, not forever
   std::filesystem::remove(results);
@@ -305,15 +312,7 @@ TEST(ProbeFaults, TokenizerThatStopsAnsweringTokensStopsTheRun) {
   ProbeOptions options = small_recall();
   options.results_path = results;
   options.concurrency = 1;
-  auto start = std::chrono::steady_clock::now();
-  try {
-    run_probes({server.url()}, fast_client_options(), options);
-    FAIL() << "expected the run to stop";
-  } catch (const InputError& error) {
-    EXPECT_THAT(error.what(), HasSubstr("/tokenize"));
-    EXPECT_THAT(error.what(), HasSubstr("no progress"));
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  expect_run_stops(server.url(), options, {"/tokenize", "no progress"});
   std::filesystem::remove(results);
 }
 
