@@ -231,6 +231,7 @@ void fill_architecture(const json& config, ModelFacts& facts) {
     linear.conv_kernel = positive_int(config, "linear_conv_kernel_dim", 4, 1 << 10);
     linear.ssm_dtype = string_or(config, "mamba_ssm_dtype");
     facts.linear_attention = linear;
+    facts.attention_output_gate = bool_or(config, "attn_output_gate", true);
   }
 
   const json* layer_types = nullptr;

@@ -169,6 +169,33 @@ std::vector<std::string> list_shards(const fs::path& dir) {
   return find_shards(dir);
 }
 
+void fill_from_config(const json& config, ModelFacts& facts) {
+  const std::string where = facts.config_file.empty() ? "config.json" : facts.config_file;
+  if (!config.is_object()) throw InputError(where, "expected a JSON object");
+  const json* text_config = &config;
+  if (auto it = config.find("text_config"); it != config.end() && it->is_object()) {
+    text_config = &*it;
+    facts.outer_model_type = text_of(config, "model_type");
+  }
+  facts.multimodal = config.contains("vision_config") && config["vision_config"].is_object();
+  if (auto it = config.find("architectures");
+      it != config.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
+    facts.architecture = (*it)[0].get<std::string>();
+  try {
+    fill_architecture(*text_config, facts);
+  } catch (const InputError& error) {
+    throw InputError(where, error.problem());
+  } catch (const json::exception& error) {
+    throw InputError(where, std::string("unexpected value: ") + error.what());
+  }
+  // Wrappers (Qwen3_5ForConditionalGeneration) may say it only at the top level.
+  if (text_config != &config && !text_config->contains("tie_word_embeddings"))
+    if (auto it = config.find("tie_word_embeddings"); it != config.end() && it->is_boolean())
+      facts.tie_word_embeddings = it->get<bool>();
+  if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "torch_dtype");
+  if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "dtype");
+}
+
 ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& options) {
   ModelFacts facts;
   std::error_code ec;
@@ -195,24 +222,10 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
   json config = read_json_file(config_path);
   if (!config.is_object()) throw InputError(facts.config_file, "expected a JSON object");
 
+  fill_from_config(config, facts);
   const json* text_config = &config;
-  if (auto it = config.find("text_config"); it != config.end() && it->is_object()) {
+  if (auto it = config.find("text_config"); it != config.end() && it->is_object())
     text_config = &*it;
-    facts.outer_model_type = text_of(config, "model_type");
-  }
-  facts.multimodal = config.contains("vision_config") && config["vision_config"].is_object();
-  if (auto it = config.find("architectures");
-      it != config.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
-    facts.architecture = (*it)[0].get<std::string>();
-  try {
-    fill_architecture(*text_config, facts);
-  } catch (const InputError& error) {
-    throw InputError(facts.config_file, error.problem());
-  } catch (const json::exception& error) {
-    throw InputError(facts.config_file, std::string("unexpected value: ") + error.what());
-  }
-  if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "torch_dtype");
-  if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "dtype");
   facts.quant = read_quant_facts(facts.dir, config, *text_config);
 
   facts.files_dir = facts.dir;

@@ -221,6 +221,9 @@ struct ModelFacts {
   std::string hidden_act;       // "silu" when absent
   double rope_theta = 10000.0;  // rope_theta, or rope_parameters.rope_theta (newer configs)
   double partial_rotary_factor = 1.0;
+  // Qwen3-Next / Qwen3.5 full attention: q_proj also emits a per-head output gate
+  // (attn_output_gate, default true for those families).
+  bool attention_output_gate = false;
   std::vector<LayerFacts> layers;
   std::optional<MlaFacts> mla;
   std::optional<LinearAttentionFacts> linear_attention;
@@ -255,5 +258,9 @@ std::vector<std::string> list_shards(const std::filesystem::path& dir);
 
 // Builds per-layer facts from a (language-model) config object. Exposed for tests.
 void fill_architecture(const nlohmann::json& text_config, ModelFacts& facts);
+// Everything read_checkpoint takes from a whole config.json object: the language model's
+// facts (text_config's for wrappers such as Qwen3_5ForConditionalGeneration, with the
+// wrapper's architectures, model_type, vision tower, tied embeddings and dtype).
+void fill_from_config(const nlohmann::json& config, ModelFacts& facts);
 
 }  // namespace kvaudit::checkpoint

@@ -29,15 +29,27 @@ struct EvalFlags {
   std::string recall_ctx = "256,512";
   std::string recall_depth = "32,128,384";
   int recall_cases = 4;
+  std::vector<std::string> state_dtypes;
+  int64_t state_chunk = 1;
   uint64_t seed = 1;
   OutputOptions output;
 };
+
+// "3 Gated DeltaNet + 1 full attention" for a hybrid, "" otherwise.
+std::string layer_mix(const model::ModelConfig& config) {
+  if (!config.hybrid()) return "";
+  const int attention = config.attention_layers();
+  return fmt::format("{} Gated DeltaNet + {} full attention (KV cache in those only)",
+                     config.num_layers - attention, attention);
+}
 
 int run_eval_command(const EvalFlags& flags) {
   if (flags.text_file.empty() && !flags.recall)
     throw InputError("eval", "nothing to measure: give --text FILE and/or --recall");
   std::vector<std::string> formats = flags.kv.empty() ? std::vector<std::string>{"bf16"} : flags.kv;
   for (const std::string& spec : formats) numerics::parse_kv_format(spec);  // fail early
+  for (const std::string& spec : flags.state_dtypes)
+    model::parse_state_format(spec, flags.state_chunk);  // fail early
   auto model = model::Model::load(flags.model_dir);
   numerics::ThreadPool pool(flags.threads);  // owned here, shared by every pass
   auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
@@ -63,6 +75,8 @@ int run_eval_command(const EvalFlags& flags) {
     options.first_scored = flags.score_from;
     options.position_buckets = flags.buckets;
     options.loaded_scales = loaded;
+    options.state_formats = flags.state_dtypes;
+    options.state_store_every_tokens = flags.state_chunk;
     if (!flags.calibration_file.empty())
       options.calibration_tokens = tokenizer.encode(read_text_file(flags.calibration_file));
     std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));
@@ -85,7 +99,9 @@ int run_eval_command(const EvalFlags& flags) {
                             model->config().head_dim,
                             std::string(model::weight_type_name(model->weight_type())),
                             formats[0],
-                            flags.threads};
+                            flags.threads,
+                            layer_mix(model->config()),
+                            model->notes()};
   emit(eval::to_report(summary, perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr),
        flags.output);
   return kExitOk;
@@ -98,7 +114,7 @@ void add_eval_command(CLI::App& app, Runner& run) {
   CLI::App* eval = app.add_subcommand(
       "eval", "Measure KV-format damage (PPL ratio, KL divergence, top-1, recall) on a CPU");
   eval->add_option("--model", flags->model_dir,
-                   "Hugging Face checkpoint folder (Llama/Mistral/Qwen2/Qwen3)")
+                   "Hugging Face checkpoint folder (Llama/Mistral/Qwen2/Qwen3/Qwen3.5 dense)")
       ->required();
   eval->add_option("--tokenizer", flags->tokenizer_dir,
                    "Folder with tokenizer.json (default: --model)");
@@ -124,6 +140,13 @@ void add_eval_command(CLI::App& app, Runner& run) {
   eval->add_option("--recall-cases", flags->recall_cases, "Cases per grid cell")
       ->check(CLI::Range(1, 1000));
   eval->add_option("--seed", flags->seed, "Seed of the recall generator");
+  eval->add_option("--state-dtype", flags->state_dtypes,
+                   "Hybrids (Qwen3.5): recurrent state precision, repeatable, crossed with "
+                   "every --kv format; the first is the baseline (fp32, bf16, fp16, int8)");
+  eval->add_option("--state-chunk", flags->state_chunk,
+                   "Where the state is stored and rounded: every N tokens and at the end of "
+                   "each call (1 = every token, as decode does; 0 = end of each call only)")
+      ->check(CLI::NonNegativeNumber);
   add_output_options(*eval, flags->output);
   eval->callback([flags, &run] { run = [flags] { return run_eval_command(*flags); }; });
 }

@@ -102,6 +102,12 @@ struct PerplexityOptions {
   // the baseline's K/V on these tokens (empty: on the first chunk of the eval text).
   std::vector<int32_t> calibration_tokens;
   LoadedScales loaded_scales;
+  // Hybrid models (Gated DeltaNet layers): the recurrent state precisions to run each KV
+  // format with ("fp32", "bf16", "fp16", "int8"; the first with the first KV format is the
+  // baseline), and where the state is stored (model::StateFormat::store_every_tokens; 1 =
+  // every token, as decode stores it). Empty: fp32 only, and no state column.
+  std::vector<std::string> state_formats;
+  int64_t state_store_every_tokens = 1;
 };
 
 struct PositionBucket {
@@ -111,8 +117,12 @@ struct PositionBucket {
 };
 
 struct FormatResult {
-  std::string spec;  // canonical format spelling
+  std::string spec;   // canonical KV format spelling
+  std::string state;  // recurrent state precision ("" when the run has no state axis)
   bool baseline = false;
+  int64_t state_bytes = 0;  // recurrent + conv state at the end of a chunk (all layers)
+  // "fp8_e4m3:tensor", or "fp8_e4m3:tensor, bf16 state" on a state axis.
+  std::string label() const { return state.empty() ? spec : spec + ", " + state + " state"; }
   KldSummary summary;  // against the baseline (the baseline against itself)
   std::vector<PositionBucket> buckets;
   int64_t kv_bytes_per_token = 0;  // encoded bytes the cache held, per token (all layers)
@@ -128,6 +138,10 @@ struct PerplexityResult {
   int64_t text_tokens = 0;
   std::vector<FormatResult> formats;
   std::string simd_target;
+  // The state axis, when there is one: how often the state was stored (tokens; 0 = at the
+  // end of each forward call).
+  bool state_axis = false;
+  int64_t state_store_every_tokens = 1;
 };
 
 // Static scales (":tensor", ":head", ":channel", NVFP4's tensor scale) for `format`: runs
@@ -230,6 +244,9 @@ struct EvalSummary {
   std::string weight_type;  // "bf16", ...
   std::string baseline;     // the first --kv format
   int threads = 0;
+  // Hybrids: "24 Gated DeltaNet + 8 full attention" ("" for attention-only models).
+  std::string layer_mix;
+  std::vector<std::string> notes;  // what of the checkpoint the engine did not run
 };
 // The whole eval report: title and facts, then the perplexity and recall parts present,
 // then the verdict. Either result may be null.

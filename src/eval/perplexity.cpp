@@ -80,17 +80,37 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
   const int64_t vocab = model.config().vocab_size;
   result.simd_target = numerics::simd_target_name();
 
-  std::vector<numerics::KvFormat> formats;
+  // Every KV format with every state precision (one variant each; KV-major order).
+  std::vector<numerics::KvFormat> kv_formats;
   for (const std::string& spec : options.kv_formats)
-    formats.push_back(numerics::parse_kv_format(spec));
+    kv_formats.push_back(numerics::parse_kv_format(spec));
+  result.state_axis = !options.state_formats.empty();
+  if (result.state_axis && !model.config().hybrid())
+    throw InputError("--state-dtype",
+                     "the model has no recurrent state (no Gated DeltaNet "
+                     "layers): only KV formats apply");
+  result.state_store_every_tokens = options.state_store_every_tokens;
+  std::vector<model::StateFormat> states;
+  for (const std::string& spec :
+       result.state_axis ? options.state_formats : std::vector<std::string>{"fp32"})
+    states.push_back(model::parse_state_format(spec, options.state_store_every_tokens));
+  std::vector<numerics::KvFormat> formats;
+  std::vector<model::StateFormat> state_of;
+  for (const numerics::KvFormat& kv : kv_formats)
+    for (const model::StateFormat& state : states) {
+      formats.push_back(kv);
+      state_of.push_back(state);
+    }
 
   std::span<const int32_t> calibration_tokens =
       options.calibration_tokens.empty() ? std::span<const int32_t>(tokens).first(ctx)
                                          : std::span<const int32_t>(options.calibration_tokens);
   std::vector<std::unique_ptr<model::Session>> sessions;
-  for (const numerics::KvFormat& format : formats) {
+  for (size_t v = 0; v < formats.size(); ++v) {
+    const numerics::KvFormat& format = formats[v];
     FormatResult fr;
     fr.spec = format.spec;
+    if (result.state_axis) fr.state = state_of[v].spec;
     std::vector<std::array<numerics::StaticAmax, 2>> calibration;
     calibration = loaded_scales_for(format, options.loaded_scales, model.config());
     if (!calibration.empty()) {
@@ -102,7 +122,8 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
           calibration_tokens.size(),
           options.calibration_tokens.empty() ? "the first chunk" : "the calibration text");
     }
-    sessions.push_back(std::make_unique<model::Session>(model, format, pool, calibration));
+    sessions.push_back(
+        std::make_unique<model::Session>(model, format, pool, calibration, state_of[v]));
     result.formats.push_back(fr);
   }
   result.formats[0].baseline = true;
@@ -128,7 +149,10 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
         auto started = Clock::now();
         session.forward(chunk.subspan(begin, count), local_from, logits);
         seconds[f] += std::chrono::duration<double>(Clock::now() - started).count();
-        if (begin + count == ctx) result.formats[f].kv_bytes_per_token = session.kv_bytes() / ctx;
+        if (begin + count == ctx) {
+          result.formats[f].kv_bytes_per_token = session.kv_bytes() / ctx;
+          result.formats[f].state_bytes = session.state_bytes();
+        }
         for (int64_t position = first_row_position; position < scored_end; ++position) {
           const int64_t row = position - first_row_position;
           std::span<float> base(&base_log_probs[row * vocab], vocab);

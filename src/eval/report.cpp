@@ -58,9 +58,26 @@ void add_to_report(const PerplexityResult& result, report::Report& out) {
                        Value(fmt::format("[{}, {})", result.first_scored, result.ctx_tokens - 1)),
                        ""});
   out.facts.push_back({"simd_target", "SIMD target", Value(result.simd_target), ""});
+  if (result.state_axis)
+    out.facts.push_back(
+        {"state_store", "Recurrent state stored (rounded)",
+         Value(result.state_store_every_tokens == 0
+                   ? std::string("at the end of each forward call (one prefill chunk)")
+               : result.state_store_every_tokens == 1
+                   ? std::string("after every token, as decode stores it")
+                   : fmt::format("every {} tokens and at the end of each call, as a "
+                                 "chunked prefill stores it",
+                                 result.state_store_every_tokens)),
+         ""});
 
   report::Table main{
-      "formats", "KV formats against the baseline " + result.formats[0].spec, {}, {}, ""};
+      "formats",
+      (result.state_axis ? "KV formats x recurrent state precisions against the baseline "
+                         : "KV formats against the baseline ") +
+          result.formats[0].label(),
+      {},
+      {},
+      ""};
   main.columns = {{"format", "format", "", 0},
                   {"kv_bytes_per_token", "KV bytes/token", "B", 0},
                   {"ppl", "PPL", "", 4},
@@ -75,6 +92,8 @@ void add_to_report(const PerplexityResult& result, report::Report& out) {
                   {"same_top_error", "+-", "%", 2},
                   {"tokens_per_second", "tokens/s", "", 1},
                   {"nonfinite", "NaN/inf positions", "", 0}};
+  if (result.state_axis)
+    main.columns.insert(main.columns.begin() + 2, {"state_bytes", "state bytes", "B", 0});
   report::Table kld{
       "kld_percentiles", "KL divergence percentiles", {{"format", "format", "", 0}}, {}, ""};
   report::Table delta{"delta_p_percentiles",
@@ -117,28 +136,29 @@ void add_to_report(const PerplexityResult& result, report::Report& out) {
   nlohmann::json payload = nlohmann::json::array();
   for (const FormatResult& f : result.formats) {
     const KldSummary& s = f.summary;
-    main.rows.push_back({f.spec + (f.baseline ? " (baseline)" : ""), Value(f.kv_bytes_per_token),
+    main.rows.push_back({f.label() + (f.baseline ? " (baseline)" : ""), Value(f.kv_bytes_per_token),
                          s.ppl_test, s.ppl_ratio, s.ppl_ratio_error, s.kld_mean, s.kld_mean_error,
                          s.kld_median, percentile_value(s.kld_percentiles, 0.99),
                          100.0 * s.delta_p_rms, 100.0 * s.same_top, 100.0 * s.same_top_error,
                          f.tokens_per_second, Value(s.nonfinite)});
-    std::vector<Value> k{f.spec}, d{f.spec};
+    if (result.state_axis) main.rows.back().insert(main.rows.back().begin() + 2, f.state_bytes);
+    std::vector<Value> k{f.label()}, d{f.label()};
     for (const Percentile& p : s.kld_percentiles) k.push_back(p.value);
     for (const Percentile& p : s.delta_p_percentiles) d.push_back(100.0 * p.value);
     if (!f.baseline) {
       kld.rows.push_back(k);
       delta.rows.push_back(d);
     }
-    counts.rows.push_back({f.spec, Value(f.counts.elements), Value(f.counts.saturated),
+    counts.rows.push_back({f.label(), Value(f.counts.elements), Value(f.counts.saturated),
                            Value(f.counts.became_nan), Value(f.counts.became_inf),
                            Value(f.counts.flushed_to_zero), Value(f.counts.subnormal),
                            f.calibration.empty() ? Value(std::string("-")) : Value(f.calibration)});
-    report::Series series{f.spec, {}};
+    report::Series series{f.label(), {}};
     nlohmann::json bucket_json = nlohmann::json::array();
     for (const PositionBucket& b : f.buckets) {
       series.y.push_back(b.summary.kld_mean);
       if (!f.baseline)
-        buckets.rows.push_back({f.spec, fmt::format("{}-{}", b.first_position, b.last_position),
+        buckets.rows.push_back({f.label(), fmt::format("{}-{}", b.first_position, b.last_position),
                                 b.summary.kld_mean, 100.0 * b.summary.same_top,
                                 b.summary.ppl_ratio});
       bucket_json.push_back({{"first_position", b.first_position},
@@ -153,6 +173,10 @@ void add_to_report(const PerplexityResult& result, report::Report& out) {
                        {"calibration", f.calibration},
                        {"summary", summary_json(s)},
                        {"buckets", bucket_json}});
+    if (result.state_axis) {
+      payload.back()["state_dtype"] = f.state;
+      payload.back()["state_bytes"] = f.state_bytes;
+    }
   }
   main.note =
       "llama.cpp perplexity --kl-divergence semantics: PPL ratio = exp(mean(ln p_base - ln p_Q)); "
@@ -266,7 +290,7 @@ void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* re
     parts.push_back(fmt::format(
         "worst KV format {} vs {}: PPL ratio {:.4f}, mean KLD {:.5f}, "
         "same top {:.2f}%{}",
-        worst->spec, perplexity->formats[0].spec, s.ppl_ratio, s.kld_mean, 100.0 * s.same_top,
+        worst->label(), perplexity->formats[0].label(), s.ppl_ratio, s.kld_mean, 100.0 * s.same_top,
         s.nonfinite > 0 ? fmt::format(", {} NaN/inf positions", s.nonfinite) : std::string()));
   }
   if (recall != nullptr && recall->formats.size() > 1) {
@@ -301,6 +325,9 @@ report::Report to_report(const EvalSummary& summary, const PerplexityResult* per
                   summary.num_layers, summary.num_kv_heads, summary.head_dim, summary.weight_type);
   out.facts.push_back({"baseline", "Baseline KV format", report::Value(summary.baseline), ""});
   out.facts.push_back({"threads", "Threads", report::Value(int64_t{summary.threads}), ""});
+  if (!summary.layer_mix.empty())
+    out.facts.push_back({"layer_mix", "Layers", report::Value(summary.layer_mix), ""});
+  for (const std::string& note : summary.notes) out.notes.push_back(note);
   if (perplexity) add_to_report(*perplexity, out);
   if (recall) add_to_report(*recall, out);
   set_eval_verdict(perplexity, recall, out);

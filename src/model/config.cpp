@@ -2,6 +2,7 @@
 // implies (as Hugging Face transformers' modeling_rope_utils defines them).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -83,9 +84,14 @@ ModelConfig model_config_from(const checkpoint::ModelFacts& facts, const std::st
     model.family = Family::qwen2;
   } else if (model.architecture == "Qwen3ForCausalLM" || model_type == "qwen3") {
     model.family = Family::qwen3;
+  } else if (model.architecture == "Qwen3_5ForConditionalGeneration" ||
+             model.architecture == "Qwen3_5ForCausalLM" || model_type == "qwen3_5_text" ||
+             model_type == "qwen3_5") {
+    model.family = Family::qwen3_5;
   } else {
     throw InputError(label, fmt::format("architecture \"{}\" (model_type \"{}\") is not supported "
-                                        "by the reference engine (Llama, Mistral, Qwen2, Qwen3)",
+                                        "by the reference engine (Llama, Mistral, Qwen2, Qwen3, "
+                                        "Qwen3.5 dense)",
                                         model.architecture, model_type));
   }
   model.hidden_size = facts.hidden_size;
@@ -111,7 +117,16 @@ ModelConfig model_config_from(const checkpoint::ModelFacts& facts, const std::st
     throw InputError(label, fmt::format("head_dim {} must be positive and even", model.head_dim));
   model.rms_norm_eps = static_cast<float>(facts.rms_norm_eps);
   model.tie_word_embeddings = facts.tie_word_embeddings;
-  model.qk_norm = model.family == Family::qwen3;
+  model.qk_norm = model.family == Family::qwen3 || model.family == Family::qwen3_5;
+  if (model.family == Family::qwen3_5) {
+    // Qwen3_5RMSNorm: x / rms(x) * (1 + weight) (transformers modeling_qwen3_5.py).
+    model.norm_weight_offset = 1.0f;
+    model.attention_output_gate = facts.attention_output_gate;
+    if (facts.num_experts > 0)
+      throw InputError(label, fmt::format("{} experts per layer: the reference engine runs the "
+                                          "dense Qwen3.5 models only (no MoE MLP)",
+                                          facts.num_experts));
+  }
   model.attention_bias = model.family == Family::qwen2 || facts.attention_bias;
   if (facts.mlp_bias) throw InputError(label, "mlp_bias is not supported");
   if (facts.hidden_act != "silu")
@@ -119,8 +134,12 @@ ModelConfig model_config_from(const checkpoint::ModelFacts& facts, const std::st
   // Sliding windows are checkpoint/'s per-layer facts (layer_types, Mistral's every layer,
   // Qwen's use_sliding_window from max_window_layers on): the audit and the engine agree.
   model.sliding_window.assign(model.num_layers, 0);
+  model.mixers.assign(model.num_layers, Mixer::attention);
   for (const checkpoint::LayerFacts& layer : facts.layers) {
-    if (layer.kind == checkpoint::LayerKind::sliding_attention) {
+    if (layer.kind == checkpoint::LayerKind::linear_attention && model.family == Family::qwen3_5 &&
+        facts.linear_attention) {
+      model.mixers[layer.index] = Mixer::gated_delta_net;
+    } else if (layer.kind == checkpoint::LayerKind::sliding_attention) {
       if (layer.sliding_window <= 0)
         throw InputError(label, "sliding_attention layer without sliding_window");
       model.sliding_window[layer.index] = layer.sliding_window;
@@ -129,24 +148,37 @@ ModelConfig model_config_from(const checkpoint::ModelFacts& facts, const std::st
                                           layer.index, checkpoint::layer_kind_name(layer.kind)));
     }
   }
+  if (model.hybrid()) {
+    const checkpoint::LinearAttentionFacts& linear = *facts.linear_attention;
+    DeltaNetConfig& d = model.delta_net;
+    d.key_heads = linear.num_key_heads;
+    d.value_heads = linear.num_value_heads;
+    d.key_head_dim = linear.key_head_dim;
+    d.value_head_dim = linear.value_head_dim;
+    d.conv_kernel = linear.conv_kernel;
+    if (d.key_heads <= 0 || d.value_heads <= 0 || d.key_head_dim <= 0 || d.value_head_dim <= 0 ||
+        d.conv_kernel <= 0 || d.value_heads % d.key_heads != 0)
+      throw InputError(label, fmt::format("linear attention shapes: {} key heads must divide {} "
+                                          "value heads, all sizes positive",
+                                          d.key_heads, d.value_heads));
+  }
   model.rope = rope_from(facts, model, label);
   return model;
+}
+
+bool ModelConfig::hybrid() const {
+  return std::find(mixers.begin(), mixers.end(), Mixer::gated_delta_net) != mixers.end();
+}
+
+int ModelConfig::attention_layers() const {
+  return static_cast<int>(std::count(mixers.begin(), mixers.end(), Mixer::attention));
 }
 
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& label) {
   if (!config.is_object()) throw InputError(label, "config is not a JSON object");
   checkpoint::ModelFacts facts;
   facts.config_file = label;
-  if (auto archs = config.find("architectures");
-      archs != config.end() && archs->is_array() && !archs->empty() && (*archs)[0].is_string())
-    facts.architecture = (*archs)[0].get<std::string>();
-  try {
-    checkpoint::fill_architecture(config, facts);
-  } catch (const InputError& error) {
-    throw InputError(label, error.problem());
-  } catch (const nlohmann::json::exception& error) {
-    throw InputError(label, std::string("unexpected value: ") + error.what());
-  }
+  checkpoint::fill_from_config(config, facts);
   return model_config_from(facts, label);
 }
 

@@ -12,31 +12,33 @@
 #include <limits>
 #include <vector>
 
+#include "model/internal.h"
 #include "model/model.h"
 #include "util/util.h"
 
 namespace kvaudit::model {
 
-struct Session::Scratch {
-  std::vector<float> x;             // [n, hidden] residual stream
-  std::vector<float> xb;            // [n, hidden] normalised input of a sub-block
-  std::vector<float> q;             // [n, heads * head_dim]
-  std::vector<float> k, v;          // [n, kv_heads * head_dim]
-  std::vector<float> att;           // [n, heads * head_dim] attention output
-  std::vector<float> gate, up;      // [n, intermediate]
-  std::vector<float> proj;          // [n, hidden] output of o_proj / down_proj
-  std::vector<float> keys, values;  // [cache tokens, kv_heads * head_dim] decoded cache
-  std::vector<float> norm_weight;   // [max(hidden, head_dim)] widened norm weights
-};
-
-namespace {
-
-void rms_norm(const float* in, const Matrix& weight, float eps, int64_t width, float* out) {
+void rms_norm(const float* in, const Matrix& weight, float eps, int64_t width, float* out,
+              float weight_offset) {
   double sum_squares = 0.0;
   for (int64_t i = 0; i < width; ++i) sum_squares += static_cast<double>(in[i]) * in[i];
   const float inverse = static_cast<float>(1.0 / std::sqrt(sum_squares / width + eps));
-  for (int64_t i = 0; i < width; ++i) out[i] = in[i] * inverse * weight_at(weight, i);
+  if (weight_offset == 0.0f) {
+    for (int64_t i = 0; i < width; ++i) out[i] = in[i] * inverse * weight_at(weight, i);
+  } else {
+    for (int64_t i = 0; i < width; ++i)
+      out[i] = in[i] * inverse * (weight_at(weight, i) + weight_offset);
+  }
 }
+
+void Session::for_each_token(int64_t tokens, const std::function<void(int64_t)>& body) {
+  const int tasks = static_cast<int>(std::min<int64_t>(tokens, 4 * int64_t{pool_.threads()}));
+  pool_.parallel_for(tokens, tasks, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) body(t);
+  });
+}
+
+namespace {
 
 void add_bias(float* rows, int64_t tokens, const Matrix& bias) {
   for (int64_t t = 0; t < tokens; ++t)
@@ -70,14 +72,24 @@ void channel_amax(const float* rows, int64_t tokens, int64_t width, std::vector<
 }  // namespace
 
 Session::Session(const Model& model, const numerics::KvFormat& kv_format, ThreadPool& pool,
-                 std::vector<std::array<numerics::StaticAmax, 2>> calibration)
-    : model_(model), kv_format_(kv_format), pool_(pool), scratch_(std::make_unique<Scratch>()) {
+                 std::vector<std::array<numerics::StaticAmax, 2>> calibration, StateFormat state)
+    : model_(model),
+      kv_format_(kv_format),
+      pool_(pool),
+      scratch_(std::make_unique<Scratch>()),
+      state_format_(std::move(state)) {
   const ModelConfig& c = model.config();
   if (!calibration.empty() && static_cast<int>(calibration.size()) != c.num_layers)
     throw InputError("calibration",
                      fmt::format("has {} layers, the model {}", calibration.size(), c.num_layers));
   numerics::KvLayout layout{c.num_kv_heads, c.head_dim};
+  conv_state_.resize(c.num_layers);
+  recurrent_state_.resize(c.num_layers);
   for (int layer = 0; layer < c.num_layers; ++layer) {
+    if (c.mixers[layer] == Mixer::gated_delta_net) {
+      conv_state_[layer].assign((c.delta_net.conv_kernel - 1) * c.delta_net.conv_width(), 0.0f);
+      recurrent_state_[layer].assign(c.delta_net.state_floats(), 0.0f);
+    }
     numerics::StaticAmax k_amax, v_amax;
     if (!calibration.empty()) {
       k_amax = calibration[layer][0];
@@ -109,8 +121,16 @@ void Session::reset() {
 void Session::truncate(int64_t tokens) {
   if (tokens < 0 || tokens > position_)
     throw InputError("session", fmt::format("cannot truncate {} tokens to {}", position_, tokens));
+  if (model_.config().hybrid() && tokens != 0 && tokens != position_)
+    throw InputError("session", fmt::format("cannot truncate {} tokens to {}: a recurrent state "
+                                            "cannot be rewound",
+                                            position_, tokens));
   for (auto& s : k_streams_) s.truncate(tokens);
   for (auto& s : v_streams_) s.truncate(tokens);
+  if (tokens == 0) {
+    for (auto& state : conv_state_) std::fill(state.begin(), state.end(), 0.0f);
+    for (auto& state : recurrent_state_) std::fill(state.begin(), state.end(), 0.0f);
+  }
   position_ = tokens;
 }
 
@@ -145,87 +165,55 @@ void Session::forward(std::span<const int32_t> tokens, int64_t logits_from,
     const int64_t local_from = std::clamp<int64_t>(logits_from - begin, 0, count);
     float* out =
         local_from < count ? logits.data() + (begin + local_from - logits_from) * vocab : nullptr;
-    forward_batch(tokens.subspan(begin, count), local_from, out);
+    forward_batch(tokens.subspan(begin, count), local_from, out, begin + count == n);
   }
 }
 
-void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from, float* logits) {
+void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from, float* logits,
+                            bool store_state_at_end) {
   const ModelConfig& c = model_.config();
   Scratch& s = *scratch_;
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t hidden = c.hidden_size, hd = c.head_dim;
-  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  const int64_t hidden = c.hidden_size;
   s.x.resize(n * hidden);
   s.xb.resize(n * hidden);
-  s.q.resize(n * q_width);
-  s.k.resize(n * kv_width);
-  s.v.resize(n * kv_width);
-  s.att.resize(n * q_width);
   s.gate.resize(n * c.intermediate_size);
   s.up.resize(n * c.intermediate_size);
   s.proj.resize(n * hidden);
+  const float offset = c.norm_weight_offset;
 
-  // The element-wise steps between the matmuls, split over tokens: each token's values are
-  // computed by one task as before, so results do not change, and on a prefill they no
-  // longer leave the other threads idle.
-  auto per_token = [&](const std::function<void(int64_t)>& body) {
-    const int tasks = static_cast<int>(std::min<int64_t>(n, 4 * int64_t{pool_.threads()}));
-    pool_.parallel_for(n, tasks, [&](int, int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) body(t);
-    });
-  };
-  per_token([&](int64_t t) { weight_row(model_.embedding(), tokens[t], &s.x[t * hidden]); });
+  // The element-wise steps between the matmuls are split over tokens (for_each_token):
+  // each token's values are computed by one task, so results do not depend on the thread
+  // count, and on a prefill they do not leave the other threads idle.
+  for_each_token(n,
+                 [&](int64_t t) { weight_row(model_.embedding(), tokens[t], &s.x[t * hidden]); });
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = model_.layers()[layer];
-    per_token([&](int64_t t) {
-      rms_norm(&s.x[t * hidden], w.attn_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden]);
+    for_each_token(n, [&](int64_t t) {
+      rms_norm(&s.x[t * hidden], w.attn_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden], offset);
     });
-    matmul(s.xb.data(), n, w.q, s.q.data(), pool_);
-    matmul(s.xb.data(), n, w.k, s.k.data(), pool_);
-    matmul(s.xb.data(), n, w.v, s.v.data(), pool_);
-    if (c.attention_bias) {
-      add_bias(s.q.data(), n, w.q_bias);
-      add_bias(s.k.data(), n, w.k_bias);
-      add_bias(s.v.data(), n, w.v_bias);
+    // The token mixer writes its output projection to s.proj.
+    if (c.mixers[layer] == Mixer::gated_delta_net) {
+      delta_net_block(layer, n, store_state_at_end);
+    } else {
+      attention_block(layer, n);
     }
-    per_token([&](int64_t t) {
-      const int64_t position = position_ + t;
-      for (int h = 0; h < c.num_heads; ++h) {
-        float* head = &s.q[t * q_width + h * hd];
-        if (c.qk_norm) rms_norm(head, w.q_norm, c.rms_norm_eps, hd, head);
-        apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
-      }
-      for (int h = 0; h < c.num_kv_heads; ++h) {
-        float* head = &s.k[t * kv_width + h * hd];
-        if (c.qk_norm) rms_norm(head, w.k_norm, c.rms_norm_eps, hd, head);
-        apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
-      }
-    });
-    if (capture_) record_amax(layer, n);
-    for (int64_t t = 0; t < n; ++t) {
-      k_streams_[layer].append(std::span<const float>(&s.k[t * kv_width], kv_width),
-                               &layer_counts_[layer][0]);
-      v_streams_[layer].append(std::span<const float>(&s.v[t * kv_width], kv_width),
-                               &layer_counts_[layer][1]);
-    }
-    attention(layer, n, position_);
-    matmul(s.att.data(), n, w.o, s.proj.data(), pool_);
-    per_token([&](int64_t t) {
+    for_each_token(n, [&](int64_t t) {
       for (int64_t i = t * hidden; i < (t + 1) * hidden; ++i) s.x[i] += s.proj[i];
-      rms_norm(&s.x[t * hidden], w.mlp_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden]);
+      rms_norm(&s.x[t * hidden], w.mlp_norm, c.rms_norm_eps, hidden, &s.xb[t * hidden], offset);
     });
     matmul(s.xb.data(), n, w.gate, s.gate.data(), pool_);
     matmul(s.xb.data(), n, w.up, s.up.data(), pool_);
     const int64_t inter = c.intermediate_size;
-    per_token([&](int64_t t) {
+    for_each_token(n, [&](int64_t t) {
       for (int64_t i = t * inter; i < (t + 1) * inter; ++i) {
         float g = s.gate[i];
         s.gate[i] = g / (1.0f + std::exp(-g)) * s.up[i];  // SiLU(gate) * up
       }
     });
     matmul(s.gate.data(), n, w.down, s.proj.data(), pool_);
-    per_token([&](int64_t t) {
+    for_each_token(n, [&](int64_t t) {
       for (int64_t i = t * hidden; i < (t + 1) * hidden; ++i) s.x[i] += s.proj[i];
     });
   }
@@ -235,8 +223,75 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
   const int64_t scored = n - logits_from;
   for (int64_t t = logits_from; t < n; ++t)
     rms_norm(&s.x[t * hidden], model_.final_norm(), c.rms_norm_eps, hidden,
-             &s.xb[(t - logits_from) * hidden]);
+             &s.xb[(t - logits_from) * hidden], offset);
   matmul(s.xb.data(), scored, model_.lm_head(), logits, pool_);
+}
+
+// Q/K/V projections (+bias, + the output gate) -> QK-norm -> RoPE -> KV cache append
+// (encoded in the session's KV format) -> attention over the decoded cache -> (gate) ->
+// output projection into s.proj.
+void Session::attention_block(int layer, int64_t n) {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layers()[layer];
+  Scratch& s = *scratch_;
+  const int64_t hd = c.head_dim;
+  const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
+  s.q.resize(n * q_width);
+  s.k.resize(n * kv_width);
+  s.v.resize(n * kv_width);
+  s.att.resize(n * q_width);
+  if (c.attention_output_gate) {
+    // q_proj rows are [q | gate] per head (transformers: view(..., -1, 2 * head_dim), chunk).
+    s.q_gate.resize(n * 2 * q_width);
+    s.att_gate.resize(n * q_width);
+    matmul(s.xb.data(), n, w.q, s.q_gate.data(), pool_);
+    if (c.attention_bias) add_bias(s.q_gate.data(), n, w.q_bias);
+    for_each_token(n, [&](int64_t t) {
+      for (int h = 0; h < c.num_heads; ++h) {
+        const float* row = &s.q_gate[(t * c.num_heads + h) * 2 * hd];
+        std::copy_n(row, hd, &s.q[t * q_width + h * hd]);
+        std::copy_n(row + hd, hd, &s.att_gate[t * q_width + h * hd]);
+      }
+    });
+  } else {
+    matmul(s.xb.data(), n, w.q, s.q.data(), pool_);
+    if (c.attention_bias) add_bias(s.q.data(), n, w.q_bias);
+  }
+  matmul(s.xb.data(), n, w.k, s.k.data(), pool_);
+  matmul(s.xb.data(), n, w.v, s.v.data(), pool_);
+  if (c.attention_bias) {
+    add_bias(s.k.data(), n, w.k_bias);
+    add_bias(s.v.data(), n, w.v_bias);
+  }
+  const float offset = c.norm_weight_offset;
+  for_each_token(n, [&](int64_t t) {
+    const int64_t position = position_ + t;
+    for (int h = 0; h < c.num_heads; ++h) {
+      float* head = &s.q[t * q_width + h * hd];
+      if (c.qk_norm) rms_norm(head, w.q_norm, c.rms_norm_eps, hd, head, offset);
+      apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
+    }
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      float* head = &s.k[t * kv_width + h * hd];
+      if (c.qk_norm) rms_norm(head, w.k_norm, c.rms_norm_eps, hd, head, offset);
+      apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
+    }
+  });
+  if (capture_) record_amax(layer, n);
+  for (int64_t t = 0; t < n; ++t) {
+    k_streams_[layer].append(std::span<const float>(&s.k[t * kv_width], kv_width),
+                             &layer_counts_[layer][0]);
+    v_streams_[layer].append(std::span<const float>(&s.v[t * kv_width], kv_width),
+                             &layer_counts_[layer][1]);
+  }
+  attention(layer, n, position_);
+  if (c.attention_output_gate) {
+    for_each_token(n, [&](int64_t t) {
+      for (int64_t i = t * q_width; i < (t + 1) * q_width; ++i)
+        s.att[i] *= 1.0f / (1.0f + std::exp(-s.att_gate[i]));  // sigmoid(gate)
+    });
+  }
+  matmul(s.att.data(), n, w.o, s.proj.data(), pool_);
 }
 
 // Causal (optionally sliding-window) attention of the batch's queries over the cache, which

@@ -1,15 +1,17 @@
-// model: the reference CPU transformer engine. Loads Hugging Face Llama, Mistral, Qwen2 and
-// Qwen3 checkpoints (config.json + safetensors, memory-mapped; weights stay in their stored
-// F32/BF16/F16 type and kernels convert on the fly) and runs batched prefill and single-token
-// decode with a KV cache that holds the real encoded bytes of any numerics KV format and
-// decodes them inside attention. It is a measuring instrument for eval/ and serve/: exact
-// and readable first, fast enough for 2 CPU cores second. Not here: tokenization
-// (tokenizer/), sampling policies and statistics (eval/), HTTP (serve/).
+// model: the reference CPU transformer engine. Loads Hugging Face Llama, Mistral, Qwen2,
+// Qwen3 and Qwen3.5 (dense hybrid: Gated DeltaNet + gated full attention) checkpoints
+// (config.json + safetensors, memory-mapped; weights stay in their stored F32/BF16/F16 type
+// and kernels convert on the fly) and runs batched prefill and single-token decode with a KV
+// cache that holds the real encoded bytes of any numerics KV format and decodes them inside
+// attention, and a recurrent state kept in a chosen precision (StateFormat). It is a measuring
+// instrument for eval/ and serve/: exact and readable first, fast enough for 2 CPU cores second.
+// Not here: tokenization (tokenizer/), sampling policies and statistics (eval/), HTTP (serve/).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -26,7 +28,26 @@ using numerics::ThreadPool;
 
 // ---------------------------------------------------------------- configuration
 
-enum class Family { llama, mistral, qwen2, qwen3 };
+enum class Family { llama, mistral, qwen2, qwen3, qwen3_5 };
+
+// What mixes tokens in a layer: softmax attention over the KV cache, or Gated DeltaNet
+// (linear attention with a recurrent state; Qwen3.5's "linear_attention" layers).
+enum class Mixer { attention, gated_delta_net };
+
+// Gated DeltaNet shapes (config.json's linear_* keys). Each key head serves
+// value_heads / key_heads consecutive value heads.
+struct DeltaNetConfig {
+  int key_heads = 0;
+  int value_heads = 0;
+  int key_head_dim = 0;
+  int value_head_dim = 0;
+  int conv_kernel = 0;  // taps of the causal depthwise convolution
+  int64_t key_width() const { return int64_t{key_heads} * key_head_dim; }
+  int64_t value_width() const { return int64_t{value_heads} * value_head_dim; }
+  int64_t conv_width() const { return 2 * key_width() + value_width(); }  // [q | k | v]
+  // Floats of one layer's recurrent state: [value_heads, key_head_dim, value_head_dim].
+  int64_t state_floats() const { return value_width() * key_head_dim; }
+};
 
 // Rotary position embedding as Hugging Face's rope_scaling describes it.
 enum class RopeType { standard, linear, llama3, yarn };
@@ -61,6 +82,14 @@ struct ModelConfig {
   bool attention_bias = false;      // q/k/v projections carry biases (Qwen2)
   std::vector<int> sliding_window;  // per layer, in tokens; 0 = attends to all earlier tokens
   RopeConfig rope;
+  // Qwen3.5: RMSNorm scales by (1 + weight) (weights stored zero-centred), q_proj emits a
+  // per-head output gate [q | gate], and some layers are Gated DeltaNet.
+  float norm_weight_offset = 0.0f;
+  bool attention_output_gate = false;
+  std::vector<Mixer> mixers;  // per layer
+  DeltaNetConfig delta_net;   // set when a layer is gated_delta_net
+  bool hybrid() const;        // some layer is gated_delta_net
+  int attention_layers() const;
 };
 
 // What the forward pass needs, from checkpoint/'s reading of config.json (the one reader:
@@ -90,10 +119,20 @@ struct Matrix {
 struct LayerWeights {
   Matrix attn_norm;               // [hidden]
   Matrix q, k, v, o;              // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+                                  // (q: [heads*2*hd, hidden] with the output gate)
   Matrix q_bias, k_bias, v_bias;  // empty unless attention_bias
   Matrix q_norm, k_norm;          // [head_dim], empty unless qk_norm
   Matrix mlp_norm;                // [hidden]
   Matrix gate, up, down;          // [inter, hidden] x2, [hidden, inter]
+  // Gated DeltaNet layers (empty on attention layers): input projections, the depthwise
+  // convolution's taps, the decay parameters, the gated RMSNorm and the output projection.
+  Matrix in_qkv;          // [conv_width, hidden]
+  Matrix in_z;            // [value_width, hidden] output gate
+  Matrix in_b, in_a;      // [value_heads, hidden] write strength (beta) and decay input
+  Matrix conv;            // [conv_width, conv_kernel]
+  Matrix dt_bias, a_log;  // [value_heads]
+  Matrix delta_norm;      // [value_head_dim]
+  Matrix delta_out;       // [hidden, value_width]
 };
 
 class Model {
@@ -113,6 +152,8 @@ class Model {
   const Matrix& lm_head() const { return lm_head_; }  // the embedding when tied
   uint64_t weight_bytes() const { return weight_bytes_; }
   WeightType weight_type() const { return weight_type_; }  // of the projection matrices
+  // What of the checkpoint the engine does not run (a vision tower, an MTP head).
+  const std::vector<std::string>& notes() const { return notes_; }
 
   struct Mapping;  // one mapped shard file (opaque)
 
@@ -125,6 +166,7 @@ class Model {
   Matrix embedding_, final_norm_, lm_head_;
   uint64_t weight_bytes_ = 0;
   WeightType weight_type_ = WeightType::f32;
+  std::vector<std::string> notes_;
 };
 
 // ---------------------------------------------------------------- kernels
@@ -159,6 +201,27 @@ struct KvLayerAmax {
 numerics::StaticAmax static_amax_for(const numerics::KvFormat& format, const KvLayerAmax& stats,
                                      numerics::KvRole role, int kv_heads);
 
+// ---------------------------------------------------------------- recurrent state
+
+// The precision a Gated DeltaNet layer's recurrent state is kept in between the points an
+// engine stores it (SGLang --mamba-ssm-dtype, vLLM --mamba-ssm-cache-dtype). The update
+// itself runs in F32, as the engines' kernels do: the state is read, updated and rounded
+// to this precision when stored: after every token (what decode does; a prefill chunk of
+// one token), or every store_every_tokens prefill tokens and at the end of each forward
+// call (an engine stores it at the end of each prefill chunk).
+enum class StateDtype { f32, bf16, f16, int8 };
+struct StateFormat {
+  StateDtype dtype = StateDtype::f32;
+  int64_t store_every_tokens = 1;  // 0: only at the end of each forward call
+  std::string spec = "fp32";       // as parsed
+};
+// "fp32" (also float32), "bf16" (bfloat16), "fp16" (float16), "int8" (symmetric, one F32
+// scale per value head and key row: absmax / 127, round to nearest; the per-(head, dim)
+// layout of vLLM's quantized SSM caches). Throws InputError("--state-dtype", ...).
+StateFormat parse_state_format(std::string_view text, int64_t store_every_tokens = 1);
+// Rounds a state in place to the format's precision (int8: per row of `row_width`).
+void round_state(const StateFormat& format, std::span<float> state, int64_t row_width);
+
 // ---------------------------------------------------------------- session
 
 // One sequence being run: the KV cache (one numerics::KvStream per layer and K/V) plus the
@@ -166,8 +229,10 @@ numerics::StaticAmax static_amax_for(const numerics::KvFormat& format, const KvL
 class Session {
  public:
   // calibration: per layer {K, V} amax for static-scale formats (may be empty: scale 1.0).
+  // state: how Gated DeltaNet layers keep their recurrent state (ignored without them).
   Session(const Model& model, const numerics::KvFormat& kv_format, ThreadPool& pool,
-          std::vector<std::array<numerics::StaticAmax, 2>> calibration = {});
+          std::vector<std::array<numerics::StaticAmax, 2>> calibration = {},
+          StateFormat state = {});
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -181,8 +246,14 @@ class Session {
   void decode(int32_t token, std::vector<float>& logits);
 
   int64_t position() const { return position_; }
-  void reset();                   // empties the cache
-  void truncate(int64_t tokens);  // keeps the first `tokens` positions
+  void reset();  // empties the cache (and zeroes the recurrent state)
+  // Keeps the first `tokens` positions. A recurrent state cannot be rewound: on a hybrid
+  // model only 0 and position() are allowed (InputError otherwise).
+  void truncate(int64_t tokens);
+  const StateFormat& state_format() const { return state_format_; }
+  // Bytes the recurrent and convolution states hold in their stored precision (all
+  // Gated DeltaNet layers; 0 on a model without them).
+  int64_t state_bytes() const;
 
   // Bytes the KV cache holds now (the real encoded bytes, all layers, K and V).
   int64_t kv_bytes() const;
@@ -201,8 +272,13 @@ class Session {
 
  private:
   struct Scratch;
-  void forward_batch(std::span<const int32_t> tokens, int64_t logits_from, float* logits);
+  void for_each_token(int64_t tokens, const std::function<void(int64_t)>& body);
+  void forward_batch(std::span<const int32_t> tokens, int64_t logits_from, float* logits,
+                     bool store_state_at_end);
+  void attention_block(int layer, int64_t tokens);
   void attention(int layer, int64_t tokens, int64_t first_position);
+  void delta_net_block(int layer, int64_t tokens, bool store_state_at_end);
+  void delta_rule(int layer, int64_t tokens, bool store_state_at_end);
   void record_amax(int layer, int64_t tokens);
 
   const Model& model_;
@@ -215,6 +291,10 @@ class Session {
   std::vector<std::array<numerics::EncodeCounts, 2>> layer_counts_;
   bool capture_ = false;
   std::vector<KvLayerAmax> amax_;
+  StateFormat state_format_;
+  // Per Gated DeltaNet layer (empty on attention layers): the last conv_kernel - 1
+  // convolution inputs [conv_kernel - 1, conv_width] and the recurrent state.
+  std::vector<std::vector<float>> conv_state_, recurrent_state_;
 };
 
 }  // namespace kvaudit::model

@@ -150,30 +150,72 @@ std::unique_ptr<Model> Model::load(const fs::path& dir) {
                                    fmt::join(got, ", "), fmt::join(want, ", ")));
     }
     model->weight_bytes_ += info.data_end - info.data_begin;
-    int64_t rows = shape.size() == 2 ? shape[0] : 1;
+    int64_t rows = 1;  // every dimension but the last ([conv_width, 1, kernel] -> rows x kernel)
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
     return to_matrix(it->second, rows, shape.back());
   };
 
   const int64_t hidden = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.num_heads * hd, kv_width = c.num_kv_heads * hd;
-  model->embedding_ = bind("model.embed_tokens.weight", {c.vocab_size, hidden});
-  model->final_norm_ = bind("model.norm.weight", {hidden});
+  // Qwen3_5ForConditionalGeneration keeps the language model under model.language_model.
+  const std::string base = tensors.count("model.language_model.embed_tokens.weight") != 0
+                               ? "model.language_model."
+                               : "model.";
+  size_t vision = 0, mtp = 0;
+  for (const auto& [name, tensor] : tensors) {
+    vision += name.starts_with("model.visual.") || name.starts_with("visual.");
+    mtp += name.starts_with("mtp.");
+  }
+  if (vision > 0)
+    model->notes_.push_back(fmt::format("vision tower ({} tensors) not run: text only", vision));
+  if (mtp > 0)
+    model->notes_.push_back(fmt::format(
+        "multi-token-prediction head ({} tensors) not run: no speculative drafts", mtp));
+  model->embedding_ = bind(base + "embed_tokens.weight", {c.vocab_size, hidden});
+  model->final_norm_ = bind(base + "norm.weight", {hidden});
   if (tensors.count("lm_head.weight") != 0 && !c.tie_word_embeddings) {
     model->lm_head_ = bind("lm_head.weight", {c.vocab_size, hidden});
   } else {
     model->lm_head_ = model->embedding_;  // tied (or the checkpoint omits the head)
   }
   model->weight_type_ = model->embedding_.type;
+  const DeltaNetConfig& d = c.delta_net;
   for (int i = 0; i < c.num_layers; ++i) {
-    std::string p = fmt::format("model.layers.{}.", i);
+    std::string p = fmt::format("{}layers.{}.", base, i);
     LayerWeights w;
     w.attn_norm = bind(p + "input_layernorm.weight", {hidden});
-    w.q = bind(p + "self_attn.q_proj.weight", {q_width, hidden});
+    w.mlp_norm = bind(p + "post_attention_layernorm.weight", {hidden});
+    w.gate = bind(p + "mlp.gate_proj.weight", {c.intermediate_size, hidden});
+    w.up = bind(p + "mlp.up_proj.weight", {c.intermediate_size, hidden});
+    w.down = bind(p + "mlp.down_proj.weight", {hidden, c.intermediate_size});
+    if (c.mixers[i] == Mixer::gated_delta_net) {
+      const std::string l = p + "linear_attn.";
+      if (tensors.count(l + "in_proj_qkvz.weight") != 0)
+        throw InputError(dir.string(),
+                         "fused in_proj_qkvz (Qwen3-Next layout) is not supported: "
+                         "the reference engine reads Qwen3.5's in_proj_qkv/z/b/a");
+      w.in_qkv = bind(l + "in_proj_qkv.weight", {d.conv_width(), hidden});
+      w.in_z = bind(l + "in_proj_z.weight", {d.value_width(), hidden});
+      w.in_b = bind(l + "in_proj_b.weight", {d.value_heads, hidden});
+      w.in_a = bind(l + "in_proj_a.weight", {d.value_heads, hidden});
+      w.conv = bind(l + "conv1d.weight", {d.conv_width(), 1, d.conv_kernel});
+      if (tensors.count(l + "conv1d.bias") != 0)
+        throw InputError(dir.string(), "conv1d bias is not supported (Qwen3.5 has none)");
+      w.dt_bias = bind(l + "dt_bias", {d.value_heads});
+      w.a_log = bind(l + "A_log", {d.value_heads});
+      w.delta_norm = bind(l + "norm.weight", {d.value_head_dim});
+      w.delta_out = bind(l + "out_proj.weight", {hidden, d.value_width()});
+      model->weight_type_ = w.in_qkv.type;
+      model->layers_.push_back(w);
+      continue;
+    }
+    const int64_t q_rows = c.attention_output_gate ? 2 * q_width : q_width;
+    w.q = bind(p + "self_attn.q_proj.weight", {q_rows, hidden});
     w.k = bind(p + "self_attn.k_proj.weight", {kv_width, hidden});
     w.v = bind(p + "self_attn.v_proj.weight", {kv_width, hidden});
     w.o = bind(p + "self_attn.o_proj.weight", {hidden, q_width});
     if (c.attention_bias) {
-      w.q_bias = bind(p + "self_attn.q_proj.bias", {q_width});
+      w.q_bias = bind(p + "self_attn.q_proj.bias", {q_rows});
       w.k_bias = bind(p + "self_attn.k_proj.bias", {kv_width});
       w.v_bias = bind(p + "self_attn.v_proj.bias", {kv_width});
     }
@@ -183,10 +225,6 @@ std::unique_ptr<Model> Model::load(const fs::path& dir) {
       w.q_norm = bind(p + "self_attn.q_norm.weight", {hd});
       w.k_norm = bind(p + "self_attn.k_norm.weight", {hd});
     }
-    w.mlp_norm = bind(p + "post_attention_layernorm.weight", {hidden});
-    w.gate = bind(p + "mlp.gate_proj.weight", {c.intermediate_size, hidden});
-    w.up = bind(p + "mlp.up_proj.weight", {c.intermediate_size, hidden});
-    w.down = bind(p + "mlp.down_proj.weight", {hidden, c.intermediate_size});
     model->weight_type_ = w.q.type;
     model->layers_.push_back(w);
   }

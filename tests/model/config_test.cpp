@@ -58,7 +58,7 @@ TEST(Config, LayerTypesWin) {
 // max_window_layers) give the same layers in both.
 std::vector<int> audit_windows(const nlohmann::json& json) {
   checkpoint::ModelFacts facts;
-  checkpoint::fill_architecture(json, facts);
+  checkpoint::fill_from_config(json, facts);
   std::vector<int> out;
   for (const auto& layer : facts.layers)
     out.push_back(layer.kind == checkpoint::LayerKind::sliding_attention ? layer.sliding_window

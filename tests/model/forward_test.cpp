@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "model/model.h"
+#include "model/torch_reference.h"
 #include "util/util.h"
 
 namespace kvaudit::model {
@@ -25,34 +26,9 @@ fs::path tiny_dir(const std::string& name) {
   return fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "tiny" / name;
 }
 
-struct Reference {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;  // [tokens, vocab]
-};
-
-Reference load_reference(const fs::path& dir) {
-  Reference ref;
-  auto json = nlohmann::json::parse(read_text_file(dir / "reference.json"));
-  for (int id : json["tokens"]) ref.tokens.push_back(id);
-  std::ifstream in(dir / "logits.f32", std::ios::binary);
-  in.seekg(0, std::ios::end);
-  ref.logits.resize(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(ref.logits.data()),
-          static_cast<std::streamsize>(ref.logits.size() * sizeof(float)));
-  return ref;
-}
-
-double relative_error(const std::vector<float>& ours, const std::vector<float>& reference) {
-  EXPECT_EQ(ours.size(), reference.size());
-  double max_diff = 0.0, max_ref = 0.0;
-  for (size_t i = 0; i < ours.size() && i < reference.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - reference[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(reference[i])));
-    if (!std::isfinite(ours[i])) return INFINITY;
-  }
-  return max_diff / max_ref;
-}
+using test_support::load_reference;
+using test_support::Reference;
+using test_support::relative_error;
 
 const char* kCases[] = {"llama_f32",  "llama3_bf16", "mistral_f16",
                         "qwen2_bf16", "qwen3_f32",   "qwen3_bf16_partial"};
