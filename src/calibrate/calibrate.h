@@ -49,6 +49,8 @@ struct KvStats {
   int64_t tokens = 0;
   double percentile = 100.0;  // of the *_percentile fields (100: none collected)
   std::vector<LayerKvStats> layers;
+  // Layers with no KV cache (a hybrid's Gated DeltaNet layers): no entry in `layers`.
+  std::vector<int> layers_without_kv;
 };
 
 struct CollectOptions {
@@ -105,14 +107,16 @@ std::vector<LayerClipping> measure_clipping(const model::Model& model,
 
 // Scales as a model::Session takes them (explicit, bit for bit), per layer {K, V}.
 std::vector<std::array<numerics::StaticAmax, 2>> session_scales(
-    const std::vector<LayerScales>& scales);
+    const std::vector<LayerScales>& scales, int num_layers);
 
 // Reads scales written by calibrate, or by anyone else: a .safetensors file, a folder
 // holding .safetensors files (k/v scale tensors in any known naming convention), or
 // SGLang's --quantization-param-path JSON (tp rank 0; one factor per layer for K and V).
 // Every attention layer must have both scales. `label` names the path in errors.
+// layers_without_kv (a hybrid's Gated DeltaNet layers) need none and get empty scales.
 std::vector<LayerScales> load_scales(const std::filesystem::path& path, int num_layers,
-                                     int num_kv_heads);
+                                     int num_kv_heads,
+                                     const std::vector<int>& layers_without_kv = {});
 
 // ---------------------------------------------------------------- overlay
 

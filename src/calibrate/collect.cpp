@@ -1,4 +1,6 @@
 // calibrate collect: K/V maxima and clipping measured on the reference engine.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -60,6 +62,10 @@ KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tok
   stats.tokens = int64_t(tokens.size());
   stats.percentile = options.percentile;
   for (int layer = 0; layer < config.num_layers; ++layer) {
+    if (config.mixers[size_t(layer)] != model::Mixer::attention) {
+      stats.layers_without_kv.push_back(layer);  // Gated DeltaNet: a recurrent state, no KV
+      continue;
+    }
     const model::KvLayerAmax& amax = session.amax()[size_t(layer)];
     LayerKvStats entry;
     entry.layer = layer;
@@ -77,11 +83,16 @@ KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tok
 }
 
 std::vector<std::array<numerics::StaticAmax, 2>> session_scales(
-    const std::vector<LayerScales>& scales) {
-  std::vector<std::array<numerics::StaticAmax, 2>> result;
-  for (const LayerScales& layer : scales)
-    result.push_back(
-        {numerics::StaticAmax{{}, layer.k_scale}, numerics::StaticAmax{{}, layer.v_scale}});
+    const std::vector<LayerScales>& scales, int num_layers) {
+  // Indexed by layer: a hybrid's scales cover its attention layers only, the rest stay empty.
+  std::vector<std::array<numerics::StaticAmax, 2>> result(static_cast<size_t>(num_layers));
+  for (const LayerScales& layer : scales) {
+    if (layer.layer < 0 || layer.layer >= num_layers)
+      throw InputError("scales",
+                       fmt::format("layer {} is outside 0..{}", layer.layer, num_layers - 1));
+    result[size_t(layer.layer)] = {numerics::StaticAmax{{}, layer.k_scale},
+                                   numerics::StaticAmax{{}, layer.v_scale}};
+  }
   return result;
 }
 
@@ -91,7 +102,8 @@ std::vector<LayerClipping> measure_clipping(const model::Model& model,
                                             Granularity granularity, const CollectOptions& options,
                                             numerics::ThreadPool& pool) {
   const std::string spec = granularity == Granularity::tensor ? "fp8_e4m3:tensor" : "fp8_e4m3:head";
-  model::Session session(model, numerics::parse_kv_format(spec), pool, session_scales(scales));
+  model::Session session(model, numerics::parse_kv_format(spec), pool,
+                         session_scales(scales, model.config().num_layers));
   std::vector<float> unused;
   const int64_t chunk = std::min<int64_t>(
       options.chunk_tokens, std::max<int64_t>(1, model.config().max_position_embeddings));
@@ -108,6 +120,7 @@ std::vector<LayerClipping> measure_clipping(const model::Model& model,
     };
     const numerics::EncodeCounts& k = counts[layer][0];
     const numerics::EncodeCounts& v = counts[layer][1];
+    if (model.config().mixers[layer] != model::Mixer::attention) continue;  // no KV cache
     result.push_back({int(layer), fraction(k.saturated + k.became_nan, k.elements),
                       fraction(v.saturated + v.became_nan, v.elements),
                       fraction(k.flushed_to_zero, k.elements),

@@ -53,7 +53,7 @@ std::vector<LayerScales> load_param_path_json(const std::filesystem::path& file,
 }  // namespace
 
 std::vector<LayerScales> load_scales(const std::filesystem::path& path, int num_layers,
-                                     int num_kv_heads) {
+                                     int num_kv_heads, const std::vector<int>& layers_without_kv) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(path.string(), "does not exist");
@@ -92,6 +92,11 @@ std::vector<LayerScales> load_scales(const std::filesystem::path& path, int num_
   std::vector<LayerScales> result;
   for (int layer = 0; layer < num_layers; ++layer) {
     auto it = found.find(layer);
+    if (std::find(layers_without_kv.begin(), layers_without_kv.end(), layer) !=
+        layers_without_kv.end()) {
+      result.push_back({layer, {}, {}, 0.0f, 0.0f});  // no KV cache in this layer
+      continue;
+    }
     if (it == found.end() || it->second[0].empty() || it->second[1].empty())
       throw InputError(path.string(),
                        fmt::format("has no {} scale for layer {}",

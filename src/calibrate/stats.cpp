@@ -49,9 +49,13 @@ json kv_stats_to_json(const KvStats& stats) {
     }
     layers.push_back(std::move(entry));
   }
-  return {{"format", "kvaudit-kv-stats/1"}, {"source", stats.source},
-          {"num_layers", stats.num_layers}, {"num_kv_heads", stats.num_kv_heads},
-          {"tokens", stats.tokens},         {"percentile", stats.percentile},
+  return {{"format", "kvaudit-kv-stats/1"},
+          {"source", stats.source},
+          {"num_layers", stats.num_layers},
+          {"num_kv_heads", stats.num_kv_heads},
+          {"tokens", stats.tokens},
+          {"percentile", stats.percentile},
+          {"layers_without_kv", stats.layers_without_kv},
           {"layers", std::move(layers)}};
 }
 
@@ -81,10 +85,22 @@ KvStats kv_stats_from_json(const json& doc, const std::string& label) {
       throw InputError(label, "\"percentile\" must lie in (0, 100]");
     stats.percentile = it->get<double>();
   }
+  std::vector<bool> seen(size_t(stats.num_layers), false);
+  if (auto it = doc.find("layers_without_kv"); it != doc.end()) {
+    if (!it->is_array()) throw InputError(label, "\"layers_without_kv\" must be a list");
+    for (const json& item : *it) {
+      if (!item.is_number_integer() || item.get<int64_t>() < 0 ||
+          item.get<int64_t>() >= stats.num_layers)
+        throw InputError(label, fmt::format("\"layers_without_kv\" entries must be layers "
+                                            "0..{}",
+                                            stats.num_layers - 1));
+      stats.layers_without_kv.push_back(int(item.get<int64_t>()));
+      seen[size_t(item.get<int64_t>())] = true;  // must not appear in "layers" as well
+    }
+  }
   auto layers = doc.find("layers");
   if (layers == doc.end() || !layers->is_array())
     throw InputError(label, "\"layers\" must be a list");
-  std::vector<bool> seen(size_t(stats.num_layers), false);
   const size_t heads = size_t(stats.num_kv_heads);
   for (const json& item : *layers) {
     if (!item.is_object()) throw InputError(label, "each entry of \"layers\" must be an object");

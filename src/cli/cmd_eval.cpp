@@ -57,8 +57,13 @@ int run_eval_command(const EvalFlags& flags) {
 
   eval::LoadedScales loaded;
   if (!flags.kv_scales.empty()) {
-    for (const auto& layer : calibrate::load_scales(flags.kv_scales, model->config().num_layers,
-                                                    model->config().num_kv_heads))
+    std::vector<int> layers_without_kv;
+    for (int layer = 0; layer < model->config().num_layers; ++layer)
+      if (model->config().mixers[size_t(layer)] != model::Mixer::attention)
+        layers_without_kv.push_back(layer);
+    for (const auto& layer :
+         calibrate::load_scales(flags.kv_scales, model->config().num_layers,
+                                model->config().num_kv_heads, layers_without_kv))
       loaded.layers.push_back(
           {numerics::StaticAmax{{}, layer.k_scale}, numerics::StaticAmax{{}, layer.v_scale}});
     loaded.label = flags.kv_scales;

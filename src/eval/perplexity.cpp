@@ -33,11 +33,14 @@ std::vector<std::array<numerics::StaticAmax, 2>> loaded_scales_for(
     throw InputError(loaded.label, fmt::format("holds scales for {} layers; the model has {}",
                                                loaded.layers.size(), config.num_layers));
   const size_t want = format.strategy == ScaleStrategy::tensor ? 1 : size_t(config.num_kv_heads);
-  for (const auto& layer : loaded.layers)
+  for (size_t index = 0; index < loaded.layers.size(); ++index) {
+    if (config.mixers[index] != model::Mixer::attention) continue;  // no KV cache, no scales
+    const auto& layer = loaded.layers[index];
     for (const numerics::StaticAmax& role : layer)
       if (role.scales.size() != want)
         throw InputError(loaded.label, fmt::format("holds {} scale(s) per layer; {} needs {}",
                                                    role.scales.size(), format.spec, want));
+  }
   return loaded.layers;
 }
 

@@ -328,7 +328,8 @@ TEST_F(FixtureModel, CalibratedScalesBeatScaleOneInEval) {
   options.kv_formats = {"bf16", "fp8_e4m3:none", "fp8_e4m3:tensor"};
   options.ctx_tokens = 256;
   options.max_chunks = 4;
-  options.loaded_scales = {session_scales(compute_scales(stats_, {})), "calibration"};
+  options.loaded_scales = {session_scales(compute_scales(stats_, {}), model_->config().num_layers),
+                           "calibration"};
   eval::PerplexityResult result = eval::run_perplexity(*model_, eval_tokens, options, test_pool());
   const eval::KldSummary& unit = result.formats[1].summary;
   const eval::KldSummary& calibrated = result.formats[2].summary;
@@ -418,7 +419,7 @@ TEST(Refusal, ModelOptOverlayAddsScalesToTheIndex) {
 
 TEST_F(FixtureModel, EvalUsesLoadedScalesBitForBit) {
   std::vector<LayerScales> scales = compute_scales(stats_, {});
-  eval::LoadedScales loaded{session_scales(scales), "test"};
+  eval::LoadedScales loaded{session_scales(scales, model_->config().num_layers), "test"};
   const model::ModelConfig& config = model_->config();
   auto applied =
       eval::loaded_scales_for(numerics::parse_kv_format("fp8_e4m3:tensor"), loaded, config);
@@ -428,6 +429,81 @@ TEST_F(FixtureModel, EvalUsesLoadedScalesBitForBit) {
       eval::loaded_scales_for(numerics::parse_kv_format("fp8_e4m3:none"), loaded, config).empty());
   EXPECT_THROW(eval::loaded_scales_for(numerics::parse_kv_format("fp8_e4m3:head"), loaded, config),
                InputError);  // per-tensor scales cannot serve a per-head format
+}
+
+// A Qwen3.5 hybrid (tests/fixtures/model/qwen35-pystd): only its full-attention layer has a
+// KV cache, so calibrate collects, scales and writes that layer alone, the overlay names
+// only its projections, eval loads it for that layer, and kvaudit check on checkpoint +
+// overlay agrees that the engine loads the scales.
+TEST(Hybrid, CalibratesOnlyTheAttentionLayers) {
+  const fs::path dir = fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen35-pystd";
+  auto model = model::Model::load(dir);
+  auto tokenizer = tokenizer::Tokenizer::load(dir);
+  std::vector<int32_t> tokens = tokenizer.encode(read_text_file(dir / "heldout.txt"));
+  tokens.resize(1024);
+  CollectOptions collect;
+  collect.chunk_tokens = 512;
+  KvStats stats = collect_kv_stats(*model, tokens, collect, test_pool());
+  EXPECT_EQ(stats.layers_without_kv, (std::vector<int>{0, 1, 2}));
+  ASSERT_EQ(stats.layers.size(), 1u);
+  EXPECT_EQ(stats.layers[0].layer, 3);
+  // The statistics file keeps the layers without a KV cache, and refuses them twice.
+  KvStats back = kv_stats_from_json(kv_stats_to_json(stats), "stats.json");
+  EXPECT_EQ(back.layers_without_kv, stats.layers_without_kv);
+  json twice = kv_stats_to_json(stats);
+  twice["layers_without_kv"].push_back(3);
+  EXPECT_THROW(kv_stats_from_json(twice, "stats.json"), InputError);
+
+  std::vector<LayerScales> scales = compute_scales(stats, {});
+  ASSERT_EQ(scales.size(), 1u);
+  checkpoint::ModelFacts facts = checkpoint::read_checkpoint(dir);
+  // vLLM's Qwen3.5 loader drops checkpoint KV scales (vllm#54623, open): calibrate refuses
+  // to write scales no vLLM release would load, and says why.
+  OverlayRequest vllm{dir, fresh_dir("hybrid-vllm"), "vllm", "", 1, Granularity::tensor};
+  try {
+    write_overlay(facts, scales, vllm);
+    FAIL() << "expected a refusal";
+  } catch (const InputError& error) {
+    EXPECT_NE(error.problem().find("vllm-54623-qwen3.5"), std::string::npos) << error.problem();
+  }
+  // SGLang loads them from 0.5.18 on (PR #31220).
+  OverlayRequest request{dir, fresh_dir("hybrid-overlay"), "sglang", "0.5.23",
+                         1,   Granularity::tensor};
+  OverlayResult result = write_overlay(facts, scales, request);
+  ASSERT_EQ(result.tensor_names.size(), 2u);
+  for (const std::string& name : result.tensor_names)
+    EXPECT_TRUE(name.starts_with("model.layers.3.self_attn.")) << name;
+  std::vector<LayerScales> loaded =
+      load_scales(request.out_dir, facts.num_layers, facts.num_kv_heads, stats.layers_without_kv);
+  ASSERT_EQ(loaded.size(), 4u);
+  EXPECT_TRUE(loaded[0].k_scale.empty());
+  EXPECT_EQ(loaded[3].k_scale, scales[0].k_scale);
+  EXPECT_THROW(load_scales(request.out_dir, facts.num_layers, facts.num_kv_heads),
+               InputError);  // a dense reading of the same file misses layers 0-2
+
+  // eval runs the hybrid with the overlay's scales on its attention layer.
+  eval::LoadedScales applied{session_scales(loaded, facts.num_layers), request.out_dir.string()};
+  auto calibration = eval::loaded_scales_for(numerics::parse_kv_format("fp8_e4m3:tensor"), applied,
+                                             model->config());
+  ASSERT_EQ(calibration.size(), 4u);
+  EXPECT_EQ(calibration[3][1].scales, scales[0].v_scale);
+
+  fs::path merged = deploy(dir, request.out_dir, "hybrid-merged");
+  audit::CheckInput input;
+  input.model = checkpoint::read_checkpoint(merged);
+  input.flags.engine = "sglang";
+  input.flags.engine_version = "0.5.23";
+  input.flags.kv_cache_dtype = "fp8_e4m3";
+  input.engine = &engines::engine_model("sglang");
+  audit::CheckResult check = audit::run_check(input);
+  EXPECT_EQ(engines::scale_source_name(check.resolved.scale_source), "checkpoint");
+  EXPECT_TRUE(check.resolved.dropped.empty());
+  EXPECT_FALSE(audit::fails_gate(check.findings, audit::FailOn::critical));
+  // Before PR #31220 the same overlay is dropped, and check says so.
+  input.flags.engine_version = "0.5.15";
+  audit::CheckResult old = audit::run_check(input);
+  ASSERT_FALSE(old.resolved.dropped.empty());
+  EXPECT_EQ(old.resolved.dropped[0].rule_id, "sglang-31220-qwen3.5");
 }
 
 }  // namespace
