@@ -107,12 +107,12 @@ void summarize(const char* what, int64_t tokens, const std::vector<double>& seco
              seconds.size());
 }
 
-// Seconds of model::matmul over every projection of a forward pass (layer 0's matrices
+// Seconds of numerics::matmul over every projection of a forward pass (layer 0's matrices
 // stand for all layers: they have the same shapes) plus the LM head for `head_tokens`.
 double projection_seconds(const kvaudit::model::Model& model, int64_t tokens, int64_t head_tokens,
                           kvaudit::model::ThreadPool& pool) {
   const auto& w = model.layers()[0];
-  const kvaudit::model::Matrix* matrices[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
+  const kvaudit::numerics::Matrix* matrices[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
   int64_t widest = model.lm_head().rows;
   for (const auto* m : matrices) widest = std::max({widest, m->rows, m->cols});
   std::vector<float> x(static_cast<size_t>(tokens * widest), 0.01f), out(x.size() * 1);
@@ -120,12 +120,12 @@ double projection_seconds(const kvaudit::model::Model& model, int64_t tokens, in
   double layer_seconds = 0.0;
   for (const auto* m : matrices) {
     auto start = Clock::now();
-    kvaudit::model::matmul(x.data(), tokens, *m, out.data(), pool);
+    kvaudit::numerics::matmul(x.data(), tokens, *m, out.data(), pool);
     layer_seconds += seconds_since(start);
   }
   auto start = Clock::now();
   if (head_tokens > 0)
-    kvaudit::model::matmul(x.data(), head_tokens, model.lm_head(), head_out.data(), pool);
+    kvaudit::numerics::matmul(x.data(), head_tokens, model.lm_head(), head_out.data(), pool);
   const double head_seconds = seconds_since(start);
   return layer_seconds * model.config().num_layers + head_seconds;
 }

@@ -5,7 +5,8 @@
 // cache that holds the real encoded bytes of any numerics KV format and decodes them inside
 // attention, and a recurrent state kept in a chosen precision (StateFormat). It is a measuring
 // instrument for eval/ and serve/: exact and readable first, fast enough for 2 CPU cores second.
-// Not here: tokenization (tokenizer/), sampling policies and statistics (eval/), HTTP (serve/).
+// Not here: tokenization (tokenizer/), the matmul, softmax and attention ops (numerics/),
+// sampling policies and statistics (eval/), HTTP (serve/).
 #pragma once
 
 #include <array>
@@ -104,17 +105,10 @@ std::vector<double> rope_inverse_frequencies(const RopeConfig& rope);
 
 // ---------------------------------------------------------------- weights
 
-enum class WeightType { f32, bf16, f16 };
+// Weights are numerics::Matrix views of the mapped shards, in their stored WeightType.
+using numerics::Matrix;
+using numerics::WeightType;
 std::string_view weight_type_name(WeightType type);
-
-// A row-major [rows, cols] view into mapped memory (vectors have rows == 1).
-struct Matrix {
-  const void* data = nullptr;
-  WeightType type = WeightType::f32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  bool empty() const { return data == nullptr; }
-};
 
 struct LayerWeights {
   Matrix attn_norm;               // [hidden]
@@ -170,20 +164,14 @@ class Model {
 };
 
 // ---------------------------------------------------------------- kernels
-// SIMD via Highway dynamic dispatch; each has a scalar reference that tests compare with.
-// Every output element is computed by one thread with a fixed summation order, so results
-// do not depend on the thread count.
-
-// out[t, r] = sum_c x[t, c] * w[r, c]   for t < tokens, r < w.rows; x: [tokens, w.cols].
-void matmul(const float* x, int64_t tokens, const Matrix& w, float* out, ThreadPool& pool);
-void matmul_reference(const float* x, int64_t tokens, const Matrix& w, float* out);
-// Reads element i of a weight vector/matrix as float.
-float weight_at(const Matrix& w, int64_t index);
-// Converts row `row` of w to floats.
-void weight_row(const Matrix& w, int64_t row, float* out);
-// In-place softmax of one row, as torch.softmax (NaN or +inf anywhere: the row is NaN).
-void softmax(float* x, int64_t n);
-// The SIMD target chosen at run time is numerics::simd_target_name() (one dispatch table).
+// The forward pass's ops are numerics' (its "ops" section): matmul against stored weights,
+// softmax, the attention GEMMs; the SIMD target chosen at run time is
+// numerics::simd_target_name() (one dispatch table).
+using numerics::matmul;
+using numerics::matmul_reference;
+using numerics::softmax;
+using numerics::weight_at;
+using numerics::weight_row;
 
 // ---------------------------------------------------------------- KV statistics
 // Per-layer absolute maxima of K (as stored: after QK-norm and RoPE) and V, per channel

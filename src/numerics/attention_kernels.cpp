@@ -23,6 +23,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "numerics/mul_add-inl.h"
 #include "numerics/numerics.h"
 
 // Fully unrolled loops over register tiles; without it GCC keeps the accumulator arrays in
@@ -34,15 +35,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvaudit::numerics::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// a * b + c rounded exactly as hn::MulAdd rounds it on this target (one rounding where the
-// target has FMA), so the scalar leftovers of a tiled loop give the bits its vector lanes
-// would: which queries/keys are leftovers depends on the block sizes a caller picks, and
-// results must not.
-HWY_INLINE float ScalarMulAdd(float a, float b, float c) {
-  const hn::CappedTag<float, 1> d1;
-  return hn::GetLane(hn::MulAdd(hn::Set(d1, a), hn::Set(d1, b), hn::Set(d1, c)));
-}
 
 // dst[c * dst_stride + r] = src[r * src_stride + c] for an 8 x 8 block; false where this
 // target has no fast form (the caller then copies element by element). The scalar copy was

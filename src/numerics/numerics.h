@@ -3,7 +3,8 @@
 // BF16, FP16, INT8/INT4), one traits table, KV formats with their scale strategies (static
 // per-tensor / per-head / per-channel, dynamic per-token / per-token-head / groups, KIVI,
 // NVFP4, MXFP4, optional Hadamard rotation), a streaming per-(layer, K|V) cache codec, bulk
-// SIMD kernels (Highway dynamic dispatch) and mergeable error accumulators.
+// SIMD kernels (Highway dynamic dispatch), mergeable error accumulators, and the ops of the
+// reference model's forward pass (matmul on F32/BF16/F16 weights, softmax, attention GEMMs).
 // Not here: attention-level analysis and file input (quant/), engine behaviour (engines/).
 // Nothing in this module prints, exits or starts threads behind the caller's back: parallel
 // work runs on a ThreadPool the caller owns, with reductions in a fixed order.
@@ -327,6 +328,35 @@ void token_row_ranges(const KvFormat& format, const KvLayout& layout, std::span<
 EncodeCounts round_trip_head_rows(const KvFormat& format, int head_dim, KvRole role,
                                   std::span<const float> head_rows, std::span<const float> ranges,
                                   std::span<float> decoded);
+
+// ---------------------------------------------------------------- ops
+// The compute ops of the reference model's forward pass (model/): matmul against weights in
+// their stored type, softmax, and the attention kernels below. SIMD via Highway dynamic
+// dispatch; each has a scalar reference that tests compare with. Every output element is
+// computed by one thread with a fixed summation order, so results do not depend on the
+// thread count.
+
+// The stored type of a weight tensor (safetensors F32 / BF16 / F16).
+enum class WeightType { f32, bf16, f16 };
+
+// A row-major [rows, cols] view into mapped memory (vectors have rows == 1).
+struct Matrix {
+  const void* data = nullptr;
+  WeightType type = WeightType::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool empty() const { return data == nullptr; }
+};
+
+// out[t, r] = sum_c x[t, c] * w[r, c]   for t < tokens, r < w.rows; x: [tokens, w.cols].
+void matmul(const float* x, int64_t tokens, const Matrix& w, float* out, ThreadPool& pool);
+void matmul_reference(const float* x, int64_t tokens, const Matrix& w, float* out);
+// Reads element i of a weight vector/matrix as float.
+float weight_at(const Matrix& w, int64_t index);
+// Converts row `row` of w to floats.
+void weight_row(const Matrix& w, int64_t row, float* out);
+// In-place softmax of one row, as torch.softmax (NaN or +inf anywhere: the row is NaN).
+void softmax(float* x, int64_t n);
 
 // ---------------------------------------------------------------- attention kernels
 // Blocked SIMD GEMMs for attention (fixed reduction order; deterministic). Row form, as the

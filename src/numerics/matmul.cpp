@@ -1,17 +1,10 @@
-// Matrix kernels of the forward pass: activations are F32, weights are read in their stored
-// type (F32/BF16/F16) and widened in registers (decode) or once per L2-sized block into F32
-// (prefill; the conversion is exact either way). Compiled once per SIMD target by Highway
-// (foreach_target) and picked at run time. Each output element is one dot product summed in
-// a fixed order (SIMD lanes, then the lane sum, then the scalar tail) by exactly one task, so
-// results do not depend on the thread count or on how tokens/rows are tiled.
-#undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "model/kernels.cpp"
-#include <hwy/cache_control.h>
-#include <hwy/foreach_target.h>  // IWYU pragma: keep
-#include <hwy/highway.h>
-// After highway.h: a per-target header.
-#include <hwy/contrib/math/math-inl.h>
-
+// Ops of the reference model's forward pass (model/): matmul and softmax. Activations are
+// F32, weights are read in their stored type (F32/BF16/F16) and widened in registers (decode)
+// or once per L2-sized block into F32 (prefill; the conversion is exact either way). Compiled
+// once per SIMD target by Highway (foreach_target) and picked at run time. Each output
+// element is one dot product summed in a fixed order (SIMD lanes, then the lane sum, then the
+// scalar tail) by exactly one task, so results do not depend on the thread count or on how
+// tokens/rows are tiled.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,30 +12,38 @@
 #include <type_traits>
 #include <vector>
 
-#include "model/model.h"
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "numerics/matmul.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
 
-#ifndef KVAUDIT_MODEL_KERNELS_SCALAR_ONCE
-#define KVAUDIT_MODEL_KERNELS_SCALAR_ONCE
-namespace kvaudit::model::detail {
-// Scalar widening of one stored weight element (numerics/ owns the conversions).
+#include "hwy/cache_control.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "numerics/mul_add-inl.h"
+#include "numerics/numerics.h"
+
+#ifndef KVAUDIT_NUMERICS_MATMUL_SCALAR_ONCE
+#define KVAUDIT_NUMERICS_MATMUL_SCALAR_ONCE
+namespace kvaudit::numerics::detail {
+// Scalar widening of one stored weight element (the scalar decoders of scalar.cpp).
 template <int kType>
 inline float weight_scalar(const void* base, int64_t index) {
   if constexpr (kType == 0) {
     return static_cast<const float*>(base)[index];
   } else if constexpr (kType == 1) {
-    return numerics::bf16_to_float(static_cast<const uint16_t*>(base)[index]);
+    return bf16_to_float(static_cast<const uint16_t*>(base)[index]);
   } else {
-    return numerics::fp16_to_float(static_cast<const uint16_t*>(base)[index]);
+    return fp16_to_float(static_cast<const uint16_t*>(base)[index]);
   }
 }
-}  // namespace kvaudit::model::detail
+}  // namespace kvaudit::numerics::detail
 #endif
 
 // Multi-token matmuls over more columns than this go chunk by chunk (a multiple of every
 // lane count).
-#ifndef KVAUDIT_MODEL_CHUNK_COLUMNS
-#define KVAUDIT_MODEL_CHUNK_COLUMNS
-namespace kvaudit::model::detail {
+#ifndef KVAUDIT_NUMERICS_MATMUL_CHUNK_COLUMNS
+#define KVAUDIT_NUMERICS_MATMUL_CHUNK_COLUMNS
+namespace kvaudit::numerics::detail {
 constexpr int64_t kChunkColumns = 1024;
 }
 #endif
@@ -54,16 +55,8 @@ constexpr int64_t kChunkColumns = 1024;
 #endif
 
 HWY_BEFORE_NAMESPACE();
-namespace kvaudit::model::HWY_NAMESPACE {
+namespace kvaudit::numerics::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// a * b + c rounded as the vector lanes' MulAdd rounds it (once where the target has FMA):
-// written out, the compiler may or may not contract a * b + c per instantiation, and the
-// tails of a 1-token and a 4-token tile must give the same bits.
-HWY_INLINE float ScalarMulAdd(float a, float b, float c) {
-  const hn::CappedTag<float, 1> d1;
-  return hn::GetLane(hn::MulAdd(hn::Set(d1, a), hn::Set(d1, b), hn::Set(d1, c)));
-}
 
 template <int kType, class D>
 HWY_INLINE hn::Vec<D> LoadWeights(D df, const void* base, int64_t index) {
@@ -289,11 +282,11 @@ void Softmax(float* HWY_RESTRICT x, int64_t n) {
   for (int64_t j = i; j < n; ++j) x[j] *= 1.0f / sum;
 }
 
-}  // namespace kvaudit::model::HWY_NAMESPACE
+}  // namespace kvaudit::numerics::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace kvaudit::model {
+namespace kvaudit::numerics {
 
 HWY_EXPORT(MatmulRows);
 HWY_EXPORT(Softmax);
@@ -371,5 +364,5 @@ void softmax(float* x, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Softmax)(x, n);
 }
 
-}  // namespace kvaudit::model
+}  // namespace kvaudit::numerics
 #endif  // HWY_ONCE

@@ -1,14 +1,15 @@
-// SIMD kernels against their scalar references, for every stored weight type, on sizes around
-// the vector width (tails), token counts around the 4-token tile, and odd row counts.
+// The forward pass's ops (matmul, weight widening, softmax) against their scalar references,
+// for every stored weight type, on sizes around the vector width (tails), token counts around
+// the 4-token tile, and odd row counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "model/model.h"
+#include "numerics/numerics.h"
 
-namespace kvaudit::model {
+namespace kvaudit::numerics {
 namespace {
 
 uint16_t to_bf16(float value) {
@@ -150,8 +151,8 @@ TEST(Kernels, SoftmaxMatchesDoubleReference) {
   softmax(row.data(), 3);
   EXPECT_EQ(row[0], 0.0f);
   EXPECT_FLOAT_EQ(row[1], 0.5f);
-  EXPECT_FALSE(numerics::simd_target_name().empty());
+  EXPECT_FALSE(simd_target_name().empty());
 }
 
 }  // namespace
-}  // namespace kvaudit::model
+}  // namespace kvaudit::numerics
