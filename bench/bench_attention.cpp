@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   const int64_t max_context = argc > 1 ? parse_token_count(argv[1]).value_or(131072) : 131072;
   const int threads = argc > 2 ? std::atoi(argv[2]) : 2;
   const std::string formats_text = argc > 3 ? argv[3] : "fp8_e4m3:tensor,nvfp4";
-  numerics::ThreadPool pool(threads);
+  ThreadPool pool(threads);
 
   quant::AnalysisOptions options;
   if (argc > 4) options.step_tokens = std::atoll(argv[4]);

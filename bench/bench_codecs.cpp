@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   const int repeats = argc > 3 ? std::atoi(argv[3]) : 3;
   const size_t bytes = size_t(gib * double(1ull << 30)) / 64 * 64;
   const size_t n = bytes / 2;  // BF16 elements
-  ThreadPool pool(threads);
+  kvaudit::ThreadPool pool(threads);
   const int tasks = threads * 8;
   std::printf("SIMD target %s, %d threads, %.2f GiB of BF16 (%zu elements)\n",
               simd_target_name().c_str(), threads, gib, n);

@@ -110,7 +110,7 @@ void summarize(const char* what, int64_t tokens, const std::vector<double>& seco
 // Seconds of numerics::matmul over every projection of a forward pass (layer 0's matrices
 // stand for all layers: they have the same shapes) plus the LM head for `head_tokens`.
 double projection_seconds(const kvaudit::model::Model& model, int64_t tokens, int64_t head_tokens,
-                          kvaudit::model::ThreadPool& pool) {
+                          kvaudit::ThreadPool& pool) {
   const auto& w = model.layers()[0];
   const kvaudit::numerics::Matrix* matrices[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
   int64_t widest = model.lm_head().rows;
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     auto model = kvaudit::model::Model::load(o.model_dir);
     const auto& c = model->config();
-    kvaudit::model::ThreadPool pool(o.threads);
+    kvaudit::ThreadPool pool(o.threads);
     const auto format = kvaudit::numerics::parse_kv_format(o.kv);
     fmt::print(
         "model {}: {} layers, hidden {}, vocab {}, {} weights ({:.0f} MB); kv {}; {} "

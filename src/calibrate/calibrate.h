@@ -60,7 +60,7 @@ struct CollectOptions {
 
 // Runs `tokens` through the reference engine (BF16 KV cache) and records K/V maxima.
 KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tokens,
-                         const CollectOptions& options, numerics::ThreadPool& pool);
+                         const CollectOptions& options, ThreadPool& pool);
 nlohmann::json kv_stats_to_json(const KvStats& stats);
 // Parses and validates a statistics document (InputError(label, ...) on any problem:
 // missing layers, NaN or negative maxima, wrong lengths).
@@ -103,7 +103,7 @@ std::vector<LayerClipping> measure_clipping(const model::Model& model,
                                             std::span<const int32_t> tokens,
                                             const std::vector<LayerScales>& scales,
                                             Granularity granularity, const CollectOptions& options,
-                                            numerics::ThreadPool& pool);
+                                            ThreadPool& pool);
 
 // Scales as a model::Session takes them (explicit, bit for bit), per layer {K, V}.
 std::vector<std::array<numerics::StaticAmax, 2>> session_scales(

@@ -40,7 +40,7 @@ std::vector<float> head_percentile(const std::vector<float>& token_head, int hea
 }  // namespace
 
 KvStats collect_kv_stats(const model::Model& model, std::span<const int32_t> tokens,
-                         const CollectOptions& options, numerics::ThreadPool& pool) {
+                         const CollectOptions& options, ThreadPool& pool) {
   const model::ModelConfig& config = model.config();
   if (tokens.empty()) throw InputError("--text", "the calibration text holds no tokens");
   if (options.chunk_tokens < 1) throw InputError("--ctx", "must be at least 1 token");
@@ -100,7 +100,7 @@ std::vector<LayerClipping> measure_clipping(const model::Model& model,
                                             std::span<const int32_t> tokens,
                                             const std::vector<LayerScales>& scales,
                                             Granularity granularity, const CollectOptions& options,
-                                            numerics::ThreadPool& pool) {
+                                            ThreadPool& pool) {
   const std::string spec = granularity == Granularity::tensor ? "fp8_e4m3:tensor" : "fp8_e4m3:head";
   model::Session session(model, numerics::parse_kv_format(spec), pool,
                          session_scales(scales, model.config().num_layers));

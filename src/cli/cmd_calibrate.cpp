@@ -58,7 +58,7 @@ int run_calibrate_command(const CalibrateFlags& flags) {
     if (!ctx || *ctx < 1) throw InputError("--ctx", "expects a token count like 1024 or 4k");
     collect.chunk_tokens = *ctx;
     auto model = model::Model::load(flags.model_dir);
-    numerics::ThreadPool pool(flags.threads);
+    ThreadPool pool(flags.threads);
     auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
                                                                             : flags.tokenizer_dir);
     std::vector<int32_t> tokens = tokenizer.encode(read_text_file(flags.text_file));

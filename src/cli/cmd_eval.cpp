@@ -51,7 +51,7 @@ int run_eval_command(const EvalFlags& flags) {
   for (const std::string& spec : flags.state_dtypes)
     model::parse_state_format(spec, flags.state_chunk);  // fail early
   auto model = model::Model::load(flags.model_dir);
-  numerics::ThreadPool pool(flags.threads);  // owned here, shared by every pass
+  ThreadPool pool(flags.threads);  // owned here, shared by every pass
   auto tokenizer = tokenizer::Tokenizer::load(flags.tokenizer_dir.empty() ? flags.model_dir
                                                                           : flags.tokenizer_dir);
 

@@ -52,7 +52,7 @@ int run_quant_command(const QuantOptions& options) {
   const int threads = options.threads > 0
                           ? options.threads
                           : std::clamp(int(std::thread::hardware_concurrency()), 1, 8);
-  numerics::ThreadPool pool(threads);
+  ThreadPool pool(threads);
   const quant::QuantAnalysis result = quant::analyze(*source, formats, analysis, pool);
   emit(quant::to_report(result), options.output);
   return kExitOk;

@@ -149,12 +149,12 @@ struct PerplexityResult {
 // per-layer {K, V} amax. Empty amax for formats without static scales.
 std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
     const model::Model& model, const numerics::KvFormat& capture_format,
-    const numerics::KvFormat& format, std::span<const int32_t> tokens, model::ThreadPool& pool);
+    const numerics::KvFormat& format, std::span<const int32_t> tokens, ThreadPool& pool);
 
 // Runs every format over the same chunks; the baseline's log-probs are computed once per
 // chunk and reused. Throws InputError when the text is shorter than one chunk.
 PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
-                                const PerplexityOptions& options, numerics::ThreadPool& pool);
+                                const PerplexityOptions& options, ThreadPool& pool);
 
 // ---------------------------------------------------------------- recall probe
 
@@ -218,7 +218,7 @@ struct RecallResult {
 // Teacher-forced scoring of recall cases on the reference engine. Static-scale formats
 // are calibrated on the first case's baseline K/V.
 RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
-                        const RecallOptions& options, numerics::ThreadPool& pool);
+                        const RecallOptions& options, ThreadPool& pool);
 
 // Teacher-forced score of one case (exposed for tests): tokens of prompt + expected are
 // run once; the expected text's tokens are those that end after the prompt's bytes.

@@ -48,7 +48,7 @@ std::vector<std::array<numerics::StaticAmax, 2>> loaded_scales_for(
 // of `capture_format`, and turns them into per-layer {K, V} StaticAmax for `format`.
 std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
     const model::Model& model, const numerics::KvFormat& capture_format,
-    const numerics::KvFormat& format, std::span<const int32_t> tokens, model::ThreadPool& pool) {
+    const numerics::KvFormat& format, std::span<const int32_t> tokens, ThreadPool& pool) {
   model::Session session(model, capture_format, pool);
   session.capture_amax(true);
   std::vector<float> unused;
@@ -63,7 +63,7 @@ std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
 }
 
 PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
-                                const PerplexityOptions& options, numerics::ThreadPool& pool) {
+                                const PerplexityOptions& options, ThreadPool& pool) {
   if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
   if (options.ctx_tokens < 4) throw InputError("--ctx", "must be at least 4 tokens");
   PerplexityResult result;

@@ -189,7 +189,7 @@ RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenize
 }
 
 RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
-                        const RecallOptions& options, numerics::ThreadPool& pool) {
+                        const RecallOptions& options, ThreadPool& pool) {
   if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
   TokenCounter counter = [&](std::string_view text) {
     return static_cast<int64_t>(tokenizer.encode(text).size());

@@ -25,8 +25,6 @@
 
 namespace kvaudit::model {
 
-using numerics::ThreadPool;
-
 // ---------------------------------------------------------------- configuration
 
 enum class Family { llama, mistral, qwen2, qwen3, qwen3_5 };

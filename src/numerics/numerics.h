@@ -7,18 +7,19 @@
 // reference model's forward pass (matmul on F32/BF16/F16 weights, softmax, attention GEMMs).
 // Not here: attention-level analysis and file input (quant/), engine behaviour (engines/).
 // Nothing in this module prints, exits or starts threads behind the caller's back: parallel
-// work runs on a ThreadPool the caller owns, with reductions in a fixed order.
+// work runs on a ThreadPool (util/) the caller owns, with reductions in a fixed order.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "util/util.h"
 
 namespace kvaudit::numerics {
 
@@ -222,26 +223,6 @@ struct ErrorStats {
 // undefined: every output is NaN (so a NaN-poisoned cache shows as NaN downstream);
 // -inf logits get log-probability -inf. log_probs.size() must equal logits.size().
 void log_softmax(std::span<const float> logits, std::span<float> log_probs);
-
-// ---------------------------------------------------------------- threads
-// A fixed pool of worker threads owned by the caller. parallel_for splits [0, count) into
-// `tasks` contiguous chunks (independent of the thread count) and runs body(task, begin,
-// end); callers reduce per-task results in task order, so results never depend on threads.
-class ThreadPool {
- public:
-  explicit ThreadPool(int threads);  // threads <= 1: everything runs on the caller
-  ~ThreadPool();
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
-  int threads() const { return thread_count_; }
-  void parallel_for(int64_t count, int tasks,
-                    const std::function<void(int task, int64_t begin, int64_t end)>& body);
-
- private:
-  struct State;
-  int thread_count_ = 1;
-  std::unique_ptr<State> state_;
-};
 
 // ---------------------------------------------------------------- bulk kernels
 // Names the SIMD target chosen at run time ("AVX2", "AVX3", "EMU128", ...).

@@ -376,7 +376,7 @@ struct Calibration {
 
 // Pass 1: each task reads its spans of whole steps and takes every format's amax of them
 // while they are in cache; maxima merge in any order to the same result.
-Calibration calibration_pass(const Setup& s, numerics::ThreadPool& pool) {
+Calibration calibration_pass(const Setup& s, ThreadPool& pool) {
   const size_t format_count = s.formats.size();
   Calibration c;
   c.amax.resize(format_count);
@@ -722,7 +722,7 @@ class HeadTask {
 // formats whose scales span heads any other way (groups wider than a head) are
 // round-tripped on whole rows and cut, their counts taken once, by head 0's task.
 std::vector<HeadResult> head_pass(const Setup& s, const Calibration& c,
-                                  std::vector<HeadAccumulator>& heads, numerics::ThreadPool& pool) {
+                                  std::vector<HeadAccumulator>& heads, ThreadPool& pool) {
   std::vector<HeadResult> results(static_cast<size_t>(s.shape.kv_heads));
   // Tasks: a KV head each; when a format needs whole rows, a run of heads per thread, so
   // whole rows are read and round-tripped once per step per thread rather than per head.
@@ -794,7 +794,7 @@ AttentionPoint attention_point(const Setup& s, std::vector<HeadAccumulator>& hea
 // (pass 1), the accumulators with their queries, head_pass (pass 2), then the merge in
 // head order and the metrics per (format, context).
 QuantAnalysis analyze(const QkvSource& source, const std::vector<KvFormat>& formats,
-                      const AnalysisOptions& options, numerics::ThreadPool& pool) {
+                      const AnalysisOptions& options, ThreadPool& pool) {
   const auto start = std::chrono::steady_clock::now();
   QuantAnalysis result;
   result.source = source.description();

@@ -119,7 +119,7 @@ struct QuantAnalysis {
 
 // Throws InputError for contexts larger than the source or shapes the formats cannot take.
 QuantAnalysis analyze(const QkvSource& source, const std::vector<numerics::KvFormat>& formats,
-                      const AnalysisOptions& options, numerics::ThreadPool& pool);
+                      const AnalysisOptions& options, ThreadPool& pool);
 
 // The report `kvaudit quant` prints: tensor table, attention table, error-vs-context chart.
 report::Report to_report(const QuantAnalysis& analysis);

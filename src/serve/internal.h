@@ -101,7 +101,7 @@ class Engine {
   const model::Model& model_;
   const tokenizer::Tokenizer& tokenizer_;
   const KvSetup& kv_;
-  numerics::ThreadPool pool_;
+  ThreadPool pool_;
   std::unique_ptr<model::Session> session_;
   Metrics& metrics_;
   int max_queued_;

@@ -1,10 +1,13 @@
 // util: small shared pieces every module needs: the input-error type that the CLI
-// turns into a one-line message, bounded file reading, atomic output files, and
-// locating the data/ folder. Not a grab bag: anything module-specific lives there.
+// turns into a one-line message, bounded file reading, atomic output files, locating
+// the data/ folder, and the thread pool callers own and pass down. Not a grab bag:
+// anything module-specific lives there.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -60,5 +63,25 @@ std::vector<std::string> split_list(std::string_view text, char separator = ',')
 
 // Formats 1234567 as "1,234,567".
 std::string with_thousands(int64_t value);
+
+// A fixed pool of worker threads owned by the caller (cli/, tests, benchmarks), who passes it
+// down: modules never start compute threads of their own. parallel_for splits [0, count) into
+// `tasks` contiguous chunks (independent of the thread count) and runs body(task, begin,
+// end); callers reduce per-task results in task order, so results never depend on threads.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads <= 1: everything runs on the caller
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  int threads() const { return thread_count_; }
+  void parallel_for(int64_t count, int tasks,
+                    const std::function<void(int task, int64_t begin, int64_t end)>& body);
+
+ private:
+  struct State;
+  int thread_count_ = 1;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace kvaudit

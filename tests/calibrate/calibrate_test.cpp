@@ -17,8 +17,8 @@ namespace kvaudit::calibrate {
 namespace {
 
 // The tests' thread pool, owned here as the CLI owns its own.
-numerics::ThreadPool& test_pool() {
-  static numerics::ThreadPool pool(2);
+ThreadPool& test_pool() {
+  static ThreadPool pool(2);
   return pool;
 }
 
@@ -158,7 +158,7 @@ TEST_F(FixtureModel, CollectsPerHeadMaximaAndPercentiles) {
     }
   }
   // The maxima agree with what the session's own per-channel capture saw.
-  model::ThreadPool pool(2);
+  ThreadPool pool(2);
   model::Session session(*model_, numerics::parse_kv_format("bf16"), pool);
   session.capture_amax(true);
   std::vector<float> unused;

@@ -16,8 +16,8 @@ namespace kvaudit::eval {
 namespace {
 
 // The tests' thread pool, owned here as the CLI owns its own.
-numerics::ThreadPool& test_pool() {
-  static numerics::ThreadPool pool(2);
+ThreadPool& test_pool() {
+  static ThreadPool pool(2);
   return pool;
 }
 

@@ -47,7 +47,7 @@ TEST(Quant, OutlierKeysShowTheUnitScaleMechanismsAndCalibrationRemovesThem) {
   AnalysisOptions options;
   options.contexts = {512, 1024};
   options.query_positions = 2;
-  numerics::ThreadPool pool(2);
+  ThreadPool pool(2);
   const QuantAnalysis a =
       analyze(*source,
               {parse_kv_format("fp8_e4m3:none"), parse_kv_format("fp8_e4m3:none+nan"),
@@ -173,7 +173,7 @@ TEST(Quant, StreamingMetricsMatchBruteForce) {
   const auto source = make_synthetic("outlier-keys", {4, 2, 32}, 1500, 3);
   // Steps of 256: several and a partial one.
   const AnalysisOptions options = brute_force_options({200, 1500}, 256);
-  numerics::ThreadPool pool(2);
+  ThreadPool pool(2);
   for (const char* spec : {"fp8_e4m3:tensor", "int4:g32", "nvfp4"}) {
     const numerics::KvFormat format = parse_kv_format(spec);
     const QuantAnalysis a = analyze(*source, {format}, options, pool);
@@ -200,7 +200,7 @@ TEST(Quant, StreamingMetricsMatchBruteForce) {
 TEST(Quant, SmallKlMatchesBruteForce) {
   const auto source = make_synthetic("gaussian", {6, 2, 64}, 700, 5);
   const AnalysisOptions options = brute_force_options({129, 700}, 64);
-  numerics::ThreadPool pool(2);
+  ThreadPool pool(2);
   for (const char* spec : {"fp8_e5m2:token", "bf16"}) {
     const numerics::KvFormat format = parse_kv_format(spec);
     const QuantAnalysis a = analyze(*source, {format}, options, pool);
@@ -216,7 +216,7 @@ TEST(Quant, LosslessFormatHasNoAttentionError) {
   const auto source = make_synthetic("gaussian", {8, 4, 64}, 512);
   AnalysisOptions options;
   options.contexts = {512};
-  numerics::ThreadPool pool(1);
+  ThreadPool pool(1);
   const QuantAnalysis a = analyze(*source, {parse_kv_format("f32")}, options, pool);
   const AttentionPoint& p = a.attention.at(0);
   EXPECT_NEAR(p.kl_mean, 0.0, 1e-6);
@@ -230,7 +230,7 @@ TEST(Quant, KiviAttentionUsesTheResidualWindowOfEachContext) {
   const auto source = make_synthetic("gaussian", {4, 2, 32}, 500);
   AnalysisOptions options;
   options.contexts = {100, 500};
-  numerics::ThreadPool pool(2);
+  ThreadPool pool(2);
   const QuantAnalysis a = analyze(*source, {parse_kv_format("int4:kivi")}, options, pool);
   const AttentionPoint& short_ctx = find_point(a, "int4:kivi", 100);
   const AttentionPoint& long_ctx = find_point(a, "int4:kivi", 500);
@@ -311,7 +311,7 @@ TEST(Quant, PerHeadRoundTripsMatchWholeRows) {
   options.contexts = {250, tokens};
   options.query_positions = 2;
   options.step_tokens = 64;
-  numerics::ThreadPool pool(2);
+  ThreadPool pool(2);
   const QuantAnalysis a = analyze(*source, formats, options, pool);
   const numerics::KvLayout layout = shape.kv_layout();
   std::vector<float> keys(size_t(tokens * layout.row_elements())), values(keys.size());
@@ -338,7 +338,7 @@ TEST(Quant, PerHeadRoundTripsMatchWholeRows) {
 
 TEST(Quant, RejectsBadRequests) {
   const auto source = make_synthetic("gaussian", {4, 2, 32}, 100);
-  numerics::ThreadPool pool(1);
+  ThreadPool pool(1);
   AnalysisOptions options;
   options.contexts = {200};
   EXPECT_THROW(analyze(*source, {parse_kv_format("bf16")}, options, pool), InputError);
@@ -455,7 +455,7 @@ TEST(QuantReport, HasTablesChartAndVerdict) {
   const auto source = make_synthetic("outlier-keys", {8, 2, 64}, 1024);
   AnalysisOptions options;
   options.contexts = {512, 1024};
-  numerics::ThreadPool pool(1);
+  ThreadPool pool(1);
   const QuantAnalysis a =
       analyze(*source, {parse_kv_format("fp8_e4m3:none"), parse_kv_format("nvfp4")}, options, pool);
   const report::Report r = to_report(a);

@@ -33,7 +33,7 @@ json greedy(const std::string& prompt, int max_tokens, int logprobs = -1) {
 std::vector<int32_t> direct_greedy(const std::vector<int32_t>& prompt, int max_tokens,
                                    const std::string& spec, std::vector<float>* first_logits) {
   auto model = model::Model::load(testing::fixture_model());
-  numerics::ThreadPool pool(1);
+  ThreadPool pool(1);
   model::Session session(*model, numerics::parse_kv_format(spec), pool);
   std::vector<float> logits;
   session.forward(prompt, static_cast<int64_t>(prompt.size()) - 1, logits);

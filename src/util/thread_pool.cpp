@@ -15,9 +15,9 @@
 #include <mutex>
 #include <thread>
 
-#include "numerics/numerics.h"
+#include "util/util.h"
 
-namespace kvaudit::numerics {
+namespace kvaudit {
 namespace {
 
 // The job word: generation (24 bits) | task count (20 bits) | next unclaimed task (20 bits).
@@ -171,4 +171,4 @@ void ThreadPool::parallel_for(int64_t count, int tasks,
   if (s.error) std::rethrow_exception(s.error);
 }
 
-}  // namespace kvaudit::numerics
+}  // namespace kvaudit
