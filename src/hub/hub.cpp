@@ -501,102 +501,100 @@ void fetch_shard(const Remote& remote, const std::string& name,
     throw InputError(file.string(), fmt::format("cannot size: {}", std::strerror(errno)));
 }
 
-}  // namespace
+// ---------------------------------------------------------------- the passes of open
 
-// ---------------------------------------------------------------- open
-
-HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) {
-  HubCheckpoint out;
-  out.ref = ref;
-  out.endpoint = resolve_endpoint(options.endpoint);
-  const std::string token = resolve_token(options.token);
-
-  // 1. The user's own Hugging Face cache, when it holds the revision whole.
-  if (auto snapshot = hf_cache_snapshot(ref, options, out.commit, out.notes)) {
-    out.dir = *snapshot;
-    out.label = fmt::format("hf://{}@{}", ref.repo, out.commit.substr(0, 12));
-    out.source = fmt::format("{} @ {} from the local Hugging Face cache {}", ref.repo, out.commit,
-                             snapshot->string());
-    return out;
-  }
-
-  const fs::path repo_cache = kvaudit_cache_root(options) / repo_folder(ref.repo);
+// Remembers which commit a branch or tag named (for --offline); a sha needs no note.
+void remember_revision(const fs::path& repo_cache, const HubRef& ref, const std::string& commit) {
+  if (is_commit_sha(ref.revision)) return;
   std::error_code ec;
-  Fetcher fetcher(options, out.endpoint, token, ref.repo);
-  // 2. The commit: given, remembered (offline), or one request for the revision.
-  if (is_commit_sha(ref.revision)) {
-    out.commit = ref.revision;
-  } else if (options.offline) {
+  fs::create_directories(repo_cache / "refs", ec);
+  write_file_atomically(repo_cache / "refs" / encode_revision(ref.revision), commit);
+}
+
+// The commit `ref` names: the revision itself when it is a sha, the one remembered in the
+// kvaudit cache (--offline), or the X-Repo-Commit of one request for the revision.
+std::string resolve_commit(const HubRef& ref, const HubOptions& options, Fetcher& fetcher,
+                           const fs::path& repo_cache, const std::string& endpoint,
+                           bool has_token) {
+  if (is_commit_sha(ref.revision)) return ref.revision;
+  if (options.offline) {
     try {
-      out.commit =
-          trimmed(read_text_file(repo_cache / "refs" / encode_revision(ref.revision), 256));
+      return trimmed(read_text_file(repo_cache / "refs" / encode_revision(ref.revision), 256));
     } catch (const InputError&) {
       throw InputError(ref.text(), "--offline: not in the kvaudit cache (audit it once online)");
     }
-  } else {
-    // resolve/REVISION/config.json answers with the commit in X-Repo-Commit, redirect or not.
-    Fetcher::Answer answer = fetcher.get(
-        fmt::format("/{}/resolve/{}/config.json", ref.repo, encode_revision(ref.revision)),
-        ByteRange{0, 0}, /*follow=*/false);
-    if (answer.response.status >= 400) hub_refusal(answer, ref, out.endpoint, !token.empty());
-    out.commit = answer.commit;
-    if (!is_commit_sha(out.commit))
-      throw InputError(answer.url, fmt::format("the answer names no commit (X-Repo-Commit '{}'): "
-                                               "is {} a Hugging Face hub?",
-                                               out.commit, out.endpoint));
   }
-  out.label = fmt::format("hf://{}@{}", ref.repo, out.commit.substr(0, 12));
-  const fs::path final_dir = repo_cache / out.commit;
+  // resolve/REVISION/config.json answers with the commit in X-Repo-Commit, redirect or not.
+  Fetcher::Answer answer = fetcher.get(
+      fmt::format("/{}/resolve/{}/config.json", ref.repo, encode_revision(ref.revision)),
+      ByteRange{0, 0}, /*follow=*/false);
+  if (answer.response.status >= 400) hub_refusal(answer, ref, endpoint, has_token);
+  if (!is_commit_sha(answer.commit))
+    throw InputError(answer.url, fmt::format("the answer names no commit (X-Repo-Commit '{}'): "
+                                             "is {} a Hugging Face hub?",
+                                             answer.commit, endpoint));
+  return answer.commit;
+}
 
-  // 3. kvaudit's cache of that commit.
-  if (fs::exists(final_dir / kManifest, ec)) {
-    out.dir = final_dir;
-    out.stats.requests = fetcher.requests();
-    out.stats.bytes = fetcher.bytes();
-    out.source = fmt::format("{} @ {} from the kvaudit cache {} ({} request{} this run)", ref.repo,
-                             out.commit, final_dir.string(), out.stats.requests,
-                             out.stats.requests == 1 ? "" : "s");
-    if (!is_commit_sha(ref.revision)) {
-      fs::create_directories(repo_cache / "refs", ec);
-      write_file_atomically(repo_cache / "refs" / encode_revision(ref.revision), out.commit);
-    }
-    return out;
-  }
-  if (options.offline)
-    throw InputError(ref.text(), fmt::format("--offline: commit {} is not in the kvaudit cache {}",
-                                             out.commit, repo_cache.string()));
+// kvaudit's cache of out.commit, when a finished fetch left it (its manifest is written
+// last): fills out.dir, stats and source and returns true.
+bool open_cached_commit(const fs::path& repo_cache, const fs::path& final_dir,
+                        const Fetcher& fetcher, HubCheckpoint& out) {
+  std::error_code ec;
+  if (!fs::exists(final_dir / kManifest, ec)) return false;
+  out.dir = final_dir;
+  out.stats.requests = fetcher.requests();
+  out.stats.bytes = fetcher.bytes();
+  out.source = fmt::format("{} @ {} from the kvaudit cache {} ({} request{} this run)",
+                           out.ref.repo, out.commit, final_dir.string(), out.stats.requests,
+                           out.stats.requests == 1 ? "" : "s");
+  remember_revision(repo_cache, out.ref, out.commit);
+  return true;
+}
 
-  // 4. Fetch into a scratch folder, then rename: a killed run leaves no half cache.
+// A fresh scratch folder for this run's fetch of `commit`, beside the commit's final folder.
+fs::path create_scratch(const fs::path& repo_cache, const std::string& commit) {
   const fs::path scratch =
-      repo_cache / fmt::format(".{}.partial-{}", out.commit, static_cast<long>(::getpid()));
+      repo_cache / fmt::format(".{}.partial-{}", commit, static_cast<long>(::getpid()));
+  std::error_code ec;
   fs::remove_all(scratch, ec);
   fs::create_directories(scratch, ec);
   if (ec) throw InputError(scratch.string(), "cannot create the cache folder: " + ec.message());
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code e;
-      if (!dir.empty()) fs::remove_all(dir, e);
-    }
-  } cleanup{scratch};
+  return scratch;
+}
 
-  Remote remote{fetcher, ref, out.endpoint, !token.empty(), out.commit, {}, {}};
-  json manifest = {{"repo", ref.repo},
-                   {"revision", ref.revision},
-                   {"commit", out.commit},
-                   {"endpoint", out.endpoint},
-                   {"files", json::array()}};
-  auto keep = [&](const std::string& name, const std::string& bytes) {
-    write_file_atomically(scratch / name, bytes);
-    manifest["files"].push_back({{"path", name}, {"bytes", bytes.size()}});
-    ++out.stats.files_fetched;
-  };
-  keep("config.json", *remote.file("config.json", options.max_small_file_bytes, false));
+// Removes the scratch folder unless `dir` was cleared (it became the cache).
+struct ScratchCleanup {
+  fs::path dir;
+  ~ScratchCleanup() {
+    std::error_code e;
+    if (!dir.empty()) fs::remove_all(dir, e);
+  }
+};
+
+// Writes one fetched file into the scratch folder and lists it in the manifest.
+void keep_file(const fs::path& scratch, const std::string& name, const std::string& bytes,
+               json& manifest, FetchStats& stats) {
+  write_file_atomically(scratch / name, bytes);
+  manifest["files"].push_back({{"path", name}, {"bytes", bytes.size()}});
+  ++stats.files_fetched;
+}
+
+// The shards and the tensor names the index gives each.
+using ShardNames = std::map<std::string, std::vector<std::string>>;
+
+// The small files an audit reads (config.json, hf_quant_config.json when there is one, the
+// shard index), kept in the scratch folder; returns the shards the index names (without an
+// index: the single file model.safetensors, with no names).
+ShardNames fetch_small_files(const Remote& remote, const HubOptions& options,
+                             const fs::path& scratch, json& manifest, FetchStats& stats) {
+  keep_file(scratch, "config.json",
+            *remote.file("config.json", options.max_small_file_bytes, false), manifest, stats);
   if (auto quant = remote.file("hf_quant_config.json", options.max_small_file_bytes, true))
-    keep("hf_quant_config.json", *quant);
-  std::map<std::string, std::vector<std::string>> shards;
+    keep_file(scratch, "hf_quant_config.json", *quant, manifest, stats);
+  ShardNames shards;
   if (auto index = remote.file("model.safetensors.index.json", options.max_index_bytes, true)) {
-    keep("model.safetensors.index.json", *index);
+    keep_file(scratch, "model.safetensors.index.json", *index, manifest, stats);
     shards = index_shards(*index, remote.label("model.safetensors.index.json"));
   } else {
     shards["model.safetensors"];  // a single-file checkpoint (its header says what it holds)
@@ -605,8 +603,14 @@ HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) 
     throw InputError(remote.label("model.safetensors.index.json"),
                      fmt::format("names {} shards, more than the {} kvaudit reads", shards.size(),
                                  options.max_shards));
-  const bool indexed = !(shards.size() == 1 && shards.begin()->second.empty());
+  return shards;
+}
 
+// Every shard through fetch_shard into the scratch folder, options.concurrency at a time;
+// one result per shard, in shard order. The first failure stops the shards not yet started.
+std::vector<ShardResult> fetch_shards(const Remote& remote, const ShardNames& shards,
+                                      const fs::path& scratch, const HubOptions& options) {
+  const bool indexed = !(shards.size() == 1 && shards.begin()->second.empty());
   std::vector<std::pair<std::string, const std::vector<std::string>*>> work;
   for (const auto& [name, tensors] : shards) work.push_back({name, indexed ? &tensors : nullptr});
   std::vector<ShardResult> results(work.size());
@@ -634,39 +638,105 @@ HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) 
   for (size_t t = 1; t < thread_count; ++t) threads.emplace_back(worker);
   worker();
   for (auto& thread : threads) thread.join();
+  return results;
+}
+
+// What the shards' headers held, summed for the report.
+struct ShardTotals {
   uint64_t header_bytes = 0;
   int scale_tensors = 0;
+};
+
+// Lists the fetched shards in the manifest and the stats, in shard order; rethrows the
+// failure of the first shard that failed.
+ShardTotals record_shards(const std::vector<ShardResult>& results, json& manifest,
+                          FetchStats& stats) {
+  ShardTotals totals;
   for (const auto& result : results) {
     if (result.error) std::rethrow_exception(result.error);
     manifest["files"].push_back({{"path", result.name},
                                  {"bytes", result.total},
                                  {"header_bytes", result.header_bytes},
                                  {"scale_tensors", result.scale_tensors}});
-    header_bytes += result.header_bytes;
-    scale_tensors += result.scale_tensors;
-    out.stats.weight_bytes_read += result.weight_bytes_read;
-    ++out.stats.files_fetched;
+    totals.header_bytes += result.header_bytes;
+    totals.scale_tensors += result.scale_tensors;
+    stats.weight_bytes_read += result.weight_bytes_read;
+    ++stats.files_fetched;
   }
-  out.stats.requests = fetcher.requests();
-  out.stats.bytes = fetcher.bytes();
-  manifest["requests"] = out.stats.requests;
-  manifest["bytes"] = out.stats.bytes;
+  return totals;
+}
+
+// Writes the manifest (last, so a folder without one is unfinished) and renames the scratch
+// folder to the commit's; when another run finished first, its folder is kept and ours is
+// left to `cleanup`.
+void publish_scratch(json& manifest, const FetchStats& stats, const fs::path& final_dir,
+                     ScratchCleanup& cleanup) {
+  const fs::path scratch = cleanup.dir;
+  manifest["requests"] = stats.requests;
+  manifest["bytes"] = stats.bytes;
   write_file_atomically(scratch / kManifest, manifest.dump(1));
+  std::error_code ec;
   fs::rename(scratch, final_dir, ec);
   if (ec && !fs::exists(final_dir / kManifest))  // another run may have finished first
     throw InputError(final_dir.string(),
                      "cannot move the fetched files into the cache: " + ec.message());
   cleanup.dir = ec ? scratch : fs::path();
-  if (!is_commit_sha(ref.revision)) {
-    fs::create_directories(repo_cache / "refs", ec);
-    write_file_atomically(repo_cache / "refs" / encode_revision(ref.revision), out.commit);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- open
+
+HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) {
+  HubCheckpoint out;
+  out.ref = ref;
+  out.endpoint = resolve_endpoint(options.endpoint);
+  const std::string token = resolve_token(options.token);
+
+  // 1. The user's own Hugging Face cache, when it holds the revision whole.
+  if (auto snapshot = hf_cache_snapshot(ref, options, out.commit, out.notes)) {
+    out.dir = *snapshot;
+    out.label = fmt::format("hf://{}@{}", ref.repo, out.commit.substr(0, 12));
+    out.source = fmt::format("{} @ {} from the local Hugging Face cache {}", ref.repo, out.commit,
+                             snapshot->string());
+    return out;
   }
+
+  const fs::path repo_cache = kvaudit_cache_root(options) / repo_folder(ref.repo);
+  Fetcher fetcher(options, out.endpoint, token, ref.repo);
+  // 2. The commit: given, remembered (offline), or one request for the revision.
+  out.commit = resolve_commit(ref, options, fetcher, repo_cache, out.endpoint, !token.empty());
+  out.label = fmt::format("hf://{}@{}", ref.repo, out.commit.substr(0, 12));
+  const fs::path final_dir = repo_cache / out.commit;
+
+  // 3. kvaudit's cache of that commit.
+  if (open_cached_commit(repo_cache, final_dir, fetcher, out)) return out;
+  if (options.offline)
+    throw InputError(ref.text(), fmt::format("--offline: commit {} is not in the kvaudit cache {}",
+                                             out.commit, repo_cache.string()));
+
+  // 4. Fetch into a scratch folder, then rename: a killed run leaves no half cache.
+  ScratchCleanup cleanup{create_scratch(repo_cache, out.commit)};
+  const fs::path scratch = cleanup.dir;
+  Remote remote{fetcher, ref, out.endpoint, !token.empty(), out.commit, {}, {}};
+  json manifest = {{"repo", ref.repo},
+                   {"revision", ref.revision},
+                   {"commit", out.commit},
+                   {"endpoint", out.endpoint},
+                   {"files", json::array()}};
+  const ShardNames shards = fetch_small_files(remote, options, scratch, manifest, out.stats);
+  const ShardTotals totals =
+      record_shards(fetch_shards(remote, shards, scratch, options), manifest, out.stats);
+  out.stats.requests = fetcher.requests();
+  out.stats.bytes = fetcher.bytes();
+  publish_scratch(manifest, out.stats, final_dir, cleanup);
+  remember_revision(repo_cache, ref, out.commit);
   out.dir = final_dir;
   out.source = fmt::format(
       "{} @ {} from {}: {} requests, {} bytes ({} shard header bytes, {} KV-scale tensors read; "
       "no weights)",
       ref.repo, out.commit, out.endpoint, out.stats.requests, with_thousands(out.stats.bytes),
-      with_thousands(header_bytes), scale_tensors);
+      with_thousands(totals.header_bytes), totals.scale_tensors);
   return out;
 }
 
