@@ -99,12 +99,9 @@ void add_from_log(report::Report& out, const LogPrediction& prediction) {
   }
 }
 
-}  // namespace
-
-report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
-                         const LogPrediction* from_log, bool explain) {
-  report::Report out;
-  out.command = "plan";
+// The title and the facts: what was planned, on which engine and GPU, and the budget.
+void add_plan_facts(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
+                    report::Report& out) {
   std::string model_name = model.dir.empty()       ? model.config_file
                            : !model.source.empty() ? model.dir.string()  // hf://org/model@sha
                                                    : model.dir.filename().string();
@@ -130,7 +127,20 @@ report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan
                              : "Available KV memory",
                          Value{plan.budget_bytes}, "B"});
   }
+}
 
+// The context lengths the concurrency columns are for (the first row's).
+std::vector<int64_t> concurrency_contexts(const CapacityPlan& plan) {
+  std::vector<int64_t> contexts;
+  if (!plan.rows.empty())
+    for (const auto& point : plan.rows.front().concurrency)
+      contexts.push_back(point.context_tokens);
+  return contexts;
+}
+
+// The capacity table: one row per KV dtype (cell, pool, tokens, Mamba state when any row
+// has some, requests per context).
+report::Table capacity_table(const CapacityPlan& plan) {
   report::Table table;
   table.id = "capacity";
   table.title = "Capacity per KV dtype (per GPU)";
@@ -144,15 +154,51 @@ report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan
     table.columns.push_back({"mamba_state_bytes_per_request", "state/request", "B", 0});
     table.columns.push_back({"mamba_slots", "state slots", "", 0});
   }
-  std::vector<int64_t> contexts;
-  if (!plan.rows.empty())
-    for (const auto& point : plan.rows.front().concurrency)
-      contexts.push_back(point.context_tokens);
-  for (int64_t context : contexts)
+  for (int64_t context : concurrency_contexts(plan))
     table.columns.push_back(
         {"concurrency_" + context_label(context), "requests @" + context_label(context), "", 0});
+  for (const auto& row : plan.rows) {
+    std::vector<Value> cells = {Value{row.kv_cache_dtype}, Value{row.cell_bytes_per_token_per_gpu},
+                                Value{row.kv_pool_bytes}, Value{row.max_total_tokens}};
+    if (any_mamba) {
+      cells.push_back(Value{row.mamba_state_bytes_per_request});
+      cells.push_back(Value{row.mamba_slots});
+    }
+    // Built in place: moving a temporary Value here trips a false GCC 12 -Wmaybe-uninitialized.
+    for (const auto& point : row.concurrency) cells.emplace_back(point.requests);
+    table.rows.push_back(std::move(cells));
+  }
+  return table;
+}
 
-  nlohmann::json rows_json = nlohmann::json::array();
+// One row of the JSON rows[] payload (its derivation only when explaining).
+nlohmann::json row_json(const PlanRow& row, bool explain) {
+  nlohmann::json concurrency = nlohmann::json::object();
+  for (const auto& point : row.concurrency)
+    concurrency[std::to_string(point.context_tokens)] = point.requests;
+  nlohmann::json j = {{"kv_cache_dtype", row.kv_cache_dtype},
+                      {"cell_bytes_per_token_per_gpu", row.cell_bytes_per_token_per_gpu},
+                      {"kv_pool_bytes", row.kv_pool_bytes},
+                      {"max_total_tokens", row.max_total_tokens},
+                      {"concurrency", concurrency}};
+  if (row.swa_tokens > 0) j["swa_tokens"] = row.swa_tokens;
+  if (row.mamba_state_bytes_per_request > 0) {
+    j["mamba_state_bytes_per_request"] = row.mamba_state_bytes_per_request;
+    j["mamba_slots"] = row.mamba_slots;
+    j["mamba_pool_bytes"] = row.mamba_pool_bytes;
+  }
+  if (row.num_blocks > 0) j["num_blocks"] = row.num_blocks;
+  nlohmann::json limits = nlohmann::json::object();
+  for (const auto& point : row.concurrency)
+    limits[std::to_string(point.context_tokens)] = point.limited_by;
+  j["concurrency_limited_by"] = limits;
+  if (explain) j["derivation"] = row.derivation;
+  return j;
+}
+
+// The two charts (drawn only when a GPU's memory was known): max tokens per dtype, and
+// concurrent requests against context length (one line per dtype that has points).
+void add_capacity_charts(const CapacityPlan& plan, report::Report& out) {
   report::Chart bars{"capacity_by_dtype",
                      "Max tokens in the KV pool, by dtype",
                      report::ChartKind::bars,
@@ -174,61 +220,39 @@ report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan
                       true,
                       true,
                       {}};
-  for (int64_t context : contexts) lines.x_values.push_back(static_cast<double>(context));
+  for (int64_t context : concurrency_contexts(plan))
+    lines.x_values.push_back(static_cast<double>(context));
+  for (const auto& row : plan.rows) {
+    report::Series line{row.kv_cache_dtype, {}};
+    for (const auto& point : row.concurrency) line.y.push_back(static_cast<double>(point.requests));
+    bars.x_categories.push_back(row.kv_cache_dtype);
+    bar_series.y.push_back(static_cast<double>(row.max_total_tokens));
+    if (!line.y.empty()) lines.series.push_back(line);
+  }
+  bars.series.push_back(bar_series);
+  if (plan.gpu_memory_bytes > 0) {
+    out.charts.push_back(std::move(bars));
+    if (!lines.series.empty()) out.charts.push_back(std::move(lines));
+  }
+}
 
+// The explain table: the budget's steps, then each dtype's.
+report::Table derivation_table(const CapacityPlan& plan) {
   report::Table derivation;
   derivation.id = "explain";
   derivation.title = "Derivation";
   derivation.columns = {{"kv_cache_dtype", "KV dtype", "", 0}, {"step", "step", "", 0}};
   for (const auto& step : plan.derivation) derivation.rows.push_back({Value{"all"}, Value{step}});
-
-  for (const auto& row : plan.rows) {
-    std::vector<Value> cells = {Value{row.kv_cache_dtype}, Value{row.cell_bytes_per_token_per_gpu},
-                                Value{row.kv_pool_bytes}, Value{row.max_total_tokens}};
-    if (any_mamba) {
-      cells.push_back(Value{row.mamba_state_bytes_per_request});
-      cells.push_back(Value{row.mamba_slots});
-    }
-    nlohmann::json concurrency = nlohmann::json::object();
-    report::Series line{row.kv_cache_dtype, {}};
-    for (const auto& point : row.concurrency) {
-      cells.push_back(Value{point.requests});
-      concurrency[std::to_string(point.context_tokens)] = point.requests;
-      line.y.push_back(static_cast<double>(point.requests));
-    }
-    table.rows.push_back(std::move(cells));
-    nlohmann::json j = {{"kv_cache_dtype", row.kv_cache_dtype},
-                        {"cell_bytes_per_token_per_gpu", row.cell_bytes_per_token_per_gpu},
-                        {"kv_pool_bytes", row.kv_pool_bytes},
-                        {"max_total_tokens", row.max_total_tokens},
-                        {"concurrency", concurrency}};
-    if (row.swa_tokens > 0) j["swa_tokens"] = row.swa_tokens;
-    if (row.mamba_state_bytes_per_request > 0) {
-      j["mamba_state_bytes_per_request"] = row.mamba_state_bytes_per_request;
-      j["mamba_slots"] = row.mamba_slots;
-      j["mamba_pool_bytes"] = row.mamba_pool_bytes;
-    }
-    if (row.num_blocks > 0) j["num_blocks"] = row.num_blocks;
-    nlohmann::json limits = nlohmann::json::object();
-    for (const auto& point : row.concurrency)
-      limits[std::to_string(point.context_tokens)] = point.limited_by;
-    j["concurrency_limited_by"] = limits;
-    if (explain) j["derivation"] = row.derivation;
-    rows_json.push_back(j);
-    bars.x_categories.push_back(row.kv_cache_dtype);
-    bar_series.y.push_back(static_cast<double>(row.max_total_tokens));
-    if (!line.y.empty()) lines.series.push_back(line);
+  for (const auto& row : plan.rows)
     for (const auto& step : row.derivation)
       derivation.rows.push_back({Value{row.kv_cache_dtype}, Value{step}});
-  }
-  bars.series.push_back(bar_series);
-  out.tables.push_back(std::move(table));
-  if (plan.gpu_memory_bytes > 0) {
-    out.charts.push_back(std::move(bars));
-    if (!lines.series.empty()) out.charts.push_back(std::move(lines));
-  }
-  if (explain) out.tables.push_back(std::move(derivation));
-  for (const auto& note : plan.notes) out.notes.push_back(note);
+  return derivation;
+}
+
+// The JSON payload: engine, sources, the budget and the rows.
+void set_plan_payload(const CapacityPlan& plan, bool explain, report::Report& out) {
+  nlohmann::json rows_json = nlohmann::json::array();
+  for (const auto& row : plan.rows) rows_json.push_back(row_json(row, explain));
   out.payload["engine"] = plan.engine;
   out.payload["engine_version"] = plan.engine_version;
   out.payload["sources"] = engines::engine_model(plan.engine).capacity.references;
@@ -241,22 +265,38 @@ report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan
                            {"derivation", plan.derivation},
                            {"notes", plan.notes}};
   out.payload["rows"] = rows_json;
+}
 
-  if (!plan.rows.empty()) {
-    const PlanRow& first = plan.rows.front();
-    std::string verdict;
-    for (const auto& row : plan.rows) {
-      if (!verdict.empty()) verdict += "; ";
-      verdict += plan.gpu_memory_bytes > 0
-                     ? fmt::format("{} {} B/token, {} tokens", row.kv_cache_dtype,
-                                   with_thousands(row.cell_bytes_per_token_per_gpu),
-                                   with_thousands(row.max_total_tokens))
-                     : fmt::format("{} {} B/token", row.kv_cache_dtype,
-                                   with_thousands(row.cell_bytes_per_token_per_gpu));
-    }
-    (void)first;
-    out.verdict = verdict + " per GPU";
+// "fp8_e4m3 70 B/token, 1,234 tokens; ... per GPU" (tokens only when the budget is known);
+// empty without rows.
+std::string plan_verdict(const CapacityPlan& plan) {
+  if (plan.rows.empty()) return "";
+  std::string verdict;
+  for (const auto& row : plan.rows) {
+    if (!verdict.empty()) verdict += "; ";
+    verdict += plan.gpu_memory_bytes > 0
+                   ? fmt::format("{} {} B/token, {} tokens", row.kv_cache_dtype,
+                                 with_thousands(row.cell_bytes_per_token_per_gpu),
+                                 with_thousands(row.max_total_tokens))
+                   : fmt::format("{} {} B/token", row.kv_cache_dtype,
+                                 with_thousands(row.cell_bytes_per_token_per_gpu));
   }
+  return verdict + " per GPU";
+}
+
+}  // namespace
+
+report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan& plan,
+                         const LogPrediction* from_log, bool explain) {
+  report::Report out;
+  out.command = "plan";
+  add_plan_facts(model, plan, out);
+  out.tables.push_back(capacity_table(plan));
+  add_capacity_charts(plan, out);
+  if (explain) out.tables.push_back(derivation_table(plan));
+  for (const auto& note : plan.notes) out.notes.push_back(note);
+  set_plan_payload(plan, explain, out);
+  if (!plan.rows.empty()) out.verdict = plan_verdict(plan);
   if (from_log) add_from_log(out, *from_log);
   return out;
 }
