@@ -335,24 +335,22 @@ void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const 
   launch.engine = hit.engine->engine;
 }
 
-void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                               const std::string& message) {
-  auto loading = [&] { launch.stage = std::max<int>(launch.stage, kLoading); };
-  auto evidence = [&] { return fmt::format("log:{}: {}", line_no, clip(message, 120)); };
-  auto scale_message = [&] {
-    if (launch.scale_messages.size() >= 64) return;
-    const engines::Provenance& p = hit.log->provenance;
-    launch.scale_messages.push_back(
-        {line_no, std::string(engines::log_kind_name(hit.log->kind)), clip(message), launch.ready,
-         hit.log->kind, hit.log->id, hit.engine->engine,
-         p.verified ? p.reference
-                    : fmt::format("{} (version bound inferred: {})", p.reference, p.bound)});
-  };
+namespace {
 
-  if (launch.engine.empty()) launch.engine = hit.engine->engine;
+// A fact line of the loading stage moves the launch there (never back).
+void mark_loading(Launch& launch) {
+  launch.stage = std::max<int>(launch.stage, kLoading);
+}
+
+// "log:LINE: message" (clipped): the evidence a resolved KV dtype carries.
+std::string fact_evidence(int64_t line_no, const std::string& message) {
+  return fmt::format("log:{}: {}", line_no, clip(message, 120));
+}
+
+// Settings a line names, whatever its kind ("Automatically reduce --mem-fraction-static
+// to 0.760", "under --mem-fraction-static=0.88", "max_total_tokens=131072 is larger").
+void apply_named_settings(Launch& launch, const TemplateHit& hit) {
   auto& memory = launch.memory;
-  // Settings a line names, whatever its kind ("Automatically reduce --mem-fraction-static
-  // to 0.760", "under --mem-fraction-static=0.88", "max_total_tokens=131072 is larger").
   if (auto f = hit.number("mem_fraction_static"); f && *f > 0 && *f <= 1)
     memory.mem_fraction_static = f;
   if (auto cap = hit.count("max_total_tokens_arg")) memory.max_total_tokens_arg = cap;
@@ -361,10 +359,15 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
   if (auto dp = hit.count("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16 && launch.dp == 0)
     launch.dp = static_cast<int>(*dp), memory.dp = launch.dp;
   if (auto q = hit.text("quantization"); q && !q->empty()) launch.quantization = *q;
+}
+
+// The weights' load (load_begin, load_end, weights_loaded): free memory before and after,
+// the weights' size, and the dtype and quantization the load names.
+void apply_weights_fact(Launch& launch, const TemplateHit& hit) {
+  auto& memory = launch.memory;
   switch (hit.log->kind) {
     case LogKind::load_begin:
       keep_min(memory.total_before_load_gib, hit.number("avail_mem_gib"));
-      loading();
       break;
     case LogKind::load_end: {
       keep_min(memory.avail_after_weights_gib, hit.number("avail_mem_gib"));
@@ -374,27 +377,36 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
       if (!dtype.empty() && launch.model_dtype.empty())
         launch.model_dtype = engines::normalise_dtype(dtype);
       if (std::string q = word_after(details, "quant="); !q.empty()) launch.quantization = q;
-      loading();
       break;
     }
     case LogKind::weights_loaded:
       launch.weights_gib = hit.number("weights_gib");
-      loading();
       break;
-    case LogKind::kv_dtype_used: {
-      // Older vLLM prints "Using fp8 data type" for every FP8 cache: a bare "fp8" says
-      // less than an explicit request, which then decides (see finish()).
-      std::string raw = hit.text("kv_dtype").value_or("");
-      std::string d = engines::normalise_dtype(raw);
-      if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || raw != "fp8")) {
-        launch.kv_cache_dtype_resolved = d;
-        launch.resolved_evidence = evidence();
-        launch.resolved_generic = raw == "fp8";
-      }
-      // No stage: vLLM validates the cache dtype before it prints its engine config, so
-      // this line must not make the config line look like a new launch.
+    default:
       break;
-    }
+  }
+}
+
+// "Using fp8 data type": the cache dtype the engine says it uses. Older vLLM prints a bare
+// "fp8" for every FP8 cache, which says less than an explicit request, which then decides
+// (see finish()).
+void apply_kv_dtype_used(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                         const std::string& message) {
+  std::string raw = hit.text("kv_dtype").value_or("");
+  std::string d = engines::normalise_dtype(raw);
+  if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || raw != "fp8")) {
+    launch.kv_cache_dtype_resolved = d;
+    launch.resolved_evidence = fact_evidence(line_no, message);
+    launch.resolved_generic = raw == "fp8";
+  }
+}
+
+// The pools the engine allocated (kv_pool_allocated, state_pool_allocated, swa_pool,
+// token_summary): their tokens, slots and sizes, and the cache dtype the KV pool names.
+void apply_pool_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                     const std::string& message) {
+  auto& memory = launch.memory;
+  switch (hit.log->kind) {
     case LogKind::kv_pool_allocated: {
       if (auto n = hit.count("pool_tokens")) memory.pool_tokens = n;
       if (auto k = hit.number("k_gib")) memory.k_gib = k;
@@ -403,35 +415,37 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
       std::string d = engines::normalise_dtype(hit.text("kv_dtype").value_or(""));
       if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic)) {
         launch.kv_cache_dtype_resolved = d;
-        launch.resolved_evidence = evidence();
+        launch.resolved_evidence = fact_evidence(line_no, message);
         launch.resolved_generic = false;
       }
       if (!launch.max_total_tokens) launch.max_total_tokens = memory.pool_tokens;
-      loading();
       break;
     }
     case LogKind::state_pool_allocated:
       if (auto n = hit.count("mamba_slots")) memory.mamba_slots = n;
       if (auto c = hit.number("conv_gib")) memory.conv_gib = c;
       if (auto s = hit.number("ssm_gib")) memory.ssm_gib = s;
-      loading();
       break;
     case LogKind::swa_pool:
       if (auto n = hit.count("full_tokens")) memory.full_tokens = n;
       if (auto n = hit.count("swa_tokens")) memory.swa_tokens = n;
-      loading();
       break;
     case LogKind::token_summary:
       memory.max_total_num_tokens = hit.count("max_total_num_tokens");
       launch.max_total_tokens = memory.max_total_num_tokens;
       launch.max_running_requests = hit.count("max_running_requests");
       if (auto ctx = hit.count("context_len")) launch.context_length = ctx;
-      loading();
       break;
-    case LogKind::memory_pool_end:
-    case LogKind::startup_progress:
-      loading();
+    default:
       break;
+  }
+}
+
+// What the memory profile found (available_kv_memory, kv_cache_size, max_concurrency,
+// gpu_blocks): the KV memory, the cache's tokens and blocks, the concurrency it allows.
+void apply_profile_fact(Launch& launch, const TemplateHit& hit) {
+  auto& memory = launch.memory;
+  switch (hit.log->kind) {
     case LogKind::available_kv_memory: {
       std::optional<double> gib = hit.number("available_kv_gib");
       if (auto details = hit.text("load_details")) {  // "... kv_cache_size=61.84GiB ..."
@@ -444,7 +458,6 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
         memory.vllm_v0 = true;
         if (auto w = hit.number("weights_gib")) launch.weights_gib = w;
       }
-      loading();
       break;
     }
     case LogKind::kv_cache_size:
@@ -453,18 +466,69 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
           n && (!memory.gpu_kv_cache_tokens || *n < *memory.gpu_kv_cache_tokens))
         memory.gpu_kv_cache_tokens = n;
       launch.max_total_tokens = memory.gpu_kv_cache_tokens;
-      loading();
       break;
     case LogKind::max_concurrency:
       // Proportional to the worker's token count, so its minimum pairs with the minimum.
       memory.concurrency_context = hit.count("concurrency_context");
       keep_min(memory.concurrency_x, hit.number("concurrency_x"));
-      loading();
       break;
     case LogKind::gpu_blocks:
       memory.num_gpu_blocks = hit.count("gpu_blocks");
       if (hit.text("cpu_blocks")) memory.vllm_v0 = true;  // CPU swap blocks exist only in V0
-      loading();
+      break;
+    default:
+      break;
+  }
+}
+
+// A line about scales, fallbacks, ignored flags or deprecations, kept as it was printed
+// (at most 64 per launch) with the template's id and reference.
+void record_scale_message(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                          const std::string& message) {
+  if (launch.scale_messages.size() >= 64) return;
+  const engines::Provenance& p = hit.log->provenance;
+  launch.scale_messages.push_back(
+      {line_no, std::string(engines::log_kind_name(hit.log->kind)), clip(message), launch.ready,
+       hit.log->kind, hit.log->id, hit.engine->engine,
+       p.verified ? p.reference
+                  : fmt::format("{} (version bound inferred: {})", p.reference, p.bound)});
+}
+
+}  // namespace
+
+void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                               const std::string& message) {
+  if (launch.engine.empty()) launch.engine = hit.engine->engine;
+  apply_named_settings(launch, hit);
+  switch (hit.log->kind) {
+    case LogKind::load_begin:
+    case LogKind::load_end:
+    case LogKind::weights_loaded:
+      apply_weights_fact(launch, hit);
+      mark_loading(launch);
+      break;
+    case LogKind::kv_dtype_used:
+      // No stage: vLLM validates the cache dtype before it prints its engine config, so
+      // this line must not make the config line look like a new launch.
+      apply_kv_dtype_used(launch, hit, line_no, message);
+      break;
+    case LogKind::kv_pool_allocated:
+    case LogKind::state_pool_allocated:
+    case LogKind::swa_pool:
+    case LogKind::token_summary:
+      apply_pool_fact(launch, hit, line_no, message);
+      mark_loading(launch);
+      break;
+    case LogKind::available_kv_memory:
+    case LogKind::kv_cache_size:
+    case LogKind::max_concurrency:
+    case LogKind::gpu_blocks:
+      apply_profile_fact(launch, hit);
+      mark_loading(launch);
+      break;
+    case LogKind::memory_pool_end:
+    case LogKind::startup_progress:
+      mark_loading(launch);
       break;
     case LogKind::scale_unit_fallback:
     case LogKind::scale_warning:
@@ -474,7 +538,7 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
     case LogKind::flag_ignored:
     case LogKind::dtype_fallback:
     case LogKind::deprecation:
-      scale_message();
+      record_scale_message(launch, hit, line_no, message);
       break;
     case LogKind::ready:
       launch.ready = true, launch.ready_line = line_no;
