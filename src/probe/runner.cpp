@@ -391,13 +391,30 @@ void collect_records(std::vector<std::vector<std::optional<ProbeRecord>>>& slots
   }
 }
 
-}  // namespace
+// One probe on one server: indices into the servers and the specs.
+struct Task {
+  size_t side, spec;
+};
 
-RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client_options,
-                     const ProbeOptions& options, const std::string& checkpoint_dir) {
-  if (urls.empty() || urls.size() > 2)
-    throw InputError("probe", "give one server URL, or two with --compare");
-  RunResult result;
+// What the parallel passes share: the first failure stops the rest. `mutex` also guards
+// the results file, the slots and the progress count in run_pending.
+struct RunControl {
+  std::atomic<bool> abort{false};
+  std::mutex mutex;
+  std::optional<std::string> failure;
+  void fail(const std::string& message) {
+    std::lock_guard lock(mutex);
+    if (!failure) failure = message;
+    abort = true;
+  }
+};
+
+// A client per server URL and what each serves (detect_server), with the findings on it
+// (from the local checkpoint when one is given or found beside the server).
+std::vector<std::unique_ptr<net::Client>> open_servers(const std::vector<std::string>& urls,
+                                                       const net::ClientOptions& client_options,
+                                                       const std::string& checkpoint_dir,
+                                                       RunResult& result) {
   std::vector<std::unique_ptr<net::Client>> clients;
   for (const std::string& url : urls) {
     clients.push_back(std::make_unique<net::Client>(net::parse_url(url), client_options));
@@ -409,16 +426,164 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
   }
   if (urls.size() == 2 && result.servers[0].facts.url == result.servers[1].facts.url)
     throw InputError("--compare", "both URLs name the same server");
+  return clients;
+}
+
+// The smallest context length the servers report (nullopt when none does).
+std::optional<int64_t> shared_context(const RunResult& result) {
+  std::optional<int64_t> context;
+  for (const auto& run : result.servers)
+    if (run.facts.context_length && (!context || *run.facts.context_length < *context))
+      context = run.facts.context_length;
+  return context;
+}
+
+// The probes still to run: one task per (probe, server) without a resumed record,
+// interleaved by probe so a killed run leaves the pairs balanced.
+std::vector<Task> pending_tasks(const std::vector<std::vector<std::optional<ProbeRecord>>>& slots,
+                                size_t spec_count) {
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < spec_count; ++i)
+    for (size_t side = 0; side < slots.size(); ++side)
+      if (!slots[side][i]) tasks.push_back({side, i});
+  return tasks;
+}
+
+// The prompt of one recall probe: a generated case whose lengths `counter` measures.
+void prepare_recall(const Spec& spec, const ProbeOptions& options, TokenCounter& counter,
+                    Prepared& p) {
+  eval::RecallCaseOptions recall;
+  recall.ctx_tokens = spec.ctx;
+  recall.depth_tokens = spec.depth;
+  recall.seed = options.seed * 1'000'003ull + uint64_t(spec.ctx) * 131 + uint64_t(spec.depth) * 7 +
+                uint64_t(spec.case_index);
+  eval::RecallCase recall_case =
+      eval::make_recall_case(recall, [&](std::string_view text) { return counter(text); });
+  p.prompt = std::move(recall_case.prompt);
+  p.expected = std::move(recall_case.expected);
+  p.prompt_tokens = recall_case.prompt_tokens;
+  p.depth_tokens = recall_case.depth_tokens;
+  p.expected_tokens = counter(p.expected);
+}
+
+// The prompts of the probes some server still runs, options.concurrency at a time (one
+// Prepared per spec; the others stay empty). A case that cannot be built is a finished,
+// failed probe (its error set); a failed request or anything else stops the run.
+std::vector<Prepared> prepare_prompts(const std::vector<Spec>& specs,
+                                      const std::vector<Task>& tasks, const ProbeOptions& options,
+                                      std::optional<int64_t> context, TokenCounter& counter,
+                                      RunControl& control) {
+  std::vector<bool> needs_prompt(specs.size(), false);
+  for (const Task& task : tasks) needs_prompt[task.spec] = true;
+  std::vector<Prepared> prepared(specs.size());
+  std::vector<size_t> to_prepare;
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (needs_prompt[i]) to_prepare.push_back(i);
+  run_parallel(to_prepare.size(), options.concurrency, control.abort, [&](size_t k) {
+    const Spec& spec = specs[to_prepare[k]];
+    Prepared& p = prepared[to_prepare[k]];
+    try {
+      if (spec.kind == "smoke") {
+        p = prepare_smoke(spec.smoke, options.seed, context);
+        return;
+      }
+      prepare_recall(spec, options, counter, p);
+    } catch (const net::RequestError& error) {
+      control.fail(error.what());
+    } catch (const InputError& error) {
+      p.error = error.problem();  // e.g. the depth leaves no room: a finished, failed probe
+    } catch (const std::exception& error) {
+      control.fail(fmt::format("{}: {}", spec.id, error.what()));
+    }
+  });
+  return prepared;
+}
+
+// The results file, opened for appending when there is one and something will run.
+std::ofstream open_results(const ProbeOptions& options, const std::vector<Task>& tasks) {
+  std::ofstream results_out;
+  if (!options.results_path.empty() && !tasks.empty()) {
+    results_out.open(options.results_path, std::ios::app);
+    if (!results_out)
+      throw InputError(options.results_path, "cannot open the results file for appending");
+  }
+  return results_out;
+}
+
+// What run_pending runs: the probes, the prompts, and where the records go.
+struct PendingRun {
+  const std::vector<Task>& tasks;
+  const std::vector<Spec>& specs;
+  const std::vector<Prepared>& prepared;
+  const std::vector<std::unique_ptr<net::Client>>& clients;
+  const std::vector<std::string>& models;  // per server
+  const std::function<std::string(size_t, const Spec&)>& key_of;
+};
+
+// Runs the tasks, options.concurrency at a time (none once the preparation failed); each
+// finished record is appended to the results file (when open) and put in its slot. Returns
+// how many finished.
+int64_t run_pending(const PendingRun& run, const ProbeOptions& options, std::ofstream& results_out,
+                    std::vector<std::vector<std::optional<ProbeRecord>>>& slots,
+                    RunControl& control) {
+  int64_t done = 0;
+  const int threads = control.abort ? 0 : options.concurrency;
+  run_parallel(run.tasks.size(), threads, control.abort, [&](size_t k) {
+    const Task& task = run.tasks[k];
+    const Spec& spec = run.specs[task.spec];
+    try {
+      ProbeRecord record = run_one(*run.clients[task.side], run.models[task.side], spec,
+                                   run.prepared[task.spec], options);
+      std::lock_guard lock(control.mutex);
+      if (results_out.is_open()) {
+        results_out << json({{"key", run.key_of(task.side, spec)}, {"record", to_json(record)}})
+                           .dump(-1, ' ', false, json::error_handler_t::replace)
+                    << '\n';
+        results_out.flush();
+      }
+      slots[task.side][task.spec] = std::move(record);
+      ++done;
+      if (options.on_progress)
+        options.on_progress(done, static_cast<int64_t>(run.tasks.size()), spec.id);
+    } catch (const net::RequestError& error) {
+      control.fail(error.what());
+    } catch (const std::exception& error) {
+      control.fail(fmt::format("{}: {}", spec.id, error.what()));
+    }
+  });
+  return done;
+}
+
+// The error a stopped run ends with: the first failure, how many of the probes finished
+// (resumed ones included) and whether they were saved.
+[[noreturn]] void throw_stopped(const std::string& failure, int64_t done, const RunResult& result,
+                                int64_t total, const ProbeOptions& options) {
+  int64_t finished = done;
+  for (const auto& run : result.servers) finished += run.resumed;
+  std::string kept =
+      options.results_path.empty()
+          ? "finished probes were not saved: pass --results FILE to make a run resumable"
+          : fmt::format("finished probes are saved in {}; rerun the same command to resume",
+                        options.results_path);
+  throw InputError("probe", fmt::format("{} (stopped after {} of {} probes; {})", failure, finished,
+                                        total, kept));
+}
+
+}  // namespace
+
+RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client_options,
+                     const ProbeOptions& options, const std::string& checkpoint_dir) {
+  if (urls.empty() || urls.size() > 2)
+    throw InputError("probe", "give one server URL, or two with --compare");
+  RunResult result;
+  std::vector<std::unique_ptr<net::Client>> clients =
+      open_servers(urls, client_options, checkpoint_dir, result);
   if (!options.smoke && !options.recall) return result;
 
   std::vector<std::string> models;
   for (const auto& run : result.servers)
     models.push_back(options.model.empty() ? run.facts.model_id : options.model);
-  std::optional<int64_t> context;
-  for (const auto& run : result.servers)
-    if (run.facts.context_length && (!context || *run.facts.context_length < *context))
-      context = run.facts.context_length;
-
+  const std::optional<int64_t> context = shared_context(result);
   std::vector<Spec> specs = probe_specs(options, context, result);
 
   // Prompt lengths are measured with the first server's tokenizer when it has one; both
@@ -437,109 +602,23 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
   const size_t sides = clients.size();
   std::vector<std::vector<std::optional<ProbeRecord>>> slots(
       sides, std::vector<std::optional<ProbeRecord>>(specs.size()));
-  auto key_of = [&](size_t side, const Spec& spec) {
+  const std::function<std::string(size_t, const Spec&)> key_of = [&](size_t side,
+                                                                     const Spec& spec) {
     return fmt::format("{}|{}|{}|model={}", result.servers[side].facts.url, spec.id, fingerprint,
                        models[side]);
   };
   resume_from_file(options, specs, key_of, slots, result);
 
-  struct Task {
-    size_t side, spec;
-  };
-  std::vector<Task> tasks;
-  std::vector<bool> needs_prompt(specs.size(), false);
-  for (size_t i = 0; i < specs.size(); ++i)
-    for (size_t side = 0; side < sides; ++side)  // interleaved: a kill leaves pairs balanced
-      if (!slots[side][i]) {
-        tasks.push_back({side, i});
-        needs_prompt[i] = true;
-      }
-
-  std::ofstream results_out;
-  if (!options.results_path.empty() && !tasks.empty()) {
-    results_out.open(options.results_path, std::ios::app);
-    if (!results_out)
-      throw InputError(options.results_path, "cannot open the results file for appending");
-  }
-  std::atomic<bool> abort{false};
-  std::mutex mutex;
-  std::optional<std::string> failure;
-  int64_t done = 0;
-  auto fail = [&](const std::string& message) {
-    std::lock_guard lock(mutex);
-    if (!failure) failure = message;
-    abort = true;
-  };
-
-  std::vector<Prepared> prepared(specs.size());
-  std::vector<size_t> to_prepare;
-  for (size_t i = 0; i < specs.size(); ++i)
-    if (needs_prompt[i]) to_prepare.push_back(i);
-  run_parallel(to_prepare.size(), options.concurrency, abort, [&](size_t k) {
-    const Spec& spec = specs[to_prepare[k]];
-    Prepared& p = prepared[to_prepare[k]];
-    try {
-      if (spec.kind == "smoke") {
-        p = prepare_smoke(spec.smoke, options.seed, context);
-        return;
-      }
-      eval::RecallCaseOptions recall;
-      recall.ctx_tokens = spec.ctx;
-      recall.depth_tokens = spec.depth;
-      recall.seed = options.seed * 1'000'003ull + uint64_t(spec.ctx) * 131 +
-                    uint64_t(spec.depth) * 7 + uint64_t(spec.case_index);
-      eval::RecallCase recall_case =
-          eval::make_recall_case(recall, [&](std::string_view text) { return counter(text); });
-      p.prompt = std::move(recall_case.prompt);
-      p.expected = std::move(recall_case.expected);
-      p.prompt_tokens = recall_case.prompt_tokens;
-      p.depth_tokens = recall_case.depth_tokens;
-      p.expected_tokens = counter(p.expected);
-    } catch (const net::RequestError& error) {
-      fail(error.what());
-    } catch (const InputError& error) {
-      p.error = error.problem();  // e.g. the depth leaves no room: a finished, failed probe
-    } catch (const std::exception& error) {
-      fail(fmt::format("{}: {}", spec.id, error.what()));
-    }
-  });
-
-  run_parallel(tasks.size(), abort ? 0 : options.concurrency, abort, [&](size_t k) {
-    const Task& task = tasks[k];
-    try {
-      ProbeRecord record = run_one(*clients[task.side], models[task.side], specs[task.spec],
-                                   prepared[task.spec], options);
-      std::lock_guard lock(mutex);
-      if (results_out.is_open()) {
-        results_out << json({{"key", key_of(task.side, specs[task.spec])},
-                             {"record", to_json(record)}})
-                           .dump(-1, ' ', false, json::error_handler_t::replace)
-                    << '\n';
-        results_out.flush();
-      }
-      slots[task.side][task.spec] = std::move(record);
-      ++done;
-      if (options.on_progress)
-        options.on_progress(done, static_cast<int64_t>(tasks.size()), specs[task.spec].id);
-    } catch (const net::RequestError& error) {
-      fail(error.what());
-    } catch (const std::exception& error) {
-      fail(fmt::format("{}: {}", specs[task.spec].id, error.what()));
-    }
-  });
-
-  if (failure) {
-    int64_t finished = done;
-    for (const auto& run : result.servers) finished += run.resumed;
-    int64_t total = static_cast<int64_t>(specs.size() * sides);
-    std::string kept =
-        options.results_path.empty()
-            ? "finished probes were not saved: pass --results FILE to make a run resumable"
-            : fmt::format("finished probes are saved in {}; rerun the same command to resume",
-                          options.results_path);
-    throw InputError("probe", fmt::format("{} (stopped after {} of {} probes; {})", *failure,
-                                          finished, total, kept));
-  }
+  const std::vector<Task> tasks = pending_tasks(slots, specs.size());
+  std::ofstream results_out = open_results(options, tasks);
+  RunControl control;
+  const std::vector<Prepared> prepared =
+      prepare_prompts(specs, tasks, options, context, counter, control);
+  const int64_t done = run_pending({tasks, specs, prepared, clients, models, key_of}, options,
+                                   results_out, slots, control);
+  if (control.failure)
+    throw_stopped(*control.failure, done, result, static_cast<int64_t>(specs.size() * sides),
+                  options);
   collect_records(slots, clients, result);
 
   if (sides == 2)
