@@ -329,20 +329,13 @@ std::string served_model_dtype(const ModelFacts& model, const LaunchFlags& flags
   return dtype;
 }
 
-ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
-                      const EngineModel& engine) {
-  ResolvedKv resolved;
-  resolved.engine = engine.engine;
-  auto version = parse_version(flags.engine_version);
-  if (!version)
-    throw InputError("--engine-version",
-                     fmt::format("cannot read version '{}'", flags.engine_version));
-  resolved.version = *version;
-  resolved.version_newer_than_known = newer_than_known(engine, *version);
-  resolved.model_dtype = served_model_dtype(model, flags);
+namespace {
 
-  // 1. The request, as this version's argument parser reads it.
-  RequestedDtype request = read_request(engine, *version, flags.kv_cache_dtype);
+// The request as this version's argument parser reads it: the dtype asked for, whether the
+// parser knows it, and the start-up stop a known-but-refused value leads to.
+RequestedDtype record_request(const EngineModel& engine, const Version& version,
+                              const LaunchFlags& flags, ResolvedKv& resolved) {
+  RequestedDtype request = read_request(engine, version, flags.kv_cache_dtype);
   resolved.requested = request.dtype;
   resolved.requested_known = request.accepted;
   if (request.abort)
@@ -351,10 +344,16 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
          fmt::format("--kv-cache-dtype {} passes argument parsing, then start-up stops",
                      flags.kv_cache_dtype),
          request.abort->provenance});
+  return request;
+}
 
-  // 2. The dtype the engine allocates.
+// The dtype the engine allocates: the version's auto rule that matches the checkpoint, the
+// model dtype under a plain auto, or the explicit request; and the layers it skips.
+void resolve_allocated_dtype(const EngineModel& engine, const Version& version,
+                             const ModelFacts& model, const LaunchFlags& flags,
+                             ResolvedKv& resolved) {
   const bool requested_auto = resolved.requested == "auto";
-  if (const AutoRule* rule = pick_auto_rule(engine, *version, model, requested_auto)) {
+  if (const AutoRule* rule = pick_auto_rule(engine, version, model, requested_auto)) {
     resolved.kv_cache_dtype =
         rule->resolves_to == "model_dtype" ? resolved.model_dtype : rule->resolves_to;
     resolved.rule_id = rule->id;
@@ -373,63 +372,81 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
   resolved.quantized = resolved.dtype && resolved.dtype->quantized;
   if (resolved.quantized)
     resolved.skipped_layers = skipped_layers(model, flags.kv_cache_dtype_skip_layers);
+}
 
-  // 3. Which checkpoint scales reach the attention layers (reported even for a 16-bit
-  // cache: a drop bites the day FP8 is switched on).
-  std::vector<const ScaleTensor*> kept = loaded_scales(engine, *version, model, resolved);
+// Which checkpoint scales reach the attention layers (reported even for a 16-bit cache: a
+// drop bites the day FP8 is switched on), where the scales in effect come from, and what
+// the engine does with the loaded values.
+void resolve_scales(const EngineModel& engine, const Version& version, const ModelFacts& model,
+                    const LaunchFlags& flags, ResolvedKv& resolved) {
+  std::vector<const ScaleTensor*> kept = loaded_scales(engine, version, model, resolved);
   for (const ScaleTensor* scale : kept) resolved.loaded_scale_names.push_back(scale->name);
-  resolved.fallback = &engine.fallback_for(*version);
-
-  // 4. Where the scales in effect come from.
-  if (resolved.dtype) {
-    resolved.scale_source =
-        pick_scale_source(engine, *version, model, flags, kept, *resolved.dtype);
-    if (resolved.scale_source == ScaleSource::dynamic_by_design) {
-      resolved.ignored_by_design = resolved.loaded_scale_names;
-      resolved.loaded_scale_names.clear();
-    }
-    if (resolved.dtype->quantized && (resolved.scale_source == ScaleSource::checkpoint ||
-                                      resolved.scale_source == ScaleSource::unit_default))
-      check_loaded_values(*resolved.fallback, model, kept, resolved);
+  resolved.fallback = &engine.fallback_for(version);
+  if (!resolved.dtype) return;
+  resolved.scale_source = pick_scale_source(engine, version, model, flags, kept, *resolved.dtype);
+  if (resolved.scale_source == ScaleSource::dynamic_by_design) {
+    resolved.ignored_by_design = resolved.loaded_scale_names;
+    resolved.loaded_scale_names.clear();
   }
+  if (resolved.dtype->quantized && (resolved.scale_source == ScaleSource::checkpoint ||
+                                    resolved.scale_source == ScaleSource::unit_default))
+    check_loaded_values(*resolved.fallback, model, kept, resolved);
+}
 
-  // 5. What else stops start-up.
-  if (!requested_auto && !request.accepted && !request.abort) {
-    std::vector<std::string> choices = kv_cache_dtype_choices(engine, *version);
-    resolved.startup_failures.push_back(
-        {"kv-dtype-rejected",
-         fmt::format("argument --kv-cache-dtype: invalid choice: '{}' (choose from {})",
-                     flags.kv_cache_dtype, fmt::join(choices, ", ")),
-         fmt::format("{} {} does not accept --kv-cache-dtype {}", engine.engine,
-                     version_text(*version), flags.kv_cache_dtype),
-         engine.choices_for(*version) ? engine.choices_for(*version)->provenance : Provenance{}});
-  }
+// A --kv-cache-dtype the version's parser does not know: argparse's invalid choice.
+void add_rejected_dtype(const EngineModel& engine, const Version& version, const LaunchFlags& flags,
+                        ResolvedKv& resolved) {
+  std::vector<std::string> choices = kv_cache_dtype_choices(engine, version);
+  resolved.startup_failures.push_back(
+      {"kv-dtype-rejected",
+       fmt::format("argument --kv-cache-dtype: invalid choice: '{}' (choose from {})",
+                   flags.kv_cache_dtype, fmt::join(choices, ", ")),
+       fmt::format("{} {} does not accept --kv-cache-dtype {}", engine.engine,
+                   version_text(version), flags.kv_cache_dtype),
+       engine.choices_for(version) ? engine.choices_for(version)->provenance : Provenance{}});
+}
+
+// Flags given that this version no longer (or does not yet) accept.
+void add_removed_flags(const EngineModel& engine, const Version& version, const LaunchFlags& flags,
+                       ResolvedKv& resolved) {
   for (const FlagRule& rule : engine.flag_rules) {
-    if (flag_given(engine, flags, rule.flag) && !rule.exists.contains(*version))
+    if (flag_given(engine, flags, rule.flag) && !rule.exists.contains(version))
       resolved.startup_failures.push_back({"flag-removed-" + rule.id, rule.removed_error,
                                            fmt::format("{} is not an argument of {} {}", rule.flag,
-                                                       engine.engine, version_text(*version)),
+                                                       engine.engine, version_text(version)),
                                            rule.provenance});
   }
-  if (!flags.mamba_ssm_dtype.empty() && flags.mamba_ssm_dtype != "auto") {
-    const EngineDefaults& defaults = engine.defaults_for(*version);
-    const auto& choices = defaults.mamba_ssm_dtype_choices;
-    if (!choices.empty() &&
-        std::find(choices.begin(), choices.end(), flags.mamba_ssm_dtype) == choices.end()) {
-      std::string flag = engine.launch.flags.count("mamba_ssm_dtype")
-                             ? engine.launch.flags.at("mamba_ssm_dtype").front()
-                             : "--mamba-ssm-dtype";
-      resolved.startup_failures.push_back(
-          {"mamba-ssm-dtype-rejected",
-           fmt::format("argument {}: invalid choice: '{}' (choose from {})", flag,
-                       flags.mamba_ssm_dtype, fmt::join(choices, ", ")),
-           fmt::format("{} {} does not accept {} {}", engine.engine, version_text(*version), flag,
-                       flags.mamba_ssm_dtype),
-           defaults.provenance});
-    }
-  }
+}
+
+// A --mamba-ssm-dtype outside the version's choices.
+void add_rejected_mamba_dtype(const EngineModel& engine, const Version& version,
+                              const LaunchFlags& flags, ResolvedKv& resolved) {
+  if (flags.mamba_ssm_dtype.empty() || flags.mamba_ssm_dtype == "auto") return;
+  const EngineDefaults& defaults = engine.defaults_for(version);
+  const auto& choices = defaults.mamba_ssm_dtype_choices;
+  if (choices.empty() ||
+      std::find(choices.begin(), choices.end(), flags.mamba_ssm_dtype) != choices.end())
+    return;
+  std::string flag = engine.launch.flags.count("mamba_ssm_dtype")
+                         ? engine.launch.flags.at("mamba_ssm_dtype").front()
+                         : "--mamba-ssm-dtype";
+  resolved.startup_failures.push_back(
+      {"mamba-ssm-dtype-rejected",
+       fmt::format("argument {}: invalid choice: '{}' (choose from {})", flag,
+                   flags.mamba_ssm_dtype, fmt::join(choices, ", ")),
+       fmt::format("{} {} does not accept {} {}", engine.engine, version_text(version), flag,
+                   flags.mamba_ssm_dtype),
+       defaults.provenance});
+}
+
+// Checkpoints this version refuses to start with (for some requested dtypes, or when the
+// checkpoint has KV scale tensors).
+void add_checkpoint_aborts(const EngineModel& engine, const Version& version,
+                           const ModelFacts& model, const LaunchFlags& flags,
+                           ResolvedKv& resolved) {
+  const bool requested_auto = resolved.requested == "auto";
   for (const CheckpointAbort& rule : engine.checkpoint_aborts) {
-    if (!rule.versions.contains(*version) || !rule.when.matches(model)) continue;
+    if (!rule.versions.contains(version) || !rule.when.matches(model)) continue;
     if (!rule.requested.empty() &&
         (requested_auto || std::find(rule.requested.begin(), rule.requested.end(),
                                      resolved.requested) == rule.requested.end()))
@@ -443,26 +460,36 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
                            flags.kv_cache_dtype),
          rule.provenance});
   }
-  if (!flags.quantization_param_path.empty() && resolved.quantized)
-    for (const ParamPathRule& rule : engine.param_path_rules) {
-      if (!rule.versions.contains(*version) ||
-          rule.effect != ParamPathRule::Effect::startup_error_without_loader)
-        continue;
-      if (!rule.dtypes.empty() && std::find(rule.dtypes.begin(), rule.dtypes.end(),
-                                            resolved.kv_cache_dtype) == rule.dtypes.end())
-        continue;
-      if (any_glob(rule.architectures_with_loader, model.architecture)) continue;
-      resolved.startup_failures.push_back(
-          {rule.id, fmt::format(fmt::runtime(rule.message), model.architecture),
-           fmt::format("--quantization-param-path with {}, whose model class has no "
-                       "load_kv_cache_scales",
-                       model.architecture),
-           rule.provenance});
-    }
+}
 
-  // 6. The scale warning the engine will print (what a user greps for).
+// --quantization-param-path on a quantized cache whose model class cannot load it.
+void add_param_path_failures(const EngineModel& engine, const Version& version,
+                             const ModelFacts& model, const LaunchFlags& flags,
+                             ResolvedKv& resolved) {
+  if (flags.quantization_param_path.empty() || !resolved.quantized) return;
+  for (const ParamPathRule& rule : engine.param_path_rules) {
+    if (!rule.versions.contains(version) ||
+        rule.effect != ParamPathRule::Effect::startup_error_without_loader)
+      continue;
+    if (!rule.dtypes.empty() && std::find(rule.dtypes.begin(), rule.dtypes.end(),
+                                          resolved.kv_cache_dtype) == rule.dtypes.end())
+      continue;
+    if (any_glob(rule.architectures_with_loader, model.architecture)) continue;
+    resolved.startup_failures.push_back(
+        {rule.id, fmt::format(fmt::runtime(rule.message), model.architecture),
+         fmt::format("--quantization-param-path with {}, whose model class has no "
+                     "load_kv_cache_scales",
+                     model.architecture),
+         rule.provenance});
+  }
+}
+
+// The scale warning the engine will print (what a user greps for): the first rule that
+// applies.
+void pick_scale_warning(const EngineModel& engine, const Version& version, const LaunchFlags& flags,
+                        ResolvedKv& resolved) {
   for (const ScaleWarningRule& rule : engine.scale_warnings) {
-    if (!rule.versions.contains(*version)) continue;
+    if (!rule.versions.contains(version)) continue;
     if (std::find(rule.dtypes.begin(), rule.dtypes.end(), resolved.kv_cache_dtype) ==
         rule.dtypes.end())
       continue;
@@ -472,8 +499,40 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
     resolved.scale_warning_id = rule.id;
     resolved.scale_warning_meaning = rule.meaning;
     resolved.scale_warning_provenance = rule.provenance;
-    break;
+    return;
   }
+}
+
+}  // namespace
+
+ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
+                      const EngineModel& engine) {
+  ResolvedKv resolved;
+  resolved.engine = engine.engine;
+  auto version = parse_version(flags.engine_version);
+  if (!version)
+    throw InputError("--engine-version",
+                     fmt::format("cannot read version '{}'", flags.engine_version));
+  resolved.version = *version;
+  resolved.version_newer_than_known = newer_than_known(engine, *version);
+  resolved.model_dtype = served_model_dtype(model, flags);
+
+  // 1. The request, as this version's argument parser reads it.
+  const RequestedDtype request = record_request(engine, *version, flags, resolved);
+  // 2. The dtype the engine allocates.
+  resolve_allocated_dtype(engine, *version, model, flags, resolved);
+  // 3. Which checkpoint scales reach the attention layers, and where those in effect come
+  // from.
+  resolve_scales(engine, *version, model, flags, resolved);
+  // 4. What else stops start-up.
+  if (resolved.requested != "auto" && !request.accepted && !request.abort)
+    add_rejected_dtype(engine, *version, flags, resolved);
+  add_removed_flags(engine, *version, flags, resolved);
+  add_rejected_mamba_dtype(engine, *version, flags, resolved);
+  add_checkpoint_aborts(engine, *version, model, flags, resolved);
+  add_param_path_failures(engine, *version, model, flags, resolved);
+  // 5. The scale warning the engine will print.
+  pick_scale_warning(engine, *version, flags, resolved);
   return resolved;
 }
 
