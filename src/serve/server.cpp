@@ -80,6 +80,51 @@ std::vector<int32_t> eos_ids(const checkpoint::ModelFacts& facts,
   return ids;
 }
 
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+json parse_body(const httplib::Request& req) {
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded()) throw HttpError(400, "the request body is not valid JSON");
+  return body;
+}
+
+// POST /tokenize: the ids of 'prompt' (vLLM), 'text' (SGLang) or the rendered 'messages'.
+json tokenize_response(const json& body, tokenizer::Tokenizer& tokenizer,
+                       const ServedModel& served) {
+  if (!body.is_object()) throw HttpError(400, "the request body must be a JSON object");
+  bool add_special = !body.contains("add_special_tokens") ||
+                     !body["add_special_tokens"].is_boolean() ||
+                     body["add_special_tokens"].get<bool>();
+  std::string text;
+  if (body.contains("prompt") && body["prompt"].is_string())
+    text = body["prompt"];
+  else if (body.contains("text") && body["text"].is_string())
+    text = body["text"];
+  else if (body.contains("messages"))
+    text = render_chat(body["messages"]);
+  else
+    throw HttpError(400, "give 'prompt' (vLLM), 'text' (SGLang) or 'messages' as a string");
+  auto ids = tokenizer.encode(text, {.add_special_tokens = add_special});
+  return {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", served.max_model_len}};
+}
+
+// POST /detokenize: the text of 'tokens' (ids inside the vocabulary).
+json detokenize_response(const json& body, tokenizer::Tokenizer& tokenizer,
+                         const ServedModel& served) {
+  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+    throw HttpError(400, "give 'tokens' as a list of token ids");
+  std::vector<int32_t> ids;
+  for (const auto& id : body["tokens"]) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= served.vocab_size)
+      throw HttpError(400, "'tokens' must hold ids inside the vocabulary");
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return {{"prompt", tokenizer.decode(ids)}};
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -158,6 +203,15 @@ struct Server::Impl {
   void add_routes();
   json server_info() const;
   std::string metrics_text() const;
+
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  // The parts of add_routes, in registration order.
+  Handler wrap(Handler handler);
+  void add_info_routes();
+  void add_token_routes();
+  void add_generation_routes();
+  void add_access_handlers();
+  void record_timing(const GenerationResult& result, std::chrono::steady_clock::time_point start);
 };
 
 void Server::Impl::start_up() {
@@ -281,45 +335,34 @@ std::string Server::Impl::metrics_text() const {
   return out;
 }
 
-void Server::Impl::add_routes() {
+// Counts a handler's requests and maps its exceptions to OpenAI-style error bodies.
+Server::Impl::Handler Server::Impl::wrap(Handler handler) {
+  return [this, handler](const httplib::Request& req, httplib::Response& res) {
+    ++metrics.http_requests;
+    try {
+      handler(req, res);
+    } catch (const HttpError& error) {
+      send_json(res, error.status, error_body(error.status, error.what()));
+    } catch (const InputError& error) {
+      send_json(res, 400, error_body(400, error.what()));
+    } catch (const std::exception& error) {
+      send_json(res, 500, error_body(500, std::string("internal error: ") + error.what()));
+    }
+    if (res.status >= 400) ++metrics.http_errors;
+  };
+}
+
+// Health, the served model, server info and the Prometheus metrics.
+void Server::Impl::add_info_routes() {
   using httplib::Request;
   using httplib::Response;
-  auto send_json = [](Response& res, int status, const json& body) {
-    res.status = status;
-    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-  };
-  // Wraps a handler: counts it, maps exceptions to OpenAI-style errors.
-  auto wrap = [this, send_json](std::function<void(const Request&, Response&)> handler) {
-    return [this, send_json, handler](const Request& req, Response& res) {
-      ++metrics.http_requests;
-      try {
-        handler(req, res);
-      } catch (const HttpError& error) {
-        send_json(res, error.status, error_body(error.status, error.what()));
-      } catch (const InputError& error) {
-        send_json(res, 400, error_body(400, error.what()));
-      } catch (const std::exception& error) {
-        send_json(res, 500, error_body(500, std::string("internal error: ") + error.what()));
-      }
-      if (res.status >= 400) ++metrics.http_errors;
-    };
-  };
-  auto parse_body = [](const Request& req) {
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) throw HttpError(400, "the request body is not valid JSON");
-    return body;
-  };
-  auto refuse_when_stopping = [this] {
-    if (stopping) throw HttpError(503, "The server is shutting down.");
-  };
-
   auto health = wrap([this](const Request&, Response& res) {
     res.status = stopping ? 503 : 200;
     res.set_content("", "text/plain");
   });
   http.Get("/health", health);
   http.Get("/health_generate", health);
-  http.Get("/v1/models", wrap([this, send_json](const Request&, Response& res) {
+  http.Get("/v1/models", wrap([this](const Request&, Response& res) {
              send_json(res, 200,
                        {{"object", "list"},
                         {"data", json::array({{{"id", served.id},
@@ -330,81 +373,76 @@ void Server::Impl::add_routes() {
                                                {"parent", nullptr},
                                                {"max_model_len", served.max_model_len}}})}});
            }));
-  http.Get("/get_model_info", wrap([this, send_json](const Request&, Response& res) {
+  http.Get("/get_model_info", wrap([this](const Request&, Response& res) {
              send_json(res, 200,
                        {{"model_path", options.model_dir.string()},
                         {"tokenizer_path", options.model_dir.string()},
                         {"is_generation", true}});
            }));
-  http.Get("/get_server_info", wrap([this, send_json](const Request&, Response& res) {
-             send_json(res, 200, server_info());
-           }));
+  http.Get("/get_server_info",
+           wrap([this](const Request&, Response& res) { send_json(res, 200, server_info()); }));
   http.Get("/metrics", wrap([this](const Request&, Response& res) {
              res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
            }));
-  http.Post(
-      "/tokenize", wrap([this, send_json, parse_body](const Request& req, Response& res) {
-        json body = parse_body(req);
-        if (!body.is_object()) throw HttpError(400, "the request body must be a JSON object");
-        bool add_special = !body.contains("add_special_tokens") ||
-                           !body["add_special_tokens"].is_boolean() ||
-                           body["add_special_tokens"].get<bool>();
-        std::string text;
-        if (body.contains("prompt") && body["prompt"].is_string())
-          text = body["prompt"];
-        else if (body.contains("text") && body["text"].is_string())
-          text = body["text"];
-        else if (body.contains("messages"))
-          text = render_chat(body["messages"]);
-        else
-          throw HttpError(400, "give 'prompt' (vLLM), 'text' (SGLang) or 'messages' as a string");
-        auto ids = tokenizer->encode(text, {.add_special_tokens = add_special});
-        send_json(
-            res, 200,
-            {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", served.max_model_len}});
-      }));
-  http.Post("/detokenize", wrap([this, send_json, parse_body](const Request& req, Response& res) {
-              json body = parse_body(req);
-              if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
-                throw HttpError(400, "give 'tokens' as a list of token ids");
-              std::vector<int32_t> ids;
-              for (const auto& id : body["tokens"]) {
-                if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-                    id.get<int64_t>() >= served.vocab_size)
-                  throw HttpError(400, "'tokens' must hold ids inside the vocabulary");
-                ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-              }
-              send_json(res, 200, {{"prompt", tokenizer->decode(ids)}});
+}
+
+// /tokenize and /detokenize with the served tokenizer.
+void Server::Impl::add_token_routes() {
+  using httplib::Request;
+  using httplib::Response;
+  http.Post("/tokenize", wrap([this](const Request& req, Response& res) {
+              send_json(res, 200, tokenize_response(parse_body(req), *tokenizer, served));
             }));
-  auto timed = [this](const GenerationResult& result, std::chrono::steady_clock::time_point start) {
-    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
-    metrics.e2e_microseconds += micros;
-    metrics.queue_microseconds += static_cast<int64_t>(result.queue_seconds * 1e6);
-    ++metrics.e2e_count;
+  http.Post("/detokenize", wrap([this](const Request& req, Response& res) {
+              send_json(res, 200, detokenize_response(parse_body(req), *tokenizer, served));
+            }));
+}
+
+// Adds one generation's end-to-end and queue time to the metrics.
+void Server::Impl::record_timing(const GenerationResult& result,
+                                 std::chrono::steady_clock::time_point start) {
+  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+  metrics.e2e_microseconds += micros;
+  metrics.queue_microseconds += static_cast<int64_t>(result.queue_seconds * 1e6);
+  ++metrics.e2e_count;
+}
+
+// /v1/completions and /v1/chat/completions through the engine (refused while stopping).
+void Server::Impl::add_generation_routes() {
+  using httplib::Request;
+  using httplib::Response;
+  auto refuse_when_stopping = [this] {
+    if (stopping) throw HttpError(503, "The server is shutting down.");
   };
-  http.Post("/v1/completions", wrap([this, send_json, parse_body, refuse_when_stopping, timed](
-                                        const Request& req, Response& res) {
+  http.Post("/v1/completions",
+            wrap([this, refuse_when_stopping](const Request& req, Response& res) {
               auto start = std::chrono::steady_clock::now();
               refuse_when_stopping();
               CompletionCall call = parse_completion(parse_body(req), served, *tokenizer);
               GenerationResult result = engine->generate(call.request);
-              timed(result, start);
+              record_timing(result, start);
               send_json(res, 200, completion_response(call, result, served, *tokenizer));
             }));
-  http.Post("/v1/chat/completions", wrap([this, send_json, parse_body, refuse_when_stopping, timed](
-                                             const Request& req, Response& res) {
+  http.Post("/v1/chat/completions",
+            wrap([this, refuse_when_stopping](const Request& req, Response& res) {
               auto start = std::chrono::steady_clock::now();
               refuse_when_stopping();
               ChatCall call = parse_chat(parse_body(req), served, *tokenizer);
               GenerationResult result = engine->generate(call.request);
-              timed(result, start);
+              record_timing(result, start);
               send_json(res, 200, chat_response(call, result, served, *tokenizer));
             }));
+}
+
+// The API key check (when one is set) and JSON bodies for routing misses and the like.
+void Server::Impl::add_access_handlers() {
+  using httplib::Request;
+  using httplib::Response;
   // --api-key: SGLang's middleware lets health checks and metrics through, nothing else.
   if (!options.api_key.empty()) {
-    http.set_pre_routing_handler([this, send_json](const Request& req, Response& res) {
+    http.set_pre_routing_handler([this](const Request& req, Response& res) {
       if (req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics")
         return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
@@ -417,7 +455,7 @@ void Server::Impl::add_routes() {
     });
   }
   // Routing misses (404), oversized bodies (413) and the like: fill in a JSON body.
-  http.set_error_handler([this, send_json](const Request&, Response& res) {
+  http.set_error_handler([this](const Request&, Response& res) {
     if (!res.body.empty()) return;
     ++metrics.http_errors;
     std::string message = res.status == 404   ? "Not Found"
@@ -425,6 +463,13 @@ void Server::Impl::add_routes() {
                                               : fmt::format("HTTP status {}", res.status);
     send_json(res, res.status, error_body(res.status, message));
   });
+}
+
+void Server::Impl::add_routes() {
+  add_info_routes();
+  add_token_routes();
+  add_generation_routes();
+  add_access_handlers();
 }
 
 Server::Server(const ServeOptions& options, LogSink log) : impl_(std::make_unique<Impl>()) {
