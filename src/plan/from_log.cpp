@@ -290,62 +290,67 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
     out.notes.push_back("the log prints the KV memory but no block or token count to compare");
 }
 
-}  // namespace
+// A flag that disagrees with the log: the log wins (it is what the engine ran), with a
+// warning that names both.
+void log_flag_conflict(LogSetup& out, const std::string& flag, const std::string& flag_value,
+                       const std::string& key, const std::string& log_value,
+                       const std::string& where) {
+  out.findings.push_back(
+      {"log-flag-conflict",
+       report::Severity::warning,
+       fmt::format("{} {} disagrees with the log, which says {} {}", flag, flag_value, key,
+                   log_value),
+       fmt::format("the log is what the engine ran, so plan used {} {}; a prediction from the "
+                   "flag would describe another launch",
+                   key, log_value),
+       {{where.empty() ? "log" : where, key, log_value}, {"command line", flag, flag_value}},
+       fmt::format("drop {} (the log decides it) or check that this is the launch you meant "
+                   "(--launch N)",
+                   flag),
+       ""});
+}
 
-LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base,
-                             const LogFlagOverrides& given) {
-  LogSetup out;
-  out.memory = logged;
-  out.options = base;
-  auto conflict = [&](const std::string& flag, const std::string& flag_value,
-                      const std::string& key, const std::string& log_value,
-                      const std::string& where) {
-    out.findings.push_back(
-        {"log-flag-conflict",
-         report::Severity::warning,
-         fmt::format("{} {} disagrees with the log, which says {} {}", flag, flag_value, key,
-                     log_value),
-         fmt::format("the log is what the engine ran, so plan used {} {}; a prediction from the "
-                     "flag would describe another launch",
-                     key, log_value),
-         {{where.empty() ? "log" : where, key, log_value}, {"command line", flag, flag_value}},
-         fmt::format("drop {} (the log decides it) or check that this is the launch you meant "
-                     "(--launch N)",
-                     flag),
-         ""});
-  };
-  auto from_flag = [&](const std::string& what, const std::string& flag, const std::string& value) {
-    out.notes.push_back(
-        fmt::format("the log does not print {}: {} {} from the command line", what, flag, value));
-  };
-  // Engine and release.
+// A setting the log does not print, taken from the command line.
+void note_from_flag(LogSetup& out, const std::string& what, const std::string& flag,
+                    const std::string& value) {
+  out.notes.push_back(
+      fmt::format("the log does not print {}: {} {} from the command line", what, flag, value));
+}
+
+// Engine and release: printed, else the flags.
+void reconcile_engine(const LoggedMemory& logged, const LogFlagOverrides& given, LogSetup& out) {
   if (!logged.engine.empty()) {
     if (given.engine && *given.engine != logged.engine)
-      conflict("--engine", *given.engine, "engine", logged.engine, "");
+      log_flag_conflict(out, "--engine", *given.engine, "engine", logged.engine, "");
     out.options.engine = logged.engine;
   } else if (given.engine) {
     out.memory.engine = out.options.engine = *given.engine;
-    from_flag("its engine", "--engine", *given.engine);
+    note_from_flag(out, "its engine", "--engine", *given.engine);
   }
   if (!logged.engine_version.empty() && engines::parse_version(logged.engine_version)) {
     if (given.engine_version && *given.engine_version != logged.engine_version)
-      conflict("--engine-version", *given.engine_version, "version", logged.engine_version, "");
+      log_flag_conflict(out, "--engine-version", *given.engine_version, "version",
+                        logged.engine_version, "");
     out.options.engine_version = logged.engine_version;
   } else if (given.engine_version) {
     out.options.engine_version = *given.engine_version;
   }
-  // Tensor parallelism: printed, else the flag (at least the ranks seen), else the ranks.
+}
+
+// Tensor parallelism: printed, else the flag (at least the ranks seen), else the ranks,
+// else 1.
+void reconcile_tp(const LoggedMemory& logged, const LogFlagOverrides& given, LogSetup& out) {
   if (logged.tp > 0) {
     if (given.tp && *given.tp != logged.tp)
-      conflict("--tp", std::to_string(*given.tp), "tp", std::to_string(logged.tp),
-               logged.tp_source);
+      log_flag_conflict(out, "--tp", std::to_string(*given.tp), "tp", std::to_string(logged.tp),
+                        logged.tp_source);
     out.options.parallel.tp = logged.tp;
   } else if (given.tp) {
     if (logged.tp_at_least > *given.tp)
-      conflict("--tp", std::to_string(*given.tp), "ranks up to TP",
-               std::to_string(logged.tp_at_least - 1), "rank prefixes");
+      log_flag_conflict(out, "--tp", std::to_string(*given.tp), "ranks up to TP",
+                        std::to_string(logged.tp_at_least - 1), "rank prefixes");
     out.memory.tp = out.options.parallel.tp = std::max(*given.tp, logged.tp_at_least);
-    from_flag("the TP size", "--tp", std::to_string(*given.tp));
+    note_from_flag(out, "the TP size", "--tp", std::to_string(*given.tp));
   } else if (logged.tp_at_least > 1) {
     out.memory.tp = out.options.parallel.tp = logged.tp_at_least;
     // Ranks 0..n-1 all printing is the common case (every rank logs its memory); gaps
@@ -370,57 +375,73 @@ LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base
         "the log prints no TP size and no rank beyond TP0: sized at TP 1 (pass --tp if the "
         "launch used more GPUs)");
   }
+}
+
+// Pipeline and data parallelism and DP attention: printed, else the flags.
+void reconcile_pp_dp(const LoggedMemory& logged, const LogFlagOverrides& given, LogSetup& out) {
   if (logged.pp > 0) {
     if (given.pp && *given.pp != logged.pp)
-      conflict("--pp", std::to_string(*given.pp), "pp", std::to_string(logged.pp), "");
+      log_flag_conflict(out, "--pp", std::to_string(*given.pp), "pp", std::to_string(logged.pp),
+                        "");
     out.options.parallel.pp = logged.pp;
   } else if (given.pp) {
     out.memory.pp = out.options.parallel.pp = *given.pp;
-    from_flag("the PP size", "--pp", std::to_string(*given.pp));
+    note_from_flag(out, "the PP size", "--pp", std::to_string(*given.pp));
   }
   if (logged.dp) {
     if (given.dp && *given.dp != *logged.dp)
-      conflict("--dp", std::to_string(*given.dp), "dp", std::to_string(*logged.dp), "");
+      log_flag_conflict(out, "--dp", std::to_string(*given.dp), "dp", std::to_string(*logged.dp),
+                        "");
     out.options.parallel.dp = *logged.dp;
   } else if (given.dp) {
     out.options.parallel.dp = *given.dp;
-    from_flag("the DP size", "--dp", std::to_string(*given.dp));
+    note_from_flag(out, "the DP size", "--dp", std::to_string(*given.dp));
   }
   if (logged.dp_attention) {
     if (given.dp_attention && *given.dp_attention != *logged.dp_attention)
-      conflict("--dp-attention", *given.dp_attention ? "on" : "off", "enable_dp_attention",
-               *logged.dp_attention ? "True" : "False", "");
+      log_flag_conflict(out, "--dp-attention", *given.dp_attention ? "on" : "off",
+                        "enable_dp_attention", *logged.dp_attention ? "True" : "False", "");
     out.options.parallel.dp_attention = *logged.dp_attention;
   } else if (given.dp_attention) {
     out.options.parallel.dp_attention = *given.dp_attention;
-    from_flag("DP attention", "--dp-attention", *given.dp_attention ? "on" : "off");
+    note_from_flag(out, "DP attention", "--dp-attention", *given.dp_attention ? "on" : "off");
   }
-  // The KV dtype the launch used.
+}
+
+// The KV dtype the launch used and its Mamba state dtype: printed, else the flags.
+void reconcile_dtypes(const LoggedMemory& logged, const PlanOptions& base,
+                      const LogFlagOverrides& given, LogSetup& out) {
   if (!logged.kv_cache_dtype.empty()) {
     if (given.kv_cache_dtype &&
         engines::normalise_dtype(*given.kv_cache_dtype) != logged.kv_cache_dtype)
-      conflict("--kv-cache-dtype", *given.kv_cache_dtype, "kv_cache_dtype", logged.kv_cache_dtype,
-               "");
+      log_flag_conflict(out, "--kv-cache-dtype", *given.kv_cache_dtype, "kv_cache_dtype",
+                        logged.kv_cache_dtype, "");
   } else if (given.kv_cache_dtype) {
     out.memory.kv_cache_dtype = engines::normalise_dtype(*given.kv_cache_dtype);
-    from_flag("the KV dtype", "--kv-cache-dtype", *given.kv_cache_dtype);
+    note_from_flag(out, "the KV dtype", "--kv-cache-dtype", *given.kv_cache_dtype);
   }
   if (!logged.mamba_ssm_dtype.empty()) {
     if (!base.mamba_ssm_dtype.empty() && engines::normalise_dtype(base.mamba_ssm_dtype) !=
                                              engines::normalise_dtype(logged.mamba_ssm_dtype))
-      conflict("--mamba-ssm-dtype", base.mamba_ssm_dtype, "mamba_ssm_dtype", logged.mamba_ssm_dtype,
-               "");
+      log_flag_conflict(out, "--mamba-ssm-dtype", base.mamba_ssm_dtype, "mamba_ssm_dtype",
+                        logged.mamba_ssm_dtype, "");
     out.options.mamba_ssm_dtype = logged.mamba_ssm_dtype;
   }
-  // The memory fraction: printed, else the flag, else the engine's default for the GPU.
+}
+
+// The memory fraction: printed, else the flag, else the engine's default for the GPU (which
+// depends on the parallelism reconciled before).
+void reconcile_memory_fraction(const LoggedMemory& logged, const LogFlagOverrides& given,
+                               LogSetup& out) {
   if (logged.mem_fraction_static) {
     if (given.memory_fraction &&
         std::abs(*given.memory_fraction - *logged.mem_fraction_static) > 1e-9)
-      conflict("--mem-fraction", fmt::format("{}", *given.memory_fraction), "mem_fraction_static",
-               fmt::format("{}", *logged.mem_fraction_static), "");
+      log_flag_conflict(out, "--mem-fraction", fmt::format("{}", *given.memory_fraction),
+                        "mem_fraction_static", fmt::format("{}", *logged.mem_fraction_static), "");
   } else if (given.memory_fraction) {
     out.options.memory_fraction = given.memory_fraction;
-    from_flag("mem_fraction_static", "--mem-fraction", fmt::format("{}", *given.memory_fraction));
+    note_from_flag(out, "mem_fraction_static", "--mem-fraction",
+                   fmt::format("{}", *given.memory_fraction));
   } else if (out.options.gpu_memory_bytes && !out.options.engine.empty()) {
     const engines::EngineModel& engine = engines::engine_model(out.options.engine);
     auto version = engines::parse_version(out.options.engine_version);
@@ -435,6 +456,20 @@ LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base
           fmt::format("mem_fraction_static not printed: the engine's default, {}", d.derivation));
     }
   }
+}
+
+}  // namespace
+
+LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base,
+                             const LogFlagOverrides& given) {
+  LogSetup out;
+  out.memory = logged;
+  out.options = base;
+  reconcile_engine(logged, given, out);
+  reconcile_tp(logged, given, out);
+  reconcile_pp_dp(logged, given, out);
+  reconcile_dtypes(logged, base, given, out);
+  reconcile_memory_fraction(logged, given, out);
   return out;
 }
 
