@@ -247,6 +247,122 @@ struct SlotGuard {
   ~SlotGuard() { slots.release(); }
 };
 
+// The request as httplib sends it: method, full path, the caller's headers (Accept
+// defaults to JSON) and the JSON body when there is one.
+void fill_request(httplib::Request& request, const std::string& method, std::string full_path,
+                  const std::string* body, const GetRequest* extra) {
+  request.method = method;
+  request.path = std::move(full_path);
+  bool accept_given = false;
+  if (extra)
+    for (const auto& [name, value] : extra->headers) {
+      request.set_header(name, value);
+      accept_given |= name == "Accept";
+    }
+  if (!accept_given) request.set_header("Accept", "application/json");
+  if (body) {
+    request.body = *body;
+    request.set_header("Content-Type", "application/json");
+  }
+}
+
+// An answer's body as it arrives: a success body is cut at stop_after bytes (when > 0),
+// any body beyond max_bytes is refused.
+struct BodyReceiver {
+  std::string received;
+  bool too_large = false, cut = false;
+};
+void receive_body(httplib::Request& request, const httplib::Response& response, BodyReceiver& body,
+                  uint64_t stop_after, uint64_t max_bytes) {
+  request.content_receiver = [&response, &body, stop_after, max_bytes](
+                                 const char* data, size_t length, uint64_t, uint64_t) {
+    // Only a success body is cut short: an error's body is its message.
+    const bool success = response.status >= 200 && response.status < 300;
+    if (success && stop_after > 0 && body.received.size() + length >= stop_after) {
+      body.received.append(data, stop_after - body.received.size());
+      body.cut = true;
+      return false;  // enough: the rest of the body is not read
+    }
+    if (body.received.size() + length > max_bytes) {
+      body.too_large = true;
+      return false;
+    }
+    body.received.append(data, length);
+    return true;
+  };
+}
+
+// Why an attempt got no complete answer, when a retry may help. Failures no retry fixes
+// (DNS, TLS) are thrown as RequestError.
+struct AttemptFailure {
+  FailureKind kind = FailureKind::refused;
+  std::string problem;
+};
+AttemptFailure attempt_failure(httplib::Error error, std::chrono::milliseconds attempt_ms,
+                               const Url& url, const ClientOptions& options,
+                               const std::string& where_text) {
+  AttemptFailure out;
+  switch (error) {
+    case httplib::Error::Connection:
+      if (!host_resolves(url.host)) {
+        throw RequestError(where_text,
+                           fmt::format("cannot resolve host '{}' (DNS lookup failed)", url.host),
+                           FailureKind::dns);
+      }
+      out.problem = fmt::format("connection refused: nothing answers at {}:{}", url.host, url.port);
+      break;
+    case httplib::Error::ConnectionTimeout:
+      out.kind = FailureKind::timeout;
+      out.problem = fmt::format("could not connect within {:.1f} s (connect timeout)",
+                                seconds(options.connect_timeout));
+      break;
+    case httplib::Error::Read:
+      if (attempt_ms + std::chrono::milliseconds(50) >= options.read_timeout) {
+        out.kind = FailureKind::timeout;
+        out.problem = fmt::format(
+            "no answer within {:.1f} s (read timeout; the server stalls or the request is "
+            "slower than --timeout)",
+            seconds(options.read_timeout));
+      } else {
+        out.problem = "the server closed the connection before a complete answer";
+      }
+      break;
+    case httplib::Error::Write:
+      out.problem = "the server closed the connection while the request was being sent";
+      break;
+    case httplib::Error::SSLConnection:
+    case httplib::Error::SSLLoadingCerts:
+    case httplib::Error::SSLServerVerification:
+      throw RequestError(
+          where_text,
+          fmt::format("TLS failure: {} (is it really https? --insecure skips certificate "
+                      "checks, --ca-cert adds a CA)",
+                      httplib::to_string(error)),
+          FailureKind::tls);
+    default:
+      out.problem = fmt::format("request failed: {}", httplib::to_string(error));
+      break;
+  }
+  return out;
+}
+
+// The answer as callers see it: status, the body (what the receiver kept, else httplib's),
+// content type, headers by lower-case name, and how many attempts it took.
+HttpResponse to_http_response(httplib::Response& response, BodyReceiver& body, int attempt) {
+  HttpResponse result;
+  result.status = response.status;
+  result.body_cut = body.cut;
+  result.body = body.received.empty() ? std::move(response.body) : std::move(body.received);
+  result.content_type = response.get_header_value("Content-Type");
+  for (const auto& [name, value] : response.headers) {
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    result.headers[lower] = value;
+  }
+  result.attempts = attempt + 1;
+  return result;
+}
+
 }  // namespace
 
 HttpResponse Client::send(const std::string& method, std::string_view path, const std::string* body,
@@ -263,43 +379,15 @@ HttpResponse Client::send(const std::string& method, std::string_view path, cons
     // A failed attempt drops its connection (the next one starts clean); an answer, even
     // an error status, leaves it reusable.
     std::unique_ptr<Connection> connection = take_connection();
-    httplib::Client& http = connection->http;
     httplib::Request request;
-    request.method = method;
-    request.path = url_.base_path + std::string(path);
-    bool accept_given = false;
-    if (extra)
-      for (const auto& [name, value] : extra->headers) {
-        request.set_header(name, value);
-        accept_given |= name == "Accept";
-      }
-    if (!accept_given) request.set_header("Accept", "application/json");
-    if (body) {
-      request.body = *body;
-      request.set_header("Content-Type", "application/json");
-    }
-    std::string received;
-    bool too_large = false, cut = false;
-    const uint64_t stop_after = extra ? extra->stop_after_bytes : 0;
+    fill_request(request, method, url_.base_path + std::string(path), body, extra);
     httplib::Response response;  // filled with the status and headers before the body
-    request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
-      // Only a success body is cut short: an error's body is its message.
-      const bool success = response.status >= 200 && response.status < 300;
-      if (success && stop_after > 0 && received.size() + length >= stop_after) {
-        received.append(data, stop_after - received.size());
-        cut = true;
-        return false;  // enough: the rest of the body is not read
-      }
-      if (received.size() + length > options_.max_response_bytes) {
-        too_large = true;
-        return false;
-      }
-      received.append(data, length);
-      return true;
-    };
+    BodyReceiver received;
+    receive_body(request, response, received, extra ? extra->stop_after_bytes : 0,
+                 options_.max_response_bytes);
     httplib::Error error = httplib::Error::Success;
     auto attempt_started = std::chrono::steady_clock::now();
-    bool sent = http.send(request, response, error);
+    bool sent = connection->http.send(request, response, error);
     auto attempt_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - attempt_started);
     auto total_s =
@@ -309,76 +397,23 @@ HttpResponse Client::send(const std::string& method, std::string_view path, cons
 
     // Stopped on purpose (stop_after_bytes): an answer like any other, but its connection
     // has unread bytes and is not reused.
-    const bool stopped = cut;
+    const bool stopped = received.cut;
     if (stopped) sent = true, error = httplib::Error::Success;
     if (!sent || error != httplib::Error::Success) {
-      if (too_large)
+      if (received.too_large)
         throw RequestError(
             where_text,
             fmt::format("answer larger than {} bytes; refused", options_.max_response_bytes),
             FailureKind::too_large);
-      FailureKind kind = FailureKind::refused;
-      std::string problem;
-      switch (error) {
-        case httplib::Error::Connection:
-          if (!host_resolves(url_.host)) {
-            throw RequestError(
-                where_text, fmt::format("cannot resolve host '{}' (DNS lookup failed)", url_.host),
-                FailureKind::dns);
-          }
-          problem =
-              fmt::format("connection refused: nothing answers at {}:{}", url_.host, url_.port);
-          break;
-        case httplib::Error::ConnectionTimeout:
-          kind = FailureKind::timeout;
-          problem = fmt::format("could not connect within {:.1f} s (connect timeout)",
-                                seconds(options_.connect_timeout));
-          break;
-        case httplib::Error::Read:
-          if (attempt_ms + std::chrono::milliseconds(50) >= options_.read_timeout) {
-            kind = FailureKind::timeout;
-            problem = fmt::format(
-                "no answer within {:.1f} s (read timeout; the server stalls or the request is "
-                "slower than --timeout)",
-                seconds(options_.read_timeout));
-          } else {
-            problem = "the server closed the connection before a complete answer";
-          }
-          break;
-        case httplib::Error::Write:
-          problem = "the server closed the connection while the request was being sent";
-          break;
-        case httplib::Error::SSLConnection:
-        case httplib::Error::SSLLoadingCerts:
-        case httplib::Error::SSLServerVerification:
-          throw RequestError(
-              where_text,
-              fmt::format("TLS failure: {} (is it really https? --insecure skips certificate "
-                          "checks, --ca-cert adds a CA)",
-                          httplib::to_string(error)),
-              FailureKind::tls);
-        default:
-          problem = fmt::format("request failed: {}", httplib::to_string(error));
-          break;
-      }
-      if (last) throw RequestError(where_text, problem + tries, kind);
+      const AttemptFailure failure = attempt_failure(error, attempt_ms, url_, options_, where_text);
+      if (last) throw RequestError(where_text, failure.problem + tries, failure.kind);
       state_->retries++;
       std::this_thread::sleep_for(backoff);
       continue;
     }
 
     if (!stopped) give_back(std::move(connection));
-    HttpResponse result;
-    result.status = response.status;
-    result.body_cut = stopped;
-    result.body = received.empty() ? std::move(response.body) : std::move(received);
-    result.content_type = response.get_header_value("Content-Type");
-    for (const auto& [name, value] : response.headers) {
-      std::string lower = name;
-      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      result.headers[lower] = value;
-    }
-    result.attempts = attempt + 1;
+    HttpResponse result = to_http_response(response, received, attempt);
     const bool retryable = result.status == 429 || result.status >= 500;
     if (!retryable) return result;
     if (last)
