@@ -103,24 +103,9 @@ Value text_or_unknown(const std::string& s) {
   return s.empty() ? Value{std::string("unknown")} : Value{s};
 }
 
-}  // namespace
-
-report::Report to_report(const LogScan& scan, bool all_launches,
-                         const std::vector<ExpectationResult>& expectations) {
-  report::Report out;
-  out.command = "logs";
-  out.title = "kvaudit logs: " + scan.source;
-  out.facts.push_back(
-      {"launch_count", "Launches found", Value{static_cast<int64_t>(scan.launches.size())}, ""});
-  out.facts.push_back({"lines", "Lines read", Value{scan.lines}, ""});
-  out.facts.push_back({"bytes", "Bytes read", Value{static_cast<int64_t>(scan.bytes)}, "B"});
-  if (scan.launches.empty()) {
-    out.verdict = "no SGLang or vLLM start-up lines found";
-    out.verdict_severity = report::Severity::warning;
-    out.payload["launches"] = nlohmann::json::array();
-    return out;
-  }
-  const Launch& latest = scan.launches.back();
+// The latest launch's facts: when, engine, model, TP, KV dtype asked for and resolved,
+// the scale fallback, capacity and readiness.
+void add_latest_facts(const Launch& latest, report::Report& out) {
   auto fact = [&](const char* key, const char* label, Value v) {
     out.facts.push_back({key, label, v, ""});
   };
@@ -144,7 +129,10 @@ report::Report to_report(const LogScan& scan, bool all_launches,
     out.facts.push_back(
         {"max_total_tokens", "Max total tokens", Value{*latest.max_total_tokens}, "tokens"});
   fact("ready", "Ready", Value{latest.ready});
+}
 
+// One row per launch, latest last.
+report::Table launch_table(const LogScan& scan) {
   report::Table table;
   table.id = "launches";
   table.title = "Launches (latest last)";
@@ -156,6 +144,18 @@ report::Report to_report(const LogScan& scan, bool all_launches,
                    {"tokens", "max tokens", "tokens", 0},
                    {"ready", "ready", "", 0},
                    {"failures", "failures", "", 0}};
+  for (const auto& l : scan.launches)
+    table.rows.push_back({Value{int64_t{l.index + 1}}, text_or_unknown(l.start_time),
+                          text_or_unknown(l.engine), text_or_unknown(l.kv_cache_dtype_resolved),
+                          l.scale_fallback ? Value{std::string(*l.scale_fallback ? "yes" : "no")}
+                                           : Value{std::string("?")},
+                          l.max_total_tokens ? Value{*l.max_total_tokens} : Value{}, Value{l.ready},
+                          Value{static_cast<int64_t>(l.failures.size())}});
+  return table;
+}
+
+// Max total tokens per launch (0 where the log printed none).
+report::Chart launch_chart(const LogScan& scan) {
   report::Chart chart{"capacity_by_launch",
                       "Max total tokens by launch",
                       report::ChartKind::bars,
@@ -167,61 +167,42 @@ report::Report to_report(const LogScan& scan, bool all_launches,
                       false,
                       {}};
   report::Series series{"max total tokens", {}};
-  nlohmann::json launches = nlohmann::json::array();
   for (const auto& l : scan.launches) {
-    bool selected = all_launches || &l == &latest;
-    table.rows.push_back({Value{int64_t{l.index + 1}}, text_or_unknown(l.start_time),
-                          text_or_unknown(l.engine), text_or_unknown(l.kv_cache_dtype_resolved),
-                          l.scale_fallback ? Value{std::string(*l.scale_fallback ? "yes" : "no")}
-                                           : Value{std::string("?")},
-                          l.max_total_tokens ? Value{*l.max_total_tokens} : Value{}, Value{l.ready},
-                          Value{static_cast<int64_t>(l.failures.size())}});
     chart.x_categories.push_back(fmt::format("#{} {}", l.index + 1, l.kv_cache_dtype_resolved));
     series.y.push_back(l.max_total_tokens ? static_cast<double>(*l.max_total_tokens) : 0.0);
-    if (!selected) continue;
-    launches.push_back(launch_json(l));
-    for (const auto& f : l.findings) out.findings.push_back(f);
   }
   chart.series.push_back(series);
-  out.tables.push_back(std::move(table));
-  if (scan.launches.size() > 1) out.charts.push_back(std::move(chart));
+  return chart;
+}
 
-  // --launch N picks an older launch: say which one the expectations were checked on.
-  const std::string which =
-      scan.launches_after == 0
-          ? std::string("latest launch")
-          : fmt::format("launch {} of {}", latest.index + 1,
-                        static_cast<int64_t>(scan.launches.size()) + scan.launches_after);
-  if (!expectations.empty()) {
-    report::Table expect;
-    expect.id = "expectations";
-    expect.title = fmt::format("Expectations ({})", which);
-    expect.columns = {{"key", "key", "", 0},
-                      {"expected", "expected", "", 0},
-                      {"actual", "log says", "", 0},
-                      {"met", "met", "", 0}};
-    nlohmann::json ej = nlohmann::json::array();
-    for (const auto& r : expectations) {
-      expect.rows.push_back({Value{r.expected.key}, Value{r.expected.value},
-                             text_or_unknown(r.actual), Value{r.met}});
-      ej.push_back({{"key", r.expected.key},
-                    {"expected", r.expected.value},
-                    {"actual", r.actual},
-                    {"met", r.met}});
-    }
-    out.tables.push_back(std::move(expect));
-    out.payload["expectations"] = ej;
+// The expectations table and payload, checked on `which` launch.
+void add_expectations(const std::vector<ExpectationResult>& expectations, const std::string& which,
+                      report::Report& out) {
+  report::Table expect;
+  expect.id = "expectations";
+  expect.title = fmt::format("Expectations ({})", which);
+  expect.columns = {{"key", "key", "", 0},
+                    {"expected", "expected", "", 0},
+                    {"actual", "log says", "", 0},
+                    {"met", "met", "", 0}};
+  nlohmann::json ej = nlohmann::json::array();
+  for (const auto& r : expectations) {
+    expect.rows.push_back(
+        {Value{r.expected.key}, Value{r.expected.value}, text_or_unknown(r.actual), Value{r.met}});
+    ej.push_back({{"key", r.expected.key},
+                  {"expected", r.expected.value},
+                  {"actual", r.actual},
+                  {"met", r.met}});
   }
-  if (scan.launches_dropped > 0)
-    out.notes.push_back(fmt::format("{} older launches were dropped (only the latest {} are kept)",
-                                    scan.launches_dropped, scan.launches.size()));
-  if (scan.truncated_lines > 0)
-    out.notes.push_back(fmt::format("{} over-long lines were read in part", scan.truncated_lines));
-  out.notes.push_back(latest.scale_fallback_reason);
-  out.payload["launches"] = launches;
-  out.payload["launch_count"] = scan.launches.size();
-  out.payload["lines"] = scan.lines;
+  out.tables.push_back(std::move(expect));
+  out.payload["expectations"] = ej;
+}
 
+// The verdict: the first unmet expectation (critical), else the launch's KV cache,
+// readiness and capacity at the severity of its worst finding.
+void set_logs_verdict(const LogScan& scan, const Launch& latest,
+                      const std::vector<ExpectationResult>& expectations, const std::string& which,
+                      report::Report& out) {
   int unmet = 0;
   std::string first_unmet;
   for (const auto& r : expectations)
@@ -246,6 +227,55 @@ report::Report to_report(const LogScan& scan, bool all_launches,
         expectations.empty() ? "" : "; all expectations met");
     out.verdict_severity = worst;
   }
+}
+
+}  // namespace
+
+report::Report to_report(const LogScan& scan, bool all_launches,
+                         const std::vector<ExpectationResult>& expectations) {
+  report::Report out;
+  out.command = "logs";
+  out.title = "kvaudit logs: " + scan.source;
+  out.facts.push_back(
+      {"launch_count", "Launches found", Value{static_cast<int64_t>(scan.launches.size())}, ""});
+  out.facts.push_back({"lines", "Lines read", Value{scan.lines}, ""});
+  out.facts.push_back({"bytes", "Bytes read", Value{static_cast<int64_t>(scan.bytes)}, "B"});
+  if (scan.launches.empty()) {
+    out.verdict = "no SGLang or vLLM start-up lines found";
+    out.verdict_severity = report::Severity::warning;
+    out.payload["launches"] = nlohmann::json::array();
+    return out;
+  }
+  const Launch& latest = scan.launches.back();
+  add_latest_facts(latest, out);
+
+  // The selected launches (the latest, or all with --all): their findings and JSON.
+  nlohmann::json launches = nlohmann::json::array();
+  for (const auto& l : scan.launches) {
+    if (!all_launches && &l != &latest) continue;
+    launches.push_back(launch_json(l));
+    for (const auto& f : l.findings) out.findings.push_back(f);
+  }
+  out.tables.push_back(launch_table(scan));
+  if (scan.launches.size() > 1) out.charts.push_back(launch_chart(scan));
+
+  // --launch N picks an older launch: say which one the expectations were checked on.
+  const std::string which =
+      scan.launches_after == 0
+          ? std::string("latest launch")
+          : fmt::format("launch {} of {}", latest.index + 1,
+                        static_cast<int64_t>(scan.launches.size()) + scan.launches_after);
+  if (!expectations.empty()) add_expectations(expectations, which, out);
+  if (scan.launches_dropped > 0)
+    out.notes.push_back(fmt::format("{} older launches were dropped (only the latest {} are kept)",
+                                    scan.launches_dropped, scan.launches.size()));
+  if (scan.truncated_lines > 0)
+    out.notes.push_back(fmt::format("{} over-long lines were read in part", scan.truncated_lines));
+  out.notes.push_back(latest.scale_fallback_reason);
+  out.payload["launches"] = launches;
+  out.payload["launch_count"] = scan.launches.size();
+  out.payload["lines"] = scan.lines;
+  set_logs_verdict(scan, latest, expectations, which, out);
   return out;
 }
 
