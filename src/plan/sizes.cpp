@@ -72,6 +72,106 @@ int heads_per_rank(int kv_heads, int attention_tp, int dcp = 1) {
   return std::max(1, kv_heads / std::max(1, attention_tp / std::max(1, dcp)));
 }
 
+// The MLA cell of L layers: one latent (kv_lora_rank + qk_rope_head_dim) per token and
+// layer, not split by TP and without K/V doubling; DSA's FP8 record and its lightning
+// indexer keys; FP4 packing with its block scales.
+void sglang_mla_cell(const ModelFacts& model, const engines::KvDtype& dtype, int64_t L,
+                     CellSize& cell) {
+  const int64_t bytes = element_bytes(dtype);
+  const int64_t latent = model.mla->kv_lora_rank + model.mla->qk_rope_head_dim;
+  cell.full_layers = static_cast<int>(L);
+  cell.swa_layers = 0;
+  cell.kv_heads_per_rank = 1;
+  const bool dsa = model.mla->index_head_dim > 0;
+  int64_t per_layer = latent * bytes;
+  if (dsa && dtype.name == "fp8_e4m3") {
+    // DSA's FP8 record: the latent in FP8, one FP32 scale per 128 values, rope in BF16.
+    per_layer = model.mla->kv_lora_rank + model.mla->kv_lora_rank / 128 * 4 +
+                int64_t{model.mla->qk_rope_head_dim} * 2;
+    cell.derivation.push_back(fmt::format(
+        "DSA FP8 record: kv_lora_rank {} + {} / 128 x 4 B scales + qk_rope_head_dim "
+        "{} x 2 B = {} "
+        "B/layer",
+        model.mla->kv_lora_rank, model.mla->kv_lora_rank, model.mla->qk_rope_head_dim, per_layer));
+  }
+  int64_t raw = per_layer * L;
+  cell.full_bytes_per_token_per_layer = per_layer;
+  cell.derivation.push_back(
+      fmt::format("MLA: (kv_lora_rank {} + qk_rope_head_dim {}) per layer, {} B/layer x {} layers "
+                  "= {} B/token (one latent per token, not split by TP, no K/V doubling)",
+                  model.mla->kv_lora_rank, model.mla->qk_rope_head_dim, per_layer, L, raw));
+  if (dsa) {
+    const int64_t index = model.mla->index_head_dim;
+    const int64_t indexer = (index + index / 128 * 4) * L;
+    cell.derivation.push_back(fmt::format(
+        "DSA lightning indexer keys: (index_head_dim {} + {} / 128 x 4 B scales) x {} layers = "
+        "{} B/token",
+        index, index, L, indexer));
+    raw += indexer;
+  }
+  if (sglang_fp4(dtype)) {
+    int64_t scales = (latent / 16) * L * bytes;
+    cell.derivation.push_back(fmt::format(
+        "FP4: {} / 2 (two values per byte) + ({} / 16) x {} layers scale bytes = {} B/token", raw,
+        latent, L, raw / 2 + scales));
+    raw = raw / 2 + scales;
+  }
+  cell.bytes_per_token = raw;
+}
+
+// The K/V head shapes of the full-attention and the sliding-window layers (the last layer
+// of each kind; the window goes into cell.swa_window).
+struct HeadShapes {
+  int kv_heads = 0, k_dim = 0, v_dim = 0;
+  int swa_heads = 0, swa_k = 0, swa_v = 0;
+};
+HeadShapes head_shapes(const std::vector<LayerFacts>& layers, CellSize& cell) {
+  HeadShapes h;
+  for (const auto& layer : layers) {
+    if (layer.sliding_window > 0) {
+      h.swa_heads = layer.kv_heads, h.swa_k = layer.k_head_dim, h.swa_v = layer.v_head_dim;
+      cell.swa_window = layer.sliding_window;
+    } else {
+      h.kv_heads = layer.kv_heads, h.k_dim = layer.k_head_dim, h.v_dim = layer.v_head_dim;
+    }
+  }
+  return h;
+}
+
+// What a quantized cache adds to (or packs out of) `raw` bytes per token: FP4 packs two
+// values a byte plus block scales (and, when the rules say so, one shared dequant workspace
+// row); MXFP8 adds one UE8M0 scale per 32 values.
+int64_t sglang_quantized_bytes(int64_t raw, const engines::KvDtype& dtype, const HeadShapes& h,
+                               const SizingRules& rules, CellSize& cell) {
+  const int64_t bytes = element_bytes(dtype);
+  const int kv_layers = cell.full_layers + cell.swa_layers;
+  const int k_dim = h.k_dim, v_dim = h.v_dim;
+  if (sglang_fp4(dtype)) {
+    int64_t scales =
+        (static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim * kv_layers * 2 * bytes) / 16;
+    cell.derivation.push_back(fmt::format(
+        "FP4: {} / 2 (two values per byte) + {} heads x {} x {} layers x 2 / 16 scale bytes = {} "
+        "B/token",
+        raw, cell.kv_heads_per_rank, k_dim, kv_layers, raw / 2 + scales));
+    raw = raw / 2 + scales;
+    if (rules.fp4_dequant_workspace) {
+      int64_t workspace = static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim * 2 * bytes;
+      cell.derivation.push_back(fmt::format(
+          "+ one shared FP8 dequant workspace row for prefill: {} heads x {} x 2 = {} B/token",
+          cell.kv_heads_per_rank, k_dim, workspace));
+      raw += workspace;
+    }
+  } else if (sglang_mxfp8(dtype)) {
+    int64_t scales =
+        static_cast<int64_t>(cell.kv_heads_per_rank) * (k_dim + v_dim) * kv_layers / 32;
+    cell.derivation.push_back(
+        fmt::format("MXFP8: + {} heads x ({} + {}) x {} layers / 32 UE8M0 scale bytes = {} B/token",
+                    cell.kv_heads_per_rank, k_dim, v_dim, kv_layers, scales));
+    raw += scales;
+  }
+  return raw;
+}
+
 }  // namespace
 
 CellSize sglang_cell_size_without_draft(const ModelFacts& model, const engines::KvDtype& dtype,
@@ -109,122 +209,50 @@ CellSize sglang_cell_size_without_draft(const ModelFacts& model, const engines::
   }
   if (mla_layers > 0) {
     if (!model.mla) throw InputError(model.config_file, "MLA layers without MLA dimensions");
-    const int64_t latent = model.mla->kv_lora_rank + model.mla->qk_rope_head_dim;
-    const int64_t L = static_cast<int64_t>(layers.size());
-    cell.full_layers = static_cast<int>(L);
-    cell.swa_layers = 0;
-    cell.kv_heads_per_rank = 1;
-    const bool dsa = model.mla->index_head_dim > 0;
-    int64_t per_layer = latent * bytes;
-    if (dsa && dtype.name == "fp8_e4m3") {
-      // DSA's FP8 record: the latent in FP8, one FP32 scale per 128 values, rope in BF16.
-      per_layer = model.mla->kv_lora_rank + model.mla->kv_lora_rank / 128 * 4 +
-                  int64_t{model.mla->qk_rope_head_dim} * 2;
-      cell.derivation.push_back(
-          fmt::format("DSA FP8 record: kv_lora_rank {} + {} / 128 x 4 B scales + qk_rope_head_dim "
-                      "{} x 2 B = {} "
-                      "B/layer",
-                      model.mla->kv_lora_rank, model.mla->kv_lora_rank, model.mla->qk_rope_head_dim,
-                      per_layer));
-    }
-    int64_t raw = per_layer * L;
-    cell.full_bytes_per_token_per_layer = per_layer;
-    cell.derivation.push_back(fmt::format(
-        "MLA: (kv_lora_rank {} + qk_rope_head_dim {}) per layer, {} B/layer x {} layers "
-        "= {} B/token (one latent per token, not split by TP, no K/V doubling)",
-        model.mla->kv_lora_rank, model.mla->qk_rope_head_dim, per_layer, L, raw));
-    if (dsa) {
-      const int64_t index = model.mla->index_head_dim;
-      const int64_t indexer = (index + index / 128 * 4) * L;
-      cell.derivation.push_back(fmt::format(
-          "DSA lightning indexer keys: (index_head_dim {} + {} / 128 x 4 B scales) x {} layers = "
-          "{} B/token",
-          index, index, L, indexer));
-      raw += indexer;
-    }
-    if (sglang_fp4(dtype)) {
-      int64_t scales = (latent / 16) * L * bytes;
-      cell.derivation.push_back(fmt::format(
-          "FP4: {} / 2 (two values per byte) + ({} / 16) x {} layers scale bytes = {} B/token", raw,
-          latent, L, raw / 2 + scales));
-      raw = raw / 2 + scales;
-    }
-    cell.bytes_per_token = raw;
+    sglang_mla_cell(model, dtype, static_cast<int64_t>(layers.size()), cell);
     return cell;
   }
 
   // Full-attention layers (and sliding-window layers, counted separately).
-  int kv_heads = 0, k_dim = 0, v_dim = 0, swa_heads = 0, swa_k = 0, swa_v = 0;
-  for (const auto& layer : layers) {
-    if (layer.sliding_window > 0) {
-      swa_heads = layer.kv_heads, swa_k = layer.k_head_dim, swa_v = layer.v_head_dim;
-      cell.swa_window = layer.sliding_window;
-    } else {
-      kv_heads = layer.kv_heads, k_dim = layer.k_head_dim, v_dim = layer.v_head_dim;
-    }
-  }
+  HeadShapes h = head_shapes(layers, cell);
   bool hybrid_swa = cell.full_layers > 0 && cell.swa_layers > 0;
   if (!hybrid_swa && cell.swa_layers > 0) {
     // Every layer slides: SGLang keeps one ordinary pool sized for full-length tokens.
-    kv_heads = swa_heads, k_dim = swa_k, v_dim = swa_v;
+    h.kv_heads = h.swa_heads, h.k_dim = h.swa_k, h.v_dim = h.swa_v;
     cell.full_layers = cell.swa_layers;
     cell.swa_layers = 0;
     cell.swa_window = 0;
     cell.derivation.push_back("every KV layer uses a sliding window: one ordinary pool");
   }
-  cell.kv_heads_per_rank = heads_per_rank(kv_heads, attn_tp, parallel.dcp);
+  cell.kv_heads_per_rank = heads_per_rank(h.kv_heads, attn_tp, parallel.dcp);
   cell.full_bytes_per_token_per_layer =
-      static_cast<int64_t>(cell.kv_heads_per_rank) * (k_dim + v_dim) * bytes;
+      static_cast<int64_t>(cell.kv_heads_per_rank) * (h.k_dim + h.v_dim) * bytes;
   std::string heads_note =
-      kv_heads < attn_tp
+      h.kv_heads < attn_tp
           ? fmt::format(
                 "max(1, {} kv heads // attention TP {}) = {} (heads replicated: each GPU "
                 "holds a full head)",
-                kv_heads, attn_tp, cell.kv_heads_per_rank)
-          : fmt::format("{} kv heads // (attention TP {}{}) = {}", kv_heads, attn_tp,
+                h.kv_heads, attn_tp, cell.kv_heads_per_rank)
+          : fmt::format("{} kv heads // (attention TP {}{}) = {}", h.kv_heads, attn_tp,
                         parallel.dcp > 1 ? fmt::format(" / DCP {}", parallel.dcp) : "",
                         cell.kv_heads_per_rank);
   int64_t raw = cell.full_bytes_per_token_per_layer * cell.full_layers;
   cell.derivation.push_back(fmt::format(
       "kv heads per GPU: {}; full-attention KV: {} heads x (K {} + V {}) x {} layers x {} B = {} "
       "B/token",
-      heads_note, cell.kv_heads_per_rank, k_dim, v_dim, cell.full_layers, bytes, raw));
+      heads_note, cell.kv_heads_per_rank, h.k_dim, h.v_dim, cell.full_layers, bytes, raw));
   if (hybrid_swa) {
-    int swa_rank_heads = heads_per_rank(swa_heads, attn_tp, parallel.dcp);
+    int swa_rank_heads = heads_per_rank(h.swa_heads, attn_tp, parallel.dcp);
     cell.swa_bytes_per_token_per_layer =
-        static_cast<int64_t>(swa_rank_heads) * (swa_k + swa_v) * bytes;
+        static_cast<int64_t>(swa_rank_heads) * (h.swa_k + h.swa_v) * bytes;
     int64_t swa_raw = cell.swa_bytes_per_token_per_layer * cell.swa_layers;
     cell.derivation.push_back(fmt::format(
         "sliding-window KV (window {}): {} heads x (K {} + V {}) x {} layers x {} B = {} B/token, "
         "in its own pool",
-        cell.swa_window, swa_rank_heads, swa_k, swa_v, cell.swa_layers, bytes, swa_raw));
+        cell.swa_window, swa_rank_heads, h.swa_k, h.swa_v, cell.swa_layers, bytes, swa_raw));
     raw += swa_raw;
   }
-  const int kv_layers = cell.full_layers + cell.swa_layers;
-  if (sglang_fp4(dtype)) {
-    int64_t scales =
-        (static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim * kv_layers * 2 * bytes) / 16;
-    cell.derivation.push_back(fmt::format(
-        "FP4: {} / 2 (two values per byte) + {} heads x {} x {} layers x 2 / 16 scale bytes = {} "
-        "B/token",
-        raw, cell.kv_heads_per_rank, k_dim, kv_layers, raw / 2 + scales));
-    raw = raw / 2 + scales;
-    if (rules.fp4_dequant_workspace) {
-      int64_t workspace = static_cast<int64_t>(cell.kv_heads_per_rank) * k_dim * 2 * bytes;
-      cell.derivation.push_back(fmt::format(
-          "+ one shared FP8 dequant workspace row for prefill: {} heads x {} x 2 = {} B/token",
-          cell.kv_heads_per_rank, k_dim, workspace));
-      raw += workspace;
-    }
-  } else if (sglang_mxfp8(dtype)) {
-    int64_t scales =
-        static_cast<int64_t>(cell.kv_heads_per_rank) * (k_dim + v_dim) * kv_layers / 32;
-    cell.derivation.push_back(
-        fmt::format("MXFP8: + {} heads x ({} + {}) x {} layers / 32 UE8M0 scale bytes = {} B/token",
-                    cell.kv_heads_per_rank, k_dim, v_dim, kv_layers, scales));
-    raw += scales;
-  }
-  cell.bytes_per_token = raw;
+  cell.bytes_per_token = sglang_quantized_bytes(raw, dtype, h, rules, cell);
   return cell;
 }
 
