@@ -107,27 +107,39 @@ void summarize(const char* what, int64_t tokens, const std::vector<double>& seco
              seconds.size());
 }
 
-// Seconds of numerics::matmul over every projection of a forward pass (layer 0's matrices
-// stand for all layers: they have the same shapes) plus the LM head for `head_tokens`.
+// Seconds of numerics::matmul over every projection of a forward pass (each kind of layer's
+// first instance stands for all layers of that kind: they have the same shapes; a hybrid has
+// two kinds) plus the LM head for `head_tokens`.
 double projection_seconds(const kvaudit::model::Model& model, int64_t tokens, int64_t head_tokens,
                           kvaudit::ThreadPool& pool) {
-  const auto& w = model.layers()[0];
-  const kvaudit::numerics::Matrix* matrices[] = {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down};
+  const auto& c = model.config();
   int64_t widest = model.lm_head().rows;
-  for (const auto* m : matrices) widest = std::max({widest, m->rows, m->cols});
+  for (const auto& w : model.layers())
+    for (const auto* m : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down, &w.in_qkv, &w.in_z,
+                          &w.in_b, &w.in_a, &w.delta_out})
+      widest = std::max({widest, m->rows, m->cols});
   std::vector<float> x(static_cast<size_t>(tokens * widest), 0.01f), out(x.size() * 1);
   std::vector<float> head_out(static_cast<size_t>(head_tokens * model.lm_head().rows));
-  double layer_seconds = 0.0;
-  for (const auto* m : matrices) {
-    auto start = Clock::now();
-    kvaudit::numerics::matmul(x.data(), tokens, *m, out.data(), pool);
-    layer_seconds += seconds_since(start);
+  double total = 0.0;
+  for (auto mixer : {kvaudit::model::Mixer::attention, kvaudit::model::Mixer::gated_delta_net}) {
+    const int layers = static_cast<int>(std::count(c.mixers.begin(), c.mixers.end(), mixer));
+    if (layers == 0) continue;
+    const auto& w =
+        model.layers()[std::find(c.mixers.begin(), c.mixers.end(), mixer) - c.mixers.begin()];
+    double layer_seconds = 0.0;
+    for (const auto* m : {&w.q, &w.k, &w.v, &w.o, &w.gate, &w.up, &w.down, &w.in_qkv, &w.in_z,
+                          &w.in_b, &w.in_a, &w.delta_out}) {
+      if (m->empty()) continue;
+      auto start = Clock::now();
+      kvaudit::numerics::matmul(x.data(), tokens, *m, out.data(), pool);
+      layer_seconds += seconds_since(start);
+    }
+    total += layer_seconds * layers;
   }
   auto start = Clock::now();
   if (head_tokens > 0)
     kvaudit::numerics::matmul(x.data(), head_tokens, model.lm_head(), head_out.data(), pool);
-  const double head_seconds = seconds_since(start);
-  return layer_seconds * model.config().num_layers + head_seconds;
+  return total + seconds_since(start);
 }
 
 }  // namespace

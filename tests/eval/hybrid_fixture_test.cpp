@@ -18,8 +18,8 @@
 namespace kvaudit::eval {
 namespace {
 
-numerics::ThreadPool& hybrid_pool() {
-  static numerics::ThreadPool pool(2);
+ThreadPool& hybrid_pool() {
+  static ThreadPool pool(2);
   return pool;
 }
 
