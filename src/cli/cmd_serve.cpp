@@ -92,6 +92,9 @@ void add_serve_command(CLI::App& app, Runner& run) {
                       "Longest prompt + completion in tokens (default: max_position_embeddings)");
   command->add_option("--max-total-tokens", flags->max_total_tokens,
                       "KV pool size in tokens (default: from --kv-pool-mib)");
+  command->add_option("--mamba-ssm-dtype", o.mamba_ssm_dtype,
+                      "Hybrids (Qwen3.5): recurrent state dtype (float32, bfloat16, float16; "
+                      "int8: kvaudit extension; default: the config's mamba_ssm_dtype)");
   command->add_option("--kv-pool-mib", o.kv_pool_mib, "KV pool budget in MiB")
       ->capture_default_str();
   command

@@ -109,7 +109,7 @@ Engine::Engine(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
       metrics_(metrics),
       max_queued_(max_queued),
       default_seed_(default_seed) {
-  session_ = std::make_unique<model::Session>(model_, kv_.format, pool_, kv_.scales);
+  session_ = std::make_unique<model::Session>(model_, kv_.format, pool_, kv_.scales, kv_.state);
   worker_ = std::thread([this] { worker_loop(); });
 }
 

@@ -271,6 +271,25 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
         {"INFO", fmt::format("kvaudit KV format {} (not an SGLang dtype); scales: {}",
                              kv.format.spec, engines::scale_source_name(kv.scale_source))});
   }
+  if (facts.linear_attention) {
+    std::string ssm = options.mamba_ssm_dtype;
+    if (ssm.empty()) ssm = facts.linear_attention->ssm_dtype;
+    if (ssm.empty()) ssm = "float32";
+    try {
+      kv.state = model::parse_state_format(ssm, 0);
+    } catch (const InputError&) {
+      throw InputError("--mamba-ssm-dtype",
+                       fmt::format("'{}' is not a state dtype (float32, bfloat16, float16; "
+                                   "int8 as a kvaudit extension)",
+                                   ssm));
+    }
+    kv.load_messages.push_back(
+        {"INFO", fmt::format("Mamba/linear-attention state dtype: {} (stored after each prefill "
+                             "and decode step)",
+                             kv.state.spec)});
+  } else if (!options.mamba_ssm_dtype.empty()) {
+    throw InputError("--mamba-ssm-dtype", "the model has no linear-attention layers");
+  }
   return kv;
 }
 

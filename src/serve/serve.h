@@ -28,6 +28,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engines/engines.h"
+#include "model/model.h"
 #include "numerics/numerics.h"
 
 namespace kvaudit::serve {
@@ -37,11 +38,14 @@ inline constexpr const char* kEmulatedEngine = "sglang";
 
 struct ServeOptions {
   std::filesystem::path model_dir;
-  std::string served_model_name;          // "" = the model folder's name
-  std::string kv_cache_dtype = "auto";    // SGLang spelling, or a numerics spec (kvaudit extension)
-  std::string engine_version;             // SGLang version whose behaviour to follow ("" = latest)
-  std::string quantization_param_path;    // SGLang's KV-scale JSON
-  std::optional<int64_t> context_length;  // tokens; default: max_position_embeddings
+  std::string served_model_name;        // "" = the model folder's name
+  std::string kv_cache_dtype = "auto";  // SGLang spelling, or a numerics spec (kvaudit extension)
+  std::string engine_version;           // SGLang version whose behaviour to follow ("" = latest)
+  std::string quantization_param_path;  // SGLang's KV-scale JSON
+  // Hybrids: SGLang's --mamba-ssm-dtype (float32, bfloat16, float16; int8 is a kvaudit
+  // extension). "" = the config's mamba_ssm_dtype, else float32.
+  std::string mamba_ssm_dtype;
+  std::optional<int64_t> context_length;    // tokens; default: max_position_embeddings
   std::optional<int64_t> max_total_tokens;  // KV pool size in tokens (overrides kv_pool_mib)
   int64_t kv_pool_mib = 64;                 // KV pool budget when max_total_tokens is unset
   double mem_fraction_static = 0.9;
@@ -78,6 +82,9 @@ struct KvSetup {
   engines::ScaleSource scale_source = engines::ScaleSource::not_applicable;
   std::vector<float> k_scales, v_scales;  // per layer, what the cache divides by (1.0 default)
   std::vector<LogLine> load_messages;     // logged between "Load weight begin" and "... end"
+  // A hybrid's recurrent state: rounded where SGLang stores it, at the end of each prefill
+  // and after every decode step (model::StateFormat::store_every_tokens 0).
+  model::StateFormat state;
 };
 
 // Resolves --kv-cache-dtype (and --quantization-param-path) against the checkpoint.

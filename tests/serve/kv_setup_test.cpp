@@ -243,5 +243,26 @@ TEST(ServeKvSetup, PoolFromBudgetMatchesSglangArithmeticOnTheVirtualDevice) {
   EXPECT_THROW(plan_pool(kv, 4, 2, 32, 0, 4096, options), InputError);
 }
 
+// A Qwen3.5 hybrid: the recurrent state dtype comes from --mamba-ssm-dtype, else the
+// config's mamba_ssm_dtype, and is stored where SGLang stores it (end of each call).
+TEST(ServeKvSetup, HybridStateDtypeFromFlagOrConfig) {
+  const std::filesystem::path hybrid =
+      std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen35-pystd";
+  auto facts = checkpoint::read_checkpoint(hybrid);
+  ServeOptions options = options_for(hybrid);
+  KvSetup kv = resolve_kv_setup(facts, options);
+  EXPECT_EQ(kv.state.spec, "fp32");  // config.json: "mamba_ssm_dtype": "float32"
+  EXPECT_EQ(kv.state.store_every_tokens, 0);
+  options.mamba_ssm_dtype = "bfloat16";
+  EXPECT_EQ(resolve_kv_setup(facts, options).state.dtype, model::StateDtype::bf16);
+  options.mamba_ssm_dtype = "fp8";
+  EXPECT_THROW(resolve_kv_setup(facts, options), InputError);
+  // A model without linear attention has no state to set.
+  auto dense = checkpoint::read_checkpoint(testing::fixture_model());
+  ServeOptions dense_options = options_for(testing::fixture_model());
+  dense_options.mamba_ssm_dtype = "bfloat16";
+  EXPECT_THROW(resolve_kv_setup(dense, dense_options), InputError);
+}
+
 }  // namespace
 }  // namespace kvaudit::serve
