@@ -46,14 +46,11 @@ void add_bias(float* rows, int64_t tokens, const Matrix& bias) {
 }
 
 // Rotates the first rotary_dim dimensions of one head in place: pairs (i, i + rotary_dim/2)
-// as Hugging Face's rotate_half does, at angle position * inverse_frequency[i].
-void apply_rope(float* head, int64_t position, const std::vector<double>& inverse_frequencies,
-                double attention_factor) {
-  const size_t half = inverse_frequencies.size();
+// as Hugging Face's rotate_half does, by the angle whose cos/sin the token's row of the
+// rotation table holds ([rotary_dim / 2] each).
+void apply_rope(float* head, const float* cos_row, const float* sin_row, size_t half) {
   for (size_t i = 0; i < half; ++i) {
-    double angle = static_cast<double>(position) * inverse_frequencies[i];
-    float c = static_cast<float>(std::cos(angle) * attention_factor);
-    float s = static_cast<float>(std::sin(angle) * attention_factor);
+    const float c = cos_row[i], s = sin_row[i];
     float a = head[i], b = head[i + half];
     head[i] = a * c - b * s;
     head[i + half] = b * c + a * s;
@@ -187,6 +184,19 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
   // count, and on a prefill they do not leave the other threads idle.
   for_each_token(n,
                  [&](int64_t t) { weight_row(model_.embedding(), tokens[t], &s.x[t * hidden]); });
+  // The rotation of each of the batch's positions, once for every layer and head (the same
+  // float values a per-head computation gives: cos/sin of position x inverse frequency).
+  const size_t half = inverse_frequencies_.size();
+  s.rope_cos.resize(n * half);
+  s.rope_sin.resize(n * half);
+  for_each_token(n, [&](int64_t t) {
+    const double position = static_cast<double>(position_ + t);
+    for (size_t i = 0; i < half; ++i) {
+      const double angle = position * inverse_frequencies_[i];
+      s.rope_cos[t * half + i] = static_cast<float>(std::cos(angle) * c.rope.attention_factor);
+      s.rope_sin[t * half + i] = static_cast<float>(std::sin(angle) * c.rope.attention_factor);
+    }
+  });
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = model_.layers()[layer];
@@ -207,10 +217,7 @@ void Session::forward_batch(std::span<const int32_t> tokens, int64_t logits_from
     matmul(s.xb.data(), n, w.up, s.up.data(), pool_);
     const int64_t inter = c.intermediate_size;
     for_each_token(n, [&](int64_t t) {
-      for (int64_t i = t * inter; i < (t + 1) * inter; ++i) {
-        float g = s.gate[i];
-        s.gate[i] = g / (1.0f + std::exp(-g)) * s.up[i];  // SiLU(gate) * up
-      }
+      numerics::silu_times(&s.gate[t * inter], &s.up[t * inter], inter);  // SiLU(gate) * up
     });
     matmul(s.gate.data(), n, w.down, s.proj.data(), pool_);
     for_each_token(n, [&](int64_t t) {
@@ -265,16 +272,18 @@ void Session::attention_block(int layer, int64_t n) {
   }
   const float offset = c.norm_weight_offset;
   for_each_token(n, [&](int64_t t) {
-    const int64_t position = position_ + t;
+    const size_t half = inverse_frequencies_.size();
+    const float* cos_row = &s.rope_cos[t * half];
+    const float* sin_row = &s.rope_sin[t * half];
     for (int h = 0; h < c.num_heads; ++h) {
       float* head = &s.q[t * q_width + h * hd];
       if (c.qk_norm) rms_norm(head, w.q_norm, c.rms_norm_eps, hd, head, offset);
-      apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
+      apply_rope(head, cos_row, sin_row, half);
     }
     for (int h = 0; h < c.num_kv_heads; ++h) {
       float* head = &s.k[t * kv_width + h * hd];
       if (c.qk_norm) rms_norm(head, w.k_norm, c.rms_norm_eps, hd, head, offset);
-      apply_rope(head, position, inverse_frequencies_, c.rope.attention_factor);
+      apply_rope(head, cos_row, sin_row, half);
     }
   });
   if (capture_) record_amax(layer, n);

@@ -33,17 +33,18 @@ struct CacheLineAllocator {
 using AlignedFloats = std::vector<float, CacheLineAllocator<float>>;
 
 struct Session::Scratch {
-  std::vector<float> x;             // [n, hidden] residual stream
-  AlignedFloats xb;                 // [n, hidden] normalised input of a sub-block
-  std::vector<float> q;             // [n, heads * head_dim]
-  std::vector<float> q_gate;        // [n, heads * 2 * head_dim] q_proj with the output gate
-  std::vector<float> att_gate;      // [n, heads * head_dim]
-  std::vector<float> k, v;          // [n, kv_heads * head_dim]
-  AlignedFloats att;                // [n, heads * head_dim] attention output
-  AlignedFloats gate, up;           // [n, intermediate]
-  std::vector<float> proj;          // [n, hidden] output of o_proj / down_proj
-  std::vector<float> keys, values;  // [cache tokens, kv_heads * head_dim] decoded cache
-  std::vector<float> norm_weight;   // [max(hidden, head_dim)] widened norm weights
+  std::vector<float> x;                   // [n, hidden] residual stream
+  AlignedFloats xb;                       // [n, hidden] normalised input of a sub-block
+  std::vector<float> q;                   // [n, heads * head_dim]
+  std::vector<float> q_gate;              // [n, heads * 2 * head_dim] q_proj with the output gate
+  std::vector<float> att_gate;            // [n, heads * head_dim]
+  std::vector<float> k, v;                // [n, kv_heads * head_dim]
+  AlignedFloats att;                      // [n, heads * head_dim] attention output
+  AlignedFloats gate, up;                 // [n, intermediate]
+  std::vector<float> proj;                // [n, hidden] output of o_proj / down_proj
+  std::vector<float> keys, values;        // [cache tokens, kv_heads * head_dim] decoded cache
+  std::vector<float> rope_cos, rope_sin;  // [n, rotary_dim / 2] of the batch's positions
+  std::vector<float> norm_weight;         // [max(hidden, head_dim)] widened norm weights
   // Gated DeltaNet
   std::vector<float> mixed;        // [n, conv_width] in_proj_qkv, then convolved [q | k | v]
   std::vector<float> z;            // [n, value_width] output gate

@@ -246,6 +246,30 @@ void MatmulRows(const float* x, int64_t tokens, int64_t cols, const void* w, int
     MatmulRowsT<2>(x, tokens, cols, w, row_begin, row_end, block_rows, out, out_stride);
 }
 
+// gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (SiLU(gate) * up, the SwiGLU MLP), every
+// element by the same vector code: the tail runs as a zero-padded vector, so a value does
+// not depend on its position in the row or on the row's length.
+void SiluTimes(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto one = hn::Set(df, 1.0f);
+  auto silu_times = [&](const auto g, const auto u) {
+    return hn::Mul(hn::Div(g, hn::Add(one, hn::Exp(df, hn::Neg(g)))), u);
+  };
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(silu_times(hn::LoadU(df, gate + i), hn::LoadU(df, up + i)), df, gate + i);
+  if (i < n) {
+    HWY_ALIGN float g_tail[HWY_MAX_BYTES / sizeof(float)] = {};
+    HWY_ALIGN float u_tail[HWY_MAX_BYTES / sizeof(float)] = {};
+    const size_t count = static_cast<size_t>(n - i);
+    std::copy_n(gate + i, count, g_tail);
+    std::copy_n(up + i, count, u_tail);
+    hn::Store(silu_times(hn::Load(df, g_tail), hn::Load(df, u_tail)), df, g_tail);
+    std::copy_n(g_tail, count, gate + i);
+  }
+}
+
 // x[i] = exp(x[i] - max) / sum_j exp(x[j] - max), as torch.softmax: a NaN or +inf anywhere
 // makes the whole row NaN (x - max is then NaN for some element and the sum is NaN).
 void Softmax(float* HWY_RESTRICT x, int64_t n) {
@@ -299,6 +323,7 @@ namespace kvaudit::numerics {
 
 HWY_EXPORT(MatmulRows);
 HWY_EXPORT(Softmax);
+HWY_EXPORT(SiluTimes);
 
 namespace {
 int type_code(WeightType type) {
@@ -371,6 +396,10 @@ void matmul_reference(const float* x, int64_t tokens, const Matrix& w, float* ou
 
 void softmax(float* x, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Softmax)(x, n);
+}
+
+void silu_times(float* gate, const float* up, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, n);
 }
 
 }  // namespace kvaudit::numerics

@@ -338,6 +338,9 @@ float weight_at(const Matrix& w, int64_t index);
 void weight_row(const Matrix& w, int64_t row, float* out);
 // In-place softmax of one row, as torch.softmax (NaN or +inf anywhere: the row is NaN).
 void softmax(float* x, int64_t n);
+// In place gate[i] = SiLU(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], with
+// Highway's vector exp (within 1 ulp of std::exp; the same bits at any position or length).
+void silu_times(float* gate, const float* up, int64_t n);
 
 // ---------------------------------------------------------------- attention kernels
 // Blocked SIMD GEMMs for attention (fixed reduction order; deterministic). Row form, as the

@@ -154,5 +154,32 @@ TEST(Kernels, SoftmaxMatchesDoubleReference) {
   EXPECT_FALSE(simd_target_name().empty());
 }
 
+TEST(Kernels, SiluTimesMatchesDoubleReferenceAtAnyPositionOrLength) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  const int64_t n = 75;  // several vectors and a tail on every target
+  std::vector<float> gate(n), up(n);
+  for (int64_t i = 0; i < n; ++i) {
+    gate[i] = normal(rng);
+    up[i] = normal(rng);
+  }
+  gate[3] = 0.0f;
+  gate[4] = -90.0f;  // exp(90) overflows to inf: SiLU is -0, times up
+  gate[5] = 90.0f;
+  std::vector<float> whole = gate;
+  silu_times(whole.data(), up.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    const double expected = g / (1.0 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(whole[i], expected, 4e-7 * std::fabs(expected) + 1e-30) << i;
+  }
+  // The same value whether an element sits in a full vector or the padded tail.
+  for (int64_t length : {1, 7, 16, 17, 33}) {
+    std::vector<float> part(gate.begin(), gate.begin() + length);
+    silu_times(part.data(), up.data(), length);
+    for (int64_t i = 0; i < length; ++i) EXPECT_EQ(part[i], whole[i]) << length << " " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kvaudit::numerics
