@@ -90,10 +90,6 @@ int64_t Session::state_bytes() const {
 
 namespace {
 
-float silu(float x) {
-  return x / (1.0f + std::exp(-x));
-}
-
 // torch.nn.functional.softplus (beta 1, threshold 20).
 float softplus(float x) {
   return x > 20.0f ? x : std::log1p(std::exp(x));
@@ -134,8 +130,13 @@ void Session::delta_net_block(int layer, int64_t n, bool store_state_at_end) {
   const int64_t blocks = (conv_width + kChannelBlock - 1) / kChannelBlock;
   pool_.parallel_for(blocks, static_cast<int>(blocks), [&](int, int64_t begin, int64_t end) {
     std::vector<float> tail(static_cast<size_t>((taps - 1) * kChannelBlock));
+    std::vector<float> weights(static_cast<size_t>(taps * kChannelBlock));
     for (int64_t block = begin; block < end; ++block) {
       const int64_t c0 = block * kChannelBlock, c1 = std::min(conv_width, c0 + kChannelBlock);
+      // The block's taps widened once (exact), not once per token.
+      for (int64_t ch = c0; ch < c1; ++ch)
+        for (int64_t j = 0; j < taps; ++j)
+          weights[(ch - c0) * taps + j] = weight_at(w.conv, ch * taps + j);
       // Input at token index t (negative: from the history).
       auto input = [&](int64_t t, int64_t ch) {
         return t >= 0 ? s.mixed[t * conv_width + ch] : history[(taps - 1 + t) * conv_width + ch];
@@ -148,8 +149,8 @@ void Session::delta_net_block(int layer, int64_t n, bool store_state_at_end) {
         for (int64_t ch = c0; ch < c1; ++ch) {
           float sum = 0.0f;
           for (int64_t j = 0; j < taps; ++j)
-            sum += weight_at(w.conv, ch * taps + j) * input(t - (taps - 1) + j, ch);
-          s.mixed[t * conv_width + ch] = silu(sum);
+            sum += weights[(ch - c0) * taps + j] * input(t - (taps - 1) + j, ch);
+          s.mixed[t * conv_width + ch] = sum;  // SiLU below, by rows
         }
       for (int64_t j = 0; j < taps - 1; ++j)
         for (int64_t ch = c0; ch < c1; ++ch)
@@ -160,6 +161,7 @@ void Session::delta_net_block(int layer, int64_t n, bool store_state_at_end) {
   const float query_scale = 1.0f / std::sqrt(static_cast<float>(d.key_head_dim));
   for_each_token(n, [&](int64_t t) {
     float* row = &s.mixed[t * conv_width];
+    numerics::silu(row, conv_width);
     for (int h = 0; h < d.key_heads; ++h) {
       l2_normalise(row + h * d.key_head_dim, d.key_head_dim, query_scale);
       l2_normalise(row + d.key_width() + h * d.key_head_dim, d.key_head_dim, 1.0f);
@@ -176,22 +178,20 @@ void Session::delta_net_block(int layer, int64_t n, bool store_state_at_end) {
   delta_rule(layer, n, store_state_at_end);
 
   // Gated RMSNorm per value head (its weight is used as stored: Qwen3_5RMSNormGated is not
-  // zero-centred), then the output projection.
+  // zero-centred), times SiLU(z) written into z, then the output projection from z.
   const int64_t dv = d.value_head_dim;
   for_each_token(n, [&](int64_t t) {
     for (int h = 0; h < d.value_heads; ++h) {
       float* head = &s.core[t * value_width + h * dv];
       rms_norm(head, w.delta_norm, c.rms_norm_eps, dv, head, 0.0f);
-      const float* gate = &s.z[t * value_width + h * dv];
-      for (int64_t j = 0; j < dv; ++j) head[j] *= silu(gate[j]);
     }
+    numerics::silu_times(&s.z[t * value_width], &s.core[t * value_width], value_width);
   });
-  matmul(s.core.data(), n, w.delta_out, s.proj.data(), pool_);
+  matmul(s.z.data(), n, w.delta_out, s.proj.data(), pool_);
 }
 
-// The delta rule over the batch, one task per value head; each head's tokens run in order.
-// Two passes over the state per token, both along value_head_dim (contiguous):
-//   S *= decay and m = S^T k;   then S += k (beta (v - m))^T and o = S^T q.
+// The delta rule over the batch, one task per value head; each head's tokens run in order,
+// one numerics::delta_rule_step (SIMD over value_head_dim) per token.
 void Session::delta_rule(int layer, int64_t n, bool store_state_at_end) {
   const DeltaNetConfig& d = model_.config().delta_net;
   Scratch& s = *scratch_;
@@ -202,7 +202,6 @@ void Session::delta_rule(int layer, int64_t n, bool store_state_at_end) {
   const int64_t every = state_format_.store_every_tokens;
   const bool rounds = state_format_.dtype != StateDtype::f32;
   pool_.parallel_for(d.value_heads, d.value_heads, [&](int, int64_t begin, int64_t end) {
-    std::vector<float> memory(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
     for (int64_t h = begin; h < end; ++h) {
       float* head_state = &state[h * dk * dv];
       const int64_t key_head = h / group;
@@ -213,28 +212,8 @@ void Session::delta_rule(int layer, int64_t n, bool store_state_at_end) {
         const float* v = row + 2 * d.key_width() + h * dv;
         const float decay = s.decay[t * d.value_heads + h];
         const float beta = s.beta[t * d.value_heads + h];
-        float* __restrict m = memory.data();
-        std::fill(memory.begin(), memory.end(), 0.0f);
-        for (int64_t i = 0; i < dk; ++i) {
-          float* __restrict srow = head_state + i * dv;
-          const float ki = k[i];
-          for (int64_t j = 0; j < dv; ++j) {
-            srow[j] *= decay;
-            m[j] += srow[j] * ki;
-          }
-        }
-        float* __restrict dl = delta.data();
-        for (int64_t j = 0; j < dv; ++j) dl[j] = (v[j] - m[j]) * beta;
-        float* __restrict out = &s.core[t * value_width + h * dv];
-        std::fill(out, out + dv, 0.0f);
-        for (int64_t i = 0; i < dk; ++i) {
-          float* __restrict srow = head_state + i * dv;
-          const float ki = k[i], qi = q[i];
-          for (int64_t j = 0; j < dv; ++j) {
-            srow[j] += ki * dl[j];
-            out[j] += srow[j] * qi;
-          }
-        }
+        numerics::delta_rule_step(head_state, dk, dv, q, k, v, decay, beta,
+                                  &s.core[t * value_width + h * dv]);
         const int64_t position = position_ + t;
         const bool store =
             (every > 0 && (position + 1) % every == 0) || (store_state_at_end && t == n - 1);

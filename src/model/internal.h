@@ -47,7 +47,7 @@ struct Session::Scratch {
   std::vector<float> norm_weight;         // [max(hidden, head_dim)] widened norm weights
   // Gated DeltaNet
   std::vector<float> mixed;        // [n, conv_width] in_proj_qkv, then convolved [q | k | v]
-  std::vector<float> z;            // [n, value_width] output gate
+  AlignedFloats z;                 // [n, value_width] output gate, then SiLU(z) x the normed output
   std::vector<float> beta, decay;  // [n, value_heads] write strength, state decay factor
   AlignedFloats core;              // [n, value_width] delta-rule output
 };

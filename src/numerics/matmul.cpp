@@ -246,9 +246,60 @@ void MatmulRows(const float* x, int64_t tokens, int64_t cols, const void* w, int
     MatmulRowsT<2>(x, tokens, cols, w, row_begin, row_end, block_rows, out, out_stride);
 }
 
+// One token of the gated delta rule on one value head's state S [dk, dv] (row-major):
+//   S *= decay;  m = S^T k;  S += k (beta (v - m))^T;  out = S^T q.
+// Every quantity is per column j of S, so the columns go one vector at a time and both
+// passes over that column block run while it sits in L1; a column's sums over the rows are
+// in row order with one multiply-add per step, its tail columns by ScalarMulAdd (the same
+// rounding), so no value depends on how the vector width splits the columns.
+void DeltaRuleStep(float* HWY_RESTRICT state, int64_t dk, int64_t dv, const float* HWY_RESTRICT q,
+                   const float* HWY_RESTRICT k, const float* HWY_RESTRICT v, float decay,
+                   float beta, float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto decay_v = hn::Set(df, decay);
+  const auto beta_v = hn::Set(df, beta);
+  int64_t j = 0;
+  for (; j + lanes <= dv; j += lanes) {
+    auto memory = hn::Zero(df);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* cell = state + i * dv + j;
+      const auto decayed = hn::Mul(hn::LoadU(df, cell), decay_v);
+      hn::StoreU(decayed, df, cell);
+      memory = hn::MulAdd(decayed, hn::Set(df, k[i]), memory);
+    }
+    const auto delta = hn::Mul(hn::Sub(hn::LoadU(df, v + j), memory), beta_v);
+    auto output = hn::Zero(df);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* cell = state + i * dv + j;
+      const auto updated = hn::MulAdd(hn::Set(df, k[i]), delta, hn::LoadU(df, cell));
+      hn::StoreU(updated, df, cell);
+      output = hn::MulAdd(updated, hn::Set(df, q[i]), output);
+    }
+    hn::StoreU(output, df, out + j);
+  }
+  for (; j < dv; ++j) {
+    float memory = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {
+      float& cell = state[i * dv + j];
+      cell *= decay;
+      memory = ScalarMulAdd(cell, k[i], memory);
+    }
+    const float delta = (v[j] - memory) * beta;
+    float output = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {
+      float& cell = state[i * dv + j];
+      cell = ScalarMulAdd(k[i], delta, cell);
+      output = ScalarMulAdd(cell, q[i], output);
+    }
+    out[j] = output;
+  }
+}
+
 // gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (SiLU(gate) * up, the SwiGLU MLP), every
 // element by the same vector code: the tail runs as a zero-padded vector, so a value does
 // not depend on its position in the row or on the row's length.
+// up == nullptr: gate[i] = SiLU(gate[i]) alone.
 void SiluTimes(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int64_t n) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -258,14 +309,14 @@ void SiluTimes(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int64_t n
   };
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes)
-    hn::StoreU(silu_times(hn::LoadU(df, gate + i), hn::LoadU(df, up + i)), df, gate + i);
+    hn::StoreU(silu_times(hn::LoadU(df, gate + i), up ? hn::LoadU(df, up + i) : one), df, gate + i);
   if (i < n) {
     HWY_ALIGN float g_tail[HWY_MAX_BYTES / sizeof(float)] = {};
     HWY_ALIGN float u_tail[HWY_MAX_BYTES / sizeof(float)] = {};
     const size_t count = static_cast<size_t>(n - i);
     std::copy_n(gate + i, count, g_tail);
-    std::copy_n(up + i, count, u_tail);
-    hn::Store(silu_times(hn::Load(df, g_tail), hn::Load(df, u_tail)), df, g_tail);
+    if (up != nullptr) std::copy_n(up + i, count, u_tail);
+    hn::Store(silu_times(hn::Load(df, g_tail), up ? hn::Load(df, u_tail) : one), df, g_tail);
     std::copy_n(g_tail, count, gate + i);
   }
 }
@@ -324,6 +375,7 @@ namespace kvaudit::numerics {
 HWY_EXPORT(MatmulRows);
 HWY_EXPORT(Softmax);
 HWY_EXPORT(SiluTimes);
+HWY_EXPORT(DeltaRuleStep);
 
 namespace {
 int type_code(WeightType type) {
@@ -400,6 +452,15 @@ void softmax(float* x, int64_t n) {
 
 void silu_times(float* gate, const float* up, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SiluTimes)(gate, up, n);
+}
+
+void silu(float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluTimes)(x, nullptr, n);
+}
+
+void delta_rule_step(float* state, int64_t dk, int64_t dv, const float* q, const float* k,
+                     const float* v, float decay, float beta, float* out) {
+  HWY_DYNAMIC_DISPATCH(DeltaRuleStep)(state, dk, dv, q, k, v, decay, beta, out);
 }
 
 }  // namespace kvaudit::numerics

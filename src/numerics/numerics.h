@@ -341,6 +341,14 @@ void softmax(float* x, int64_t n);
 // In place gate[i] = SiLU(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], with
 // Highway's vector exp (within 1 ulp of std::exp; the same bits at any position or length).
 void silu_times(float* gate, const float* up, int64_t n);
+// In place x[i] = SiLU(x[i]), by the same vector code (silu_times with up = 1 exactly).
+void silu(float* x, int64_t n);
+// One token of the gated delta rule (Gated DeltaNet) on one value head's recurrent state
+// [dk, dv], row-major, updated in place: S *= decay; delta = beta (v - S^T k);
+// S += k delta^T; out[dv] = S^T q. Sums over the dk rows run in row order, one multiply-add
+// per step, for every column.
+void delta_rule_step(float* state, int64_t dk, int64_t dv, const float* q, const float* k,
+                     const float* v, float decay, float beta, float* out);
 
 // ---------------------------------------------------------------- attention kernels
 // Blocked SIMD GEMMs for attention (fixed reduction order; deterministic). Row form, as the

@@ -181,5 +181,36 @@ TEST(Kernels, SiluTimesMatchesDoubleReferenceAtAnyPositionOrLength) {
   }
 }
 
+TEST(Kernels, DeltaRuleStepMatchesDoubleReference) {
+  // Several tokens of the gated delta rule on a [dk, dv] state, dv with a vector tail on
+  // every target, against the definition in double.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  const int64_t dk = 8, dv = 21;
+  std::vector<float> state(dk * dv, 0.0f), out(dv);
+  std::vector<double> reference(dk * dv, 0.0);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<float> q(dk), k(dk), v(dv);
+    for (auto* x : {&q, &k})
+      for (float& e : *x) e = normal(rng);
+    for (float& e : v) e = normal(rng);
+    const float decay = 0.9f - 0.1f * step, beta = 0.3f + 0.1f * step;
+    delta_rule_step(state.data(), dk, dv, q.data(), k.data(), v.data(), decay, beta, out.data());
+    for (double& e : reference) e *= decay;
+    for (int64_t j = 0; j < dv; ++j) {
+      double memory = 0.0;
+      for (int64_t i = 0; i < dk; ++i) memory += reference[i * dv + j] * k[i];
+      const double delta = beta * (v[j] - memory);
+      double expected = 0.0;
+      for (int64_t i = 0; i < dk; ++i) {
+        reference[i * dv + j] += k[i] * delta;
+        expected += reference[i * dv + j] * q[i];
+      }
+      EXPECT_NEAR(out[j], expected, 1e-5) << "step " << step << " column " << j;
+    }
+  }
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_NEAR(state[i], reference[i], 1e-5) << i;
+}
+
 }  // namespace
 }  // namespace kvaudit::numerics
