@@ -529,6 +529,45 @@ def write_safetensors_bf16(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def train_steps(model, opt, data, vocab, budget, train, after_step, started):
+    """AdamW steps on random windows of `data` (each with a span copied later in the window,
+    train["copy_fraction"] of them) until `budget` seconds have passed; the learning rate
+    follows warmup then a cosine on wall time, so a slower or busier machine takes fewer
+    steps of the same schedule. after_step() runs after each update (restores the frozen
+    slices). Returns (steps, losses)."""
+    S, B = train["seq_len"], train["batch"]
+    step, losses = 0, []
+    train_started = time.time()
+    while True:
+        progress = (time.time() - train_started) / budget
+        if progress >= 1.0:
+            break
+        warm = min(1.0, (step + 1) / train["warmup_steps"])
+        cosine = train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * progress))
+        for g in opt.param_groups:
+            g["lr"] = train["lr"] * warm * cosine
+        starts = torch.randint(0, len(data) - S - 1, (B,))
+        batch = torch.stack([data[s:s + S + 1] for s in starts.tolist()])
+        for row in range(B):
+            if torch.rand(1).item() < train["copy_fraction"]:
+                span = int(torch.randint(train["copy_min_tokens"], train["copy_max_tokens"] + 1, (1,)))
+                src = int(torch.randint(0, S + 1 - 2 * span, (1,)))
+                dst = int(torch.randint(src + span, S + 2 - span, (1,)))
+                batch[row, dst:dst + span] = batch[row, src:src + span].clone()
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
+        opt.step()
+        after_step()
+        losses.append(round(loss.item(), 4))
+        if step % 25 == 0:
+            print(f"step {step} ({progress:.0%}) loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
+        step += 1
+    return step, losses
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-seconds", type=float, default=590.0)
@@ -573,37 +612,8 @@ def main():
     data = torch.tensor(stream)
     S, B = TRAIN["seq_len"], TRAIN["batch"]
     budget = args.max_seconds - (time.time() - started) - 25  # leave time to evaluate and save
-    step, losses = 0, []
-    train_started = time.time()
-    while True:
-        # The schedule runs on wall time (warmup, then cosine to min_lr_ratio at the budget),
-        # so a slower or busier machine takes fewer steps of the same schedule.
-        progress = (time.time() - train_started) / budget
-        if progress >= 1.0:
-            break
-        warm = min(1.0, (step + 1) / TRAIN["warmup_steps"])
-        cosine = TRAIN["min_lr_ratio"] + (1 - TRAIN["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * progress))
-        for g in opt.param_groups:
-            g["lr"] = TRAIN["lr"] * warm * cosine
-        starts = torch.randint(0, len(data) - S - 1, (B,))
-        batch = torch.stack([data[s:s + S + 1] for s in starts.tolist()])
-        for row in range(B):
-            if torch.rand(1).item() < TRAIN["copy_fraction"]:
-                span = int(torch.randint(TRAIN["copy_min_tokens"], TRAIN["copy_max_tokens"] + 1, (1,)))
-                src = int(torch.randint(0, S + 1 - 2 * span, (1,)))
-                dst = int(torch.randint(src + span, S + 2 - span, (1,)))
-                batch[row, dst:dst + span] = batch[row, src:src + span].clone()
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), TRAIN["grad_clip"])
-        opt.step()
-        restore_frozen(frozen)
-        losses.append(round(loss.item(), 4))
-        if step % 25 == 0:
-            print(f"step {step} ({progress:.0%}) loss {loss.item():.3f} ({time.time() - started:.0f} s)", flush=True)
-        step += 1
+    step, losses = train_steps(model, opt, data, vocab, budget, TRAIN,
+                               lambda: restore_frozen(frozen), started)
 
     shifts = set_kv_magnitudes(model, held_ids, S, 8)
     # Evaluate exactly what is stored: BF16-rounded weights, float32 arithmetic.

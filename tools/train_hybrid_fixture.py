@@ -43,8 +43,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fixture_model import (Bpe, read_corpus, orthonormal_rows,  # noqa: E402
-                                 write_safetensors_bf16)
+from train_fixture_model import (Bpe, orthonormal_rows, read_corpus,  # noqa: E402
+                                 train_steps, write_safetensors_bf16)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_FROM = os.path.join(HERE, "..", "tests", "fixtures", "model", "qwen3-pystd")
@@ -384,36 +384,8 @@ def main():
     S, B = TRAIN["seq_len"], TRAIN["batch"]
     print("copy loss at start (second, first occurrence):", copy_loss(model, held_ids, S), flush=True)
     budget = args.max_seconds - (time.time() - started) - 40
-    step, losses = 0, []
-    train_started = time.time()
-    while True:
-        progress = (time.time() - train_started) / budget
-        if progress >= 1.0:
-            break
-        warm = min(1.0, (step + 1) / TRAIN["warmup_steps"])
-        cosine = TRAIN["min_lr_ratio"] + (1 - TRAIN["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * progress))
-        for g in opt.param_groups:
-            g["lr"] = TRAIN["lr"] * warm * cosine
-        starts = torch.randint(0, len(data) - S - 1, (B,))
-        batch = torch.stack([data[s:s + S + 1] for s in starts.tolist()])
-        for row in range(B):
-            if torch.rand(1).item() < TRAIN["copy_fraction"]:
-                span = int(torch.randint(TRAIN["copy_min_tokens"], TRAIN["copy_max_tokens"] + 1, (1,)))
-                src = int(torch.randint(0, S + 1 - 2 * span, (1,)))
-                dst = int(torch.randint(src + span, S + 2 - span, (1,)))
-                batch[row, dst:dst + span] = batch[row, src:src + span].clone()
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), TRAIN["grad_clip"])
-        opt.step()
-        restore(frozen)
-        losses.append(round(loss.item(), 4))
-        if step % 25 == 0:
-            print(f"step {step} ({progress:.0%}) loss {loss.item():.3f} ({time.time() - started:.0f} s)",
-                  flush=True)
-        step += 1
+    step, losses = train_steps(model, opt, data, vocab, budget, TRAIN, lambda: restore(frozen),
+                               started)
 
     shifts = shrink_v(model, held_ids, S)
     with torch.no_grad():  # evaluate exactly what is stored

@@ -26,12 +26,6 @@
 #include "numerics/mul_add-inl.h"
 #include "numerics/numerics.h"
 
-// Fully unrolled loops over register tiles; without it GCC keeps the accumulator arrays in
-// memory (a store per accumulator per step).
-#ifndef KV_UNROLL
-#define KV_UNROLL _Pragma("GCC unroll 16")
-#endif
-
 HWY_BEFORE_NAMESPACE();
 namespace kvaudit::numerics::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;

@@ -49,12 +49,6 @@ constexpr int64_t kChunkColumns = 1024;
 }
 #endif
 
-// The tile loops over accumulators must be unrolled fully: GCC otherwise keeps the
-// accumulator array in memory and stores all of it on every step (half the speed).
-#ifndef KV_UNROLL
-#define KV_UNROLL _Pragma("GCC unroll 16")
-#endif
-
 HWY_BEFORE_NAMESPACE();
 namespace kvaudit::numerics::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;

@@ -1,5 +1,11 @@
 // The scalar multiply-add of the tiled GEMM kernels (attention_kernels.cpp, matmul.cpp),
-// compiled per target by the file that includes it.
+// compiled per target by the file that includes it, and the unroll their tiles need.
+
+// The tile loops over accumulators must be unrolled fully: GCC otherwise keeps the
+// accumulator arrays in memory and stores all of them on every step (half the speed).
+#ifndef KV_UNROLL
+#define KV_UNROLL _Pragma("GCC unroll 16")
+#endif
 #if defined(KVAUDIT_NUMERICS_MUL_ADD_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVAUDIT_NUMERICS_MUL_ADD_INL_H_
 #undef KVAUDIT_NUMERICS_MUL_ADD_INL_H_
