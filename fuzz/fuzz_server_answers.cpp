@@ -1,7 +1,8 @@
 // Fuzzes the parsers of what a live server answers (net/): Prometheus text (vLLM
 // /metrics), legacy completions with logprobs, chat completions, /v1/models, /tokenize
-// and error bodies. The first byte picks the parser. A malformed answer must end in
-// InputError (RequestError is one), never a crash, hang or other exception.
+// error bodies and server-sent events (first byte >= 240). The first byte picks the parser. A
+// malformed answer must end in InputError (RequestError is one), never a crash, hang or other
+// exception.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -14,6 +15,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   const std::string where = "http://127.0.0.1:1/fuzz";
   try {
+    if (data[0] >= 240) {  // a streamed body, fed in pieces the next byte sizes
+      kvaudit::net::SseParser parser(
+          where, [](std::string_view event) { (void)nlohmann::json::parse(event, nullptr, false); },
+          4096);
+      const size_t step = size > 1 ? 1 + data[1] % 17 : 1;
+      for (size_t at = 0; at < text.size(); at += step)
+        parser.feed(std::string_view(text).substr(at, step));
+      return 0;
+    }
     switch (data[0] % 6) {
       case 0:
         kvaudit::net::parse_prometheus(text, where);

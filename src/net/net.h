@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,10 @@ struct GetRequest {
   std::string path;  // may carry a query string
   std::vector<std::pair<std::string, std::string>> headers;
   uint64_t stop_after_bytes = 0;  // 0: read it all (up to max_response_bytes)
+  // When set, a success body is handed over piece by piece as it arrives instead of being
+  // kept (an error body is still kept: it is the message); returning false stops reading.
+  // Once a piece was delivered the request is not retried (the caller saw part of it).
+  std::function<bool(std::string_view piece)> on_body_piece;
 };
 
 // Counts of what the client did (for tests and the report).
@@ -130,6 +135,10 @@ class Client {
   HttpResponse get(std::string_view path);
   HttpResponse get(const GetRequest& request);
   HttpResponse post_json(std::string_view path, const nlohmann::json& body);
+  // A POST whose success body streams to on_piece as it arrives (server-sent events; the
+  // Accept header asks for text/event-stream). Retries as post_json until the first piece.
+  HttpResponse post_stream(std::string_view path, const nlohmann::json& body,
+                           const std::function<bool(std::string_view piece)>& on_piece);
 
   // As above, but a non-2xx status throws RequestError(kind http) with the server's
   // OpenAI-style error message, and the body must parse as JSON (kind malformed).
@@ -268,6 +277,25 @@ class Tokenizer {
 // One tokenize call with a throwaway Tokenizer (detection, tests).
 std::optional<Tokenized> tokenize(Client& client, std::string_view text,
                                   const std::string& model = "");
+
+// ---------------------------------------------------------------- server-sent events
+
+// A streamed answer (text/event-stream) read as it arrives: feed() the body piece by piece;
+// each complete "data:" line goes to on_data without its prefix and leading spaces (other
+// fields and comments are skipped). A line longer than max_line_bytes throws
+// RequestError(malformed): a server that never ends a line cannot grow memory unboundedly.
+class SseParser {
+ public:
+  SseParser(std::string where, std::function<void(std::string_view data)> on_data,
+            size_t max_line_bytes = 1 << 20);
+  void feed(std::string_view piece);
+
+ private:
+  std::string where_;
+  std::function<void(std::string_view)> on_data_;
+  size_t max_line_bytes_;
+  std::string line_;
+};
 
 // ---------------------------------------------------------------- Prometheus text
 

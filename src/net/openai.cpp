@@ -416,4 +416,30 @@ std::optional<Tokenized> tokenize(Client& client, std::string_view text, const s
   return Tokenizer(client, model).tokenize(text);
 }
 
+SseParser::SseParser(std::string where, std::function<void(std::string_view)> on_data,
+                     size_t max_line_bytes)
+    : where_(std::move(where)), on_data_(std::move(on_data)), max_line_bytes_(max_line_bytes) {}
+
+void SseParser::feed(std::string_view piece) {
+  while (!piece.empty()) {
+    const size_t end = piece.find('\n');
+    const std::string_view part = piece.substr(0, end);
+    if (line_.size() + part.size() > max_line_bytes_)
+      throw RequestError(
+          where_, fmt::format("a streamed line exceeds {} bytes without ending", max_line_bytes_),
+          FailureKind::malformed);
+    line_.append(part);
+    if (end == std::string_view::npos) return;
+    piece.remove_prefix(end + 1);
+    std::string_view line(line_);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.substr(0, 5) == "data:") {
+      line.remove_prefix(5);
+      while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+      on_data_(line);
+    }
+    line_.clear();
+  }
+}
+
 }  // namespace kvaudit::net

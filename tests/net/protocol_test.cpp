@@ -197,5 +197,26 @@ TEST(NetPrometheus, VllmCacheConfigInfo) {
   }
 }
 
+TEST(Sse, DataLinesAcrossPiecesCrLfAndComments) {
+  std::vector<std::string> events;
+  SseParser parser("http://x/v1/completions",
+                   [&](std::string_view data) { events.emplace_back(data); });
+  const std::string body =
+      ": keep-alive comment\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata:{\"b\":2}\n\ndata: [DONE]\n\n";
+  for (size_t split : {size_t(1), size_t(3), size_t(7), body.size()}) {
+    events.clear();
+    for (size_t at = 0; at < body.size(); at += split)
+      parser.feed(std::string_view(body).substr(at, split));
+    ASSERT_EQ(events.size(), 3u) << split;
+    EXPECT_EQ(events[0], "{\"a\":1}");
+    EXPECT_EQ(events[1], "{\"b\":2}");
+    EXPECT_EQ(events[2], "[DONE]");
+  }
+  // A line that never ends is refused once it passes the bound.
+  SseParser bounded(
+      "http://x/v1/completions", [](std::string_view) {}, 64);
+  EXPECT_THROW(bounded.feed(std::string(100, 'a')), RequestError);
+}
+
 }  // namespace
 }  // namespace kvaudit::net
