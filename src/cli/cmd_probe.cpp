@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
@@ -38,6 +40,17 @@ struct ProbeFlags {
   std::string ca_cert;
   bool progress = false;
   std::string fail_on = "critical";
+  // --load
+  bool load = false;
+  std::string load_concurrency = "1,4,16,32";
+  int64_t load_requests = 0;
+  int64_t load_budget = 2000;
+  double load_time_s = 900;
+  std::string load_prompt_tokens = "1k,2k,4k";
+  std::string load_output_tokens = "64,128,256";
+  std::string load_corpus;
+  bool no_random_control = false;
+  bool no_stream = false;
   OutputOptions output;
 };
 
@@ -59,6 +72,41 @@ void draw_progress(int64_t done, int64_t total, const std::string& label) {
   std::fflush(stderr);
 }
 
+// Ctrl-C during a load test: the run stops cleanly and reports what it measured.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) {
+  g_interrupted = true;
+}
+
+int run_load_command(const ProbeFlags& flags, const net::ClientOptions& client) {
+  probe::LoadOptions options;
+  options.concurrency.clear();
+  for (int64_t c : parse_token_counts(flags.load_concurrency, "--load-concurrency", "1,4,16,32"))
+    options.concurrency.push_back(static_cast<int>(std::min<int64_t>(c, 1 << 20)));
+  options.requests_per_level = flags.load_requests;
+  options.max_requests = flags.load_budget;
+  options.max_seconds = flags.load_time_s;
+  options.prompt_tokens =
+      parse_token_counts(flags.load_prompt_tokens, "--load-prompt-tokens", "1k,4k");
+  options.output_tokens =
+      parse_token_counts(flags.load_output_tokens, "--load-output-tokens", "64,256");
+  options.corpus_dir = flags.load_corpus;
+  options.random_control = !flags.no_random_control;
+  options.stream = !flags.no_stream;
+  options.seed = flags.seed;
+  options.model = flags.model;
+  options.results_path = flags.results;
+  options.interrupted = [] { return g_interrupted.load(); };
+  if (flags.progress || isatty(STDERR_FILENO)) options.on_progress = draw_progress;
+  std::vector<std::string> urls = {flags.url};
+  if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
+  std::signal(SIGINT, on_interrupt);
+  probe::LoadResult result = probe::run_load(urls, client, options);
+  std::signal(SIGINT, SIG_DFL);
+  emit(probe::to_report(result, options), flags.output);
+  return kExitOk;
+}
+
 int run_probe_command(const ProbeFlags& flags) {
   net::ClientOptions client;
   client.api_key = flags.api_key.empty() ? net::api_key_from_environment() : flags.api_key;
@@ -70,6 +118,7 @@ int run_probe_command(const ProbeFlags& flags) {
   client.verify_tls = !flags.insecure;
   client.ca_cert_file = flags.ca_cert;
 
+  if (flags.load) return run_load_command(flags, client);
   probe::ProbeOptions options;
   options.smoke = flags.smoke;
   options.recall = flags.recall;
@@ -143,6 +192,25 @@ void add_probe_command(CLI::App& app, Runner& run) {
                   "Progress bar on stderr even when it is not a terminal");
   probe->add_option("--fail-on", flags->fail_on, "Exit 1 on findings at this level")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
+  probe->add_flag("--load", flags->load,
+                  "Load test: throughput and latency at a ladder of concurrencies, real code "
+                  "against random-token prompts of the same lengths (with --compare: A/B)");
+  probe->add_option("--load-concurrency", flags->load_concurrency, "Concurrency ladder");
+  probe->add_option("--load-requests", flags->load_requests,
+                    "Requests per level (default: max(8, 2 x concurrency))");
+  probe->add_option("--load-budget", flags->load_budget, "Most requests in the whole run")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  probe->add_option("--load-time", flags->load_time_s, "Seconds the whole run may take")
+      ->check(CLI::Range(1.0, 86400.0));
+  probe->add_option("--load-prompt-tokens", flags->load_prompt_tokens,
+                    "Prompt lengths, cycled over each level's requests");
+  probe->add_option("--load-output-tokens", flags->load_output_tokens,
+                    "max_tokens per request, cycled");
+  probe->add_option("--load-corpus", flags->load_corpus,
+                    "Folder of your own files to build the prompts from (default: synthetic code)");
+  probe->add_flag("--no-random-control", flags->no_random_control,
+                  "Skip the random-token control runs");
+  probe->add_flag("--no-stream", flags->no_stream, "Do not ask for streamed answers (no TTFT/ITL)");
   add_output_options(*probe, flags->output);
   probe->callback([flags, &run] { run = [flags] { return run_probe_command(*flags); }; });
 }

@@ -207,4 +207,78 @@ report::Report to_report(const RunResult& result, const ProbeOptions& options);
 // Exit gate: a smoke probe failed, or the comparison verdict is "different".
 bool probe_failed(const RunResult& result);
 
+// ---------------------------------------------------------------- load tests
+
+// `kvaudit probe URL --load [--compare URL2]`: throughput and latency at a ladder of
+// concurrencies on realistic agentic-coding prompts (long code contexts: the recall
+// generator's synthetic files or the user's own files), and the same requests with
+// random-token prompts of the same lengths as the control that `bench_serving --dataset
+// random` would have sent. Speculative decoding's acceptance is read from the servers'
+// own counters (/metrics) and per-response fields. Bounded: a request budget and a time
+// limit for the whole run, 429/Retry-After honoured (net::Client), an interrupt flag
+// polled between and inside requests; each finished level is appended to a results file
+// so a rerun resumes. Load goes only to the URLs given.
+struct LoadOptions {
+  std::vector<int> concurrency = {1, 4, 16, 32};
+  int64_t requests_per_level = 0;  // 0: max(8, 2 x concurrency)
+  int64_t max_requests = 2000;     // whole run (every server, prompt kind and level)
+  double max_seconds = 900;        // whole run
+  std::vector<int64_t> prompt_tokens = {1024, 2048, 4096};  // cycled over a level's requests
+  std::vector<int64_t> output_tokens = {64, 128, 256};      // max_tokens, cycled
+  std::string corpus_dir;  // the user's files as contexts ("" : synthetic code)
+  bool random_control = true;
+  bool stream = true;  // SSE where the server streams; TTFT/ITL need it
+  uint64_t seed = 1;
+  std::string model;                  // "" : each server's /v1/models id
+  std::string results_path;           // "" : no resume
+  std::function<bool()> interrupted;  // true: stop cleanly with what was measured
+  std::function<void(int64_t done, int64_t total, const std::string& label)> on_progress;
+};
+
+struct LatencySummary {
+  int64_t count = 0;
+  double mean = 0.0, p50 = 0.0, p90 = 0.0, p99 = 0.0;  // seconds
+};
+// Nearest-rank percentiles of `seconds` (empty: count 0).
+LatencySummary summarize_latency(std::vector<double> seconds);
+
+// One (server, prompt kind, concurrency) level.
+struct LoadLevel {
+  std::string server;   // URL
+  std::string prompts;  // "real" | "random"
+  int concurrency = 0;
+  int64_t requests = 0, failures = 0;
+  double wall_seconds = 0.0;
+  double requests_per_second = 0.0;
+  double output_tokens_per_second = 0.0;
+  int64_t prompt_tokens = 0, output_tokens = 0;  // as the server's usage counted them
+  LatencySummary ttft, itl, e2e;  // first streamed token; gap between streamed chunks; whole
+  bool streamed = false;          // false: the server answered without SSE (no TTFT/ITL)
+  // Speculative decoding over the level (server counters' deltas, else the responses').
+  int64_t draft_tokens = -1, accepted_tokens = -1, drafts = -1;  // -1: not reported
+  std::string spec_source;                                       // "/metrics", "responses"
+  // The server's own count of generated tokens over the level (-1: it exports none), the
+  // independent check of output_tokens.
+  int64_t server_output_tokens = -1;
+  std::vector<std::string> errors;  // the first few failures, one line each
+  bool resumed = false;             // read back from the results file
+};
+
+struct LoadResult {
+  std::vector<ServerFacts> servers;
+  std::vector<LoadLevel> levels;  // ladder order; per level real before random, A before B
+  std::string stopped;            // "" : the whole ladder ran; else why it stopped early
+  int64_t requests_sent = 0;
+  double seconds = 0.0;
+  std::string prompt_source;  // how the prompts were made and their lengths measured
+  std::vector<std::string> notes;
+};
+
+LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptions& client,
+                    const LoadOptions& options);
+report::Report to_report(const LoadResult& result, const LoadOptions& options);
+// One level as a results-file line and back (resume).
+nlohmann::json to_json(const LoadLevel& level);
+LoadLevel load_level_from_json(const nlohmann::json& doc, const std::string& where);
+
 }  // namespace kvaudit::probe

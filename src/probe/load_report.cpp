@@ -1,0 +1,274 @@
+// The load test's report: the ladder per server and prompt kind, real text against the
+// random-token control, A against B, speculative acceptance, and the curves.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+
+#include "probe/probe.h"
+
+namespace kvaudit::probe {
+
+using nlohmann::json;
+using report::Value;
+
+namespace {
+
+// A and B by URL (one server: A).
+std::string side_of(const LoadResult& result, const std::string& url) {
+  if (result.servers.size() == 2 && result.servers[1].url == url) return "B";
+  return "A";
+}
+
+double acceptance(const LoadLevel& l) {
+  return l.draft_tokens > 0 ? static_cast<double>(l.accepted_tokens) / l.draft_tokens : NAN;
+}
+
+Value optional_number(double value) {
+  return std::isnan(value) ? Value(std::string("-")) : Value(value);
+}
+
+const LoadLevel* find_level(const LoadResult& result, const std::string& side,
+                            const std::string& prompts, int concurrency) {
+  for (const LoadLevel& l : result.levels)
+    if (side_of(result, l.server) == side && l.prompts == prompts && l.concurrency == concurrency)
+      return &l;
+  return nullptr;
+}
+
+void add_ladder(const LoadResult& result, report::Report& out) {
+  report::Table ladder{"load_ladder", "Throughput and latency per concurrency", {}, {}, ""};
+  ladder.columns = {{"server", "server", "", 0},
+                    {"prompts", "prompts", "", 0},
+                    {"concurrency", "concurrency", "", 0},
+                    {"requests", "requests", "", 0},
+                    {"failures", "failed", "", 0},
+                    {"rps", "req/s", "", 2},
+                    {"tps", "output tok/s", "", 1},
+                    {"ttft_p50", "TTFT p50", "ms", 1},
+                    {"ttft_p90", "p90", "ms", 1},
+                    {"ttft_p99", "p99", "ms", 1},
+                    {"itl_p50", "ITL p50", "ms", 2},
+                    {"itl_p90", "p90", "ms", 2},
+                    {"itl_p99", "p99", "ms", 2},
+                    {"acceptance", "draft accepted", "%", 1},
+                    {"per_step", "accepted/step", "", 2},
+                    {"output_tokens", "tokens", "", 0},
+                    {"server_tokens", "server counted", "", 0}};
+  for (const LoadLevel& l : result.levels) {
+    const double per_step =
+        l.drafts > 0 ? static_cast<double>(l.accepted_tokens) / static_cast<double>(l.drafts) : NAN;
+    auto ms = [&](const LatencySummary& s, double v) {
+      return s.count > 0 ? Value(1000.0 * v) : Value(std::string("-"));
+    };
+    ladder.rows.push_back(
+        {side_of(result, l.server) + (l.resumed ? " (resumed)" : ""), l.prompts,
+         int64_t{l.concurrency}, l.requests, l.failures, l.requests_per_second,
+         l.output_tokens_per_second, ms(l.ttft, l.ttft.p50), ms(l.ttft, l.ttft.p90),
+         ms(l.ttft, l.ttft.p99), ms(l.itl, l.itl.p50), ms(l.itl, l.itl.p90), ms(l.itl, l.itl.p99),
+         optional_number(100.0 * acceptance(l)), optional_number(per_step), l.output_tokens,
+         l.server_output_tokens >= 0 ? Value(l.server_output_tokens) : Value(std::string("-"))});
+  }
+  ladder.note =
+      "TTFT: request sent to first streamed text; ITL: gap between streamed chunks (a chunk "
+      "holds every token the server sends at once: accepted drafts arrive together); "
+      "draft accepted: accepted / drafted tokens over the level (server counters); tokens: "
+      "output tokens by the answers' usage, server counted: the server's own generation "
+      "counter over the level (/metrics), the independent check.";
+  out.tables.push_back(ladder);
+}
+
+// Real/random output-throughput ratio per server and level, and A/B per prompt kind.
+std::vector<std::string> add_ratios(const LoadResult& result, const std::vector<int>& ladder,
+                                    report::Report& out, json& payload) {
+  std::vector<std::string> verdicts;
+  report::Table ratios{"load_ratios", "Real text against random tokens", {}, {}, ""};
+  ratios.columns = {{"concurrency", "concurrency", "", 0}};
+  const std::vector<std::string> sides = result.servers.size() == 2
+                                             ? std::vector<std::string>{"A", "B"}
+                                             : std::vector<std::string>{"A"};
+  for (const std::string& side : sides)
+    ratios.columns.push_back({"real_over_random_" + side, side + " real/random tok/s", "", 3});
+  if (sides.size() == 2) {
+    ratios.columns.push_back({"b_over_a_real", "B/A real", "", 3});
+    ratios.columns.push_back({"b_over_a_random", "B/A random", "", 3});
+  }
+  double worst_gap = 0.0;
+  int worst_at = 0;
+  double real_at_worst = 1.0, random_at_worst = 1.0;
+  for (int c : ladder) {
+    std::vector<Value> row{int64_t{c}};
+    json entry = {{"concurrency", c}};
+    for (const std::string& side : sides) {
+      const LoadLevel* real = find_level(result, side, "real", c);
+      const LoadLevel* random = find_level(result, side, "random", c);
+      double ratio = NAN;
+      if (real && random && random->output_tokens_per_second > 0)
+        ratio = real->output_tokens_per_second / random->output_tokens_per_second;
+      row.push_back(optional_number(ratio));
+      entry["real_over_random_" + side] = std::isnan(ratio) ? json() : json(ratio);
+    }
+    if (sides.size() == 2) {
+      double ab[2] = {NAN, NAN};
+      for (int k = 0; k < 2; ++k) {
+        const char* kind = k == 0 ? "real" : "random";
+        const LoadLevel* a = find_level(result, "A", kind, c);
+        const LoadLevel* b = find_level(result, "B", kind, c);
+        if (a && b && a->output_tokens_per_second > 0)
+          ab[k] = b->output_tokens_per_second / a->output_tokens_per_second;
+        row.push_back(optional_number(ab[k]));
+      }
+      entry["b_over_a_real"] = std::isnan(ab[0]) ? json() : json(ab[0]);
+      entry["b_over_a_random"] = std::isnan(ab[1]) ? json() : json(ab[1]);
+      if (!std::isnan(ab[0]) && !std::isnan(ab[1]) && std::fabs(ab[0] - ab[1]) > worst_gap) {
+        worst_gap = std::fabs(ab[0] - ab[1]);
+        worst_at = c;
+        real_at_worst = ab[0];
+        random_at_worst = ab[1];
+      }
+    }
+    ratios.rows.push_back(row);
+    payload.push_back(entry);
+  }
+  if (sides.size() == 2 && worst_at > 0) {
+    // Within 5% counts as "the same" here (a benchmark's run-to-run noise).
+    const bool random_says_equal = std::fabs(random_at_worst - 1.0) < 0.05;
+    const bool real_says_equal = std::fabs(real_at_worst - 1.0) < 0.05;
+    verdicts.push_back(fmt::format(
+        "at concurrency {}: B/A output throughput {:.2f}x on real code, {:.2f}x on random "
+        "tokens{}",
+        worst_at, real_at_worst, random_at_worst,
+        random_says_equal && !real_says_equal
+            ? ": a random-token benchmark would have called them equal"
+            : (random_says_equal == real_says_equal ? ": the random-token control agrees"
+                                                    : ": the random-token control disagrees")));
+  }
+  ratios.note =
+      "Random-token prompts have the lengths of the real ones; what a random-token benchmark "
+      "(sglang.bench_serving --dataset-name random, vllm bench serve --dataset-name random) "
+      "measures. Speculative methods gain only where drafts are accepted.";
+  out.tables.push_back(ratios);
+  return verdicts;
+}
+
+void add_charts(const LoadResult& result, const std::vector<int>& ladder, report::Report& out) {
+  report::Chart throughput{"load_throughput",
+                           "Output tokens/s by concurrency",
+                           report::ChartKind::lines,
+                           "concurrency",
+                           "output tokens/s",
+                           {},
+                           {},
+                           true,
+                           false,
+                           {}};
+  report::Chart ttft{"load_ttft",
+                     "Time to first token (p50) by concurrency",
+                     report::ChartKind::lines,
+                     "concurrency",
+                     "TTFT p50 (ms)",
+                     {},
+                     {},
+                     true,
+                     false,
+                     {}};
+  for (int c : ladder) {
+    throughput.x_values.push_back(c);
+    ttft.x_values.push_back(c);
+  }
+  const std::vector<std::string> sides = result.servers.size() == 2
+                                             ? std::vector<std::string>{"A", "B"}
+                                             : std::vector<std::string>{"A"};
+  for (const std::string& side : sides)
+    for (const char* kind : {"real", "random"}) {
+      report::Series tps{side + " " + kind, {}}, first{side + " " + kind, {}};
+      bool any = false;
+      for (int c : ladder) {
+        const LoadLevel* l = find_level(result, side, kind, c);
+        tps.y.push_back(l ? l->output_tokens_per_second : NAN);
+        first.y.push_back(l && l->ttft.count > 0 ? 1000.0 * l->ttft.p50 : NAN);
+        any |= l != nullptr;
+      }
+      if (!any) continue;
+      throughput.series.push_back(tps);
+      ttft.series.push_back(first);
+    }
+  out.charts.push_back(throughput);
+  out.charts.push_back(ttft);
+}
+
+}  // namespace
+
+report::Report to_report(const LoadResult& result, const LoadOptions& options) {
+  report::Report out;
+  out.command = "probe";
+  out.title = result.servers.size() == 2
+                  ? fmt::format("kvaudit probe --load: A {} vs B {}", result.servers[0].url,
+                                result.servers[1].url)
+                  : fmt::format("kvaudit probe --load: {}", result.servers[0].url);
+  for (size_t s = 0; s < result.servers.size(); ++s) {
+    const ServerFacts& f = result.servers[s];
+    out.facts.push_back(
+        {s == 0 ? "server_a" : "server_b", s == 0 ? "A" : "B",
+         Value(fmt::format("{} ({}{}, model {})", f.url, f.engine,
+                           f.engine_version.empty() ? "" : " " + f.engine_version, f.model_id)),
+         ""});
+  }
+  out.facts.push_back({"prompts", "Prompts", Value(result.prompt_source), ""});
+  out.facts.push_back({"lengths", "Prompt / output tokens (cycled)",
+                       Value(fmt::format("{} / {}", fmt::join(options.prompt_tokens, ", "),
+                                         fmt::join(options.output_tokens, ", "))),
+                       ""});
+  out.facts.push_back({"requests_sent", "Requests sent", Value(result.requests_sent), ""});
+  out.facts.push_back({"seconds", "Run time", Value(result.seconds), "s", 1});
+  add_ladder(result, out);
+  json ratios = json::array();
+  std::vector<std::string> verdicts = add_ratios(result, options.concurrency, out, ratios);
+  add_charts(result, options.concurrency, out);
+
+  // Speculative decoding: acceptance on real text against random tokens.
+  for (const std::string side : {"A", "B"}) {
+    double real_sum = 0, real_draft = 0, random_sum = 0, random_draft = 0;
+    for (const LoadLevel& l : result.levels) {
+      if (side_of(result, l.server) != side || l.draft_tokens <= 0) continue;
+      (l.prompts == "real" ? real_sum : random_sum) += static_cast<double>(l.accepted_tokens);
+      (l.prompts == "real" ? real_draft : random_draft) += static_cast<double>(l.draft_tokens);
+    }
+    if (real_draft > 0 || random_draft > 0)
+      verdicts.push_back(fmt::format(
+          "{} speculative drafts accepted {:.1f}% on real code, {:.1f}% on random tokens{}", side,
+          real_draft > 0 ? 100.0 * real_sum / real_draft : 0.0,
+          random_draft > 0 ? 100.0 * random_sum / random_draft : 0.0,
+          real_draft > 0 && random_draft > 0 &&
+                  real_sum / real_draft > 2 * random_sum / random_draft
+              ? ": a random-token benchmark under-states the method"
+              : ""));
+  }
+
+  int64_t failures = 0;
+  for (const LoadLevel& l : result.levels) failures += l.failures;
+  json levels = json::array();
+  for (const LoadLevel& l : result.levels) levels.push_back(to_json(l));
+  out.payload["load"] = {{"levels", levels},          {"ratios", ratios},
+                         {"stopped", result.stopped}, {"requests_sent", result.requests_sent},
+                         {"seconds", result.seconds}, {"prompt_source", result.prompt_source}};
+  for (const std::string& note : result.notes) out.notes.push_back(note);
+  for (const LoadLevel& l : result.levels)
+    for (const std::string& error : l.errors)
+      out.notes.push_back(
+          fmt::format("{} {} x{}: {}", side_of(result, l.server), l.prompts, l.concurrency, error));
+  if (!result.stopped.empty()) out.notes.push_back("Stopped early: " + result.stopped + ".");
+
+  out.verdict_severity =
+      failures > 0 || !result.stopped.empty() ? report::Severity::warning : report::Severity::info;
+  std::string head =
+      result.stopped.empty()
+          ? fmt::format("{} levels measured", result.levels.size())
+          : fmt::format("stopped early ({}) after {} levels", result.stopped, result.levels.size());
+  if (failures > 0) head += fmt::format(", {} failed requests", failures);
+  out.verdict = head;
+  for (const std::string& v : verdicts) out.verdict += "; " + v;
+  return out;
+}
+
+}  // namespace kvaudit::probe

@@ -1,0 +1,350 @@
+// probe --load against in-process fake servers: streamed and one-piece answers, a server
+// that slows down under load, one that starts failing, one that rate-limits, a stall in the
+// middle of a stream, the time limit, Ctrl-C, resume, and speculative counters that differ
+// between real text and random tokens. Every run must end inside its limits with a report.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "probe/probe.h"
+#include "util/util.h"
+
+namespace kvaudit::probe {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct LoadFakeConfig {
+  bool stream = true;              // honour "stream": true with SSE
+  int token_ms = 1;                // per generated token
+  bool slower_under_load = false;  // each token takes token_ms x requests in flight
+  int fail_after = -1;             // completions after the first N answer 500
+  int rate_limit_first = 0;        // the first N completions answer 429 (Retry-After: 0)
+  int stall_after_tokens = -1;     // a stream goes silent after N tokens ...
+  int stall_ms = 0;                // ... for this long
+  bool spec = false;               // export speculative counters (accepted ~ repeated bigrams)
+};
+
+// Tokens are bytes (/tokenize); a completion streams max_tokens tokens of "x".
+class LoadFake {
+ public:
+  explicit LoadFake(LoadFakeConfig config) : config_(config) {
+    server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
+                      "application/json");
+    });
+    server_.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+      json body = json::parse(req.body, nullptr, false);
+      std::string text;
+      for (const char* key : {"prompt", "content", "text"})
+        if (body.is_object() && body.contains(key) && body[key].is_string()) text = body[key];
+      json ids = json::array();
+      for (unsigned char c : text) ids.push_back(int(c));
+      res.set_content(json{{"tokens", ids}}.dump(), "application/json");
+    });
+    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      std::string text =
+          "llamacpp:tokens_predicted_total " + std::to_string(generated_.load()) + "\n";
+      if (config_.spec)
+        text += "llamacpp:spec_decode_num_draft_tokens_total " + std::to_string(drafted_.load()) +
+                "\nllamacpp:spec_decode_num_accepted_tokens_total " +
+                std::to_string(accepted_.load()) + "\nllamacpp:spec_decode_num_drafts_total " +
+                std::to_string(drafts_.load()) + "\n";
+      res.set_content(text, "text/plain; version=0.0.4");
+    });
+    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      completion(req, res);
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~LoadFake() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int completions() const { return completions_; }
+  int64_t generated() const { return generated_; }
+
+ private:
+  void completion(const httplib::Request& req, httplib::Response& res) {
+    const int n = completions_++;
+    if (n < config_.rate_limit_first) {
+      res.status = 429;
+      res.set_header("Retry-After", "0");
+      res.set_content(R"({"error":{"message":"slow down"}})", "application/json");
+      return;
+    }
+    if (config_.fail_after >= 0 && n >= config_.fail_after + config_.rate_limit_first) {
+      res.status = 500;
+      res.set_content(R"({"error":{"message":"engine died"}})", "application/json");
+      return;
+    }
+    json body = json::parse(req.body);
+    const int64_t max_tokens = body.value("max_tokens", 16);
+    std::vector<int> prompt;
+    if (body["prompt"].is_array())
+      for (const json& id : body["prompt"]) prompt.push_back(id.get<int>());
+    else
+      for (unsigned char c : body["prompt"].get<std::string>()) prompt.push_back(c);
+    // Speculation: drafts accepted in proportion to the prompt's repeated bigrams.
+    std::map<std::pair<int, int>, int> bigrams;
+    int repeats = 0;
+    for (size_t i = 1; i < prompt.size(); ++i) repeats += bigrams[{prompt[i - 1], prompt[i]}]++ > 0;
+    const double accept = prompt.size() > 1 ? double(repeats) / double(prompt.size() - 1) : 0.0;
+    if (config_.spec) {
+      drafted_ += max_tokens;
+      accepted_ += static_cast<int64_t>(accept * max_tokens);
+      drafts_ += max_tokens / 4;
+    }
+    const bool stream = config_.stream && body.value("stream", false);
+    const json usage = {{"prompt_tokens", prompt.size()}, {"completion_tokens", max_tokens}};
+    if (!stream) {
+      wait_tokens(max_tokens);
+      generated_ += max_tokens;
+      res.set_content(json{{"choices", {{{"text", std::string(max_tokens, 'x')}, {"index", 0}}}},
+                           {"usage", usage}}
+                          .dump(),
+                      "application/json");
+      return;
+    }
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, max_tokens, usage](size_t, httplib::DataSink& sink) {
+          for (int64_t t = 0; t < max_tokens; ++t) {
+            if (t == config_.stall_after_tokens)
+              std::this_thread::sleep_for(std::chrono::milliseconds(config_.stall_ms));
+            wait_tokens(1);
+            ++generated_;
+            const std::string event =
+                "data: " + json{{"choices", {{{"text", "x"}, {"index", 0}}}}}.dump() + "\n\n";
+            if (!sink.write(event.data(), event.size())) return false;
+          }
+          const std::string last =
+              "data: " + json{{"choices", json::array()}, {"usage", usage}}.dump() +
+              "\n\ndata: [DONE]\n\n";
+          sink.write(last.data(), last.size());
+          sink.done();
+          return true;
+        });
+  }
+  void wait_tokens(int64_t tokens) {
+    ++in_flight_;
+    const int factor = config_.slower_under_load ? std::max(1, in_flight_.load()) : 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(config_.token_ms * factor * tokens));
+    --in_flight_;
+  }
+
+  LoadFakeConfig config_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<int> completions_{0}, in_flight_{0};
+  std::atomic<int64_t> generated_{0}, drafted_{0}, accepted_{0}, drafts_{0};
+};
+
+net::ClientOptions quick_client() {
+  net::ClientOptions client;
+  client.read_timeout = std::chrono::milliseconds(2000);
+  client.connect_timeout = std::chrono::milliseconds(1000);
+  client.max_retries = 2;
+  client.backoff_initial = std::chrono::milliseconds(10);
+  return client;
+}
+
+LoadOptions small_ladder() {
+  LoadOptions options;
+  options.concurrency = {1, 2};
+  options.requests_per_level = 4;
+  options.prompt_tokens = {64, 96};
+  options.output_tokens = {8};
+  options.max_seconds = 30;
+  return options;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+TEST(Load, StreamedLadderCountsWhatTheServerCounts) {
+  LoadFake fake({});
+  LoadResult result = run_load({fake.url()}, quick_client(), small_ladder());
+  EXPECT_TRUE(result.stopped.empty()) << result.stopped;
+  ASSERT_EQ(result.levels.size(), 4u);  // {1, 2} x {real, random}
+  for (const LoadLevel& level : result.levels) {
+    EXPECT_EQ(level.requests, 4);
+    EXPECT_EQ(level.failures, 0);
+    EXPECT_TRUE(level.streamed);
+    EXPECT_EQ(level.output_tokens, 32);
+    EXPECT_EQ(level.server_output_tokens, 32);  // the independent count agrees exactly
+    EXPECT_EQ(level.ttft.count, 4);
+    EXPECT_EQ(level.itl.count, 4 * 7);  // 8 chunks a request: 7 gaps
+    EXPECT_GT(level.ttft.p50, 0.0);
+    EXPECT_GT(level.output_tokens_per_second, 0.0);
+    EXPECT_EQ(level.prompt_tokens, 64 + 96 + 64 + 96);  // exact lengths via /tokenize
+  }
+  EXPECT_EQ(result.levels[0].prompts, "real");
+  EXPECT_EQ(result.levels[1].prompts, "random");
+  EXPECT_EQ(fake.completions(), 16);
+  report::Report report = to_report(result, small_ladder());
+  EXPECT_EQ(report.verdict_severity, report::Severity::info);
+  EXPECT_NE(report.verdict.find("4 levels measured"), std::string::npos) << report.verdict;
+}
+
+TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
+  LoadFake fake({.stream = false});
+  LoadResult result = run_load({fake.url()}, quick_client(), small_ladder());
+  ASSERT_FALSE(result.levels.empty());
+  for (const LoadLevel& level : result.levels) {
+    EXPECT_FALSE(level.streamed);
+    EXPECT_EQ(level.ttft.count, 0);
+    EXPECT_EQ(level.output_tokens, 32);  // from usage
+  }
+}
+
+TEST(Load, ServerThatSlowsDownUnderLoad) {
+  LoadFake fake({.token_ms = 4, .slower_under_load = true});
+  LoadOptions options = small_ladder();
+  options.concurrency = {1, 4};
+  options.requests_per_level = 8;
+  options.random_control = false;
+  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  ASSERT_EQ(result.levels.size(), 2u);
+  // Four at once take about four times as long per token: no throughput gained, and the
+  // gaps between tokens grow with the load.
+  EXPECT_GT(result.levels[1].itl.p50, 2.0 * result.levels[0].itl.p50);
+  EXPECT_LT(result.levels[1].output_tokens_per_second,
+            2.0 * result.levels[0].output_tokens_per_second);
+}
+
+TEST(Load, ServerThatStartsFailingStopsTheRunWithWhatItMeasured) {
+  LoadFake fake({.fail_after = 6});
+  net::ClientOptions client = quick_client();
+  client.max_retries = 0;
+  const auto started = Clock::now();
+  LoadResult result = run_load({fake.url()}, client, small_ladder());
+  EXPECT_LT(seconds_since(started), 10.0);
+  EXPECT_FALSE(result.stopped.empty());
+  int64_t failures = 0;
+  for (const LoadLevel& level : result.levels) failures += level.failures;
+  EXPECT_GT(failures, 0);
+  report::Report report = to_report(result, small_ladder());
+  EXPECT_EQ(report.verdict_severity, report::Severity::warning);
+  EXPECT_NE(report.verdict.find("stopped early"), std::string::npos) << report.verdict;
+  bool named = false;
+  for (const std::string& note : report.notes)
+    named |= note.find("engine died") != std::string::npos;
+  EXPECT_TRUE(named);
+}
+
+TEST(Load, RateLimitedRequestsAreRetriedAfterRetryAfter) {
+  LoadFake fake({.rate_limit_first = 2});
+  LoadOptions options = small_ladder();
+  options.concurrency = {1};
+  options.random_control = false;
+  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  ASSERT_EQ(result.levels.size(), 1u);
+  EXPECT_EQ(result.levels[0].failures, 0);
+  EXPECT_EQ(fake.completions(), 4 + 2);
+}
+
+TEST(Load, StallMidStreamEndsAtTheReadTimeout) {
+  LoadFake fake({.stall_after_tokens = 3, .stall_ms = 3000});
+  net::ClientOptions client = quick_client();
+  client.read_timeout = std::chrono::milliseconds(300);
+  const auto started = Clock::now();
+  LoadResult result = run_load({fake.url()}, client, small_ladder());
+  EXPECT_LT(seconds_since(started), 8.0);
+  ASSERT_FALSE(result.levels.empty());
+  EXPECT_GT(result.levels[0].failures, 0);
+  EXPECT_FALSE(result.stopped.empty());  // a stalled server is a failing one
+}
+
+TEST(Load, TimeLimitAndInterruptEndTheRun) {
+  LoadFake fake({.token_ms = 50});
+  LoadOptions options = small_ladder();
+  options.max_seconds = 1.0;
+  auto started = Clock::now();
+  LoadResult timed = run_load({fake.url()}, quick_client(), options);
+  EXPECT_LT(seconds_since(started), 4.0);
+  EXPECT_NE(timed.stopped.find("time limit"), std::string::npos) << timed.stopped;
+
+  std::atomic<int> asked{0};
+  options = small_ladder();
+  options.interrupted = [&] { return ++asked > 12; };
+  LoadResult interrupted = run_load({fake.url()}, quick_client(), options);
+  EXPECT_EQ(interrupted.stopped, "interrupted");
+  EXPECT_LT(interrupted.levels.size(), 4u);
+}
+
+TEST(Load, ResultsFileResumesFinishedLevels) {
+  LoadFake fake({});
+  const std::filesystem::path file = std::filesystem::path(KVAUDIT_BUILD_DIR) / "load_resume.jsonl";
+  std::filesystem::remove(file);
+  LoadOptions options = small_ladder();
+  options.results_path = file.string();
+  LoadResult first = run_load({fake.url()}, quick_client(), options);
+  ASSERT_EQ(first.levels.size(), 4u);
+  const int sent = fake.completions();
+  LoadResult again = run_load({fake.url()}, quick_client(), options);
+  ASSERT_EQ(again.levels.size(), 4u);
+  EXPECT_EQ(fake.completions(), sent);  // nothing re-run
+  for (const LoadLevel& level : again.levels) EXPECT_TRUE(level.resumed);
+  EXPECT_EQ(again.levels[2].output_tokens_per_second, first.levels[2].output_tokens_per_second);
+  // A broken line names the file and line.
+  {
+    std::ofstream out(file, std::ios::app);
+    out << R"({"kind":"load_level","server":"x"})"
+        << "\n";
+  }
+  EXPECT_THROW(run_load({fake.url()}, quick_client(), options), InputError);
+  std::filesystem::remove(file);
+}
+
+TEST(Load, SpeculativeAcceptanceRealAgainstRandom) {
+  LoadFake plain({}), spec({.spec = true});
+  LoadOptions options = small_ladder();
+  options.concurrency = {1};
+  LoadResult result = run_load({plain.url(), spec.url()}, quick_client(), options);
+  ASSERT_EQ(result.levels.size(), 4u);  // real A, real B, random A, random B
+  const LoadLevel& real_b = result.levels[1];
+  const LoadLevel& random_b = result.levels[3];
+  ASSERT_EQ(real_b.spec_source, "/metrics");
+  EXPECT_EQ(result.levels[0].draft_tokens, -1);  // A exports no counters
+  const double real_rate = double(real_b.accepted_tokens) / double(real_b.draft_tokens);
+  const double random_rate = double(random_b.accepted_tokens) / double(random_b.draft_tokens);
+  EXPECT_GT(real_rate, 2.0 * random_rate) << real_rate << " vs " << random_rate;
+  report::Report report = to_report(result, options);
+  EXPECT_NE(report.verdict.find("under-states the method"), std::string::npos) << report.verdict;
+  EXPECT_NE(report.verdict.find("B/A output throughput"), std::string::npos) << report.verdict;
+}
+
+TEST(Load, RefusesBadOptions) {
+  LoadOptions options = small_ladder();
+  options.concurrency = {};
+  EXPECT_THROW(run_load({"http://127.0.0.1:1"}, quick_client(), options), InputError);
+  options = small_ladder();
+  options.concurrency = {0};
+  EXPECT_THROW(run_load({"http://127.0.0.1:1"}, quick_client(), options), InputError);
+  EXPECT_THROW(run_load({}, quick_client(), small_ladder()), InputError);
+}
+
+TEST(Load, LatencyPercentilesAreNearestRank) {
+  LatencySummary s = summarize_latency({0.5, 0.1, 0.3, 0.2, 0.4});
+  EXPECT_EQ(s.count, 5);
+  EXPECT_DOUBLE_EQ(s.p50, 0.3);
+  EXPECT_DOUBLE_EQ(s.p90, 0.5);
+  EXPECT_DOUBLE_EQ(s.mean, 0.3);
+  EXPECT_EQ(summarize_latency({}).count, 0);
+}
+
+}  // namespace
+}  // namespace kvaudit::probe
