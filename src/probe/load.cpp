@@ -369,9 +369,11 @@ struct Budget {
   bool stop() const { return interrupted && interrupted(); }
 };
 
+// `stream` turns false (for the rest of the run) when the server refuses stream=true with a
+// 400 that says so (kvaudit serve, some gateways): the request is sent again in one piece.
 LoadLevel run_level(net::Client& client, const std::string& model,
-                    const std::vector<LoadPrompt>& prompts, int concurrency, bool stream,
-                    Budget& budget, std::atomic<bool>& server_failing) {
+                    const std::vector<LoadPrompt>& prompts, int concurrency,
+                    std::atomic<bool>& stream, Budget& budget, std::atomic<bool>& server_failing) {
   LoadLevel level;
   level.concurrency = concurrency;
   const SpecCounters before = read_spec_counters(client);
@@ -390,6 +392,12 @@ LoadLevel run_level(net::Client& client, const std::string& model,
         ++sent;
         timings[index] =
             run_request(client, model, prompts[index], stream, budget.deadline, budget.interrupted);
+        if (stream && !timings[index].ok && timings[index].error.rfind("HTTP 400", 0) == 0 &&
+            timings[index].error.find("stream") != std::string::npos) {
+          stream = false;
+          timings[index] = run_request(client, model, prompts[index], false, budget.deadline,
+                                       budget.interrupted);
+        }
         if (timings[index].unavailable) server_failing = true;
       }
     });
@@ -570,6 +578,9 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
       started + std::chrono::milliseconds(static_cast<int64_t>(options.max_seconds * 1000)),
       options.interrupted};
   std::atomic<bool> failing{false};
+  std::vector<std::unique_ptr<std::atomic<bool>>> streams;
+  for (size_t s = 0; s < urls.size(); ++s)
+    streams.push_back(std::make_unique<std::atomic<bool>>(options.stream));
   const std::vector<std::string> kinds = options.random_control
                                              ? std::vector<std::string>{"real", "random"}
                                              : std::vector<std::string>{"real"};
@@ -607,7 +618,7 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
             break;
           }
           LoadLevel level = run_level(*clients[s], models[s], level_prompts, concurrency,
-                                      options.stream, budget, failing);
+                                      *streams[s], budget, failing);
           level.server = urls[s];
           level.prompts = kind;
           result.requests_sent += level.requests;
@@ -636,6 +647,11 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
   if (result.stopped.empty() && failing)
     result.stopped = "a server stopped answering (see the errors)";
   for (size_t s = 0; s < clients.size(); ++s) {
+    if (options.stream && !*streams[s])
+      result.notes.push_back(fmt::format(
+          "{} refuses stream=true: its requests were sent without streaming, so it has no "
+          "first-token or inter-token times",
+          urls[s]));
     const net::ClientStats stats = clients[s]->stats();
     result.notes.push_back(
         fmt::format("{}: {} requests, {} HTTP attempts ({} retries), {} connections", urls[s],
