@@ -43,8 +43,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fixture_model import (Bpe, orthonormal_rows, read_corpus,  # noqa: E402
-                                 train_steps, write_safetensors_bf16)
+from train_fixture_model import (Bpe, heldout_loss, orthonormal_rows,  # noqa: E402
+                                 read_corpus, restore_frozen, train_steps,
+                                 write_safetensors_bf16)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_FROM = os.path.join(HERE, "..", "tests", "fixtures", "model", "qwen3-pystd")
@@ -300,23 +301,6 @@ def seed_circuit(model):
     return [(model.w(n), i, model.w(n)[i].detach().clone()) for n, i in frozen]
 
 
-def restore(frozen):
-    with torch.no_grad():
-        for tensor, index, value in frozen:
-            tensor[index] = value
-
-
-def heldout_loss(model, ids, seq_len, chunks):
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for c in range(min(chunks, len(ids) // seq_len)):
-            chunk = torch.tensor(ids[c * seq_len:(c + 1) * seq_len])[None]
-            logits = model(chunk)[0, :-1].double()
-            total += F.cross_entropy(logits, chunk[0, 1:], reduction="sum").item()
-            count += seq_len - 1
-    return total / count
-
-
 def copy_loss(model, ids, seq_len, span=32):
     """Mean NLL of a span of held-out text the second time it appears in the window (the
     recall circuit at work) and the first time (no copy possible)."""
@@ -384,7 +368,7 @@ def main():
     S, B = TRAIN["seq_len"], TRAIN["batch"]
     print("copy loss at start (second, first occurrence):", copy_loss(model, held_ids, S), flush=True)
     budget = args.max_seconds - (time.time() - started) - 40
-    step, losses = train_steps(model, opt, data, vocab, budget, TRAIN, lambda: restore(frozen),
+    step, losses = train_steps(model, opt, data, vocab, budget, TRAIN, lambda: restore_frozen(frozen),
                                started)
 
     shifts = shrink_v(model, held_ids, S)
