@@ -271,6 +271,16 @@ struct EngineDefaults {
   Provenance provenance;
 };
 
+// The recurrent-state dtype a release runs a hybrid with: the launch flag, else the
+// release's default, which may be "read it from the model config" (then the config's
+// mamba_ssm_dtype, else the release's fallback).
+struct MambaSsmDtype {
+  std::string dtype;   // as spelled by its source ("float32", "bfloat16")
+  std::string origin;  // "launch flag" | "model config" | "engine fallback" | "engine default"
+};
+MambaSsmDtype resolve_mamba_ssm_dtype(const EngineDefaults& defaults, const std::string& flag,
+                                      const std::string& config_dtype);
+
 // ---------------------------------------------------------------- log messages
 
 // What a recognised line tells about its launch (logs/ decides what to do with it).

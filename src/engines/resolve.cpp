@@ -536,4 +536,14 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
   return resolved;
 }
 
+MambaSsmDtype resolve_mamba_ssm_dtype(const EngineDefaults& defaults, const std::string& flag,
+                                      const std::string& config_dtype) {
+  if (!flag.empty() && flag != "auto") return {flag, "launch flag"};
+  if (defaults.mamba_ssm_dtype == "from_model_config" || defaults.mamba_ssm_dtype == "auto")
+    return config_dtype.empty()
+               ? MambaSsmDtype{defaults.mamba_ssm_dtype_fallback, "engine fallback"}
+               : MambaSsmDtype{config_dtype, "model config"};
+  return {defaults.mamba_ssm_dtype, "engine default"};
+}
+
 }  // namespace kvaudit::engines

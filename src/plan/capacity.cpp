@@ -153,18 +153,11 @@ SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::Eng
   rules.conv_dtype = engines::normalise_dtype(defaults.mamba_conv_dtype);
   // The recurrent state dtype: the launch flag, else the engine default (which may be
   // "read it from the model config"), else float32.
-  std::string ssm = options.mamba_ssm_dtype;
-  rules.ssm_dtype_origin = "launch flag";
-  if (ssm.empty() || ssm == "auto") {
-    const std::string config = model.linear_attention ? model.linear_attention->ssm_dtype : "";
-    if (defaults.mamba_ssm_dtype == "from_model_config" || defaults.mamba_ssm_dtype == "auto") {
-      ssm = config.empty() ? defaults.mamba_ssm_dtype_fallback : config;
-      rules.ssm_dtype_origin = config.empty() ? "engine fallback" : "model config";
-    } else {
-      ssm = defaults.mamba_ssm_dtype;
-      rules.ssm_dtype_origin = "engine default";
-    }
-  }
+  const engines::MambaSsmDtype resolved = engines::resolve_mamba_ssm_dtype(
+      defaults, options.mamba_ssm_dtype,
+      model.linear_attention ? model.linear_attention->ssm_dtype : "");
+  const std::string& ssm = resolved.dtype;
+  rules.ssm_dtype_origin = resolved.origin;
   rules.ssm_dtype = engines::normalise_dtype(ssm).empty() ? "fp32" : engines::normalise_dtype(ssm);
   if (model.multimodal)
     rules.mm_reservation_bytes = static_cast<int64_t>(defaults.mm_reservation_mib * kMiB);

@@ -272,21 +272,25 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
                              kv.format.spec, engines::scale_source_name(kv.scale_source))});
   }
   if (facts.linear_attention) {
-    std::string ssm = options.mamba_ssm_dtype;
-    if (ssm.empty()) ssm = facts.linear_attention->ssm_dtype;
-    if (ssm.empty()) ssm = "float32";
-    try {
-      kv.state = model::parse_state_format(ssm, 0);
-    } catch (const InputError&) {
-      throw InputError("--mamba-ssm-dtype",
-                       fmt::format("'{}' is not a state dtype (float32, bfloat16, float16; "
-                                   "int8 as a kvaudit extension)",
-                                   ssm));
-    }
+    // As the emulated SGLang release decides it (data/engines/sglang.json defaults); int8
+    // is a kvaudit extension (vLLM's quantized SSM caches), not an SGLang choice.
+    const engines::EngineDefaults& defaults = engine.defaults_for(*version);
+    const engines::MambaSsmDtype ssm = engines::resolve_mamba_ssm_dtype(
+        defaults, options.mamba_ssm_dtype, facts.linear_attention->ssm_dtype);
+    const auto& choices = defaults.mamba_ssm_dtype_choices;
+    const bool sglang_choice =
+        std::find(choices.begin(), choices.end(), ssm.dtype) != choices.end();
+    if (!sglang_choice && ssm.dtype != "int8")
+      throw InputError(
+          ssm.origin == "launch flag" ? "--mamba-ssm-dtype" : facts.config_file,
+          fmt::format("mamba_ssm_dtype '{}' ({}) is not a choice of SGLang {} ({}; "
+                      "int8 as a kvaudit extension)",
+                      ssm.dtype, ssm.origin, kv.engine_version, fmt::join(choices, ", ")));
+    kv.state = model::parse_state_format(ssm.dtype, 0);
     kv.load_messages.push_back(
-        {"INFO", fmt::format("Mamba/linear-attention state dtype: {} (stored after each prefill "
-                             "and decode step)",
-                             kv.state.spec)});
+        {"INFO", fmt::format("Mamba/linear-attention state dtype: {} ({}; stored after each "
+                             "prefill and decode step)",
+                             kv.state.spec, ssm.origin)});
   } else if (!options.mamba_ssm_dtype.empty()) {
     throw InputError("--mamba-ssm-dtype", "the model has no linear-attention layers");
   }
