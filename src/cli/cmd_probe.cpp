@@ -104,7 +104,11 @@ int run_load_command(const ProbeFlags& flags, const net::ClientOptions& client) 
   probe::LoadResult result = probe::run_load(urls, client, options);
   std::signal(SIGINT, SIG_DFL);
   emit(probe::to_report(result, options), flags.output);
-  return kExitOk;
+  // Failed requests, or a server that stopped answering, fail the command (the report
+  // keeps what was measured); reaching the time limit or the budget does not.
+  int64_t failures = 0;
+  for (const probe::LoadLevel& level : result.levels) failures += level.failures;
+  return failures > 0 ? kExitGateFailed : kExitOk;
 }
 
 int run_probe_command(const ProbeFlags& flags) {

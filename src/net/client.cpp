@@ -464,9 +464,10 @@ HttpResponse Client::get(const GetRequest& request) {
 }
 
 HttpResponse Client::post_stream(std::string_view path, const nlohmann::json& body,
-                                 const std::function<bool(std::string_view)>& on_piece) {
+                                 const std::function<bool(std::string_view)>& on_piece,
+                                 std::string_view accept) {
   GetRequest extra;
-  extra.headers = {{"Accept", "text/event-stream"}};
+  extra.headers = {{"Accept", std::string(accept)}};
   extra.on_body_piece = on_piece;
   const std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return send("POST", path, &text, &extra);

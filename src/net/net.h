@@ -138,7 +138,8 @@ class Client {
   // A POST whose success body streams to on_piece as it arrives (server-sent events; the
   // Accept header asks for text/event-stream). Retries as post_json until the first piece.
   HttpResponse post_stream(std::string_view path, const nlohmann::json& body,
-                           const std::function<bool(std::string_view piece)>& on_piece);
+                           const std::function<bool(std::string_view piece)>& on_piece,
+                           std::string_view accept = "text/event-stream");
 
   // As above, but a non-2xx status throws RequestError(kind http) with the server's
   // OpenAI-style error message, and the body must parse as JSON (kind malformed).

@@ -181,10 +181,11 @@ class SseReader {
       : timing_(timing),
         started_(started),
         parser_(where, [this](std::string_view data) { event(data); }) {}
-  void feed(std::string_view piece) {
+  // events: parse server-sent events (a streamed request); else only keep the body.
+  void feed(std::string_view piece, bool events) {
     // Kept whole too (bounded): a server that ignores "stream" answers one JSON body.
     if (raw_.size() + piece.size() <= (8u << 20)) raw_.append(piece);
-    parser_.feed(piece);
+    if (events) parser_.feed(piece);
   }
   bool done() const { return done_; }
   const std::string& raw() const { return raw_; }
@@ -267,18 +268,19 @@ Timing run_request(net::Client& client, const std::string& model, const LoadProm
   try {
     SseReader reader(timing, started, client.where("/v1/completions"));
     net::HttpResponse response;
-    if (stream) {
-      response = client.post_stream("/v1/completions", body, [&](std::string_view piece) {
-        if (Clock::now() >= deadline || (stop && stop())) {
-          cut = true;
-          return false;
-        }
-        reader.feed(piece);
-        return true;
-      });
-    } else {
-      response = client.post_json("/v1/completions", body);
-    }
+    // Streamed or not, the body arrives piece by piece, so the run's deadline and an
+    // interrupt stop a slow answer too (a one-piece answer is parsed from reader.raw()).
+    response = client.post_stream(
+        "/v1/completions", body,
+        [&](std::string_view piece) {
+          if (Clock::now() >= deadline || (stop && stop())) {
+            cut = true;
+            return false;
+          }
+          reader.feed(piece, stream);
+          return true;
+        },
+        stream ? "text/event-stream" : "application/json");
     timing.total = std::chrono::duration<double>(Clock::now() - started).count();
     if (response.status < 200 || response.status >= 300) {
       timing.error =
@@ -299,7 +301,7 @@ Timing run_request(net::Client& client, const std::string& model, const LoadProm
       }
     } else {
       // Answered in one piece (no SSE): counts from the JSON, no first-token time.
-      json doc = json::parse(stream ? reader.raw() : response.body, nullptr, false);
+      json doc = json::parse(reader.raw(), nullptr, false);
       if (doc.is_discarded() || !doc.is_object()) {
         timing.error = "the answer is not JSON";
         return timing;

@@ -309,6 +309,18 @@ TEST(Load, TimeLimitAndInterruptEndTheRun) {
   EXPECT_LT(interrupted.levels.size(), 4u);
 }
 
+TEST(Load, TimeLimitStopsOnePieceAnswersToo) {
+  // 0.8 s per answer, silent until it is whole: requests in flight at the deadline finish
+  // (bounded by the read timeout), no new ones start.
+  LoadFake fake({.stream = false, .token_ms = 100});
+  LoadOptions options = small_ladder();
+  options.max_seconds = 1.0;
+  const auto started = Clock::now();
+  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  EXPECT_LT(seconds_since(started), 3.0);
+  EXPECT_NE(result.stopped.find("time limit"), std::string::npos) << result.stopped;
+}
+
 TEST(Load, ResultsFileResumesFinishedLevels) {
   LoadFake fake({});
   const std::filesystem::path file = std::filesystem::path(KVAUDIT_BUILD_DIR) / "load_resume.jsonl";
