@@ -2,7 +2,10 @@
 // name the JSON path, /tokenize in vLLM's and SGLang's forms, and Prometheus text.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <httplib.h>
+#include <filesystem>
+#include <map>
 
 #include <cmath>
 #include <thread>
@@ -216,6 +219,43 @@ TEST(Sse, DataLinesAcrossPiecesCrLfAndComments) {
   SseParser bounded(
       "http://x/v1/completions", [](std::string_view) {}, 64);
   EXPECT_THROW(bounded.feed(std::string(100, 'a')), RequestError);
+}
+
+// Real streams: llama-server (n-gram speculation, recorded/SOURCES.md) and vLLM 0.16.0's last
+// chunk (servers/SOURCES.md). Every data line is JSON but the final [DONE]; llama-server's
+// last event carries usage and its per-response draft counts, and its /metrics the
+// spec_decode counters probe --load sums.
+TEST(Sse, RealStreamsAndSpeculationCounters) {
+  const std::filesystem::path servers =
+      std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "servers";
+  for (const char* file : {"llama-server/recorded/c-post-v1-completions-stream-ngram.txt",
+                           "vllm/v1-completions-logprobs-stream-chunk-0.16.0.txt"}) {
+    std::vector<std::string> events;
+    SseParser parser(file, [&](std::string_view data) { events.emplace_back(data); });
+    const std::string body = read_text_file(servers / file);
+    for (size_t at = 0; at < body.size(); at += 97)
+      parser.feed(std::string_view(body).substr(at, 97));
+    ASSERT_GE(events.size(), 2u) << file;
+    EXPECT_EQ(events.back(), "[DONE]") << file;
+    for (size_t i = 0; i + 1 < events.size(); ++i)
+      EXPECT_FALSE(nlohmann::json::parse(events[i], nullptr, false).is_discarded())
+          << file << " " << i;
+    if (std::string(file).find("llama-server") != std::string::npos) {
+      const nlohmann::json last = nlohmann::json::parse(events[events.size() - 2]);
+      EXPECT_EQ(last["usage"]["completion_tokens"], 24);
+      EXPECT_EQ(last["timings"]["draft_n"], 25);
+      EXPECT_EQ(last["timings"]["draft_n_accepted"], 15);
+    }
+  }
+  std::map<std::string, double> counters;
+  const std::string metrics =
+      read_text_file(servers / "llama-server/recorded/c-get-metrics-ngram.txt");
+  for (const MetricSample& sample : parse_prometheus(metrics, "c-get-metrics-ngram.txt"))
+    counters[sample.name] += sample.value;
+  EXPECT_EQ(counters["llamacpp:spec_decode_num_draft_tokens_total"], 25);
+  EXPECT_EQ(counters["llamacpp:spec_decode_num_accepted_tokens_total"], 15);
+  EXPECT_EQ(counters["llamacpp:spec_decode_num_drafts_total"], 4);
+  EXPECT_EQ(counters["llamacpp:tokens_predicted_total"], 24);
 }
 
 }  // namespace

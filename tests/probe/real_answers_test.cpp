@@ -45,7 +45,9 @@ const std::map<std::string, std::string> kNotRead = {
     {"get_model_info", "probe reads /server_info or /get_server_info, which carry the same path"},
     {"slots", "llama-server's /slots repeat /props' n_ctx per slot; probe reads /props"},
     {"health", "probe does not poll /health: it asks the endpoints that answer what runs"},
-    {"v1-completions-logprobs-stream", "probe never streams (stream=false on every request)"},
+    {"v1-completions-logprobs-stream",
+     "only probe --load streams, and it reads text and usage, not log-probs (the stream is "
+     "read by tests/net Sse.RealStreamsAndSpeculationCounters)"},
 };
 
 bool truncated(const Answer& a) {
