@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_fixture_model import (Bpe, heldout_loss, orthonormal_rows,  # noqa: E402
-                                 read_corpus, restore_frozen, train_steps,
+                                 read_corpus, restore_frozen, rotate_half, train_steps,
                                  write_safetensors_bf16)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,11 +73,6 @@ def layer_types():
 
 def zc_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Hybrid(torch.nn.Module):
