@@ -57,6 +57,27 @@ TokenLogprobs logprobs_of(const std::vector<float>& log_probs, int32_t token, in
 
 }  // namespace
 
+size_t streamable_prefix(std::string_view text, const std::vector<std::string>& stop) {
+  // The decoder turns an incomplete trailing character into one U+FFFD (maximal subpart);
+  // holding back every trailing U+FFFD also covers real invalid bytes, which only wait.
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  size_t end = text.size();
+  while (end >= kReplacement.size() &&
+         text.substr(end - kReplacement.size(), kReplacement.size()) == kReplacement)
+    end -= kReplacement.size();
+  const std::string_view stable = text.substr(0, end);
+  size_t hold = 0;
+  for (const auto& s : stop) {
+    if (s.empty()) continue;
+    for (size_t length = std::min(s.size() - 1, stable.size()); length > hold; --length)
+      if (stable.ends_with(std::string_view(s).substr(0, length))) {
+        hold = length;
+        break;
+      }
+  }
+  return end - hold;
+}
+
 int32_t sample_token(const std::vector<float>& logits, double temperature, double top_p,
                      double random) {
   const int64_t n = static_cast<int64_t>(logits.size());
@@ -126,10 +147,10 @@ void Engine::begin_shutdown() {
   wake_.notify_all();
 }
 
-GenerationResult Engine::generate(GenerationRequest request) {
+std::shared_ptr<Engine::Job> Engine::admit(GenerationRequest request) {
   auto job = std::make_shared<Job>();
   job->request = std::move(request);
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (shutting_down_) throw HttpError(503, "The server is shutting down.");
   if (in_system_ >= max_queued_) {
     ++metrics_.rejected_queue_full;
@@ -141,9 +162,32 @@ GenerationResult Engine::generate(GenerationRequest request) {
   ++metrics_.requests_waiting;
   queue_.push_back(job);
   wake_.notify_all();
+  return job;
+}
+
+GenerationResult Engine::generate(GenerationRequest request) {
+  request.stream.reset();
+  std::shared_ptr<Job> job = admit(std::move(request));
+  std::unique_lock<std::mutex> lock(mutex_);
   job->finished.wait(lock, [&] { return job->done; });
   if (job->error) std::rethrow_exception(job->error);
   return std::move(job->result);
+}
+
+void Engine::start(GenerationRequest request) {
+  if (!request.stream) throw std::logic_error("Engine::start needs request.stream");
+  admit(std::move(request));
+}
+
+void Engine::publish(TokenStream& stream, const std::string& text,
+                     const std::vector<std::string>& stop) const {
+  const size_t ready = streamable_prefix(text, stop);
+  std::lock_guard<std::mutex> lock(stream.mutex);
+  if (ready > stream.published_bytes) {
+    stream.text.append(text, stream.published_bytes, ready - stream.published_bytes);
+    stream.published_bytes = ready;
+  }
+  stream.changed.notify_all();
 }
 
 void Engine::worker_loop() {
@@ -161,7 +205,7 @@ void Engine::worker_loop() {
     const double waited = seconds_since(job->queued_at);
     const auto started = Clock::now();
     try {
-      job->result = run(job->request);
+      job->result = run(job->request, job->queued_at);
       job->result.queue_seconds = waited;
       job->result.run_seconds = seconds_since(started);
     } catch (...) {
@@ -170,6 +214,28 @@ void Engine::worker_loop() {
     }
     --metrics_.requests_running;
     metrics_.kv_tokens_in_use = 0;
+    if (TokenStream* stream = job->request.stream.get()) {
+      std::lock_guard<std::mutex> lock(stream->mutex);
+      if (job->error) {
+        try {
+          std::rethrow_exception(job->error);
+        } catch (const std::exception& error) {
+          stream->error = error.what();
+        } catch (...) {
+          stream->error = "unknown engine failure";
+        }
+      } else {
+        // The rest of the final text: what was held back, now settled. What was published
+        // is a prefix of it (streamable_prefix's guarantee).
+        const std::string& text = job->result.text;
+        if (stream->published_bytes < text.size())
+          stream->text.append(text, stream->published_bytes);
+        stream->published_bytes = std::max(stream->published_bytes, text.size());
+        stream->result = job->result;
+      }
+      stream->finished = true;
+      stream->changed.notify_all();
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --in_system_;
@@ -179,7 +245,7 @@ void Engine::worker_loop() {
   }
 }
 
-GenerationResult Engine::run(const GenerationRequest& request) {
+GenerationResult Engine::run(const GenerationRequest& request, Clock::time_point queued_at) {
   GenerationResult result;
   const auto& prompt = request.prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -218,9 +284,19 @@ GenerationResult Engine::run(const GenerationRequest& request) {
 
   bool stopped_by_string = false;
   std::mt19937_64 rng(request.seed ? *request.seed : default_seed_ + unseeded_requests_++);
+  TokenStream* stream = request.stream.get();
   for (int64_t step = 0; step < request.max_tokens; ++step) {
+    if (stream && stream->cancelled) {
+      result.finish_reason = "abort";
+      break;
+    }
     const double random = static_cast<double>(rng() >> 11) * 0x1.0p-53;
     const int32_t token = sample_token(next_logits, request.temperature, request.top_p, random);
+    if (step == 0) {
+      metrics_.ttft_microseconds +=
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - queued_at).count();
+      ++metrics_.ttft_count;
+    }
     if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) !=
         request.stop_token_ids.end()) {
       result.finish_reason = "stop";
@@ -231,8 +307,10 @@ GenerationResult Engine::run(const GenerationRequest& request) {
       log_softmax(next_logits.data(), vocab, log_probs);
       result.output_logprobs.push_back(logprobs_of(log_probs, token, request.top_logprobs));
     }
+    std::string text;
+    if (!request.stop.empty() || stream)
+      text = tokenizer_.decode(result.output, {.skip_special_tokens = true});
     if (!request.stop.empty()) {
-      std::string text = tokenizer_.decode(result.output, {.skip_special_tokens = true});
       size_t cut = std::string::npos;
       for (const auto& stop : request.stop)
         if (!stop.empty()) cut = std::min(cut, text.find(stop));
@@ -243,6 +321,7 @@ GenerationResult Engine::run(const GenerationRequest& request) {
         break;
       }
     }
+    if (stream) publish(*stream, text, request.stop);
     if (step + 1 == request.max_tokens) break;
     session_->decode(token, next_logits);
     metrics_.kv_tokens_in_use = session_->position();
@@ -251,7 +330,9 @@ GenerationResult Engine::run(const GenerationRequest& request) {
     result.text = tokenizer_.decode(result.output, {.skip_special_tokens = true});
   metrics_.prompt_tokens += n;
   metrics_.generation_tokens += static_cast<int64_t>(result.output.size());
-  (result.finish_reason == "stop" ? metrics_.finished_stop : metrics_.finished_length) += 1;
+  (result.finish_reason == "stop"    ? metrics_.finished_stop
+   : result.finish_reason == "abort" ? metrics_.finished_abort
+                                     : metrics_.finished_length) += 1;
   return result;
 }
 

@@ -60,9 +60,14 @@ void check_model(const json& body, const ServedModel& served) {
 }
 
 // Fields both endpoints share: sampling, stop, n, stream, seed.
-void common_fields(const json& body, const ServedModel& served, GenerationRequest& request) {
-  if (present(body, "stream") && bool_field(body, "stream", false))
-    bad("stream=true is not supported by kvaudit serve");
+Streaming common_fields(const json& body, const ServedModel& served, GenerationRequest& request) {
+  Streaming streaming;
+  streaming.enabled = bool_field(body, "stream", false);
+  if (present(body, "stream_options")) {
+    if (!body["stream_options"].is_object()) bad("'stream_options' must be an object");
+    if (!streaming.enabled) bad("'stream_options' needs 'stream': true");
+    streaming.include_usage = bool_field(body["stream_options"], "include_usage", false);
+  }
   if (int_field(body, "n", 1, 1, 1) != 1) bad("only n=1 is supported");
   if (int_field(body, "best_of", 1, 1, 1) != 1) bad("only best_of=1 is supported");
   request.temperature = number_field(body, "temperature", 1.0, 0.0, 2.0);
@@ -95,6 +100,7 @@ void common_fields(const json& body, const ServedModel& served, GenerationReques
       request.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
     }
   }
+  return streaming;
 }
 
 // Context and pool bounds, with SGLang's wording for the first.
@@ -235,13 +241,15 @@ CompletionCall parse_completion(const json& body, const ServedModel& served,
   } else {
     bad("'prompt' must be a string or a list of token ids");
   }
-  common_fields(body, served, request);
+  call.streaming = common_fields(body, served, request);
   request.max_tokens = int_field(body, "max_tokens", 16, 0, int64_t{1} << 40);
   call.echo = bool_field(body, "echo", false);
   if (present(body, "logprobs")) {
     if (body["logprobs"].is_boolean()) bad("'logprobs' must be an integer (legacy completions)");
     request.top_logprobs = static_cast<int>(int_field(body, "logprobs", -1, 0, kMaxLogprobs));
   }
+  if (call.streaming.enabled && (call.echo || request.top_logprobs >= 0))
+    bad("stream=true carries text only here: drop 'echo' and 'logprobs', or stream=false");
   request.prompt_logprobs = call.echo && request.top_logprobs >= 0;
   check_lengths(request, served);
   return call;
@@ -300,7 +308,7 @@ ChatCall parse_chat(const json& body, const ServedModel& served,
   ChatCall call;
   GenerationRequest& request = call.request;
   request.prompt = tokenizer.encode(render_chat(body["messages"]), {.add_special_tokens = true});
-  common_fields(body, served, request);
+  call.streaming = common_fields(body, served, request);
   // <|im_end|> ends the assistant turn: a token when the vocabulary has it, else text.
   if (auto im_end = tokenizer.token_to_id("<|im_end|>"))
     request.stop_token_ids.push_back(*im_end);
@@ -316,6 +324,8 @@ ChatCall parse_chat(const json& body, const ServedModel& served,
   if (present(body, "top_logprobs") && !logprobs) bad("'top_logprobs' needs 'logprobs': true");
   if (logprobs)
     request.top_logprobs = static_cast<int>(int_field(body, "top_logprobs", 0, 0, kMaxLogprobs));
+  if (call.streaming.enabled && logprobs)
+    bad("stream=true carries text only here: drop 'logprobs', or stream=false");
   check_lengths(request, served);
   return call;
 }
@@ -347,6 +357,55 @@ json chat_response(const ChatCall& call, const GenerationResult& result, const S
   return {{"id", new_id("chatcmpl")},         {"object", "chat.completion"},
           {"created", unix_seconds()},        {"model", served.id},
           {"choices", json::array({choice})}, {"usage", usage(call.request, result)}};
+}
+
+StreamIds new_stream_ids(bool chat) {
+  return {new_id(chat ? "chatcmpl" : "cmpl"), unix_seconds(), chat};
+}
+
+std::string sse_event(const json& data) {
+  return "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+namespace {
+json chunk_head(const StreamIds& ids, const ServedModel& served) {
+  return {{"id", ids.id},
+          {"object", ids.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", ids.created},
+          {"model", served.id}};
+}
+}  // namespace
+
+json role_chunk(const StreamIds& ids, const ServedModel& served) {
+  json chunk = chunk_head(ids, served);
+  chunk["choices"] = json::array({{{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}});
+  return chunk;
+}
+
+json text_chunk(const StreamIds& ids, const ServedModel& served, const std::string& text,
+                const json& finish_reason) {
+  json chunk = chunk_head(ids, served);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (ids.chat)
+    choice["delta"] = text.empty() ? json::object() : json{{"content", text}};
+  else
+    choice["text"] = text, choice["stop_reason"] = nullptr;
+  chunk["choices"] = json::array({choice});
+  return chunk;
+}
+
+json usage_chunk(const StreamIds& ids, const ServedModel& served, int64_t prompt_tokens,
+                 const GenerationResult& result) {
+  json chunk = chunk_head(ids, served);
+  const int64_t completion = static_cast<int64_t>(result.output.size());
+  chunk["choices"] = json::array();
+  chunk["usage"] = {{"prompt_tokens", prompt_tokens},
+                    {"completion_tokens", completion},
+                    {"total_tokens", prompt_tokens + completion}};
+  return chunk;
 }
 
 }  // namespace kvaudit::serve

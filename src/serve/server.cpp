@@ -142,6 +142,8 @@ struct Server::Impl {
   int port = -1;
   std::atomic<bool> stopping{false};
   std::atomic<bool> run_entered{false}, run_returned{false};
+  std::atomic<int> open_streams{0};     // streamed answers still being written
+  std::atomic<int64_t> streams_cut{0};  // ended before their last event (client or shutdown)
   int64_t created = 0;
 
   void line(const std::string& text) { log(fmt::format("[{}] {}", timestamp(), text)); }
@@ -212,6 +214,8 @@ struct Server::Impl {
   void add_generation_routes();
   void add_access_handlers();
   void record_timing(const GenerationResult& result, std::chrono::steady_clock::time_point start);
+  void stream_response(httplib::Response& res, GenerationRequest request, Streaming streaming,
+                       bool chat, std::chrono::steady_clock::time_point start);
 };
 
 void Server::Impl::start_up() {
@@ -311,13 +315,20 @@ std::string Server::Impl::metrics_text() const {
          {{model_label, double(metrics.generation_tokens.load())}});
   metric("vllm:request_success_total", "counter", "Count of successfully processed requests.",
          {{"finished_reason=\"stop\"," + model_label, double(metrics.finished_stop.load())},
-          {"finished_reason=\"length\"," + model_label, double(metrics.finished_length.load())}});
+          {"finished_reason=\"length\"," + model_label, double(metrics.finished_length.load())},
+          {"finished_reason=\"abort\"," + model_label, double(metrics.finished_abort.load())}});
   metric("vllm:e2e_request_latency_seconds", "summary",
          "End-to-end request latency in seconds (sum and count).", {});
   out += fmt::format("vllm:e2e_request_latency_seconds_sum{{{}}} {:.6f}\n", model_label,
                      metrics.e2e_microseconds.load() / 1e6);
   out += fmt::format("vllm:e2e_request_latency_seconds_count{{{}}} {}\n", model_label,
                      metrics.e2e_count.load());
+  metric("vllm:time_to_first_token_seconds", "summary",
+         "Time from arrival to the first output token, in seconds (sum and count).", {});
+  out += fmt::format("vllm:time_to_first_token_seconds_sum{{{}}} {:.6f}\n", model_label,
+                     metrics.ttft_microseconds.load() / 1e6);
+  out += fmt::format("vllm:time_to_first_token_seconds_count{{{}}} {}\n", model_label,
+                     metrics.ttft_count.load());
   metric("vllm:request_queue_time_seconds", "summary",
          "Time spent waiting in the queue, in seconds (sum and count).", {});
   out += fmt::format("vllm:request_queue_time_seconds_sum{{{}}} {:.6f}\n", model_label,
@@ -421,6 +432,8 @@ void Server::Impl::add_generation_routes() {
               auto start = std::chrono::steady_clock::now();
               refuse_when_stopping();
               CompletionCall call = parse_completion(parse_body(req), served, *tokenizer);
+              if (call.streaming.enabled)
+                return stream_response(res, std::move(call.request), call.streaming, false, start);
               GenerationResult result = engine->generate(call.request);
               record_timing(result, start);
               send_json(res, 200, completion_response(call, result, served, *tokenizer));
@@ -430,10 +443,106 @@ void Server::Impl::add_generation_routes() {
               auto start = std::chrono::steady_clock::now();
               refuse_when_stopping();
               ChatCall call = parse_chat(parse_body(req), served, *tokenizer);
+              if (call.streaming.enabled)
+                return stream_response(res, std::move(call.request), call.streaming, true, start);
               GenerationResult result = engine->generate(call.request);
               record_timing(result, start);
               send_json(res, 200, chat_response(call, result, served, *tokenizer));
             }));
+}
+
+namespace {
+
+// Writes one streamed answer's events as the worker publishes text: the chat role event
+// first, a text event whenever new settled text is there (several tokens' text merge when
+// the client reads slower than the engine generates), then the last event with the
+// finish_reason, the usage event when asked, and [DONE]. httplib calls step() until done;
+// each call waits at most kPoll, so a shutdown check runs between calls. A failed write
+// means the client left: the worker is told to stop generating.
+struct StreamWriter {
+  static constexpr std::chrono::milliseconds kPoll{250};
+
+  std::shared_ptr<TokenStream> stream;
+  StreamIds ids;
+  const ServedModel& served;
+  int64_t prompt_tokens = 0;
+  Streaming streaming;
+  std::function<void(const GenerationResult&)> on_done;
+  std::atomic<int>& open_streams;
+  std::atomic<int64_t>& streams_cut;
+  bool role_sent = false;
+  bool done = false;
+
+  ~StreamWriter() {
+    if (!done) {
+      stream->cancelled = true;
+      ++streams_cut;
+    }
+    --open_streams;
+  }
+
+  bool write(httplib::DataSink& sink, const std::string& event) {
+    if (sink.write(event.data(), event.size())) return true;
+    stream->cancelled = true;
+    return false;
+  }
+
+  bool step(httplib::DataSink& sink) {
+    if (ids.chat && !role_sent) {
+      role_sent = true;
+      return write(sink, sse_event(role_chunk(ids, served)));
+    }
+    std::string text;
+    bool finished = false;
+    {
+      std::unique_lock<std::mutex> lock(stream->mutex);
+      stream->changed.wait_for(lock, kPoll,
+                               [&] { return !stream->text.empty() || stream->finished; });
+      text.swap(stream->text);
+      finished = stream->finished;
+    }
+    if (!finished)
+      return text.empty() || write(sink, sse_event(text_chunk(ids, served, text, nullptr)));
+    std::string tail;
+    if (!stream->error.empty()) {
+      if (!text.empty()) tail += sse_event(text_chunk(ids, served, text, nullptr));
+      tail += sse_event(error_body(500, "internal error: " + stream->error));
+    } else {
+      const GenerationResult& result = stream->result;
+      tail += sse_event(text_chunk(ids, served, text, result.finish_reason));
+      if (streaming.include_usage)
+        tail += sse_event(usage_chunk(ids, served, prompt_tokens, result));
+    }
+    tail += "data: [DONE]\n\n";
+    if (!write(sink, tail)) return false;
+    done = true;
+    if (stream->error.empty() && on_done) on_done(stream->result);
+    sink.done();
+    return true;
+  }
+};
+
+}  // namespace
+
+// stream=true: admits the request (a refusal is still a JSON error with its status), then
+// answers with server-sent events while the worker generates.
+void Server::Impl::stream_response(httplib::Response& res, GenerationRequest request,
+                                   Streaming streaming, bool chat,
+                                   std::chrono::steady_clock::time_point start) {
+  auto stream = std::make_shared<TokenStream>();
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  request.stream = stream;
+  engine->start(std::move(request));
+  ++open_streams;
+  auto writer = std::shared_ptr<StreamWriter>(new StreamWriter{
+      stream, new_stream_ids(chat), served, prompt_tokens, streaming,
+      [this, start](const GenerationResult& result) { record_timing(result, start); }, open_streams,
+      streams_cut});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [writer](size_t, httplib::DataSink& sink) {
+    return writer->step(sink);
+  });
 }
 
 // The API key check (when one is set) and JSON bodies for routing misses and the like.
@@ -526,7 +635,13 @@ void Server::run() {
   s.run_returned = true;
   // Handler threads have finished; the engine has nothing left in flight.
   s.engine->begin_shutdown();
-  s.line("Shutdown complete: every accepted request was answered.");
+  if (const int64_t cut = s.streams_cut.load(); cut > 0)
+    s.line(
+        fmt::format("Shutdown complete: {} streamed answer(s) ended early because their "
+                    "client went away; every other accepted request was answered.",
+                    cut));
+  else
+    s.line("Shutdown complete: every accepted request was answered.");
 }
 
 void Server::stop() {
@@ -536,6 +651,10 @@ void Server::stop() {
   // would be lost: give it a moment to start listening first.
   for (int i = 0; i < 2000 && s.run_entered && !s.run_returned && !s.http.is_running(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // httplib ends chunked answers as soon as it stops: let accepted streams finish first. Each
+  // is bounded (max_tokens, and a client that stops reading fails a write within the write
+  // timeout), and new requests are refused meanwhile.
+  while (s.open_streams > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   s.http.stop();
 }
 

@@ -277,7 +277,8 @@ TEST(ServeHttp, ErrorsAreOpenAiStyleJson) {
   expect_error("/v1/completions", R"({"prompt": "", "max_tokens": 3})", 400);
   expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 101})", 400);
   expect_error("/v1/completions", R"({"prompt": "x", "max_tokens": 64})", 400);  // context
-  expect_error("/v1/completions", R"({"prompt": "x", "stream": true})", 400);
+  expect_error("/v1/completions", R"({"prompt": "x", "stream": true, "logprobs": 1})", 400);
+  expect_error("/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400);
   expect_error("/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404);
   expect_error("/v1/chat/completions", R"({"messages": []})", 400);
   expect_error("/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})",
