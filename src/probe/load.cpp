@@ -56,7 +56,16 @@ struct LoadPrompt {
 struct PromptSet {
   std::vector<LoadPrompt> real, random;
   std::string source;
+  std::string fitted;  // how lengths were cut to the servers' context ("" : none were)
 };
+
+// A (prompt, max_tokens) pair cut to fit `limit` tokens per request, prompt first: the
+// output lengths are what decode speed is measured on.
+std::pair<int64_t, int64_t> fit_request(int64_t prompt, int64_t output, int64_t limit) {
+  if (prompt + output <= limit) return {prompt, output};
+  output = std::min(output, std::max<int64_t>(1, limit / 4));
+  return {std::max<int64_t>(1, limit - output), output};
+}
 
 // The user's files (sorted, text only, at most max_bytes in all), each under a header line.
 std::string read_corpus(const std::string& dir, size_t max_bytes) {
@@ -97,8 +106,9 @@ std::string synthetic_corpus(size_t want_bytes, uint64_t seed) {
   return text;
 }
 
+// `request_limit`: the most tokens (prompt + output) one request may hold on every server.
 PromptSet make_prompts(net::Client& client, const std::string& model, const LoadOptions& options,
-                       int64_t count) {
+                       int64_t count, std::optional<int64_t> request_limit) {
   PromptSet set;
   const int64_t longest =
       *std::max_element(options.prompt_tokens.begin(), options.prompt_tokens.end());
@@ -111,9 +121,21 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
   const std::string what = options.corpus_dir.empty()
                                ? "synthetic Python files (eval's recall generator)"
                                : "files of " + options.corpus_dir;
+  // Without /tokenize the lengths are estimates (4 bytes a token): keep an eighth in hand.
+  // 0: no limit known.
+  const int64_t limit = !request_limit ? 0 : ids ? *request_limit : *request_limit * 7 / 8;
+  std::set<std::string> cuts;
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t length = options.prompt_tokens[i % options.prompt_tokens.size()];
-    const int64_t max_tokens = options.output_tokens[i % options.output_tokens.size()];
+    int64_t length = options.prompt_tokens[i % options.prompt_tokens.size()];
+    int64_t max_tokens = options.output_tokens[i % options.output_tokens.size()];
+    if (limit > 0) {
+      auto [fitted_length, fitted_output] = fit_request(length, max_tokens, limit);
+      if (fitted_length != length || fitted_output != max_tokens)
+        cuts.insert(
+            fmt::format("{}+{} -> {}+{}", length, max_tokens, fitted_length, fitted_output));
+      length = fitted_length;
+      max_tokens = fitted_output;
+    }
     if (ids && static_cast<int64_t>(ids->ids.size()) > length) {
       const int64_t span = static_cast<int64_t>(ids->ids.size()) - length;
       const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(span));
@@ -124,6 +146,13 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
       const size_t start = text.size() > bytes ? rng() % (text.size() - bytes) : 0;
       set.real.push_back({json(to_valid_utf8(text.substr(start, bytes))), length, max_tokens});
     }
+  }
+  if (!cuts.empty()) {
+    std::string list;
+    for (const std::string& cut : cuts) list += (list.empty() ? "" : ", ") + cut;
+    set.fitted =
+        fmt::format("prompt+output tokens cut to fit the servers' {} tokens per request{}: {}",
+                    *request_limit, ids ? "" : " (less an eighth: lengths are estimated)", list);
   }
   if (ids && !ids->ids.empty()) {
     // Uniform over [0, the largest id the text uses]: ordinary tokens of this vocabulary
@@ -572,8 +601,16 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
   for (int c : options.concurrency)
     most = std::max<int64_t>(
         most, options.requests_per_level > 0 ? options.requests_per_level : std::max(8, 2 * c));
-  PromptSet prompts = make_prompts(*clients[0], models[0], options, most);
+  // Every server gets the same prompts, so they must fit the smallest context (for a
+  // llama-server, /props' n_ctx is already one slot's: recorded a-get-props.json).
+  std::optional<int64_t> request_limit;
+  for (const ServerFacts& facts : result.servers)
+    if (facts.context_length)
+      request_limit =
+          std::min(request_limit.value_or(*facts.context_length), *facts.context_length);
+  PromptSet prompts = make_prompts(*clients[0], models[0], options, most, request_limit);
   result.prompt_source = prompts.source;
+  if (!prompts.fitted.empty()) result.notes.push_back(prompts.fitted);
 
   Budget budget{
       {options.max_requests},
@@ -648,6 +685,20 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
   }
   if (result.stopped.empty() && failing)
     result.stopped = "a server stopped answering (see the errors)";
+  for (const auto& client : clients) {
+    const std::string& host = client->url().host;
+    if (host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0) {
+      // Measured on a 2-core host: kvaudit serve with 2 compute threads gave real/random
+      // ratios of 0.73-1.43 on identical token counts; with 1 thread (a core left for the
+      // client) 1.001-1.003.
+      result.notes.push_back(fmt::format(
+          "{} is on this machine: the load generator competes with it for {} cores, so "
+          "levels vary with scheduling; leave the client a core (fewer server threads) or "
+          "run the load from another machine before reading small differences",
+          client->url().text(), std::max(1u, std::thread::hardware_concurrency())));
+      break;
+    }
+  }
   for (size_t s = 0; s < clients.size(); ++s) {
     if (options.stream && !*streams[s])
       result.notes.push_back(fmt::format(

@@ -31,16 +31,18 @@ struct LoadFakeConfig {
   int stall_after_tokens = -1;     // a stream goes silent after N tokens ...
   int stall_ms = 0;                // ... for this long
   bool spec = false;               // export speculative counters (accepted ~ repeated bigrams)
-  bool refuse_stream = false;      // stream=true answers 400, as kvaudit serve does
+  bool refuse_stream = false;      // stream=true answers 400, as some servers do
+  int max_model_len = 0;           // > 0: /v1/models says so and longer requests answer 400
 };
 
 // Tokens are bytes (/tokenize); a completion streams max_tokens tokens of "x".
 class LoadFake {
  public:
   explicit LoadFake(LoadFakeConfig config) : config_(config) {
-    server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
-                      "application/json");
+    server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json card = {{"id", "fake-model"}, {"object", "model"}};
+      if (config_.max_model_len > 0) card["max_model_len"] = config_.max_model_len;
+      res.set_content(json{{"object", "list"}, {"data", {card}}}.dump(), "application/json");
     });
     server_.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
       json body = json::parse(req.body, nullptr, false);
@@ -103,6 +105,13 @@ class LoadFake {
       for (const json& id : body["prompt"]) prompt.push_back(id.get<int>());
     else
       for (unsigned char c : body["prompt"].get<std::string>()) prompt.push_back(c);
+    if (config_.max_model_len > 0 &&
+        static_cast<int64_t>(prompt.size()) + max_tokens > config_.max_model_len) {
+      res.status = 400;
+      res.set_content(R"({"error":{"message":"exceeds the model's maximum context length"}})",
+                      "application/json");
+      return;
+    }
     // Speculation: drafts accepted in proportion to the prompt's repeated bigrams.
     std::map<std::pair<int, int>, int> bigrams;
     int repeats = 0;
@@ -204,6 +213,32 @@ TEST(Load, StreamedLadderCountsWhatTheServerCounts) {
   report::Report report = to_report(result, small_ladder());
   EXPECT_EQ(report.verdict_severity, report::Severity::info);
   EXPECT_NE(report.verdict.find("4 levels measured"), std::string::npos) << report.verdict;
+}
+
+// The default lengths run to 4096+256 tokens, more than many servers take: a server with a
+// 300-token context gets requests cut to fit (output lengths kept), and the report says how.
+TEST(Load, RequestsAreCutToTheServersContext) {
+  LoadFake fake({.max_model_len = 300});
+  LoadOptions options = small_ladder();
+  options.concurrency = {1};
+  options.prompt_tokens = {100, 400};
+  options.output_tokens = {8, 64};
+  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  ASSERT_EQ(result.levels.size(), 2u);
+  for (const LoadLevel& level : result.levels) {
+    EXPECT_EQ(level.failures, 0) << (level.errors.empty() ? "" : level.errors[0]);
+    EXPECT_EQ(level.prompt_tokens, 100 + 236 + 100 + 236);  // 400+64 cut to 236+64
+    EXPECT_EQ(level.output_tokens, 8 + 64 + 8 + 64);
+  }
+  bool noted = false;
+  for (const std::string& note : result.notes)
+    noted |= note.find("300 tokens per request: 400+64 -> 236+64") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // The fake is on 127.0.0.1: the report warns that client and server share the cores.
+  bool shared = false;
+  for (const std::string& note : result.notes)
+    shared |= note.find("is on this machine") != std::string::npos;
+  EXPECT_TRUE(shared);
 }
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
