@@ -104,7 +104,12 @@ std::vector<std::string> add_ratios(const LoadResult& result, const std::vector<
   double real_at_worst = 1.0, random_at_worst = 1.0;
   for (int c : ladder) {
     std::vector<Value> row{int64_t{c}};
-    json entry = {{"concurrency", c}};
+    // The same keys with one server or two (null where there is no B).
+    json entry = {{"concurrency", c},
+                  {"real_over_random_A", nullptr},
+                  {"real_over_random_B", nullptr},
+                  {"b_over_a_real", nullptr},
+                  {"b_over_a_random", nullptr}};
     for (const std::string& side : sides) {
       const LoadLevel* real = find_level(result, side, "real", c);
       const LoadLevel* random = find_level(result, side, "random", c);

@@ -20,56 +20,11 @@ namespace {
 
 using nlohmann::json;
 using PayloadSchema = testing::SchemaTables;
+using testing::PayloadValidator;
 
 PayloadSchema load_payload_schema() {
   return testing::load_schema_tables("## Payload object: ");
 }
-
-class PayloadValidator {
- public:
-  explicit PayloadValidator(PayloadSchema schema) : schema_(std::move(schema)) {}
-
-  void validate(const json& value, const std::string& type, const std::string& path) {
-    auto fail = [&](const std::string& what) { problems.push_back(path + ": " + what); };
-    const std::string or_null = "-or-null";
-    if (type.size() > or_null.size() && type.ends_with(or_null)) {
-      if (!value.is_null()) validate(value, type.substr(0, type.size() - or_null.size()), path);
-      return;
-    }
-    if (type == "string") {
-      if (!value.is_string()) fail("expected string, got " + value.dump());
-    } else if (type == "integer") {
-      if (!value.is_number_integer()) fail("expected integer, got " + value.dump());
-    } else if (type == "boolean") {
-      if (!value.is_boolean()) fail("expected boolean, got " + value.dump());
-    } else if (type.starts_with("array<") && type.ends_with(">")) {
-      if (!value.is_array()) return fail("expected array, got " + value.dump());
-      for (size_t i = 0; i < value.size(); ++i)
-        validate(value[i], type.substr(6, type.size() - 7), path + "[" + std::to_string(i) + "]");
-    } else if (schema_.count(type)) {
-      if (!value.is_object()) return fail("expected " + type + " object, got " + value.dump());
-      seen.insert(type);
-      std::set<std::string> documented;
-      for (const auto& [key, key_type] : schema_.at(type)) {
-        documented.insert(key);
-        if (!value.contains(key))
-          fail("missing documented key '" + key + "'");
-        else
-          validate(value.at(key), key_type, path + "." + key);
-      }
-      for (const auto& [key, member] : value.items())
-        if (!documented.count(key)) fail("key '" + key + "' is not documented");
-    } else {
-      fail("the document uses an unknown type '" + type + "'");
-    }
-  }
-
-  std::vector<std::string> problems;
-  std::set<std::string> seen;
-
- private:
-  PayloadSchema schema_;
-};
 
 json check_payload(const std::string& fixture, const std::string& engine, const std::string& kv,
                    const std::string& version, engines::LaunchFlags flags = {}) {

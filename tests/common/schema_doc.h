@@ -5,11 +5,14 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kvaudit::testing {
 
@@ -39,5 +42,57 @@ inline SchemaTables load_schema_tables(const std::string& heading) {
   }
   return tables;
 }
+
+// Checks a payload value against a documented type, both ways: every documented key present
+// with its type, no undocumented key. Types: string, integer, number (any JSON number),
+// boolean, array<T>, T-or-null, or a documented object name. `seen` collects the objects met.
+class PayloadValidator {
+ public:
+  using json = nlohmann::json;
+  explicit PayloadValidator(SchemaTables schema) : schema_(std::move(schema)) {}
+
+  void validate(const json& value, const std::string& type, const std::string& path) {
+    auto fail = [&](const std::string& what) { problems.push_back(path + ": " + what); };
+    const std::string or_null = "-or-null";
+    if (type.size() > or_null.size() && type.ends_with(or_null)) {
+      if (!value.is_null()) validate(value, type.substr(0, type.size() - or_null.size()), path);
+      return;
+    }
+    if (type == "string") {
+      if (!value.is_string()) fail("expected string, got " + value.dump());
+    } else if (type == "integer") {
+      if (!value.is_number_integer()) fail("expected integer, got " + value.dump());
+    } else if (type == "number") {
+      if (!value.is_number()) fail("expected number, got " + value.dump());
+    } else if (type == "boolean") {
+      if (!value.is_boolean()) fail("expected boolean, got " + value.dump());
+    } else if (type.starts_with("array<") && type.ends_with(">")) {
+      if (!value.is_array()) return fail("expected array, got " + value.dump());
+      for (size_t i = 0; i < value.size(); ++i)
+        validate(value[i], type.substr(6, type.size() - 7), path + "[" + std::to_string(i) + "]");
+    } else if (schema_.count(type)) {
+      if (!value.is_object()) return fail("expected " + type + " object, got " + value.dump());
+      seen.insert(type);
+      std::set<std::string> documented;
+      for (const auto& [key, key_type] : schema_.at(type)) {
+        documented.insert(key);
+        if (!value.contains(key))
+          fail("missing documented key '" + key + "'");
+        else
+          validate(value.at(key), key_type, path + "." + key);
+      }
+      for (const auto& [key, member] : value.items())
+        if (!documented.count(key)) fail("key '" + key + "' is not documented");
+    } else {
+      fail("the document uses an unknown type '" + type + "'");
+    }
+  }
+
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+
+ private:
+  SchemaTables schema_;
+};
 
 }  // namespace kvaudit::testing

@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/schema_doc.h"
 #include "probe/probe.h"
+#include "report/report.h"
 #include "util/util.h"
 
 namespace kvaudit::probe {
@@ -239,6 +241,37 @@ TEST(Load, RequestsAreCutToTheServersContext) {
   for (const std::string& note : result.notes)
     shared |= note.find("is on this machine") != std::string::npos;
   EXPECT_TRUE(shared);
+}
+
+// The --json payload of an A/B load run against docs/json-schema.md's probe.* tables, both
+// ways (every documented key with its type, nothing undocumented).
+TEST(Load, JsonPayloadMatchesTheDocument) {
+  LoadFake a({}), b({.spec = true});
+  LoadOptions options = small_ladder();
+  LoadResult result = run_load({a.url(), b.url()}, quick_client(), options);
+  ASSERT_EQ(result.levels.size(), 8u);
+  const json payload = report::render_json(to_report(result, options));
+  ASSERT_TRUE(payload.contains("load"));
+  kvaudit::testing::PayloadValidator validator(
+      kvaudit::testing::load_schema_tables("## Payload object: "));
+  validator.validate(payload["load"], "probe.load", "$.load");
+  EXPECT_TRUE(validator.problems.empty()) << [&] {
+    std::string all;
+    for (const auto& p : validator.problems) all += p + "\n";
+    return all;
+  }();
+  for (const char* object : {"probe.load", "probe.load_level", "probe.latency", "probe.load_ratio"})
+    EXPECT_TRUE(validator.seen.count(object)) << object;
+  ASSERT_EQ(payload["load"]["ratios"].size(), 2u);
+  EXPECT_TRUE(payload["load"]["ratios"][0]["b_over_a_real"].is_number());
+  // One server: the B columns are there, null.
+  LoadResult single = run_load({a.url()}, quick_client(), options);
+  const json one = report::render_json(to_report(single, options));
+  kvaudit::testing::PayloadValidator again(
+      kvaudit::testing::load_schema_tables("## Payload object: "));
+  again.validate(one["load"], "probe.load", "$.load");
+  EXPECT_TRUE(again.problems.empty()) << (again.problems.empty() ? "" : again.problems[0]);
+  EXPECT_TRUE(one["load"]["ratios"][0]["real_over_random_B"].is_null());
 }
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
