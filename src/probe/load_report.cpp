@@ -186,29 +186,46 @@ void add_charts(const LoadResult& result, const std::vector<int>& ladder, report
                      true,
                      false,
                      {}};
+  // Decode speed as each request sees it: the per-token gap, which batching trades for
+  // throughput (the curve that rises while tokens/s still climbs).
+  report::Chart itl{"load_itl",
+                    "Inter-token latency (p50) by concurrency",
+                    report::ChartKind::lines,
+                    "concurrency",
+                    "ITL p50 (ms)",
+                    {},
+                    {},
+                    true,
+                    false,
+                    {}};
   for (int c : ladder) {
     throughput.x_values.push_back(c);
     ttft.x_values.push_back(c);
+    itl.x_values.push_back(c);
   }
   const std::vector<std::string> sides = result.servers.size() == 2
                                              ? std::vector<std::string>{"A", "B"}
                                              : std::vector<std::string>{"A"};
   for (const std::string& side : sides)
     for (const char* kind : {"real", "random"}) {
-      report::Series tps{side + " " + kind, {}}, first{side + " " + kind, {}};
+      report::Series tps{side + " " + kind, {}}, first{side + " " + kind, {}},
+          gap{side + " " + kind, {}};
       bool any = false;
       for (int c : ladder) {
         const LoadLevel* l = find_level(result, side, kind, c);
         tps.y.push_back(l ? l->output_tokens_per_second : NAN);
         first.y.push_back(l && l->ttft.count > 0 ? 1000.0 * l->ttft.p50 : NAN);
+        gap.y.push_back(l && l->itl.count > 0 ? 1000.0 * l->itl.p50 : NAN);
         any |= l != nullptr;
       }
       if (!any) continue;
       throughput.series.push_back(tps);
       ttft.series.push_back(first);
+      itl.series.push_back(gap);
     }
   out.charts.push_back(throughput);
   out.charts.push_back(ttft);
+  out.charts.push_back(itl);
 }
 
 }  // namespace

@@ -250,7 +250,18 @@ TEST(Load, JsonPayloadMatchesTheDocument) {
   LoadOptions options = small_ladder();
   LoadResult result = run_load({a.url(), b.url()}, quick_client(), options);
   ASSERT_EQ(result.levels.size(), 8u);
-  const json payload = report::render_json(to_report(result, options));
+  const report::Report load_report = to_report(result, options);
+  // The curves of the HTML: tokens/s, TTFT and ITL per concurrency, for both servers and
+  // both prompt kinds; the fakes stream 1 token a millisecond, so ITL p50 is about 1 ms.
+  ASSERT_EQ(load_report.charts.size(), 3u);
+  EXPECT_EQ(load_report.charts[2].id, "load_itl");
+  for (const report::Chart& chart : load_report.charts) {
+    ASSERT_EQ(chart.series.size(), 4u) << chart.id;
+    for (const report::Series& series : chart.series)
+      for (double y : series.y) EXPECT_GT(y, 0.0) << chart.id << " " << series.name;
+  }
+  for (double itl_ms : load_report.charts[2].series[0].y) EXPECT_LT(itl_ms, 50.0);
+  const json payload = report::render_json(load_report);
   ASSERT_TRUE(payload.contains("load"));
   kvaudit::testing::PayloadValidator validator(
       kvaudit::testing::load_schema_tables("## Payload object: "));
