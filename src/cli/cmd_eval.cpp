@@ -96,6 +96,8 @@ int run_eval_command(const EvalFlags& flags) {
     options.cases_per_cell = flags.recall_cases;
     options.seed = flags.seed;
     options.loaded_scales = loaded;
+    options.state_formats = flags.state_dtypes;
+    options.state_store_every_tokens = flags.state_chunk;
     recall = eval::run_recall(*model, tokenizer, options, pool);
   }
   eval::EvalSummary summary{flags.model_dir,

@@ -193,6 +193,10 @@ struct RecallOptions {
   uint64_t seed = 1;
   bool with_control = true;  // also score control cases (first format only)
   LoadedScales loaded_scales;
+  // Hybrids: recurrent state precisions crossed with every KV format, as in
+  // PerplexityOptions (empty: fp32 only, no state axis).
+  std::vector<std::string> state_formats;
+  int64_t state_store_every_tokens = 1;
 };
 
 struct RecallCell {
@@ -207,6 +211,8 @@ struct RecallCell {
 
 struct RecallFormatResult {
   std::string spec;
+  std::string state;  // recurrent state precision ("" when the run has no state axis)
+  std::string label() const { return state.empty() ? spec : spec + ", " + state + " state"; }
   std::vector<RecallCell> cells;
 };
 

@@ -232,19 +232,37 @@ RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& t
                      "no depth fits its context length (each needs room for the "
                      "definition, the fillers and the call)");
 
+  // Every KV format with every state precision (KV-major order, as run_perplexity): the
+  // first variant is the baseline.
+  const bool state_axis = !options.state_formats.empty();
+  if (state_axis && !model.config().hybrid())
+    throw InputError("--state-dtype",
+                     "the model has no recurrent state (no Gated DeltaNet "
+                     "layers): only KV formats apply");
+  std::vector<model::StateFormat> states;
+  for (const std::string& spec :
+       state_axis ? options.state_formats : std::vector<std::string>{"fp32"})
+    states.push_back(model::parse_state_format(spec, options.state_store_every_tokens));
+
   std::vector<int32_t> calibration_tokens = tokenizer.encode(cells.back().cases[0].prompt);
-  for (size_t f = 0; f < formats.size(); ++f) {
-    std::vector<std::array<numerics::StaticAmax, 2>> calibration;
+  const size_t variants = formats.size() * states.size();
+  std::vector<std::array<numerics::StaticAmax, 2>> calibration;
+  for (size_t f = 0; f < variants; ++f) {
     using numerics::ScaleStrategy;
-    const auto& format = formats[f];
-    calibration = loaded_scales_for(format, options.loaded_scales, model.config());
-    if (calibration.empty() &&
-        (format.strategy == ScaleStrategy::tensor || format.strategy == ScaleStrategy::head ||
-         format.strategy == ScaleStrategy::channel || format.kind == numerics::KvFormatKind::nvfp4))
-      calibration = calibrate_static_scales(model, formats[0], format, calibration_tokens, pool);
-    model::Session session(model, format, pool, calibration);
+    const auto& format = formats[f / states.size()];
+    const model::StateFormat& state = states[f % states.size()];
+    if (f % states.size() == 0) {  // once per KV format, shared by its state variants
+      calibration = loaded_scales_for(format, options.loaded_scales, model.config());
+      if (calibration.empty() &&
+          (format.strategy == ScaleStrategy::tensor || format.strategy == ScaleStrategy::head ||
+           format.strategy == ScaleStrategy::channel ||
+           format.kind == numerics::KvFormatKind::nvfp4))
+        calibration = calibrate_static_scales(model, formats[0], format, calibration_tokens, pool);
+    }
+    model::Session session(model, format, pool, calibration, state);
     RecallFormatResult fr;
     fr.spec = format.spec;
+    if (state_axis) fr.state = state.spec;
     for (const Cell& cell : cells) {
       RecallCell out;
       out.ctx_tokens = cell.ctx;

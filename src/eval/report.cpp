@@ -214,8 +214,8 @@ void add_to_report(const RecallResult& result, report::Report& out) {
       "definition replaced by an unrelated function (the chance level).";
   nlohmann::json payload = nlohmann::json::array();
   for (const RecallFormatResult& f : result.formats) {
-    report::Chart heat{"recall_" + f.spec,
-                       "Recall exact match (%) for " + f.spec,
+    report::Chart heat{"recall_" + f.spec + (f.state.empty() ? "" : "_" + f.state + "_state"),
+                       "Recall exact match (%) for " + f.label(),
                        report::ChartKind::heatmap,
                        "context (tokens)",
                        "depth (tokens)",
@@ -244,7 +244,7 @@ void add_to_report(const RecallResult& result, report::Report& out) {
     nlohmann::json cells = nlohmann::json::array();
     for (const RecallCell& c : f.cells) {
       const bool has_control = &f == &result.formats[0];
-      table.rows.push_back({f.spec, Value(c.ctx_tokens), Value(c.depth_tokens),
+      table.rows.push_back({f.label(), Value(c.ctx_tokens), Value(c.depth_tokens),
                             Value(int64_t{c.cases}), c.mean_logprob_per_token,
                             100.0 * c.exact_match,
                             has_control ? Value(c.control_logprob_per_token) : Value(),
@@ -258,6 +258,7 @@ void add_to_report(const RecallResult& result, report::Report& out) {
                        {"control_exact_match", c.control_exact_match}});
     }
     payload.push_back({{"format", f.spec}, {"cells", cells}});
+    if (!f.state.empty()) payload.back()["state_dtype"] = f.state;
   }
   out.tables.push_back(table);
   out.payload["recall"] = payload;
@@ -302,7 +303,7 @@ void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* re
             recall->formats[0].cells[c].exact_match - recall->formats[f].cells[c].exact_match;
         if (drop > worst_drop) {
           worst_drop = drop;
-          worst_spec = recall->formats[f].spec;
+          worst_spec = recall->formats[f].label();
         }
       }
     if (worst_drop >= 0.20 && severity == Severity::info) severity = Severity::warning;
