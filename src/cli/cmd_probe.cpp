@@ -49,6 +49,7 @@ struct ProbeFlags {
   std::string load_prompt_tokens = "1k,2k,4k";
   std::string load_output_tokens = "64,128,256";
   std::string load_corpus;
+  int load_turns = 1;
   bool no_random_control = false;
   bool no_stream = false;
   OutputOptions output;
@@ -91,6 +92,7 @@ int run_load_command(const ProbeFlags& flags, const net::ClientOptions& client) 
   options.output_tokens =
       parse_token_counts(flags.load_output_tokens, "--load-output-tokens", "64,256");
   options.corpus_dir = flags.load_corpus;
+  options.turns = flags.load_turns;
   options.random_control = !flags.no_random_control;
   options.stream = !flags.no_stream;
   options.seed = flags.seed;
@@ -212,6 +214,11 @@ void add_probe_command(CLI::App& app, Runner& run) {
                     "max_tokens per request, cycled");
   probe->add_option("--load-corpus", flags->load_corpus,
                     "Folder of your own files to build the prompts from (default: synthetic code)");
+  probe
+      ->add_option("--load-turns", flags->load_turns,
+                   "Requests per session, sent one after another, each re-sending the "
+                   "session's context grown (a coding agent's loop; shows prefix caching)")
+      ->check(CLI::Range(1, 64));
   probe->add_flag("--no-random-control", flags->no_random_control,
                   "Skip the random-token control runs");
   probe->add_flag("--no-stream", flags->no_stream, "Do not ask for streamed answers (no TTFT/ITL)");

@@ -51,7 +51,23 @@ struct LoadPrompt {
   json prompt;  // token ids, or text when the server has no /tokenize
   int64_t tokens = 0;
   int64_t max_tokens = 0;
+  int turn = 0;  // within its session (0: the first; prompts of a session are adjacent)
 };
+
+// Requests of a level: whole sessions, at least one per concurrency slot.
+int64_t requests_per_level(const LoadOptions& options, int concurrency) {
+  const int64_t asked =
+      options.requests_per_level > 0 ? options.requests_per_level : std::max(8, 2 * concurrency);
+  const int64_t turns = std::max(1, options.turns);
+  const int64_t sessions =
+      std::max<int64_t>((asked + turns - 1) / turns, turns > 1 ? concurrency : 1);
+  return sessions * turns;
+}
+
+// Turn t of `turns` of a session whose last prompt has `length` tokens: equal steps.
+int64_t turn_length(int64_t length, int turn, int turns) {
+  return std::max<int64_t>(1, length * (turn + 1) / turns);
+}
 
 struct PromptSet {
   std::vector<LoadPrompt> real, random;
@@ -125,8 +141,12 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
   // 0: no limit known.
   const int64_t limit = !request_limit ? 0 : ids ? *request_limit : *request_limit * 7 / 8;
   std::set<std::string> cuts;
+  const int turns = std::max(1, options.turns);
+  size_t session_start = 0;  // where the session's window begins (ids or bytes)
   for (int64_t i = 0; i < count; ++i) {
-    int64_t length = options.prompt_tokens[i % options.prompt_tokens.size()];
+    const int turn = static_cast<int>(i % turns);
+    const int64_t session = i / turns;
+    int64_t length = options.prompt_tokens[session % options.prompt_tokens.size()];
     int64_t max_tokens = options.output_tokens[i % options.output_tokens.size()];
     if (limit > 0) {
       auto [fitted_length, fitted_output] = fit_request(length, max_tokens, limit);
@@ -136,15 +156,20 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
       length = fitted_length;
       max_tokens = fitted_output;
     }
-    if (ids && static_cast<int64_t>(ids->ids.size()) > length) {
-      const int64_t span = static_cast<int64_t>(ids->ids.size()) - length;
-      const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(span));
-      std::vector<int32_t> real(ids->ids.begin() + start, ids->ids.begin() + start + length);
-      set.real.push_back({json(real), length, max_tokens});
+    // A session's turns share its window's start; each is a longer prefix of it.
+    const int64_t full = length;
+    length = turn_length(full, turn, turns);
+    if (ids && static_cast<int64_t>(ids->ids.size()) > full) {
+      if (turn == 0)
+        session_start = rng() % static_cast<uint64_t>(static_cast<int64_t>(ids->ids.size()) - full);
+      std::vector<int32_t> real(ids->ids.begin() + session_start,
+                                ids->ids.begin() + session_start + length);
+      set.real.push_back({json(real), length, max_tokens, turn});
     } else {
-      const size_t bytes = static_cast<size_t>(length) * 4;
-      const size_t start = text.size() > bytes ? rng() % (text.size() - bytes) : 0;
-      set.real.push_back({json(to_valid_utf8(text.substr(start, bytes))), length, max_tokens});
+      const size_t bytes = static_cast<size_t>(full) * 4;
+      if (turn == 0) session_start = text.size() > bytes ? rng() % (text.size() - bytes) : 0;
+      set.real.push_back(
+          {json(to_valid_utf8(text.substr(session_start, length * 4))), length, max_tokens, turn});
     }
   }
   if (!cuts.empty()) {
@@ -158,10 +183,18 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
     // Uniform over [0, the largest id the text uses]: ordinary tokens of this vocabulary
     // (special tokens sit above them), no structure: what a random-token benchmark sends.
     const int32_t largest = *std::max_element(ids->ids.begin(), ids->ids.end());
-    for (const LoadPrompt& real : set.real) {
-      std::vector<int32_t> random(static_cast<size_t>(real.tokens));
-      for (int32_t& id : random) id = static_cast<int32_t>(rng() % (uint64_t(largest) + 1));
-      set.random.push_back({json(random), real.tokens, real.max_tokens});
+    // The same sessions: a random sequence per session, each turn a longer prefix of it.
+    std::vector<int32_t> session_ids;
+    for (size_t i = 0; i < set.real.size(); ++i) {
+      const LoadPrompt& real = set.real[i];
+      if (real.turn == 0) {
+        size_t last = i;
+        while (last + 1 < set.real.size() && set.real[last + 1].turn > 0) ++last;
+        session_ids.resize(static_cast<size_t>(set.real[last].tokens));
+        for (int32_t& id : session_ids) id = static_cast<int32_t>(rng() % (uint64_t(largest) + 1));
+      }
+      std::vector<int32_t> random(session_ids.begin(), session_ids.begin() + real.tokens);
+      set.random.push_back({json(random), real.tokens, real.max_tokens, real.turn});
     }
     set.source = fmt::format(
         "{}, cut to exact token counts with {}'s /tokenize; random controls draw ids uniformly "
@@ -175,11 +208,18 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
       if (end > at) words.push_back(text.substr(at, end - at));
       at = end + 1;
     }
-    for (const LoadPrompt& real : set.real) {
-      std::string random;
-      while (random.size() < static_cast<size_t>(real.tokens) * 4)
-        random += words[rng() % words.size()] + " ";
-      set.random.push_back({json(random), real.tokens, real.max_tokens});
+    std::string session_text;
+    for (size_t i = 0; i < set.real.size(); ++i) {
+      const LoadPrompt& real = set.real[i];
+      if (real.turn == 0) {
+        size_t last = i;
+        while (last + 1 < set.real.size() && set.real[last + 1].turn > 0) ++last;
+        session_text.clear();
+        while (session_text.size() < static_cast<size_t>(set.real[last].tokens) * 4)
+          session_text += words[rng() % words.size()] + " ";
+      }
+      set.random.push_back({json(session_text.substr(0, static_cast<size_t>(real.tokens) * 4)),
+                            real.tokens, real.max_tokens, real.turn});
     }
     set.source = fmt::format(
         "{}, lengths approximated as 4 bytes per token (the server has no /tokenize); random "
@@ -388,9 +428,11 @@ SpecCounters read_spec_counters(net::Client& client) {
 // ---------------------------------------------------------------- one level
 
 std::string level_key(const LoadLevel& level, const LoadOptions& options) {
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}", level.server, level.prompts, level.concurrency,
-                     options.seed, fmt::join(options.prompt_tokens, ","),
-                     fmt::join(options.output_tokens, ","), level.requests);
+  std::string key = fmt::format(
+      "{}|{}|{}|{}|{}|{}|{}", level.server, level.prompts, level.concurrency, options.seed,
+      fmt::join(options.prompt_tokens, ","), fmt::join(options.output_tokens, ","), level.requests);
+  if (options.turns > 1) key += fmt::format("|turns={}", options.turns);
+  return key;
 }
 
 struct Budget {
@@ -409,34 +451,40 @@ LoadLevel run_level(net::Client& client, const std::string& model,
   level.concurrency = concurrency;
   const SpecCounters before = read_spec_counters(client);
   std::vector<Timing> timings(prompts.size());
+  // Sessions: runs of adjacent prompts starting at turn 0; a worker sends one session's turns
+  // in order, each after the answer to the one before.
+  std::vector<size_t> session_starts;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (prompts[i].turn == 0 || i == 0) session_starts.push_back(i);
+  session_starts.push_back(prompts.size());
   std::atomic<size_t> next{0};
-  std::atomic<int64_t> sent{0};
   const auto started = Clock::now();
   std::vector<std::thread> workers;
   for (int w = 0; w < concurrency; ++w)
     workers.emplace_back([&] {
       for (;;) {
-        if (server_failing || budget.stop() || Clock::now() >= budget.deadline) return;
-        const size_t index = next++;
-        if (index >= prompts.size()) return;
-        if (budget.left.fetch_sub(1) <= 0) return;
-        ++sent;
-        timings[index] =
-            run_request(client, model, prompts[index], stream, budget.deadline, budget.interrupted);
-        if (stream && !timings[index].ok && timings[index].error.rfind("HTTP 400", 0) == 0 &&
-            timings[index].error.find("stream") != std::string::npos) {
-          stream = false;
-          timings[index] = run_request(client, model, prompts[index], false, budget.deadline,
+        const size_t session = next++;
+        if (session + 1 >= session_starts.size()) return;
+        for (size_t index = session_starts[session]; index < session_starts[session + 1]; ++index) {
+          if (server_failing || budget.stop() || Clock::now() >= budget.deadline) return;
+          if (budget.left.fetch_sub(1) <= 0) return;
+          timings[index] = run_request(client, model, prompts[index], stream, budget.deadline,
                                        budget.interrupted);
+          if (stream && !timings[index].ok && timings[index].error.rfind("HTTP 400", 0) == 0 &&
+              timings[index].error.find("stream") != std::string::npos) {
+            stream = false;
+            timings[index] = run_request(client, model, prompts[index], false, budget.deadline,
+                                         budget.interrupted);
+          }
+          if (timings[index].unavailable) server_failing = true;
         }
-        if (timings[index].unavailable) server_failing = true;
       }
     });
   for (auto& worker : workers) worker.join();
   level.wall_seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const SpecCounters after = read_spec_counters(client);
 
-  std::vector<double> ttft, gaps, e2e;
+  std::vector<double> ttft, gaps, e2e, ttft_first, ttft_later;
   int64_t draft = 0, accepted = 0;
   bool per_response = false;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -452,12 +500,19 @@ LoadLevel run_level(net::Client& client, const std::string& model,
     level.prompt_tokens += t.prompt_tokens;
     level.output_tokens += t.output_tokens;
     e2e.push_back(t.total);
-    if (t.ttft >= 0) ttft.push_back(t.ttft);
+    if (t.ttft >= 0) {
+      ttft.push_back(t.ttft);
+      (prompts[i].turn == 0 ? ttft_first : ttft_later).push_back(t.ttft);
+    }
     gaps.insert(gaps.end(), t.gaps.begin(), t.gaps.end());
     if (t.draft >= 0)
       per_response = true, draft += t.draft, accepted += std::max<int64_t>(0, t.accepted);
   }
   level.ttft = summarize_latency(ttft);
+  if (!ttft_later.empty()) {
+    level.ttft_first_turn = summarize_latency(ttft_first);
+    level.ttft_later_turns = summarize_latency(ttft_later);
+  }
   level.itl = summarize_latency(gaps);
   level.e2e = summarize_latency(e2e);
   const int64_t ok = level.requests - level.failures;
@@ -504,6 +559,8 @@ json to_json(const LoadLevel& l) {
           {"ttft_seconds", latency(l.ttft)},
           {"itl_seconds", latency(l.itl)},
           {"e2e_seconds", latency(l.e2e)},
+          {"ttft_first_turn_seconds", latency(l.ttft_first_turn)},
+          {"ttft_later_turns_seconds", latency(l.ttft_later_turns)},
           {"streamed", l.streamed},
           {"draft_tokens", l.draft_tokens},
           {"accepted_tokens", l.accepted_tokens},
@@ -527,16 +584,20 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
   l.output_tokens_per_second = r.number("output_tokens_per_second");
   l.prompt_tokens = r.integer("prompt_tokens");
   l.output_tokens = r.integer("output_tokens");
-  for (auto [key, target] : {std::pair{"ttft_seconds", &l.ttft}, std::pair{"itl_seconds", &l.itl},
-                             std::pair{"e2e_seconds", &l.e2e}}) {
-    JsonReader s = r.object(key);
-    target->count = s.integer("count");
-    target->mean = s.number("mean");
-    target->p50 = s.number("p50");
-    target->p90 = s.number("p90");
-    target->p99 = s.number("p99");
+  auto read_latency = [](JsonReader s, LatencySummary& target) {
+    target.count = s.integer("count");
+    target.mean = s.number("mean");
+    target.p50 = s.number("p50");
+    target.p90 = s.number("p90");
+    target.p99 = s.number("p99");
     s.finish();
-  }
+  };
+  for (auto [key, target] : {std::pair{"ttft_seconds", &l.ttft}, std::pair{"itl_seconds", &l.itl},
+                             std::pair{"e2e_seconds", &l.e2e}})
+    read_latency(r.object(key), *target);
+  // Absent from results files written before sessions existed.
+  if (auto s = r.optional_object("ttft_first_turn_seconds")) read_latency(*s, l.ttft_first_turn);
+  if (auto s = r.optional_object("ttft_later_turns_seconds")) read_latency(*s, l.ttft_later_turns);
   l.streamed = r.boolean_or("streamed", false);
   l.draft_tokens = r.integer_or("draft_tokens", -1);
   l.accepted_tokens = r.integer_or("accepted_tokens", -1);
@@ -562,6 +623,8 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
   if (options.prompt_tokens.empty() || options.output_tokens.empty())
     throw InputError("--load-prompt-tokens", "give at least one prompt and one output length");
   if (!(options.max_seconds > 0)) throw InputError("--load-time", "must be positive");
+  if (options.turns < 1 || options.turns > 64)
+    throw InputError("--load-turns", "must lie in [1, 64]");
   const auto started = Clock::now();
   LoadResult result;
   std::vector<std::unique_ptr<net::Client>> clients;
@@ -598,9 +661,7 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
   }
 
   int64_t most = 0;
-  for (int c : options.concurrency)
-    most = std::max<int64_t>(
-        most, options.requests_per_level > 0 ? options.requests_per_level : std::max(8, 2 * c));
+  for (int c : options.concurrency) most = std::max(most, requests_per_level(options, c));
   // Every server gets the same prompts, so they must fit the smallest context (for a
   // llama-server, /props' n_ctx is already one slot's: recorded a-get-props.json).
   std::optional<int64_t> request_limit;
@@ -627,8 +688,7 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
       static_cast<int64_t>(options.concurrency.size() * kinds.size() * urls.size());
   int64_t done_levels = 0;
   for (int concurrency : options.concurrency) {
-    const int64_t count =
-        options.requests_per_level > 0 ? options.requests_per_level : std::max(8, 2 * concurrency);
+    const int64_t count = requests_per_level(options, concurrency);
     for (const std::string& kind : kinds) {
       const auto& set = kind == "real" ? prompts.real : prompts.random;
       std::vector<LoadPrompt> level_prompts(set.begin(),

@@ -81,6 +81,40 @@ void add_ladder(const LoadResult& result, report::Report& out) {
   out.tables.push_back(ladder);
 }
 
+// Sessions (--load-turns): first turns against later ones, whose prompts begin with the turn
+// before's. A server that reuses the shared prefix gets later turns to the first token
+// sooner, though their prompts are longer.
+void add_turns(const LoadResult& result, const LoadOptions& options, report::Report& out) {
+  report::Table turns{
+      "load_turns",
+      fmt::format("Time to first token by turn ({} turns a session)", options.turns),
+      {{"server", "server", "", 0},
+       {"prompts", "prompts", "", 0},
+       {"concurrency", "concurrency", "", 0},
+       {"first_p50", "first turn TTFT p50", "ms", 1},
+       {"later_p50", "later turns TTFT p50", "ms", 1},
+       {"later_over_first", "later/first", "", 3}},
+      {},
+      ""};
+  for (const LoadLevel& l : result.levels) {
+    if (l.ttft_later_turns.count == 0 || l.ttft_first_turn.count == 0) continue;
+    const double ratio =
+        l.ttft_first_turn.p50 > 0 ? l.ttft_later_turns.p50 / l.ttft_first_turn.p50 : NAN;
+    turns.rows.push_back({side_of(result, l.server), l.prompts, int64_t{l.concurrency},
+                          1000.0 * l.ttft_first_turn.p50, 1000.0 * l.ttft_later_turns.p50,
+                          optional_number(ratio)});
+  }
+  if (turns.rows.empty()) return;
+  turns.note = fmt::format(
+      "Turn k re-sends its session's context grown to k/{} of the session's length, after the "
+      "answer to turn k-1, so its prompt begins with the one before. Later turns are longer: "
+      "later/first well below k-proportional growth means the server served the shared "
+      "prefix from its cache (SGLang's radix cache, vLLM's prefix caching, llama-server's "
+      "cache_prompt).",
+      options.turns);
+  out.tables.push_back(turns);
+}
+
 // Real/random output-throughput ratio per server and level, and A/B per prompt kind.
 std::vector<std::string> add_ratios(const LoadResult& result, const std::vector<int>& ladder,
                                     report::Report& out, json& payload) {
@@ -250,12 +284,20 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
                        Value(fmt::format("{} / {}", fmt::join(options.prompt_tokens, ", "),
                                          fmt::join(options.output_tokens, ", "))),
                        ""});
+  if (options.turns > 1)
+    out.facts.push_back(
+        {"turns", "Turns per session",
+         Value(fmt::format("{} (each re-sends the session's context, grown; prompt lengths "
+                           "above are the last turn's)",
+                           options.turns)),
+         ""});
   out.facts.push_back({"requests_sent", "Requests sent", Value(result.requests_sent), ""});
   out.facts.push_back({"seconds", "Run time", Value(result.seconds), "s", 1});
   add_ladder(result, out);
   json ratios = json::array();
   std::vector<std::string> verdicts = add_ratios(result, options.concurrency, out, ratios);
   add_charts(result, options.concurrency, out);
+  add_turns(result, options, out);
 
   // Speculative decoding: acceptance on real text against random tokens.
   for (const std::string side : {"A", "B"}) {
@@ -282,7 +324,8 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
   for (const LoadLevel& l : result.levels) levels.push_back(to_json(l));
   out.payload["load"] = {{"levels", levels},          {"ratios", ratios},
                          {"stopped", result.stopped}, {"requests_sent", result.requests_sent},
-                         {"seconds", result.seconds}, {"prompt_source", result.prompt_source}};
+                         {"seconds", result.seconds}, {"prompt_source", result.prompt_source},
+                         {"turns", options.turns}};
   for (const std::string& note : result.notes) out.notes.push_back(note);
   for (const LoadLevel& l : result.levels)
     for (const std::string& error : l.errors)

@@ -226,6 +226,12 @@ struct LoadOptions {
   std::vector<int64_t> prompt_tokens = {1024, 2048, 4096};  // cycled over a level's requests
   std::vector<int64_t> output_tokens = {64, 128, 256};      // max_tokens, cycled
   std::string corpus_dir;  // the user's files as contexts ("" : synthetic code)
+  // Requests per session, as a coding agent sends them: a session's turns go one after the
+  // other, each re-sending the session's context grown by an equal step up to the session's
+  // prompt length, so every turn's prompt begins with the previous turn's (what prefix
+  // caching serves). 1: independent requests. A level runs whole sessions, at least one per
+  // concurrency slot.
+  int turns = 1;
   bool random_control = true;
   bool stream = true;  // SSE where the server streams; TTFT/ITL need it
   uint64_t seed = 1;
@@ -253,7 +259,10 @@ struct LoadLevel {
   double output_tokens_per_second = 0.0;
   int64_t prompt_tokens = 0, output_tokens = 0;  // as the server's usage counted them
   LatencySummary ttft, itl, e2e;  // first streamed token; gap between streamed chunks; whole
-  bool streamed = false;          // false: the server answered without SSE (no TTFT/ITL)
+  // With turns > 1: TTFT of each session's first turn and of its later turns (whose prompt
+  // begins with the turn before's: the gap is what the server's prefix cache saves).
+  LatencySummary ttft_first_turn, ttft_later_turns;
+  bool streamed = false;  // false: the server answered without SSE (no TTFT/ITL)
   // Speculative decoding over the level (server counters' deltas, else the responses').
   int64_t draft_tokens = -1, accepted_tokens = -1, drafts = -1;  // -1: not reported
   std::string spec_source;                                       // "/metrics", "responses"

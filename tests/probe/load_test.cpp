@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +36,8 @@ struct LoadFakeConfig {
   bool spec = false;               // export speculative counters (accepted ~ repeated bigrams)
   bool refuse_stream = false;      // stream=true answers 400, as some servers do
   int max_model_len = 0;           // > 0: /v1/models says so and longer requests answer 400
+  int prefill_us_per_token = 0;    // prompt processing before the first token ...
+  bool prefix_cache = false;       // ... only for tokens past the longest prompt seen before
 };
 
 // Tokens are bytes (/tokenize); a completion streams max_tokens tokens of "x".
@@ -68,6 +71,10 @@ class LoadFake {
     server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       completion(req, res);
     });
+    // As uvicorn's servers get from asyncio (TCP_NODELAY on every connection since Python
+    // 3.6): without it, Nagle holds each event behind the client's delayed ACK (40 ms on
+    // Linux) once a keep-alive connection is warm, which is the fake's delay, not a server's.
+    server_.set_tcp_nodelay(true);
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -79,6 +86,7 @@ class LoadFake {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int completions() const { return completions_; }
   int64_t generated() const { return generated_; }
+  int extended() const { return extended_; }  // prompts that began with a whole earlier one
 
  private:
   void completion(const httplib::Request& req, httplib::Response& res) {
@@ -107,6 +115,24 @@ class LoadFake {
       for (const json& id : body["prompt"]) prompt.push_back(id.get<int>());
     else
       for (unsigned char c : body["prompt"].get<std::string>()) prompt.push_back(c);
+    if (config_.prefill_us_per_token > 0) {
+      size_t cached = 0;
+      {
+        std::lock_guard<std::mutex> lock(seen_mutex_);
+        if (config_.prefix_cache)
+          for (const std::vector<int>& earlier : seen_) {
+            size_t common = 0;
+            while (common < earlier.size() && common < prompt.size() &&
+                   earlier[common] == prompt[common])
+              ++common;
+            if (common == earlier.size()) cached = std::max(cached, common);
+          }
+        if (cached > 0) ++extended_;
+        seen_.push_back(prompt);
+      }
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(config_.prefill_us_per_token * (prompt.size() - cached)));
+    }
     if (config_.max_model_len > 0 &&
         static_cast<int64_t>(prompt.size()) + max_tokens > config_.max_model_len) {
       res.status = 400;
@@ -165,7 +191,9 @@ class LoadFake {
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
-  std::atomic<int> completions_{0}, in_flight_{0};
+  std::atomic<int> completions_{0}, in_flight_{0}, extended_{0};
+  std::mutex seen_mutex_;
+  std::vector<std::vector<int>> seen_;
   std::atomic<int64_t> generated_{0}, drafted_{0}, accepted_{0}, drafts_{0};
 };
 
@@ -283,6 +311,41 @@ TEST(Load, JsonPayloadMatchesTheDocument) {
   again.validate(one["load"], "probe.load", "$.load");
   EXPECT_TRUE(again.problems.empty()) << (again.problems.empty() ? "" : again.problems[0]);
   EXPECT_TRUE(one["load"]["ratios"][0]["real_over_random_B"].is_null());
+}
+
+// Sessions of 4 turns: each later prompt begins with the turn before's whole prompt (the
+// fake counts them), and the report shows what a prefix cache does to time to first token:
+// with one, each turn pays only for its new quarter; without, for its whole prompt.
+TEST(Load, SessionsResendTheirGrowingContext) {
+  LoadOptions options = small_ladder();
+  options.concurrency = {2};
+  options.requests_per_level = 8;
+  options.turns = 4;
+  options.prompt_tokens = {400};
+  options.output_tokens = {4};
+  options.random_control = false;
+  auto later_over_first = [&](bool cache) {
+    LoadFake fake({.prefill_us_per_token = 100, .prefix_cache = cache});
+    LoadResult result = run_load({fake.url()}, quick_client(), options);
+    EXPECT_EQ(fake.completions(), 8);
+    if (cache) {
+      EXPECT_EQ(fake.extended(), 6);  // 2 sessions x 3 later turns
+    }
+    EXPECT_EQ(result.levels.at(0).prompt_tokens, 2 * (100 + 200 + 300 + 400));
+    const LoadLevel& level = result.levels.at(0);
+    EXPECT_EQ(level.ttft_first_turn.count, 2);
+    EXPECT_EQ(level.ttft_later_turns.count, 6);
+    const report::Report report = to_report(result, options);
+    bool table = false;
+    for (const report::Table& t : report.tables) table |= t.id == "load_turns";
+    EXPECT_TRUE(table);
+    return level.ttft_later_turns.p50 / level.ttft_first_turn.p50;
+  };
+  const double with_cache = later_over_first(true);
+  const double without = later_over_first(false);
+  std::printf("later/first TTFT: %.2f with a prefix cache, %.2f without\n", with_cache, without);
+  EXPECT_LT(with_cache, 1.6);
+  EXPECT_GT(without, 2.0);
 }
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
