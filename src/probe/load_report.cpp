@@ -56,7 +56,8 @@ void add_ladder(const LoadResult& result, report::Report& out) {
                     {"acceptance", "draft accepted", "%", 1},
                     {"per_step", "accepted/step", "", 2},
                     {"output_tokens", "tokens", "", 0},
-                    {"server_tokens", "server counted", "", 0}};
+                    {"server_tokens", "server counted", "", 0},
+                    {"cached", "prompt cached", "%", 1}};
   for (const LoadLevel& l : result.levels) {
     const double per_step =
         l.drafts > 0 ? static_cast<double>(l.accepted_tokens) / static_cast<double>(l.drafts) : NAN;
@@ -64,20 +65,38 @@ void add_ladder(const LoadResult& result, report::Report& out) {
       return s.count > 0 ? Value(1000.0 * v) : Value(std::string("-"));
     };
     ladder.rows.push_back(
-        {side_of(result, l.server) + (l.resumed ? " (resumed)" : ""), l.prompts,
-         int64_t{l.concurrency}, l.requests, l.failures, l.requests_per_second,
-         l.output_tokens_per_second, ms(l.ttft, l.ttft.p50), ms(l.ttft, l.ttft.p90),
-         ms(l.ttft, l.ttft.p99), ms(l.itl, l.itl.p50), ms(l.itl, l.itl.p90), ms(l.itl, l.itl.p99),
-         ms(l.e2e, l.e2e.p50), ms(l.e2e, l.e2e.p99), optional_number(100.0 * acceptance(l)),
-         optional_number(per_step), l.output_tokens,
-         l.server_output_tokens >= 0 ? Value(l.server_output_tokens) : Value(std::string("-"))});
+        {side_of(result, l.server) + (l.resumed ? " (resumed)" : ""),
+         l.prompts,
+         int64_t{l.concurrency},
+         l.requests,
+         l.failures,
+         l.requests_per_second,
+         l.output_tokens_per_second,
+         ms(l.ttft, l.ttft.p50),
+         ms(l.ttft, l.ttft.p90),
+         ms(l.ttft, l.ttft.p99),
+         ms(l.itl, l.itl.p50),
+         ms(l.itl, l.itl.p90),
+         ms(l.itl, l.itl.p99),
+         ms(l.e2e, l.e2e.p50),
+         ms(l.e2e, l.e2e.p99),
+         optional_number(100.0 * acceptance(l)),
+         optional_number(per_step),
+         l.output_tokens,
+         l.server_output_tokens >= 0 ? Value(l.server_output_tokens) : Value(std::string("-")),
+         l.cached_prompt_tokens >= 0 && l.prompt_tokens > 0
+             ? Value(100.0 * static_cast<double>(l.cached_prompt_tokens) /
+                     static_cast<double>(l.prompt_tokens))
+             : Value(std::string("-"))});
   }
   ladder.note =
       "TTFT: request sent to first streamed text; ITL: gap between streamed chunks (a chunk "
       "holds every token the server sends at once: accepted drafts arrive together); "
       "draft accepted: accepted / drafted tokens over the level (server counters); tokens: "
       "output tokens by the answers' usage, server counted: the server's own generation "
-      "counter over the level (/metrics), the independent check.";
+      "counter over the level (/metrics), the independent check; prompt cached: prompt "
+      "tokens the server says it served from its prompt cache (usage "
+      "prompt_tokens_details.cached_tokens).";
   out.tables.push_back(ladder);
 }
 
@@ -333,8 +352,28 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
           fmt::format("{} {} x{}: {}", side_of(result, l.server), l.prompts, l.concurrency, error));
   if (!result.stopped.empty()) out.notes.push_back("Stopped early: " + result.stopped + ".");
 
-  out.verdict_severity =
-      failures > 0 || !result.stopped.empty() ? report::Severity::warning : report::Severity::info;
+  // Independent requests whose prompts the server had cached: their TTFT and throughput are
+  // a warm cache's, not what new traffic gets (a second run with the same --seed sends the
+  // same prompts).
+  std::string warm;
+  if (options.turns <= 1)
+    for (const LoadLevel& l : result.levels)
+      if (l.cached_prompt_tokens > 0 && l.prompt_tokens > 0 &&
+          10 * l.cached_prompt_tokens >= l.prompt_tokens) {
+        warm = fmt::format(
+            "{} served {:.0f}% of the prompt tokens at {} x{} from its prompt cache: those "
+            "latencies are a warm cache's, not new traffic's (a repeated run with the same "
+            "--seed resends the same prompts: change --seed, or restart the server)",
+            side_of(result, l.server),
+            100.0 * static_cast<double>(l.cached_prompt_tokens) /
+                static_cast<double>(l.prompt_tokens),
+            l.prompts, l.concurrency);
+        break;
+      }
+  out.verdict_severity = failures > 0 || !result.stopped.empty() || !warm.empty()
+                             ? report::Severity::warning
+                             : report::Severity::info;
+  if (!warm.empty()) verdicts.insert(verdicts.begin(), warm);
   std::string head =
       result.stopped.empty()
           ? fmt::format("{} levels measured", result.levels.size())

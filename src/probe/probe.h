@@ -258,6 +258,10 @@ struct LoadLevel {
   double requests_per_second = 0.0;
   double output_tokens_per_second = 0.0;
   int64_t prompt_tokens = 0, output_tokens = 0;  // as the server's usage counted them
+  // Of prompt_tokens, those the server says it served from its prompt cache
+  // (usage.prompt_tokens_details.cached_tokens: llama-server always, vLLM with
+  // --enable-prompt-tokens-details); -1 when no answer said.
+  int64_t cached_prompt_tokens = -1;
   LatencySummary ttft, itl, e2e;  // first streamed token; gap between streamed chunks; whole
   // With turns > 1: TTFT of each session's first turn and of its later turns (whose prompt
   // begins with the turn before's: the gap is what the server's prefix cache saves).

@@ -115,8 +115,8 @@ class LoadFake {
       for (const json& id : body["prompt"]) prompt.push_back(id.get<int>());
     else
       for (unsigned char c : body["prompt"].get<std::string>()) prompt.push_back(c);
+    size_t cached = 0;
     if (config_.prefill_us_per_token > 0) {
-      size_t cached = 0;
       {
         std::lock_guard<std::mutex> lock(seen_mutex_);
         if (config_.prefix_cache)
@@ -151,7 +151,8 @@ class LoadFake {
       drafts_ += max_tokens / 4;
     }
     const bool stream = config_.stream && body.value("stream", false);
-    const json usage = {{"prompt_tokens", prompt.size()}, {"completion_tokens", max_tokens}};
+    json usage = {{"prompt_tokens", prompt.size()}, {"completion_tokens", max_tokens}};
+    if (config_.prefix_cache) usage["prompt_tokens_details"] = {{"cached_tokens", cached}};
     if (!stream) {
       wait_tokens(max_tokens);
       generated_ += max_tokens;
@@ -346,6 +347,28 @@ TEST(Load, SessionsResendTheirGrowingContext) {
   std::printf("later/first TTFT: %.2f with a prefix cache, %.2f without\n", with_cache, without);
   EXPECT_LT(with_cache, 1.6);
   EXPECT_GT(without, 2.0);
+}
+
+// Levels never share prompts, so a server with a prompt cache serves none of a level from an
+// earlier level's work; a second run with the same seed would be served warm, and the
+// report says so (the server's own cached_tokens count).
+TEST(Load, LevelsGetPromptsOfTheirOwnAndAWarmCacheIsCalledOut) {
+  LoadFake fake({.prefill_us_per_token = 20, .prefix_cache = true});
+  LoadOptions options = small_ladder();
+  options.concurrency = {1, 2, 4};
+  options.prompt_tokens = {200};
+  LoadResult first = run_load({fake.url()}, quick_client(), options);
+  EXPECT_EQ(fake.extended(), 0) << "a prompt began with an earlier one";
+  for (const LoadLevel& level : first.levels) EXPECT_EQ(level.cached_prompt_tokens, 0);
+  EXPECT_EQ(to_report(first, options).verdict_severity, report::Severity::info);
+  LoadResult again = run_load({fake.url()}, quick_client(), options);
+  for (const LoadLevel& level : again.levels)
+    EXPECT_EQ(level.cached_prompt_tokens, level.prompt_tokens);
+  const report::Report report = to_report(again, options);
+  EXPECT_EQ(report.verdict_severity, report::Severity::warning);
+  EXPECT_NE(report.verdict.find("100% of the prompt tokens at real x1 from its prompt cache"),
+            std::string::npos)
+      << report.verdict;
 }
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
