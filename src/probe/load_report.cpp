@@ -218,39 +218,27 @@ std::vector<std::string> add_ratios(const LoadResult& result, const std::vector<
   return verdicts;
 }
 
+// A curve per server and prompt kind over the ladder (concurrency on a log axis).
+report::Chart ladder_chart(std::string id, std::string title, std::string y_label) {
+  report::Chart chart;
+  chart.id = std::move(id);
+  chart.title = std::move(title);
+  chart.kind = report::ChartKind::lines;
+  chart.x_label = "concurrency";
+  chart.y_label = std::move(y_label);
+  chart.log_x = true;
+  return chart;
+}
+
 void add_charts(const LoadResult& result, const std::vector<int>& ladder, report::Report& out) {
-  report::Chart throughput{"load_throughput",
-                           "Output tokens/s by concurrency",
-                           report::ChartKind::lines,
-                           "concurrency",
-                           "output tokens/s",
-                           {},
-                           {},
-                           true,
-                           false,
-                           {}};
-  report::Chart ttft{"load_ttft",
-                     "Time to first token (p50) by concurrency",
-                     report::ChartKind::lines,
-                     "concurrency",
-                     "TTFT p50 (ms)",
-                     {},
-                     {},
-                     true,
-                     false,
-                     {}};
+  report::Chart throughput =
+      ladder_chart("load_throughput", "Output tokens/s by concurrency", "output tokens/s");
+  report::Chart ttft =
+      ladder_chart("load_ttft", "Time to first token (p50) by concurrency", "TTFT p50 (ms)");
   // Decode speed as each request sees it: the per-token gap, which batching trades for
   // throughput (the curve that rises while tokens/s still climbs).
-  report::Chart itl{"load_itl",
-                    "Inter-token latency (p50) by concurrency",
-                    report::ChartKind::lines,
-                    "concurrency",
-                    "ITL p50 (ms)",
-                    {},
-                    {},
-                    true,
-                    false,
-                    {}};
+  report::Chart itl =
+      ladder_chart("load_itl", "Inter-token latency (p50) by concurrency", "ITL p50 (ms)");
   for (int c : ladder) {
     throughput.x_values.push_back(c);
     ttft.x_values.push_back(c);

@@ -20,7 +20,7 @@ namespace {
 
 using nlohmann::json;
 using PayloadSchema = testing::SchemaTables;
-using testing::PayloadValidator;
+using testing::SchemaValidator;
 
 PayloadSchema load_payload_schema() {
   return testing::load_schema_tables("## Payload object: ");
@@ -50,7 +50,7 @@ json check_payload(const std::string& fixture, const std::string& engine, const 
 TEST(PayloadSchema, CheckPayloadMatchesTheDocumentBothWays) {
   const PayloadSchema schema = load_payload_schema();
   ASSERT_TRUE(schema.count("check.resolved_kv")) << "docs/json-schema.md lost its payload tables";
-  PayloadValidator validator(schema);
+  SchemaValidator validator(schema);
   engines::LaunchFlags removed_flag;
   removed_flag.calculate_kv_scales = true;
   const std::vector<json> payloads = {

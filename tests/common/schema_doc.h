@@ -1,6 +1,7 @@
 // Reads the key tables of docs/json-schema.md: the sections whose heading starts with
 // `heading` ("## Object: " for the report, "## Payload object: " for payloads), as
-// NAME -> [(key, type)] in document order. Both schema tests read the document this way.
+// NAME -> [(key, type)] in document order, and checks JSON against them. The schema tests
+// of the report and of the payloads read and check the document this way.
 #pragma once
 
 #include <fstream>
@@ -43,15 +44,17 @@ inline SchemaTables load_schema_tables(const std::string& heading) {
   return tables;
 }
 
-// Checks a payload value against a documented type, both ways: every documented key present
-// with its type, no undocumented key. Types: string, integer, number (any JSON number),
-// boolean, array<T>, T-or-null, or a documented object name. `seen` collects the objects met.
-class PayloadValidator {
+// Checks a value against a documented type, both ways: every documented key present with
+// its type, no undocumented key (but `allowed_extra` at the top: a report's payload keys).
+// Types: string, integer, number, boolean, value (a scalar), severity, chart-kind, array<T>,
+// map<T>, T-or-null, or a documented object name. `seen` collects the objects met.
+class SchemaValidator {
  public:
   using json = nlohmann::json;
-  explicit PayloadValidator(SchemaTables schema) : schema_(std::move(schema)) {}
+  explicit SchemaValidator(SchemaTables schema) : schema_(std::move(schema)) {}
 
-  void validate(const json& value, const std::string& type, const std::string& path) {
+  void validate(const json& value, const std::string& type, const std::string& path,
+                const std::set<std::string>& allowed_extra = {}) {
     auto fail = [&](const std::string& what) { problems.push_back(path + ": " + what); };
     const std::string or_null = "-or-null";
     if (type.size() > or_null.size() && type.ends_with(or_null)) {
@@ -66,10 +69,23 @@ class PayloadValidator {
       if (!value.is_number()) fail("expected number, got " + value.dump());
     } else if (type == "boolean") {
       if (!value.is_boolean()) fail("expected boolean, got " + value.dump());
+    } else if (type == "value") {
+      if (value.is_object() || value.is_array())
+        fail("expected a scalar value, got " + value.dump());
+    } else if (type == "severity") {
+      if (value != "info" && value != "warning" && value != "critical")
+        fail("expected a severity, got " + value.dump());
+    } else if (type == "chart-kind") {
+      if (value != "bars" && value != "lines" && value != "heatmap")
+        fail("expected a chart kind, got " + value.dump());
     } else if (type.starts_with("array<") && type.ends_with(">")) {
       if (!value.is_array()) return fail("expected array, got " + value.dump());
       for (size_t i = 0; i < value.size(); ++i)
         validate(value[i], type.substr(6, type.size() - 7), path + "[" + std::to_string(i) + "]");
+    } else if (type.starts_with("map<") && type.ends_with(">")) {
+      if (!value.is_object()) return fail("expected object, got " + value.dump());
+      for (const auto& [key, child] : value.items())
+        validate(child, type.substr(4, type.size() - 5), path + "." + key);
     } else if (schema_.count(type)) {
       if (!value.is_object()) return fail("expected " + type + " object, got " + value.dump());
       seen.insert(type);
@@ -82,7 +98,8 @@ class PayloadValidator {
           validate(value.at(key), key_type, path + "." + key);
       }
       for (const auto& [key, member] : value.items())
-        if (!documented.count(key)) fail("key '" + key + "' is not documented");
+        if (!documented.count(key) && !allowed_extra.count(key))
+          fail("key '" + key + "' is not documented");
     } else {
       fail("the document uses an unknown type '" + type + "'");
     }

@@ -292,7 +292,7 @@ TEST(Load, JsonPayloadMatchesTheDocument) {
   for (double itl_ms : load_report.charts[2].series[0].y) EXPECT_LT(itl_ms, 50.0);
   const json payload = report::render_json(load_report);
   ASSERT_TRUE(payload.contains("load"));
-  kvaudit::testing::PayloadValidator validator(
+  kvaudit::testing::SchemaValidator validator(
       kvaudit::testing::load_schema_tables("## Payload object: "));
   validator.validate(payload["load"], "probe.load", "$.load");
   EXPECT_TRUE(validator.problems.empty()) << [&] {
@@ -307,7 +307,7 @@ TEST(Load, JsonPayloadMatchesTheDocument) {
   // One server: the B columns are there, null.
   LoadResult single = run_load({a.url()}, quick_client(), options);
   const json one = report::render_json(to_report(single, options));
-  kvaudit::testing::PayloadValidator again(
+  kvaudit::testing::SchemaValidator again(
       kvaudit::testing::load_schema_tables("## Payload object: "));
   again.validate(one["load"], "probe.load", "$.load");
   EXPECT_TRUE(again.problems.empty()) << (again.problems.empty() ? "" : again.problems[0]);

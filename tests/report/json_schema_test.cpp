@@ -28,79 +28,19 @@ Schema load_documented_schema() {
   return kvaudit::testing::load_schema_tables("## Object: ");
 }
 
+// The report object with the command's payload keys allowed at the top.
 class Validator {
  public:
   explicit Validator(Schema schema) : schema_(std::move(schema)) {}
-
-  // allowed_extra: keys allowed beyond the documented ones (the payload), top level only.
   std::vector<std::string> validate_report(const nlohmann::json& json,
                                            const std::set<std::string>& allowed_extra) {
-    problems_.clear();
-    check_object(json, "report", "$", allowed_extra);
-    return problems_;
+    kvaudit::testing::SchemaValidator validator(schema_);
+    validator.validate(json, "report", "$", allowed_extra);
+    return validator.problems;
   }
 
  private:
-  void check(const nlohmann::json& json, const std::string& type, const std::string& path) {
-    auto fail = [&](const std::string& what) { problems_.push_back(path + ": " + what); };
-    if (type == "integer") {
-      if (!json.is_number_integer()) fail("expected integer, got " + json.dump());
-    } else if (type == "string") {
-      if (!json.is_string()) fail("expected string, got " + json.dump());
-    } else if (type == "boolean") {
-      if (!json.is_boolean()) fail("expected boolean, got " + json.dump());
-    } else if (type == "number-or-null") {
-      if (!json.is_number() && !json.is_null()) fail("expected number or null, got " + json.dump());
-    } else if (type == "value") {
-      if (json.is_object() || json.is_array()) fail("expected a scalar value, got " + json.dump());
-    } else if (type == "severity") {
-      if (!json.is_string() || (json != "info" && json != "warning" && json != "critical")) {
-        fail("expected a severity, got " + json.dump());
-      }
-    } else if (type == "chart-kind") {
-      if (!json.is_string() || (json != "bars" && json != "lines" && json != "heatmap")) {
-        fail("expected a chart kind, got " + json.dump());
-      }
-    } else if (type.rfind("array<", 0) == 0 && type.back() == '>') {
-      if (!json.is_array()) return fail("expected array, got " + json.dump());
-      std::string element = type.substr(6, type.size() - 7);
-      for (size_t i = 0; i < json.size(); ++i)
-        check(json[i], element, path + "[" + std::to_string(i) + "]");
-    } else if (type.rfind("map<", 0) == 0 && type.back() == '>') {
-      if (!json.is_object()) return fail("expected object, got " + json.dump());
-      std::string element = type.substr(4, type.size() - 5);
-      for (const auto& [key, child] : json.items()) check(child, element, path + "." + key);
-    } else if (schema_.count(type) != 0) {
-      check_object(json, type, path, {});
-    } else {
-      fail("the document uses an unknown type '" + type + "'");
-    }
-  }
-
-  void check_object(const nlohmann::json& json, const std::string& object, const std::string& path,
-                    const std::set<std::string>& allowed_extra) {
-    if (!json.is_object()) {
-      problems_.push_back(path + ": expected " + object + " object");
-      return;
-    }
-    std::set<std::string> documented;
-    for (const auto& [key, type] : schema_.at(object)) {
-      documented.insert(key);
-      if (!json.contains(key)) {
-        problems_.push_back(path + ": missing documented key '" + key + "'");
-      } else {
-        check(json.at(key), type, path + "." + key);
-      }
-    }
-    for (const auto& [key, child] : json.items()) {
-      if (documented.count(key) == 0 && allowed_extra.count(key) == 0) {
-        problems_.push_back(path + ": key '" + key + "' is not documented");
-      }
-    }
-  }
-
   Schema schema_;
-  std::vector<std::string> problems_;
 };
 
 std::string join(const std::vector<std::string>& problems) {

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,17 @@ class RunningServer {
   std::mutex mutex_;
   std::vector<std::string> log_;
 };
+
+// Waits (bounded: 4 s) until /metrics shows a request running; false if none ever did.
+inline bool wait_until_running(const RunningServer& server,
+                               const std::string& model = "qwen3-pystd") {
+  const std::string running = "vllm:num_requests_running{model_name=\"" + model + "\"} 1";
+  for (int i = 0; i < 2000; ++i) {
+    if (server.get("/metrics").second.find(running) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
 
 inline ServeOptions options_for(const fs::path& model, const std::string& kv = "auto") {
   ServeOptions options;

@@ -320,14 +320,7 @@ TEST(ServeHttp, FullQueueAnswers429AndStopDrainsInFlightRequests) {
   auto running =
       std::async(std::launch::async, [&] { return server.post("/v1/completions", long_body); });
   // Wait until the long request occupies the only slot.
-  bool busy = false;
-  for (int i = 0; i < 2000 && !busy; ++i) {
-    busy = server.get("/metrics")
-               .second.find("vllm:num_requests_running{model_name=\"qwen3-pystd\"} 1") !=
-           std::string::npos;
-    if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  ASSERT_TRUE(busy);
+  ASSERT_TRUE(testing::wait_until_running(server));
   // The long request runs for hundreds of milliseconds: the slot is still taken.
   auto [status, body] = server.post("/v1/completions", greedy("x", 2));
   EXPECT_EQ(status, 429) << body.dump();

@@ -305,14 +305,7 @@ TEST(ServeStream, StopWaitsForStreamsInFlight) {
                {"stream", true},        {"stream_options", {{"include_usage", true}}}};
   auto running =
       std::async(std::launch::async, [&] { return post_stream(server, "/v1/completions", body); });
-  bool busy = false;
-  for (int i = 0; i < 2000 && !busy; ++i) {
-    busy = server.get("/metrics")
-               .second.find("vllm:num_requests_running{model_name=\"qwen3-pystd\"} 1") !=
-           std::string::npos;
-    if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  ASSERT_TRUE(busy);
+  ASSERT_TRUE(testing::wait_until_running(server));
   server.server().stop();
   Streamed streamed = running.get();
   ASSERT_FALSE(streamed.data.empty());
