@@ -317,24 +317,21 @@ std::string Server::Impl::metrics_text() const {
          {{"finished_reason=\"stop\"," + model_label, double(metrics.finished_stop.load())},
           {"finished_reason=\"length\"," + model_label, double(metrics.finished_length.load())},
           {"finished_reason=\"abort\"," + model_label, double(metrics.finished_abort.load())}});
-  metric("vllm:e2e_request_latency_seconds", "summary",
-         "End-to-end request latency in seconds (sum and count).", {});
-  out += fmt::format("vllm:e2e_request_latency_seconds_sum{{{}}} {:.6f}\n", model_label,
-                     metrics.e2e_microseconds.load() / 1e6);
-  out += fmt::format("vllm:e2e_request_latency_seconds_count{{{}}} {}\n", model_label,
-                     metrics.e2e_count.load());
-  metric("vllm:time_to_first_token_seconds", "summary",
-         "Time from arrival to the first output token, in seconds (sum and count).", {});
-  out += fmt::format("vllm:time_to_first_token_seconds_sum{{{}}} {:.6f}\n", model_label,
-                     metrics.ttft_microseconds.load() / 1e6);
-  out += fmt::format("vllm:time_to_first_token_seconds_count{{{}}} {}\n", model_label,
-                     metrics.ttft_count.load());
-  metric("vllm:request_queue_time_seconds", "summary",
-         "Time spent waiting in the queue, in seconds (sum and count).", {});
-  out += fmt::format("vllm:request_queue_time_seconds_sum{{{}}} {:.6f}\n", model_label,
-                     metrics.queue_microseconds.load() / 1e6);
-  out += fmt::format("vllm:request_queue_time_seconds_count{{{}}} {}\n", model_label,
-                     metrics.e2e_count.load());
+  // Summaries as sum and count (microsecond counters, written in seconds).
+  auto summary = [&](const char* name, const char* help, int64_t micros, int64_t count) {
+    metric(name, "summary", help, {});
+    out += fmt::format("{}_sum{{{}}} {:.6f}\n", name, model_label, micros / 1e6);
+    out += fmt::format("{}_count{{{}}} {}\n", name, model_label, count);
+  };
+  summary("vllm:e2e_request_latency_seconds",
+          "End-to-end request latency in seconds (sum and count).", metrics.e2e_microseconds.load(),
+          metrics.e2e_count.load());
+  summary("vllm:time_to_first_token_seconds",
+          "Time from arrival to the first output token, in seconds (sum and count).",
+          metrics.ttft_microseconds.load(), metrics.ttft_count.load());
+  summary("vllm:request_queue_time_seconds",
+          "Time spent waiting in the queue, in seconds (sum and count).",
+          metrics.queue_microseconds.load(), metrics.e2e_count.load());
   metric("kvaudit:http_requests_total", "counter", "HTTP requests received.",
          {{model_label, double(metrics.http_requests.load())}});
   metric("kvaudit:http_errors_total", "counter", "HTTP responses with status >= 400.",
