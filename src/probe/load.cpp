@@ -248,7 +248,7 @@ struct Timing {
   std::vector<double> gaps;
   int64_t prompt_tokens = 0, output_tokens = 0, chunks = 0;
   int64_t cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens, when given
-  int64_t draft = -1, accepted = -1;
+  int64_t draft = -1, accepted = -1, verify_steps = -1;
 };
 
 // Reads the events of a server-sent-events body as they arrive: data lines with JSON, the
@@ -321,6 +321,22 @@ class SseReader {
       if (timings->value("draft_n_accepted", json()).is_number_integer())
         timing.accepted = (*timings)["draft_n_accepted"].get<int64_t>();
     }
+    // SGLang's meta_info (asked for with return_meta_info; under each choice on the OpenAI
+    // routes, at the top on /generate): drafted, accepted and verify steps of the request.
+    auto read_meta = [&](const json& meta) {
+      if (!meta.is_object()) return;
+      auto count = [&](const char* key, int64_t& target) {
+        if (meta.value(key, json()).is_number_integer()) target = meta[key].get<int64_t>();
+      };
+      count("spec_draft_token_num", timing.draft);
+      count("spec_accept_token_num", timing.accepted);
+      count("spec_verify_ct", timing.verify_steps);
+      if (timing.cached_tokens < 0) count("cached_tokens", timing.cached_tokens);
+    };
+    if (auto meta = doc.find("meta_info"); meta != doc.end()) read_meta(*meta);
+    if (auto choices = doc.find("choices"); choices != doc.end() && choices->is_array())
+      for (const json& choice : *choices)
+        if (choice.is_object() && choice.contains("meta_info")) read_meta(choice["meta_info"]);
   }
 
  private:
@@ -335,12 +351,14 @@ class SseReader {
 // One completion, streamed when asked; stops reading (and counts as cut) past `deadline`
 // or when interrupted.
 Timing run_request(net::Client& client, const std::string& model, const LoadPrompt& prompt,
-                   bool stream, Clock::time_point deadline, const std::function<bool()>& stop) {
+                   bool stream, Clock::time_point deadline, const std::function<bool()>& stop,
+                   const json& extra_fields) {
   Timing timing;
   json body = {{"model", model},
                {"prompt", prompt.prompt},
                {"max_tokens", prompt.max_tokens},
                {"temperature", 0}};
+  for (const auto& [key, value] : extra_fields.items()) body[key] = value;
   if (stream) {
     body["stream"] = true;
     body["stream_options"] = {{"include_usage", true}};
@@ -405,6 +423,8 @@ Timing run_request(net::Client& client, const std::string& model, const LoadProm
 struct SpecCounters {
   double draft = 0.0, accepted = 0.0, drafts = 0.0;
   bool seen = false;
+  // SGLang's gauges (last logging interval), averaged over label sets; -1: absent.
+  double accept_rate = -1.0, accept_length = -1.0;
   double generated = 0.0;  // the server's own count of generated tokens
   bool generated_seen = false;
 };
@@ -413,6 +433,7 @@ struct SpecCounters {
 // labels; none when /metrics is absent or has none.
 SpecCounters read_spec_counters(net::Client& client) {
   SpecCounters out;
+  int rate_count = 0, length_count = 0;
   try {
     net::HttpResponse response = client.get("/metrics");
     if (response.status != 200) return out;
@@ -427,6 +448,14 @@ SpecCounters read_spec_counters(net::Client& client) {
       if (ends("num_draft_tokens_total")) out.draft += sample.value, out.seen = true;
       if (ends("num_accepted_tokens_total")) out.accepted += sample.value, out.seen = true;
       if (ends("num_drafts_total")) out.drafts += sample.value, out.seen = true;
+      // SGLang: gauges only (python/sglang/srt/metrics/collector.py,
+      // SchedulerMetricsCollector, "mostrecent" over the decode log interval).
+      auto average_into = [&](double& target, int& count) {
+        target = (std::max(0.0, target) * count + sample.value) / (count + 1);
+        ++count;
+      };
+      if (name == "sglang:spec_accept_rate") average_into(out.accept_rate, rate_count);
+      if (name == "sglang:spec_accept_length") average_into(out.accept_length, length_count);
       // vLLM / SGLang generation_tokens_total, llama-server tokens_predicted_total.
       if (name == "vllm:generation_tokens_total" || name == "sglang:generation_tokens_total" ||
           name == "llamacpp:tokens_predicted_total")
@@ -457,9 +486,11 @@ struct Budget {
 
 // `stream` turns false (for the rest of the run) when the server refuses stream=true with a
 // 400 that says so (kvaudit serve, some gateways): the request is sent again in one piece.
+// `extra_fields` go into every request body (SGLang: return_meta_info).
 LoadLevel run_level(net::Client& client, const std::string& model,
                     const std::vector<LoadPrompt>& prompts, int concurrency,
-                    std::atomic<bool>& stream, Budget& budget, std::atomic<bool>& server_failing) {
+                    std::atomic<bool>& stream, Budget& budget, std::atomic<bool>& server_failing,
+                    const json& extra_fields) {
   LoadLevel level;
   level.concurrency = concurrency;
   const SpecCounters before = read_spec_counters(client);
@@ -482,12 +513,12 @@ LoadLevel run_level(net::Client& client, const std::string& model,
           if (server_failing || budget.stop() || Clock::now() >= budget.deadline) return;
           if (budget.left.fetch_sub(1) <= 0) return;
           timings[index] = run_request(client, model, prompts[index], stream, budget.deadline,
-                                       budget.interrupted);
+                                       budget.interrupted, extra_fields);
           if (stream && !timings[index].ok && timings[index].error.rfind("HTTP 400", 0) == 0 &&
               timings[index].error.find("stream") != std::string::npos) {
             stream = false;
             timings[index] = run_request(client, model, prompts[index], false, budget.deadline,
-                                         budget.interrupted);
+                                         budget.interrupted, extra_fields);
           }
           if (timings[index].unavailable) server_failing = true;
         }
@@ -498,8 +529,8 @@ LoadLevel run_level(net::Client& client, const std::string& model,
   const SpecCounters after = read_spec_counters(client);
 
   std::vector<double> ttft, gaps, e2e, ttft_first, ttft_later;
-  int64_t draft = 0, accepted = 0;
-  bool per_response = false;
+  int64_t draft = 0, accepted = 0, verify_steps = 0;
+  bool per_response = false, any_steps = false;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const Timing& t = timings[i];
     if (t.total == 0.0 && t.error.empty() && !t.ok) continue;  // never sent
@@ -521,8 +552,12 @@ LoadLevel run_level(net::Client& client, const std::string& model,
       (prompts[i].turn == 0 ? ttft_first : ttft_later).push_back(t.ttft);
     }
     gaps.insert(gaps.end(), t.gaps.begin(), t.gaps.end());
-    if (t.draft >= 0)
-      per_response = true, draft += t.draft, accepted += std::max<int64_t>(0, t.accepted);
+    if (t.draft >= 0) {
+      per_response = true;
+      draft += t.draft;
+      accepted += std::max<int64_t>(0, t.accepted);
+      if (t.verify_steps >= 0) verify_steps += t.verify_steps, any_steps = true;
+    }
   }
   level.ttft = summarize_latency(ttft);
   if (!ttft_later.empty()) {
@@ -547,7 +582,12 @@ LoadLevel run_level(net::Client& client, const std::string& model,
   } else if (per_response) {
     level.draft_tokens = draft;
     level.accepted_tokens = accepted;
+    if (any_steps) level.drafts = verify_steps;
     level.spec_source = "responses";
+  } else if (after.accept_rate >= 0 || after.accept_length >= 0) {
+    level.spec_accept_rate_gauge = after.accept_rate;
+    level.spec_accept_length_gauge = after.accept_length;
+    level.spec_source = "/metrics gauges";
   }
   return level;
 }
@@ -583,6 +623,8 @@ json to_json(const LoadLevel& l) {
           {"accepted_tokens", l.accepted_tokens},
           {"drafts", l.drafts},
           {"spec_source", l.spec_source},
+          {"spec_accept_rate_gauge", l.spec_accept_rate_gauge},
+          {"spec_accept_length_gauge", l.spec_accept_length_gauge},
           {"server_output_tokens", l.server_output_tokens},
           {"errors", l.errors}};
 }
@@ -621,6 +663,8 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
   l.accepted_tokens = r.integer_or("accepted_tokens", -1);
   l.drafts = r.integer_or("drafts", -1);
   l.spec_source = r.string_or("spec_source", "");
+  l.spec_accept_rate_gauge = r.number_or("spec_accept_rate_gauge", -1.0);
+  l.spec_accept_length_gauge = r.number_or("spec_accept_length_gauge", -1.0);
   l.server_output_tokens = r.integer_or("server_output_tokens", -1);
   l.errors = r.strings_or_empty("errors");
   r.allow_descriptive({"key"});
@@ -744,8 +788,11 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
             result.stopped = fmt::format("request budget of {} spent", options.max_requests);
             break;
           }
+          // SGLang puts per-request speculative counts in meta_info only when asked.
+          const json extra = result.servers[s].engine == "sglang" ? json{{"return_meta_info", true}}
+                                                                  : json::object();
           LoadLevel level = run_level(*clients[s], models[s], level_prompts, concurrency,
-                                      *streams[s], budget, failing);
+                                      *streams[s], budget, failing, extra);
           level.server = urls[s];
           level.prompts = kind;
           result.requests_sent += level.requests;

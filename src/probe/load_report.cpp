@@ -20,8 +20,18 @@ std::string side_of(const LoadResult& result, const std::string& url) {
   return "A";
 }
 
+// Accepted / drafted tokens: counts when the server gave them, else SGLang's gauge.
 double acceptance(const LoadLevel& l) {
-  return l.draft_tokens > 0 ? static_cast<double>(l.accepted_tokens) / l.draft_tokens : NAN;
+  if (l.draft_tokens > 0) return static_cast<double>(l.accepted_tokens) / l.draft_tokens;
+  return l.spec_accept_rate_gauge >= 0 ? l.spec_accept_rate_gauge : NAN;
+}
+
+// Accepted draft tokens per verify step. SGLang's accept length counts the token every step
+// emits as well (scheduler: spec_num_total_accepted_tokens += num_accepted_tokens + bs), so
+// one is taken off to match vLLM's and llama-server's accepted / drafts.
+double accepted_per_step(const LoadLevel& l) {
+  if (l.drafts > 0) return static_cast<double>(l.accepted_tokens) / static_cast<double>(l.drafts);
+  return l.spec_accept_length_gauge >= 1.0 ? l.spec_accept_length_gauge - 1.0 : NAN;
 }
 
 Value optional_number(double value) {
@@ -59,8 +69,7 @@ void add_ladder(const LoadResult& result, report::Report& out) {
                     {"server_tokens", "server counted", "", 0},
                     {"cached", "prompt cached", "%", 1}};
   for (const LoadLevel& l : result.levels) {
-    const double per_step =
-        l.drafts > 0 ? static_cast<double>(l.accepted_tokens) / static_cast<double>(l.drafts) : NAN;
+    const double per_step = accepted_per_step(l);
     auto ms = [&](const LatencySummary& s, double v) {
       return s.count > 0 ? Value(1000.0 * v) : Value(std::string("-"));
     };
@@ -309,20 +318,29 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
   // Speculative decoding: acceptance on real text against random tokens.
   for (const std::string side : {"A", "B"}) {
     double real_sum = 0, real_draft = 0, random_sum = 0, random_draft = 0;
+    bool gauges = false;
     for (const LoadLevel& l : result.levels) {
-      if (side_of(result, l.server) != side || l.draft_tokens <= 0) continue;
-      (l.prompts == "real" ? real_sum : random_sum) += static_cast<double>(l.accepted_tokens);
-      (l.prompts == "real" ? real_draft : random_draft) += static_cast<double>(l.draft_tokens);
+      if (side_of(result, l.server) != side) continue;
+      double accepted = static_cast<double>(l.accepted_tokens);
+      double drafted = static_cast<double>(l.draft_tokens);
+      if (l.draft_tokens <= 0) {
+        // SGLang gives a rate only (a gauge): each level counts as one sample of it.
+        if (l.spec_accept_rate_gauge < 0) continue;
+        accepted = 100.0 * l.spec_accept_rate_gauge, drafted = 100.0, gauges = true;
+      }
+      (l.prompts == "real" ? real_sum : random_sum) += accepted;
+      (l.prompts == "real" ? real_draft : random_draft) += drafted;
     }
     if (real_draft > 0 || random_draft > 0)
       verdicts.push_back(fmt::format(
-          "{} speculative drafts accepted {:.1f}% on real code, {:.1f}% on random tokens{}", side,
+          "{} speculative drafts accepted {:.1f}% on real code, {:.1f}% on random tokens{}{}", side,
           real_draft > 0 ? 100.0 * real_sum / real_draft : 0.0,
           random_draft > 0 ? 100.0 * random_sum / random_draft : 0.0,
           real_draft > 0 && random_draft > 0 &&
                   real_sum / real_draft > 2 * random_sum / random_draft
               ? ": a random-token benchmark under-states the method"
-              : ""));
+              : "",
+          gauges ? " (SGLang's acceptance gauge at each level's end, averaged over levels)" : ""));
   }
 
   int64_t failures = 0;

@@ -269,7 +269,12 @@ struct LoadLevel {
   bool streamed = false;  // false: the server answered without SSE (no TTFT/ITL)
   // Speculative decoding over the level (server counters' deltas, else the responses').
   int64_t draft_tokens = -1, accepted_tokens = -1, drafts = -1;  // -1: not reported
-  std::string spec_source;                                       // "/metrics", "responses"
+  // "/metrics", "responses" (llama-server timings, SGLang meta_info), or "/metrics gauges"
+  // (SGLang without per-response counts: its sglang:spec_accept_rate and
+  // sglang:spec_accept_length over the last logging interval, read as the level ends).
+  std::string spec_source;
+  double spec_accept_rate_gauge = -1.0;    // accepted / drafted (SGLang gauge), -1: none
+  double spec_accept_length_gauge = -1.0;  // tokens per verify step, bonus included
   // The server's own count of generated tokens over the level (-1: it exports none), the
   // independent check of output_tokens.
   int64_t server_output_tokens = -1;

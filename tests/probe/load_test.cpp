@@ -38,7 +38,16 @@ struct LoadFakeConfig {
   int max_model_len = 0;           // > 0: /v1/models says so and longer requests answer 400
   int prefill_us_per_token = 0;    // prompt processing before the first token ...
   bool prefix_cache = false;       // ... only for tokens past the longest prompt seen before
+  // Answers /server_info with a real SGLang 0.5.6 answer (so it is detected as SGLang),
+  // puts a real meta_info (PR 13754) under each one-piece choice when the request asks with
+  // return_meta_info, and exports SGLang's speculative gauges on /metrics.
+  bool sglang = false;
 };
+
+json fixture_json(const std::string& relative) {
+  return json::parse(
+      read_text_file(std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "servers" / relative));
+}
 
 // Tokens are bytes (/tokenize); a completion streams max_tokens tokens of "x".
 class LoadFake {
@@ -58,7 +67,20 @@ class LoadFake {
       for (unsigned char c : text) ids.push_back(int(c));
       res.set_content(json{{"tokens", ids}}.dump(), "application/json");
     });
+    if (config_.sglang)
+      server_.Get("/server_info", [](const httplib::Request&, httplib::Response& res) {
+        res.set_content(fixture_json("sglang/server_info-0.5.6.json").dump(), "application/json");
+      });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      if (config_.sglang) {
+        // Names and meaning: python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector).
+        const std::string labels = "{model_name=\"fake-model\",tp_rank=\"0\"}";
+        res.set_content("sglang:generation_tokens_total" + labels + " " +
+                            std::to_string(generated_.load()) + "\nsglang:spec_accept_rate" +
+                            labels + " 0.27\nsglang:spec_accept_length" + labels + " 2.9\n",
+                        "text/plain; version=0.0.4");
+        return;
+      }
       std::string text =
           "llamacpp:tokens_predicted_total " + std::to_string(generated_.load()) + "\n";
       if (config_.spec)
@@ -156,10 +178,10 @@ class LoadFake {
     if (!stream) {
       wait_tokens(max_tokens);
       generated_ += max_tokens;
-      res.set_content(json{{"choices", {{{"text", std::string(max_tokens, 'x')}, {"index", 0}}}},
-                           {"usage", usage}}
-                          .dump(),
-                      "application/json");
+      json choice = {{"text", std::string(max_tokens, 'x')}, {"index", 0}};
+      if (config_.sglang && body.value("return_meta_info", false))
+        choice["meta_info"] = fixture_json("sglang/meta_info-spec-pr13754.json");
+      res.set_content(json{{"choices", {choice}}, {"usage", usage}}.dump(), "application/json");
       return;
     }
     res.set_chunked_content_provider(
@@ -369,6 +391,47 @@ TEST(Load, LevelsGetPromptsOfTheirOwnAndAWarmCacheIsCalledOut) {
   EXPECT_NE(report.verdict.find("100% of the prompt tokens at real x1 from its prompt cache"),
             std::string::npos)
       << report.verdict;
+}
+
+// SGLang: the load asks for meta_info (return_meta_info, SGLang servers only) and sums the
+// real per-request counts of PR 13754's answer; a streamed run without them falls back to
+// SGLang's last-interval gauges, with their accept length less the token each step emits.
+TEST(Load, SglangSpeculativeCountsFromMetaInfoElseItsGauges) {
+  LoadOptions options = small_ladder();
+  options.concurrency = {1};
+  options.random_control = false;
+  {
+    LoadFake fake({.stream = false, .sglang = true});
+    LoadResult result = run_load({fake.url()}, quick_client(), options);
+    ASSERT_EQ(result.servers.at(0).engine, "sglang");
+    const LoadLevel& level = result.levels.at(0);
+    EXPECT_EQ(level.spec_source, "responses");
+    EXPECT_EQ(level.draft_tokens, 4 * 940);
+    EXPECT_EQ(level.accepted_tokens, 4 * 11);
+    EXPECT_EQ(level.drafts, 4 * 188);
+    EXPECT_EQ(level.cached_prompt_tokens, 0);
+    const report::Report report = to_report(result, options);
+    EXPECT_NE(report.verdict.find("A speculative drafts accepted 1.2% on real code"),
+              std::string::npos)
+        << report.verdict;
+  }
+  {
+    LoadFake fake({.sglang = true});
+    LoadResult result = run_load({fake.url()}, quick_client(), options);
+    const LoadLevel& level = result.levels.at(0);
+    EXPECT_EQ(level.spec_source, "/metrics gauges");
+    EXPECT_EQ(level.draft_tokens, -1);
+    EXPECT_DOUBLE_EQ(level.spec_accept_rate_gauge, 0.27);
+    EXPECT_DOUBLE_EQ(level.spec_accept_length_gauge, 2.9);
+    const report::Report report = to_report(result, options);
+    EXPECT_NE(report.verdict.find("accepted 27.0% on real code"), std::string::npos)
+        << report.verdict;
+    const report::Table& ladder = report.tables.at(0);
+    ASSERT_EQ(ladder.id, "load_ladder");
+    size_t per_step = 0;
+    while (ladder.columns[per_step].key != "per_step") ++per_step;
+    EXPECT_DOUBLE_EQ(std::get<double>(ladder.rows.at(0).at(per_step)), 1.9);
+  }
 }
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
