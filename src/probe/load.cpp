@@ -425,6 +425,8 @@ struct SpecCounters {
   bool seen = false;
   // SGLang's gauges (last logging interval), averaged over label sets; -1: absent.
   double accept_rate = -1.0, accept_length = -1.0;
+  double cached = 0.0;  // sglang:cached_tokens_total (prompt tokens served from its cache)
+  bool cached_seen = false;
   double generated = 0.0;  // the server's own count of generated tokens
   bool generated_seen = false;
 };
@@ -454,6 +456,7 @@ SpecCounters read_spec_counters(net::Client& client) {
         target = (std::max(0.0, target) * count + sample.value) / (count + 1);
         ++count;
       };
+      if (name == "sglang:cached_tokens_total") out.cached += sample.value, out.cached_seen = true;
       if (name == "sglang:spec_accept_rate") average_into(out.accept_rate, rate_count);
       if (name == "sglang:spec_accept_length") average_into(out.accept_length, length_count);
       // vLLM / SGLang generation_tokens_total, llama-server tokens_predicted_total.
@@ -574,6 +577,10 @@ LoadLevel run_level(net::Client& client, const std::string& model,
   if (after.generated_seen && before.generated_seen)
     level.server_output_tokens =
         static_cast<int64_t>(std::llround(after.generated - before.generated));
+  // Answers that did not say (SGLang without --enable-cache-report): its counter's delta.
+  if (level.cached_prompt_tokens < 0 && after.cached_seen && before.cached_seen &&
+      after.cached >= before.cached)
+    level.cached_prompt_tokens = static_cast<int64_t>(std::llround(after.cached - before.cached));
   if (after.seen && before.seen && after.draft >= before.draft) {
     level.draft_tokens = static_cast<int64_t>(std::llround(after.draft - before.draft));
     level.accepted_tokens = static_cast<int64_t>(std::llround(after.accepted - before.accepted));

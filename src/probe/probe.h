@@ -260,7 +260,8 @@ struct LoadLevel {
   int64_t prompt_tokens = 0, output_tokens = 0;  // as the server's usage counted them
   // Of prompt_tokens, those the server says it served from its prompt cache
   // (usage.prompt_tokens_details.cached_tokens: llama-server always, vLLM with
-  // --enable-prompt-tokens-details); -1 when no answer said.
+  // --enable-prompt-tokens-details; SGLang's meta_info, else its sglang:cached_tokens_total
+  // counter over the level); -1 when nothing said.
   int64_t cached_prompt_tokens = -1;
   LatencySummary ttft, itl, e2e;  // first streamed token; gap between streamed chunks; whole
   // With turns > 1: TTFT of each session's first turn and of its later turns (whose prompt

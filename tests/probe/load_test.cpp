@@ -77,7 +77,9 @@ class LoadFake {
         const std::string labels = "{model_name=\"fake-model\",tp_rank=\"0\"}";
         res.set_content("sglang:generation_tokens_total" + labels + " " +
                             std::to_string(generated_.load()) + "\nsglang:spec_accept_rate" +
-                            labels + " 0.27\nsglang:spec_accept_length" + labels + " 2.9\n",
+                            labels + " 0.27\nsglang:spec_accept_length" + labels +
+                            " 2.9\nsglang:cached_tokens_total" + labels + " " +
+                            std::to_string(completions_.load() * 7) + "\n",
                         "text/plain; version=0.0.4");
         return;
       }
@@ -423,6 +425,7 @@ TEST(Load, SglangSpeculativeCountsFromMetaInfoElseItsGauges) {
     EXPECT_EQ(level.draft_tokens, -1);
     EXPECT_DOUBLE_EQ(level.spec_accept_rate_gauge, 0.27);
     EXPECT_DOUBLE_EQ(level.spec_accept_length_gauge, 2.9);
+    EXPECT_EQ(level.cached_prompt_tokens, 4 * 7);  // the counter's delta over the level
     const report::Report report = to_report(result, options);
     EXPECT_NE(report.verdict.find("accepted 27.0% on real code"), std::string::npos)
         << report.verdict;
