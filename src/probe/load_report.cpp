@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "probe/probe.h"
 
@@ -112,7 +113,11 @@ void add_ladder(const LoadResult& result, report::Report& out) {
 // Sessions (--load-turns): first turns against later ones, whose prompts begin with the turn
 // before's. A server that reuses the shared prefix gets later turns to the first token
 // sooner, though their prompts are longer.
-void add_turns(const LoadResult& result, const LoadOptions& options, report::Report& out) {
+// Returns what the sessions say about each server's prefix reuse ("" when nothing): from
+// its cached-token counts when it reports them, else inferred from TTFT at concurrency 1
+// (no queueing there).
+std::vector<std::string> add_turns(const LoadResult& result, const LoadOptions& options,
+                                   report::Report& out) {
   report::Table turns{
       "load_turns",
       fmt::format("Time to first token by turn ({} turns a session)", options.turns),
@@ -121,18 +126,45 @@ void add_turns(const LoadResult& result, const LoadOptions& options, report::Rep
        {"concurrency", "concurrency", "", 0},
        {"first_p50", "first turn TTFT p50", "ms", 1},
        {"later_p50", "later turns TTFT p50", "ms", 1},
-       {"later_over_first", "later/first", "", 3}},
+       {"later_over_first", "later/first", "", 3},
+       {"cached", "prompt cached", "%", 1}},
       {},
       ""};
+  // Turn k holds k/T of the session: re-prefilling every turn costs later turns (T + 2) / 2
+  // times the first turn's prompt on average, and a prefix cache can serve at most
+  // (1 + ... + T-1) / (1 + ... + T) = (T - 1) / (T + 1) of all prompt tokens.
+  const double full_prefill = (options.turns + 2) / 2.0;
+  const double cacheable = (options.turns - 1.0) / (options.turns + 1.0);
+  std::vector<std::string> verdicts;
+  std::set<std::string> judged;
   for (const LoadLevel& l : result.levels) {
     if (l.ttft_later_turns.count == 0 || l.ttft_first_turn.count == 0) continue;
     const double ratio =
         l.ttft_first_turn.p50 > 0 ? l.ttft_later_turns.p50 / l.ttft_first_turn.p50 : NAN;
+    const double cached = l.cached_prompt_tokens >= 0 && l.prompt_tokens > 0
+                              ? static_cast<double>(l.cached_prompt_tokens) / l.prompt_tokens
+                              : NAN;
     turns.rows.push_back({side_of(result, l.server), l.prompts, int64_t{l.concurrency},
                           1000.0 * l.ttft_first_turn.p50, 1000.0 * l.ttft_later_turns.p50,
-                          optional_number(ratio)});
+                          optional_number(ratio), optional_number(100.0 * cached)});
+    const std::string side = side_of(result, l.server);
+    if (l.concurrency != 1 || judged.count(side)) continue;
+    judged.insert(side);
+    if (!std::isnan(cached)) {
+      verdicts.push_back(fmt::format(
+          "{} served {:.0f}% of the sessions' prompt tokens from its prefix cache (at most "
+          "{:.0f}% can be){}",
+          side, 100.0 * cached, 100.0 * cacheable,
+          cached < 0.05 ? ": it re-prefills every turn (prefix caching off?)" : ""));
+    } else if (!std::isnan(ratio) && ratio >= 0.75 * full_prefill) {
+      verdicts.push_back(fmt::format(
+          "{}'s later turns take {:.1f}x the first turn's TTFT against {:.1f}x for a full "
+          "re-prefill: it does not appear to reuse the shared prefix (inferred from TTFT; it "
+          "reports no cached tokens)",
+          side, ratio, full_prefill));
+    }
   }
-  if (turns.rows.empty()) return;
+  if (turns.rows.empty()) return verdicts;
   turns.note = fmt::format(
       "Turn k re-sends its session's context grown to k/{} of the session's length, after the "
       "answer to turn k-1, so its prompt begins with the one before. Later turns are longer: "
@@ -141,6 +173,7 @@ void add_turns(const LoadResult& result, const LoadOptions& options, report::Rep
       "cache_prompt).",
       options.turns);
   out.tables.push_back(turns);
+  return verdicts;
 }
 
 // Real/random output-throughput ratio per server and level, and A/B per prompt kind.
@@ -313,7 +346,7 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
   json ratios = json::array();
   std::vector<std::string> verdicts = add_ratios(result, options.concurrency, out, ratios);
   add_charts(result, options.concurrency, out);
-  add_turns(result, options, out);
+  for (const std::string& verdict : add_turns(result, options, out)) verdicts.push_back(verdict);
 
   // Speculative decoding: acceptance on real text against random tokens.
   for (const std::string side : {"A", "B"}) {
