@@ -16,7 +16,11 @@ transformers' modeling_qwen3_5.py describes them), not from the C++ code:
     (key head = value head // (value_heads / key_heads)) the recurrence
         S = S * exp(g);  S = S + k (beta (v - S^T k))^T;  o = S^T q
     gated RMSNorm o / rms(o) * w * SiLU(in_proj_z) (w not zero-centred), out_proj.
-The recurrence is computed token by token (the definition), in float64.
+The recurrence is computed token by token (the definition), in float64. For the F32 case a
+second set of logits (logits-fla8.f32) runs the Gated DeltaNet layers through FLA's chunked
+algorithm instead (the WY form of chunk_gated_delta_rule, 8-token chunks, the state each
+chunk reads stored in bfloat16 as the kernel stores it): what SGLang's and vLLM's prefill
+computes, against which kvaudit's "fp32:fla8" state format is checked.
 
 Writes tiny random hybrids (config.json, safetensors, reference logits) so the C++ tests
 need no torch at test time.
@@ -116,7 +120,31 @@ def l2norm(x):
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def gated_delta_net(t, w, p, h):
+def chunked_delta_rule(q, k, v, beta, g, chunk):
+    """FLA's chunk_gated_delta_rule for one head, written from its algorithm (the WY form):
+    per chunk of `chunk` tokens, the state h the chunk starts from is stored in bfloat16 (the
+    inputs' dtype) and both the chunk's outputs and its v_new read that copy, while the state
+    carried to the next chunk is the float one updated with v_new."""
+    T, dv = v.shape[0], v.shape[1]
+    h = torch.zeros(k.shape[1], dv, dtype=v.dtype)
+    out = torch.zeros(T, dv, dtype=v.dtype)
+    for c0 in range(0, T, chunk):
+        K, V, Q, b = k[c0:c0 + chunk], v[c0:c0 + chunk], q[c0:c0 + chunk], beta[c0:c0 + chunk]
+        G = torch.cumsum(g[c0:c0 + chunk], 0)  # log decay from the chunk's start
+        n = K.shape[0]
+        decay = torch.exp(G[:, None] - G[None, :])
+        A = torch.tril(b[:, None] * (K @ K.T) * decay, diagonal=-1)
+        Tinv = torch.linalg.inv(torch.eye(n, dtype=v.dtype) + A)
+        w_ = Tinv @ (b[:, None] * K * torch.exp(G)[:, None])
+        u = Tinv @ (b[:, None] * V)
+        stored = h.float().bfloat16().double()
+        v_new = u - w_ @ stored
+        out[c0:c0 + n] = (Q * torch.exp(G)[:, None]) @ stored + torch.tril((Q @ K.T) * decay) @ v_new
+        h = h * torch.exp(G[-1]) + (K * torch.exp(G[-1] - G)[:, None]).T @ v_new
+    return out
+
+
+def gated_delta_net(t, w, p, h, fla_chunk=0):
     T = h.shape[0]
     Hk, Hv = t["linear_num_key_heads"], t["linear_num_value_heads"]
     dk, dv, K = t["linear_key_head_dim"], t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
@@ -137,6 +165,10 @@ def gated_delta_net(t, w, p, h):
     out = torch.zeros(T, Hv, dv, dtype=h.dtype)
     for head in range(Hv):
         kh = head // (Hv // Hk)
+        if fla_chunk > 0:
+            out[:, head] = chunked_delta_rule(q[:, kh], k[:, kh], v[:, head], beta[:, head],
+                                              g[:, head], fla_chunk)
+            continue
         S = torch.zeros(dk, dv, dtype=h.dtype)
         for i in range(T):
             S = S * torch.exp(g[i, head])
@@ -149,7 +181,7 @@ def gated_delta_net(t, w, p, h):
     return normed.reshape(T, Hv * dv) @ w[l + "out_proj.weight"].T
 
 
-def forward(cfg, w, ids, base):
+def forward(cfg, w, ids, base, fla_chunk=0):
     t = text_config(cfg)
     eps = t["rms_norm_eps"]
     positions = torch.arange(len(ids))
@@ -160,7 +192,7 @@ def forward(cfg, w, ids, base):
         if kind == "full_attention":
             x = x + full_attention(t, w, p, h, positions)
         else:
-            x = x + gated_delta_net(t, w, p, h)
+            x = x + gated_delta_net(t, w, p, h, fla_chunk)
         h = zc_rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = h @ w[p + "mlp.gate_proj.weight"].T
         up = h @ w[p + "mlp.up_proj.weight"].T
@@ -236,6 +268,9 @@ def write_shards(case_dir, weights, dtype, shards):
         json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1, sort_keys=True)
 
 
+FLA_CHUNK = 8
+
+
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "model",
@@ -257,6 +292,13 @@ def main():
             json.dump({"tokens": ids, "vocab_size": text_config(cfg)["vocab_size"],
                        "generator": "tools/torch_reference_hybrid.py (float64)"}, f)
         logits.numpy().astype("<f4").tofile(os.path.join(case_dir, "logits.f32"))
+        if dtype == "F32":
+            # Prefill through FLA's chunked kernel (8-token chunks: three in the sequence).
+            fla = forward(cfg, stored, ids, base, fla_chunk=FLA_CHUNK)
+            fla.numpy().astype("<f4").tofile(
+                os.path.join(case_dir, f"logits-fla{FLA_CHUNK}.f32"))
+            print(f"{name}: FLA chunk {FLA_CHUNK} moves logits by up to "
+                  f"{(fla - logits).abs().max():.3g}")
         print(f"{name}: {dtype}, logits range [{logits.min():.3f}, {logits.max():.3f}]")
 
 

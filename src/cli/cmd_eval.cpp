@@ -149,7 +149,9 @@ void add_eval_command(CLI::App& app, Runner& run) {
   eval->add_option("--seed", flags->seed, "Seed of the recall generator");
   eval->add_option("--state-dtype", flags->state_dtypes,
                    "Hybrids (Qwen3.5): recurrent state precision, repeatable, crossed with "
-                   "every --kv format; the first is the baseline (fp32, bf16, fp16, int8)");
+                   "every --kv format; the first is the baseline (fp32, bf16, fp16, int8; add "
+                   "\":fla\" to prefill through FLA's 64-token chunked kernel, as SGLang and "
+                   "vLLM do)");
   eval->add_option("--state-chunk", flags->state_chunk,
                    "Where the state is stored and rounded: every N tokens and at the end of "
                    "each call (1 = every token, as decode does; 0 = end of each call only)")

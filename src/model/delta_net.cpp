@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "model/internal.h"
 #include "model/model.h"
@@ -22,6 +23,21 @@ namespace kvaudit::model {
 
 StateFormat parse_state_format(std::string_view text, int64_t store_every_tokens) {
   StateFormat format;
+  const std::string whole(text);
+  int64_t kernel_chunk_tokens = 0;
+  if (const size_t colon = text.find(':'); colon != std::string_view::npos) {
+    const std::string_view suffix = text.substr(colon + 1);
+    std::optional<int64_t> chunk = 64;
+    if (suffix.rfind("fla", 0) == 0 && suffix.size() > 3)
+      chunk = parse_token_count(suffix.substr(3));
+    if (suffix.rfind("fla", 0) != 0 || !chunk || *chunk < 1 || *chunk > (1 << 20))
+      throw InputError("--state-dtype",
+                       fmt::format("\"{}\": after the precision only \":fla\" or \":flaN\" "
+                                   "(FLA's chunked prefill, N-token chunks) may follow",
+                                   whole));
+    kernel_chunk_tokens = *chunk;
+    text = text.substr(0, colon);
+  }
   if (text == "fp32" || text == "float32" || text == "f32") {
     format.dtype = StateDtype::f32;
     format.spec = "fp32";
@@ -41,6 +57,8 @@ StateFormat parse_state_format(std::string_view text, int64_t store_every_tokens
   if (store_every_tokens < 0)
     throw InputError("--state-chunk", "must be 0 (end of each call) or a positive token count");
   format.store_every_tokens = store_every_tokens;
+  format.kernel_chunk_tokens = kernel_chunk_tokens;
+  if (kernel_chunk_tokens > 0) format.spec += fmt::format(":fla{}", kernel_chunk_tokens);
   return format;
 }
 
@@ -201,11 +219,32 @@ void Session::delta_rule(int layer, int64_t n, bool store_state_at_end) {
   std::vector<float>& state = recurrent_state_[layer];
   const int64_t every = state_format_.store_every_tokens;
   const bool rounds = state_format_.dtype != StateDtype::f32;
+  const int64_t chunk = call_tokens_ > 1 ? state_format_.kernel_chunk_tokens : 0;
+  if (chunk > 0) {
+    chunk_carry_.resize(recurrent_state_.size());
+    chunk_carry_decay_.resize(recurrent_state_.size());
+    chunk_carry_[layer].resize(state.size());
+    chunk_carry_decay_[layer].resize(static_cast<size_t>(d.value_heads));
+  }
+  StateFormat chunk_format;
+  chunk_format.dtype = state_format_.kernel_chunk_dtype;
   pool_.parallel_for(d.value_heads, d.value_heads, [&](int, int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) {
       float* head_state = &state[h * dk * dv];
+      const std::span<float> head_span(head_state, static_cast<size_t>(dk * dv));
       const int64_t key_head = h / group;
       for (int64_t t = 0; t < n; ++t) {
+        const int64_t position = position_ + t;
+        const int64_t in_call = position - call_start_;
+        float* carry = chunk > 0 ? &chunk_carry_[layer][h * dk * dv] : nullptr;
+        float* carry_decay = chunk > 0 ? &chunk_carry_decay_[layer][h] : nullptr;
+        if (chunk > 0 && in_call % chunk == 0) {
+          // The chunk reads the state in the kernel's dtype; the rest waits in F32.
+          std::copy(head_span.begin(), head_span.end(), carry);
+          round_state(chunk_format, head_span, dv);
+          for (int64_t i = 0; i < dk * dv; ++i) carry[i] -= head_state[i];
+          *carry_decay = 1.0f;
+        }
         const float* row = &s.mixed[t * conv_width];
         const float* q = row + key_head * dk;
         const float* k = row + d.key_width() + key_head * dk;
@@ -214,12 +253,14 @@ void Session::delta_rule(int layer, int64_t n, bool store_state_at_end) {
         const float beta = s.beta[t * d.value_heads + h];
         numerics::delta_rule_step(head_state, dk, dv, q, k, v, decay, beta,
                                   &s.core[t * value_width + h * dv]);
-        const int64_t position = position_ + t;
+        if (chunk > 0) {
+          *carry_decay *= decay;
+          if ((in_call + 1) % chunk == 0 || in_call + 1 == call_tokens_)
+            for (int64_t i = 0; i < dk * dv; ++i) head_state[i] += *carry_decay * carry[i];
+        }
         const bool store =
             (every > 0 && (position + 1) % every == 0) || (store_state_at_end && t == n - 1);
-        if (rounds && store)
-          round_state(state_format_, std::span<float>(head_state, static_cast<size_t>(dk * dv)),
-                      dv);
+        if (rounds && store) round_state(state_format_, head_span, dv);
       }
     }
   });

@@ -156,6 +156,8 @@ void Session::forward(std::span<const int32_t> tokens, int64_t logits_from,
                        fmt::format("token id {} is outside the vocabulary [0, {})", token, vocab));
   logits_from = std::clamp<int64_t>(logits_from, 0, n);
   logits.assign(static_cast<size_t>((n - logits_from) * vocab), 0.0f);
+  call_start_ = position_;
+  call_tokens_ = n;
   const int64_t batch = std::max<int64_t>(1, max_batch_tokens);
   for (int64_t begin = 0; begin < n; begin += batch) {
     const int64_t count = std::min(batch, n - begin);

@@ -200,10 +200,20 @@ struct StateFormat {
   StateDtype dtype = StateDtype::f32;
   int64_t store_every_tokens = 1;  // 0: only at the end of each forward call
   std::string spec = "fp32";       // as parsed
+  // > 0: prefill calls (more than one token) see the state as FLA's chunked kernel gives it
+  // to them (chunk_gated_delta_rule, 64-token chunks in SGLang and vLLM): at each chunk's
+  // start, counted from the call's first token, the state is rounded to kernel_chunk_dtype
+  // (the kernel stores h in the inputs' dtype and computes the chunk's outputs and v_new
+  // from it), while the part the rounding dropped stays in the F32 state the kernel carries
+  // in registers, decayed over the chunk. Decode (one token) is the recurrent kernel: none.
+  int64_t kernel_chunk_tokens = 0;
+  StateDtype kernel_chunk_dtype = StateDtype::bf16;
 };
 // "fp32" (also float32), "bf16" (bfloat16), "fp16" (float16), "int8" (symmetric, one F32
 // scale per value head and key row: absmax / 127, round to nearest; the per-(head, dim)
 // layout of vLLM's quantized SSM caches). Throws InputError("--state-dtype", ...).
+// A ":fla" suffix ("fp32:fla", "bf16:fla64") sets kernel_chunk_tokens (64 when no count
+// follows): the precision the engine stores, with prefill through FLA's chunked kernel.
 StateFormat parse_state_format(std::string_view text, int64_t store_every_tokens = 1);
 // Rounds a state in place to the format's precision (int8: per row of `row_width`).
 void round_state(const StateFormat& format, std::span<float> state, int64_t row_width);
@@ -281,6 +291,11 @@ class Session {
   // Per Gated DeltaNet layer (empty on attention layers): the last conv_kernel - 1
   // convolution inputs [conv_kernel - 1, conv_width] and the recurrent state.
   std::vector<std::vector<float>> conv_state_, recurrent_state_;
+  // The forward call being run (StateFormat::kernel_chunk_tokens counts chunks from its
+  // start), and per layer the F32 part of the state the current chunk's rounding dropped
+  // [value_heads, dk, dv] with its decay so far [value_heads].
+  int64_t call_start_ = 0, call_tokens_ = 0;
+  std::vector<std::vector<float>> chunk_carry_, chunk_carry_decay_;
 };
 
 }  // namespace kvaudit::model

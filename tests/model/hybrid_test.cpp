@@ -6,6 +6,7 @@
 // Then the recurrent state as a precision axis: where it is rounded and what that costs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -213,6 +214,61 @@ TEST(HybridSession, StoreEveryChunkRoundsLessThanEveryToken) {
   const double per_eight = relative_error(run(8), reference);
   EXPECT_GT(per_eight, 0.0);
   EXPECT_GT(per_token, per_eight);
+}
+
+TEST(StateFormat, FlaSuffixSetsTheKernelChunk) {
+  EXPECT_EQ(parse_state_format("fp32:fla").kernel_chunk_tokens, 64);
+  EXPECT_EQ(parse_state_format("fp32:fla").spec, "fp32:fla64");
+  EXPECT_EQ(parse_state_format("bfloat16:fla16").spec, "bf16:fla16");
+  EXPECT_EQ(parse_state_format("bf16").kernel_chunk_tokens, 0);
+  for (const char* bad : {"bf16:", "bf16:fla0", "bf16:flax", "bf16:chunk64", "fp8:fla"})
+    EXPECT_THROW(parse_state_format(bad), InputError) << bad;
+}
+
+// Prefill through FLA's chunked kernel against an independent float64 implementation of
+// its chunk algorithm (tools/torch_reference_hybrid.py: the WY form, each chunk reading the
+// state in bfloat16). kvaudit runs the recurrence from the rounded state and adds the part
+// the rounding dropped, decayed, at the chunk's end: the same numbers. The chunked logits
+// differ from the exact ones by far more than the tolerance, so the match is not a given.
+TEST(HybridSession, FlaChunkedPrefillMatchesTheChunkAlgorithm) {
+  auto model = Model::load(hybrid_dir("qwen35_f32"));
+  Reference ref = load_reference(hybrid_dir("qwen35_f32"));
+  std::vector<float> fla_reference(ref.logits.size());
+  {
+    std::ifstream in(hybrid_dir("qwen35_f32") / "logits-fla8.f32", std::ios::binary);
+    in.read(reinterpret_cast<char*>(fla_reference.data()),
+            static_cast<std::streamsize>(fla_reference.size() * sizeof(float)));
+    ASSERT_TRUE(in) << "logits-fla8.f32 is shorter than the exact logits";
+  }
+  ThreadPool pool(2);
+  Session session(*model, numerics::parse_kv_format("f32"), pool, {},
+                  parse_state_format("fp32:fla8", 0));
+  std::vector<float> logits;
+  session.forward(ref.tokens, 0, logits);
+  const double against_chunked = relative_error(logits, fla_reference);
+  const double references_apart = relative_error(fla_reference, ref.logits);
+  std::printf("fp32:fla8 vs the chunk algorithm %.3g; the two references differ by %.3g\n",
+              against_chunked, references_apart);
+  EXPECT_LT(against_chunked, 1e-4);
+  EXPECT_GT(references_apart, 10 * against_chunked);
+  // The first chunk starts from a zero state, which BF16 holds exactly: those 8 tokens'
+  // logits are the exact ones, bit for bit.
+  Session exact(*model, numerics::parse_kv_format("f32"), pool);
+  std::vector<float> exact_logits;
+  exact.forward(ref.tokens, 0, exact_logits);
+  const size_t vocab = static_cast<size_t>(model->config().vocab_size);
+  EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + 8 * vocab, exact_logits.begin()));
+  EXPECT_NE(logits, exact_logits);
+  // Decode is the recurrent kernel: one-token calls are untouched by the chunk format.
+  Session decode_chunked(*model, numerics::parse_kv_format("f32"), pool, {},
+                         parse_state_format("fp32:fla8", 0));
+  Session decode_exact(*model, numerics::parse_kv_format("f32"), pool);
+  std::vector<float> a, b;
+  for (int32_t token : ref.tokens) {
+    decode_chunked.decode(token, a);
+    decode_exact.decode(token, b);
+    ASSERT_EQ(a, b);
+  }
 }
 
 }  // namespace
