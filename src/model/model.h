@@ -201,11 +201,12 @@ struct StateFormat {
   int64_t store_every_tokens = 1;  // 0: only at the end of each forward call
   std::string spec = "fp32";       // as parsed
   // > 0: prefill calls (more than one token) see the state as FLA's chunked kernel gives it
-  // to them (chunk_gated_delta_rule, 64-token chunks in SGLang and vLLM): at each chunk's
-  // start, counted from the call's first token, the state is rounded to kernel_chunk_dtype
-  // (the kernel stores h in the inputs' dtype and computes the chunk's outputs and v_new
-  // from it), while the part the rounding dropped stays in the F32 state the kernel carries
-  // in registers, decayed over the chunk. Decode (one token) is the recurrent kernel: none.
+  // to them (chunk_gated_delta_rule_fwd_h, chunk_size 64, as SGLang and vLLM vendor it): at
+  // each chunk's start, counted from the call's first token, the state is rounded to
+  // kernel_chunk_dtype (h is allocated as k.new_empty, and v_new is computed from the state
+  // cast to w's dtype), while the part the rounding dropped stays in the F32 state the
+  // kernel carries in registers, decayed over the chunk. Decode (one token) runs the
+  // recurrent kernel: untouched. Some forks carry the state itself in BF16; not modelled.
   int64_t kernel_chunk_tokens = 0;
   StateDtype kernel_chunk_dtype = StateDtype::bf16;
 };
