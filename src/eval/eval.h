@@ -151,6 +151,13 @@ std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
     const model::Model& model, const numerics::KvFormat& capture_format,
     const numerics::KvFormat& format, std::span<const int32_t> tokens, ThreadPool& pool);
 
+// The state precisions a run crosses with its KV formats: `specs` parsed (model::
+// parse_state_format), or {fp32} when there are none (no state axis). Throws InputError
+// when specs are given for a model without recurrent state.
+std::vector<model::StateFormat> state_variants(const model::Model& model,
+                                               const std::vector<std::string>& specs,
+                                               int64_t store_every_tokens);
+
 // Runs every format over the same chunks; the baseline's log-probs are computed once per
 // chunk and reused. Throws InputError when the text is shorter than one chunk.
 PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,

@@ -62,6 +62,19 @@ std::vector<std::array<numerics::StaticAmax, 2>> calibrate_static_scales(
   return calibration;
 }
 
+std::vector<model::StateFormat> state_variants(const model::Model& model,
+                                               const std::vector<std::string>& specs,
+                                               int64_t store_every_tokens) {
+  if (!specs.empty() && !model.config().hybrid())
+    throw InputError("--state-dtype",
+                     "the model has no recurrent state (no Gated DeltaNet "
+                     "layers): only KV formats apply");
+  std::vector<model::StateFormat> states;
+  for (const std::string& spec : specs.empty() ? std::vector<std::string>{"fp32"} : specs)
+    states.push_back(model::parse_state_format(spec, store_every_tokens));
+  return states;
+}
+
 PerplexityResult run_perplexity(const model::Model& model, const std::vector<int32_t>& tokens,
                                 const PerplexityOptions& options, ThreadPool& pool) {
   if (options.kv_formats.empty()) throw InputError("--kv", "give at least one KV format");
@@ -88,15 +101,9 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
   for (const std::string& spec : options.kv_formats)
     kv_formats.push_back(numerics::parse_kv_format(spec));
   result.state_axis = !options.state_formats.empty();
-  if (result.state_axis && !model.config().hybrid())
-    throw InputError("--state-dtype",
-                     "the model has no recurrent state (no Gated DeltaNet "
-                     "layers): only KV formats apply");
   result.state_store_every_tokens = options.state_store_every_tokens;
-  std::vector<model::StateFormat> states;
-  for (const std::string& spec :
-       result.state_axis ? options.state_formats : std::vector<std::string>{"fp32"})
-    states.push_back(model::parse_state_format(spec, options.state_store_every_tokens));
+  const std::vector<model::StateFormat> states =
+      state_variants(model, options.state_formats, options.state_store_every_tokens);
   std::vector<numerics::KvFormat> formats;
   std::vector<model::StateFormat> state_of;
   for (const numerics::KvFormat& kv : kv_formats)

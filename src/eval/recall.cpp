@@ -235,14 +235,8 @@ RecallResult run_recall(const model::Model& model, const tokenizer::Tokenizer& t
   // Every KV format with every state precision (KV-major order, as run_perplexity): the
   // first variant is the baseline.
   const bool state_axis = !options.state_formats.empty();
-  if (state_axis && !model.config().hybrid())
-    throw InputError("--state-dtype",
-                     "the model has no recurrent state (no Gated DeltaNet "
-                     "layers): only KV formats apply");
-  std::vector<model::StateFormat> states;
-  for (const std::string& spec :
-       state_axis ? options.state_formats : std::vector<std::string>{"fp32"})
-    states.push_back(model::parse_state_format(spec, options.state_store_every_tokens));
+  const std::vector<model::StateFormat> states =
+      state_variants(model, options.state_formats, options.state_store_every_tokens);
 
   std::vector<int32_t> calibration_tokens = tokenizer.encode(cells.back().cases[0].prompt);
   const size_t variants = formats.size() * states.size();

@@ -52,6 +52,7 @@ struct LoadPrompt {
   int64_t tokens = 0;
   int64_t max_tokens = 0;
   int turn = 0;  // within its session (0: the first; prompts of a session are adjacent)
+  int64_t session_tokens = 0;  // the session's last and longest prompt
 };
 
 // Requests of a level: whole sessions, at least one per concurrency slot.
@@ -172,12 +173,12 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
       if (turn == 0) session_start = draw_start(ids->ids.size() - static_cast<size_t>(full));
       std::vector<int32_t> real(ids->ids.begin() + session_start,
                                 ids->ids.begin() + session_start + length);
-      set.real.push_back({json(real), length, max_tokens, turn});
+      set.real.push_back({json(real), length, max_tokens, turn, full});
     } else {
       const size_t bytes = static_cast<size_t>(full) * 4;
       if (turn == 0) session_start = draw_start(text.size() > bytes ? text.size() - bytes : 0);
-      set.real.push_back(
-          {json(to_valid_utf8(text.substr(session_start, length * 4))), length, max_tokens, turn});
+      set.real.push_back({json(to_valid_utf8(text.substr(session_start, length * 4))), length,
+                          max_tokens, turn, full});
     }
   }
   if (!cuts.empty()) {
@@ -193,16 +194,14 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
     const int32_t largest = *std::max_element(ids->ids.begin(), ids->ids.end());
     // The same sessions: a random sequence per session, each turn a longer prefix of it.
     std::vector<int32_t> session_ids;
-    for (size_t i = 0; i < set.real.size(); ++i) {
-      const LoadPrompt& real = set.real[i];
+    for (const LoadPrompt& real : set.real) {
       if (real.turn == 0) {
-        size_t last = i;
-        while (last + 1 < set.real.size() && set.real[last + 1].turn > 0) ++last;
-        session_ids.resize(static_cast<size_t>(set.real[last].tokens));
+        session_ids.resize(static_cast<size_t>(real.session_tokens));
         for (int32_t& id : session_ids) id = static_cast<int32_t>(rng() % (uint64_t(largest) + 1));
       }
       std::vector<int32_t> random(session_ids.begin(), session_ids.begin() + real.tokens);
-      set.random.push_back({json(random), real.tokens, real.max_tokens, real.turn});
+      set.random.push_back(
+          {json(random), real.tokens, real.max_tokens, real.turn, real.session_tokens});
     }
     set.source = fmt::format(
         "{}, cut to exact token counts with {}'s /tokenize; random controls draw ids uniformly "
@@ -217,17 +216,14 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
       at = end + 1;
     }
     std::string session_text;
-    for (size_t i = 0; i < set.real.size(); ++i) {
-      const LoadPrompt& real = set.real[i];
+    for (const LoadPrompt& real : set.real) {
       if (real.turn == 0) {
-        size_t last = i;
-        while (last + 1 < set.real.size() && set.real[last + 1].turn > 0) ++last;
         session_text.clear();
-        while (session_text.size() < static_cast<size_t>(set.real[last].tokens) * 4)
+        while (session_text.size() < static_cast<size_t>(real.session_tokens) * 4)
           session_text += words[rng() % words.size()] + " ";
       }
       set.random.push_back({json(session_text.substr(0, static_cast<size_t>(real.tokens) * 4)),
-                            real.tokens, real.max_tokens, real.turn});
+                            real.tokens, real.max_tokens, real.turn, real.session_tokens});
     }
     set.source = fmt::format(
         "{}, lengths approximated as 4 bytes per token (the server has no /tokenize); random "

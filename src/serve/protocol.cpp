@@ -158,8 +158,7 @@ int64_t code_points(std::string_view bytes) {
   return count;
 }
 
-json usage(const GenerationRequest& request, const GenerationResult& result) {
-  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+json usage(int64_t prompt, const GenerationResult& result) {
   const int64_t completion = static_cast<int64_t>(result.output.size());
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
@@ -297,7 +296,7 @@ json completion_response(const CompletionCall& call, const GenerationResult& res
           {"created", unix_seconds()},
           {"model", served.id},
           {"choices", json::array({choice})},
-          {"usage", usage(call.request, result)}};
+          {"usage", usage(static_cast<int64_t>(call.request.prompt.size()), result)}};
 }
 
 ChatCall parse_chat(const json& body, const ServedModel& served,
@@ -354,9 +353,12 @@ json chat_response(const ChatCall& call, const GenerationResult& result, const S
     }
     choice["logprobs"] = {{"content", content}};
   }
-  return {{"id", new_id("chatcmpl")},         {"object", "chat.completion"},
-          {"created", unix_seconds()},        {"model", served.id},
-          {"choices", json::array({choice})}, {"usage", usage(call.request, result)}};
+  return {{"id", new_id("chatcmpl")},
+          {"object", "chat.completion"},
+          {"created", unix_seconds()},
+          {"model", served.id},
+          {"choices", json::array({choice})},
+          {"usage", usage(static_cast<int64_t>(call.request.prompt.size()), result)}};
 }
 
 StreamIds new_stream_ids(bool chat) {
@@ -400,11 +402,8 @@ json text_chunk(const StreamIds& ids, const ServedModel& served, const std::stri
 json usage_chunk(const StreamIds& ids, const ServedModel& served, int64_t prompt_tokens,
                  const GenerationResult& result) {
   json chunk = chunk_head(ids, served);
-  const int64_t completion = static_cast<int64_t>(result.output.size());
   chunk["choices"] = json::array();
-  chunk["usage"] = {{"prompt_tokens", prompt_tokens},
-                    {"completion_tokens", completion},
-                    {"total_tokens", prompt_tokens + completion}};
+  chunk["usage"] = usage(prompt_tokens, result);
   return chunk;
 }
 
