@@ -529,6 +529,15 @@ def write_safetensors_bf16(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def make_optimizer(model, train):
+    """AdamW with weight decay on every parameter but the norms' weights."""
+    decay = [v for k, v in model.p.items() if not k.endswith("norm__weight")]
+    no_decay = [v for k, v in model.p.items() if k.endswith("norm__weight")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": train["weight_decay"]},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=train["lr"], betas=train["betas"])
+
+
 def train_steps(model, opt, data, vocab, budget, train, after_step, started):
     """AdamW steps on random windows of `data` (each with a span copied later in the window,
     train["copy_fraction"] of them) until `budget` seconds have passed; the learning rate
@@ -604,11 +613,7 @@ def main():
 
     model = Qwen3(vocab)
     frozen = seed_induction_circuit(model)
-    decay = [v for k, v in model.p.items() if not k.endswith("norm__weight")]
-    no_decay = [v for k, v in model.p.items() if k.endswith("norm__weight")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": TRAIN["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=TRAIN["lr"], betas=TRAIN["betas"])
+    opt = make_optimizer(model, TRAIN)
     data = torch.tensor(stream)
     S, B = TRAIN["seq_len"], TRAIN["batch"]
     budget = args.max_seconds - (time.time() - started) - 25  # leave time to evaluate and save

@@ -43,9 +43,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_fixture_model import (Bpe, heldout_loss, orthonormal_rows,  # noqa: E402
-                                 read_corpus, restore_frozen, rotate_half, train_steps,
-                                 write_safetensors_bf16)
+from train_fixture_model import (Bpe, heldout_loss, make_optimizer,  # noqa: E402
+                                 orthonormal_rows, read_corpus, restore_frozen, rotate_half,
+                                 train_steps, write_safetensors_bf16)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_FROM = os.path.join(HERE, "..", "tests", "fixtures", "model", "qwen3-pystd")
@@ -354,11 +354,7 @@ def main():
 
     model = Hybrid(vocab)
     frozen = seed_circuit(model)
-    decay = [v for k, v in model.p.items() if not k.endswith("norm__weight")]
-    no_decay = [v for k, v in model.p.items() if k.endswith("norm__weight")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": TRAIN["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=TRAIN["lr"], betas=TRAIN["betas"])
+    opt = make_optimizer(model, TRAIN)
     data = torch.tensor(stream)
     S, B = TRAIN["seq_len"], TRAIN["batch"]
     print("copy loss at start (second, first occurrence):", copy_loss(model, held_ids, S), flush=True)

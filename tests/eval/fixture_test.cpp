@@ -9,34 +9,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/trained_fixture.h"
 #include "eval/eval.h"
 #include "util/util.h"
 
 namespace kvaudit::eval {
 namespace {
 
-// The tests' thread pool, owned here as the CLI owns its own.
 ThreadPool& test_pool() {
-  static ThreadPool pool(2);
-  return pool;
+  return kvaudit::testing::fixture_thread_pool();
 }
 
-namespace fs = std::filesystem;
-
-fs::path fixture_dir() {
-  return fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen3-pystd";
-}
-
-struct Fixture {
-  std::unique_ptr<model::Model> model = model::Model::load(fixture_dir());
-  tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::load(fixture_dir());
-  nlohmann::json training = nlohmann::json::parse(read_text_file(fixture_dir() / "training.json"));
-  std::vector<int32_t> heldout = tokenizer.encode(read_text_file(fixture_dir() / "heldout.txt"));
-};
-
-Fixture& fixture() {
-  static Fixture f;
-  return f;
+kvaudit::testing::TrainedFixture& fixture() {
+  return kvaudit::testing::trained_fixture("qwen3-pystd");
 }
 
 TEST(Fixture, TokenizerMatchesTheTrainingScript) {

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/trained_fixture.h"
 #include "eval/eval.h"
 #include "util/util.h"
 
@@ -19,28 +20,11 @@ namespace kvaudit::eval {
 namespace {
 
 ThreadPool& hybrid_pool() {
-  static ThreadPool pool(2);
-  return pool;
+  return kvaudit::testing::fixture_thread_pool();
 }
 
-namespace fs = std::filesystem;
-
-fs::path hybrid_fixture_dir() {
-  return fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen35-pystd";
-}
-
-struct HybridFixtureData {
-  std::unique_ptr<model::Model> model = model::Model::load(hybrid_fixture_dir());
-  tokenizer::Tokenizer tokenizer = tokenizer::Tokenizer::load(hybrid_fixture_dir());
-  nlohmann::json training =
-      nlohmann::json::parse(read_text_file(hybrid_fixture_dir() / "training.json"));
-  std::vector<int32_t> heldout =
-      tokenizer.encode(read_text_file(hybrid_fixture_dir() / "heldout.txt"));
-};
-
-HybridFixtureData& hybrid() {
-  static HybridFixtureData f;
-  return f;
+kvaudit::testing::TrainedFixture& hybrid() {
+  return kvaudit::testing::trained_fixture("qwen35-pystd");
 }
 
 TEST(HybridFixture, IsAQwen35Hybrid) {
@@ -113,11 +97,8 @@ TEST(HybridFixture, RecallRunsOnTheStateAxis) {
   EXPECT_NE(bf16, fp32);
   EXPECT_GT(std::fabs(int8 - fp32), std::fabs(bf16 - fp32));
   // A model without recurrent state refuses the state axis.
-  auto dense =
-      model::Model::load(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen3-pystd");
-  auto dense_tokenizer =
-      tokenizer::Tokenizer::load(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen3-pystd");
-  EXPECT_THROW(run_recall(*dense, dense_tokenizer, options, hybrid_pool()), InputError);
+  auto& dense = kvaudit::testing::trained_fixture("qwen3-pystd");
+  EXPECT_THROW(run_recall(*dense.model, dense.tokenizer, options, hybrid_pool()), InputError);
 }
 
 // Both axes in one run, as `kvaudit eval --kv ... --state-dtype ...` reports them. The state

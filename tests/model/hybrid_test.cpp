@@ -233,13 +233,9 @@ TEST(StateFormat, FlaSuffixSetsTheKernelChunk) {
 TEST(HybridSession, FlaChunkedPrefillMatchesTheChunkAlgorithm) {
   auto model = Model::load(hybrid_dir("qwen35_f32"));
   Reference ref = load_reference(hybrid_dir("qwen35_f32"));
-  std::vector<float> fla_reference(ref.logits.size());
-  {
-    std::ifstream in(hybrid_dir("qwen35_f32") / "logits-fla8.f32", std::ios::binary);
-    in.read(reinterpret_cast<char*>(fla_reference.data()),
-            static_cast<std::streamsize>(fla_reference.size() * sizeof(float)));
-    ASSERT_TRUE(in) << "logits-fla8.f32 is shorter than the exact logits";
-  }
+  const std::vector<float> fla_reference =
+      test_support::read_logits(hybrid_dir("qwen35_f32") / "logits-fla8.f32");
+  ASSERT_EQ(fla_reference.size(), ref.logits.size());
   ThreadPool pool(2);
   Session session(*model, numerics::parse_kv_format("f32"), pool, {},
                   parse_state_format("fp32:fla8", 0));

@@ -21,16 +21,23 @@ struct Reference {
   std::vector<float> logits;  // [tokens, vocab]
 };
 
+// A little-endian F32 logits file, whole.
+inline std::vector<float> read_logits(const std::filesystem::path& file) {
+  std::vector<float> logits;
+  std::ifstream in(file, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  logits.resize(static_cast<size_t>(in.tellg()) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(logits.data()),
+          static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  return logits;
+}
+
 inline Reference load_reference(const std::filesystem::path& dir) {
   Reference ref;
   auto json = nlohmann::json::parse(read_text_file(dir / "reference.json"));
   for (int id : json["tokens"]) ref.tokens.push_back(id);
-  std::ifstream in(dir / "logits.f32", std::ios::binary);
-  in.seekg(0, std::ios::end);
-  ref.logits.resize(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(ref.logits.data()),
-          static_cast<std::streamsize>(ref.logits.size() * sizeof(float)));
+  ref.logits = read_logits(dir / "logits.f32");
   return ref;
 }
 
