@@ -437,6 +437,10 @@ SpecCounters read_spec_counters(net::Client& client) {
     if (response.status != 200) return out;
     for (const net::MetricSample& sample :
          net::parse_prometheus(response.body, client.where("/metrics"))) {
+      // Every figure read here is a count or a rate, finite and >= 0: a NaN, an infinity
+      // or a negative value (Prometheus text allows them) is a server misreporting, and
+      // is left out rather than spread through the level's deltas and averages.
+      if (!std::isfinite(sample.value) || sample.value < 0) continue;
       const std::string& name = sample.name;
       auto ends = [&](std::string_view suffix) {
         return name.size() >= suffix.size() &&

@@ -42,6 +42,7 @@ struct LoadFakeConfig {
   // puts a real meta_info (PR 13754) under each one-piece choice when the request asks with
   // return_meta_info, and exports SGLang's speculative gauges on /metrics.
   bool sglang = false;
+  bool lying_metrics = false;  // with sglang: NaN gauges and a negative counter
 };
 
 json fixture_json(const std::string& relative) {
@@ -72,6 +73,13 @@ class LoadFake {
         res.set_content(fixture_json("sglang/server_info-0.5.6.json").dump(), "application/json");
       });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      if (config_.sglang && config_.lying_metrics) {
+        res.set_content(
+            "sglang:spec_accept_rate NaN\nsglang:spec_accept_length +Inf\n"
+            "sglang:generation_tokens_total -5\nsglang:cached_tokens_total NaN\n",
+            "text/plain; version=0.0.4");
+        return;
+      }
       if (config_.sglang) {
         // Names and meaning: python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector).
         const std::string labels = "{model_name=\"fake-model\",tp_rank=\"0\"}";
@@ -441,6 +449,24 @@ TEST(Load, SglangSpeculativeCountsFromMetaInfoElseItsGauges) {
     while (ladder.columns[per_step].key != "per_step") ++per_step;
     EXPECT_DOUBLE_EQ(std::get<double>(ladder.rows.at(0).at(per_step)), 1.9);
   }
+}
+
+// A server whose /metrics says NaN, infinity or a negative count: those samples are left
+// out, so the level reports no speculative figures and no server count instead of NaN.
+TEST(Load, MisreportedMetricsAreLeftOut) {
+  LoadFake fake({.sglang = true, .lying_metrics = true});
+  LoadOptions options = small_ladder();
+  options.concurrency = {1};
+  options.random_control = false;
+  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  const LoadLevel& level = result.levels.at(0);
+  EXPECT_EQ(level.failures, 0);
+  EXPECT_EQ(level.spec_source, "");
+  EXPECT_EQ(level.spec_accept_rate_gauge, -1.0);
+  EXPECT_EQ(level.server_output_tokens, -1);
+  EXPECT_EQ(level.cached_prompt_tokens, -1);
+  const report::Report report = to_report(result, options);
+  EXPECT_EQ(report.verdict.find("nan"), std::string::npos) << report.verdict;
 }
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
