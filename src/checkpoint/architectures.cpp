@@ -52,6 +52,7 @@ bool bool_or(const json& config, const char* key, bool fallback) {
 struct KnownArchitecture {
   std::string_view model_type;
   Family family;
+  QkNorm qk_norm = QkNorm::none;  // the per-head key norm of its attention layers
 };
 
 // model_type values as written in config.json (text_config's for wrappers).
@@ -62,28 +63,28 @@ constexpr std::array kKnownArchitectures = {
     KnownArchitecture{"qwen2", Family::qwen2},
     KnownArchitecture{"qwen2_moe", Family::qwen2},
     // Qwen3 follows Qwen2's sliding rule (transformers Qwen3Config.__post_init__).
-    KnownArchitecture{"qwen3", Family::qwen2},
-    KnownArchitecture{"qwen3_moe", Family::qwen2},
-    KnownArchitecture{"qwen3_next", Family::hybrid_gdn},
-    KnownArchitecture{"qwen3_5", Family::hybrid_gdn},
-    KnownArchitecture{"qwen3_5_text", Family::hybrid_gdn},
-    KnownArchitecture{"qwen3_5_moe", Family::hybrid_gdn},
-    KnownArchitecture{"qwen3_5_moe_text", Family::hybrid_gdn},
+    KnownArchitecture{"qwen3", Family::qwen2, QkNorm::gain},
+    KnownArchitecture{"qwen3_moe", Family::qwen2, QkNorm::gain},
+    KnownArchitecture{"qwen3_next", Family::hybrid_gdn, QkNorm::one_plus_gain},
+    KnownArchitecture{"qwen3_5", Family::hybrid_gdn, QkNorm::one_plus_gain},
+    KnownArchitecture{"qwen3_5_text", Family::hybrid_gdn, QkNorm::one_plus_gain},
+    KnownArchitecture{"qwen3_5_moe", Family::hybrid_gdn, QkNorm::one_plus_gain},
+    KnownArchitecture{"qwen3_5_moe_text", Family::hybrid_gdn, QkNorm::one_plus_gain},
     KnownArchitecture{"deepseek_v3", Family::mla},
     KnownArchitecture{"deepseek_v2", Family::mla},
     KnownArchitecture{"deepseek_v32", Family::mla},
     KnownArchitecture{"kimi_k2", Family::mla},
     KnownArchitecture{"glm_moe_dsa", Family::mla},
     KnownArchitecture{"gemma2", Family::gemma2},
-    KnownArchitecture{"gemma3", Family::gemma3},
-    KnownArchitecture{"gemma3_text", Family::gemma3},
+    KnownArchitecture{"gemma3", Family::gemma3, QkNorm::one_plus_gain},
+    KnownArchitecture{"gemma3_text", Family::gemma3, QkNorm::one_plus_gain},
     KnownArchitecture{"gpt_oss", Family::gpt_oss},
 };
 
-std::optional<Family> find_family(std::string_view model_type) {
+const KnownArchitecture* find_architecture(std::string_view model_type) {
   for (const auto& known : kKnownArchitectures)
-    if (known.model_type == model_type) return known.family;
-  return std::nullopt;
+    if (known.model_type == model_type) return &known;
+  return nullptr;
 }
 
 std::optional<LayerKind> parse_layer_type(std::string_view text) {
@@ -138,6 +139,18 @@ int positive_int(const json& config, const char* key, int64_t fallback, int64_t 
 
 }  // namespace
 
+std::string_view qk_norm_name(QkNorm norm) {
+  switch (norm) {
+    case QkNorm::none:
+      return "none";
+    case QkNorm::gain:
+      return "weight";
+    case QkNorm::one_plus_gain:
+      return "1 + weight";
+  }
+  return "?";
+}
+
 std::string_view layer_kind_name(LayerKind kind) {
   switch (kind) {
     case LayerKind::full_attention:
@@ -160,9 +173,12 @@ int ModelFacts::attention_layer_count() const {
 
 void fill_architecture(const json& config, ModelFacts& facts) {
   facts.model_type = string_or(config, "model_type");
-  auto family = find_family(facts.model_type);
-  if (!family && !facts.outer_model_type.empty()) family = find_family(facts.outer_model_type);
-  facts.architecture_known = family.has_value();
+  const KnownArchitecture* known = find_architecture(facts.model_type);
+  if (!known && !facts.outer_model_type.empty()) known = find_architecture(facts.outer_model_type);
+  std::optional<Family> family;
+  if (known) family = known->family;
+  facts.architecture_known = known != nullptr;
+  facts.qk_norm = known ? known->qk_norm : QkNorm::none;
 
   facts.num_layers = positive_int(config, "num_hidden_layers", 0, 100000);
   facts.hidden_size = positive_int(config, "hidden_size", 0, 1 << 24);

@@ -61,6 +61,8 @@ void read_quant_block(const json& block, QuantFacts& quant) {
     quant.kv_scheme_type = text_of(*it, "type");
     if (auto bits = it->find("num_bits"); bits != it->end() && bits->is_number_integer())
       quant.kv_scheme_bits = bits->get<int>();
+    if (auto dynamic = it->find("dynamic"); dynamic != it->end() && dynamic->is_boolean())
+      quant.kv_scheme_dynamic = dynamic->get<bool>();
   }
   // Newer ModelOpt exports nest the same block again under "quantization".
   if (auto it = block.find("quantization"); it != block.end() && it->is_object())
@@ -237,6 +239,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
     uint64_t tensor_count = 0, weight_bytes = 0;
     std::vector<std::string> kv_projection_weights;
     std::vector<ScaleTensor> scales;
+    std::vector<NormTensor> k_norms;
     std::exception_ptr error;
   };
   std::vector<ShardFacts> per_shard(facts.shard_files.size());
@@ -256,6 +259,11 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
         if (name.ends_with(".self_attn.k_proj.weight") ||
             name.ends_with(".self_attn.v_proj.weight"))
           out.kv_projection_weights.push_back(tensor.name);
+        if (auto layer = classify_k_norm_tensor(tensor.name)) {
+          out.k_norms.push_back(
+              {tensor.name, shard, *layer, tensor.dtype, read_tensor_values(header, tensor)});
+          continue;
+        }
         auto scale = classify_scale_tensor(tensor.name);
         if (!scale) continue;
         scale->shard_file = shard;
@@ -285,6 +293,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
     for (auto& name : shard.kv_projection_weights)
       facts.kv_projection_weights.push_back(std::move(name));
     for (auto& scale : shard.scales) facts.kv_scales.push_back(std::move(scale));
+    for (auto& norm : shard.k_norms) facts.k_norms.push_back(std::move(norm));
   }
   facts.has_weights = !facts.shard_files.empty();
   // Layer order, not string order ("layers.3" before "layers.11").
@@ -296,6 +305,10 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
             [&](const std::string& a, const std::string& b) {
               long la = layer_of(a), lb = layer_of(b);
               return la != lb ? la < lb : a < b;
+            });
+  std::sort(facts.k_norms.begin(), facts.k_norms.end(),
+            [](const NormTensor& a, const NormTensor& b) {
+              return a.layer != b.layer ? a.layer < b.layer : a.name < b.name;
             });
   std::sort(facts.kv_scales.begin(), facts.kv_scales.end(),
             [](const ScaleTensor& a, const ScaleTensor& b) {

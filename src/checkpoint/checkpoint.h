@@ -146,11 +146,12 @@ struct QuantFacts {
   std::string weight_algo;          // "NVFP4", "FP8", ...
   std::string kv_cache_quant_algo;  // as declared ("FP8", "NVFP4"); empty when absent or null
   std::string kv_algo_key;  // key it came from: "kv_cache_quant_algo", "kv_cache_quant_method"
-  bool has_kv_cache_scheme = false;  // compressed-tensors kv_cache_scheme present and non-null
-  nlohmann::json kv_cache_scheme;    // as declared
-  std::string kv_scheme_strategy;    // "tensor", "attn_head", "channel", ...
-  int kv_scheme_bits = 0;            // num_bits
-  std::string kv_scheme_type;        // "float" or "int"
+  bool has_kv_cache_scheme = false;       // compressed-tensors kv_cache_scheme present and non-null
+  nlohmann::json kv_cache_scheme;         // as declared
+  std::string kv_scheme_strategy;         // "tensor", "attn_head", "channel", ...
+  int kv_scheme_bits = 0;                 // num_bits
+  std::optional<bool> kv_scheme_dynamic;  // the scheme's "dynamic", when it says
+  std::string kv_scheme_type;             // "float" or "int"
   // When hf_quant_config.json and config.json's quantization_config both exist: what the
   // other file says about the KV cache (engines differ in which one they read).
   std::string other_source_file;  // "" when there is only one declaration
@@ -188,6 +189,29 @@ struct ScaleConvention {
 const std::vector<ScaleConvention>& scale_conventions();
 // Classifies a tensor name as a KV-cache scale (values left empty), or nullopt.
 std::optional<ScaleTensor> classify_scale_tensor(std::string_view name);
+
+// How an architecture normalises each key head over head_dim before RoPE (QK-norm). The
+// RMS of the normalised head is 1 before the learned per-channel gain, so every cached key
+// component is bounded: |k_i| <= sqrt(head_dim) * max_i |gain_i| (RoPE rotates pairs and
+// keeps each pair's norm). Qwen3 multiplies by the weight; Qwen3-Next / Qwen3.5 and
+// Gemma-3 store a zero-centred weight and multiply by (1 + weight).
+enum class QkNorm { none, gain, one_plus_gain };
+std::string_view qk_norm_name(QkNorm norm);  // "none" | "weight" | "1 + weight"
+
+// A per-head key-norm weight vector ("...self_attn.k_norm.weight", [head_dim]), read by
+// range like a scale value: a few hundred bytes per layer, never a weight matrix.
+struct NormTensor {
+  std::string name;
+  std::string shard_file;
+  int layer = -1;
+  TensorDType dtype = TensorDType::BF16;
+  std::vector<float> values;
+};
+// The layer index of a per-head key-norm weight, or nullopt for any other tensor.
+std::optional<int> classify_k_norm_tensor(std::string_view name);
+// True for every tensor whose values the checkpoint reader reads (KV scales, key norms):
+// what a remote reader must fetch besides the headers.
+bool reads_tensor_values(std::string_view name);
 
 struct ModelFacts {
   std::filesystem::path dir;        // checkpoint folder (hub: "hf://org/model@sha")
@@ -229,6 +253,8 @@ struct ModelFacts {
   std::optional<LinearAttentionFacts> linear_attention;
   std::optional<QuantFacts> quant;
   std::vector<ScaleTensor> kv_scales;
+  QkNorm qk_norm = QkNorm::none;    // the architecture's key normalisation
+  std::vector<NormTensor> k_norms;  // per attention layer, in layer order (empty: none read)
   // From the safetensors headers:
   std::vector<std::string> shard_files;  // relative to dir
   uint64_t tensor_count = 0;

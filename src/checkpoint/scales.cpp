@@ -1,4 +1,6 @@
-// KV-scale tensor naming conventions (ENGINE-FACTS §3) and their classification.
+// KV-scale tensor naming conventions and their classification; the per-head key norms
+// whose weights bound the cached keys.
+#include <algorithm>
 #include <regex>
 
 #include "checkpoint/checkpoint.h"
@@ -95,6 +97,25 @@ std::optional<ScaleTensor> classify_scale_tensor(std::string_view name) {
     return scale;
   }
   return std::nullopt;
+}
+
+std::optional<int> classify_k_norm_tensor(std::string_view name) {
+  constexpr std::string_view suffix = ".self_attn.k_norm.weight";
+  if (!ends_with(name, suffix)) return std::nullopt;
+  // The draft head of Qwen3-Next / Qwen3.5 ("mtp.layers.0...") numbers its layers on its own.
+  if (name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos) return std::nullopt;
+  std::string_view head = name.substr(0, name.size() - suffix.size());
+  size_t at = head.rfind("layers.");
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view digits = head.substr(at + 7);
+  if (digits.empty() || digits.size() > 6 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoi(std::string(digits));
+}
+
+bool reads_tensor_values(std::string_view name) {
+  return classify_k_norm_tensor(name).has_value() || classify_scale_tensor(name).has_value();
 }
 
 }  // namespace kvaudit::checkpoint

@@ -418,6 +418,7 @@ struct ShardResult {
   uint64_t total = 0;
   uint64_t header_bytes = 0;
   int scale_tensors = 0;
+  int norm_tensors = 0;  // per-head key norms (their bytes bound the cached keys)
   uint64_t weight_bytes_read = 0;
   std::exception_ptr error;
 };
@@ -473,14 +474,18 @@ void fetch_shard(const Remote& remote, const std::string& name,
     ~Closer() { ::close(fd); }
   } closer{fd};
   write_at(fd, 0, prefix_and_header, file);
-  // The scale tensors' bytes, each its own range (adjacent ones merged: k_scale and
-  // v_scale usually sit side by side); only tensors the reader will read (<= 64K elements).
+  // The bytes of the small tensors the reader reads (KV scales, per-head key norms), each
+  // its own range (adjacent ones merged: k_scale and v_scale usually sit side by side);
+  // only tensors of at most 64K elements.
   std::vector<ByteRange> spans;
   for (const auto& tensor : header.tensors) {
-    if (!checkpoint::classify_scale_tensor(tensor.name) || tensor.data_end <= tensor.data_begin ||
+    if (!checkpoint::reads_tensor_values(tensor.name) || tensor.data_end <= tensor.data_begin ||
         tensor.element_count() > (1u << 16))
       continue;
-    ++out.scale_tensors;
+    if (checkpoint::classify_k_norm_tensor(tensor.name))
+      ++out.norm_tensors;
+    else
+      ++out.scale_tensors;
     ByteRange span{8 + header_length + tensor.data_begin, 8 + header_length + tensor.data_end - 1};
     if (!spans.empty() && spans.back().last + 1 == span.first)
       spans.back().last = span.last;
@@ -645,6 +650,7 @@ std::vector<ShardResult> fetch_shards(const Remote& remote, const ShardNames& sh
 struct ShardTotals {
   uint64_t header_bytes = 0;
   int scale_tensors = 0;
+  int norm_tensors = 0;
 };
 
 // Lists the fetched shards in the manifest and the stats, in shard order; rethrows the
@@ -657,9 +663,11 @@ ShardTotals record_shards(const std::vector<ShardResult>& results, json& manifes
     manifest["files"].push_back({{"path", result.name},
                                  {"bytes", result.total},
                                  {"header_bytes", result.header_bytes},
-                                 {"scale_tensors", result.scale_tensors}});
+                                 {"scale_tensors", result.scale_tensors},
+                                 {"norm_tensors", result.norm_tensors}});
     totals.header_bytes += result.header_bytes;
     totals.scale_tensors += result.scale_tensors;
+    totals.norm_tensors += result.norm_tensors;
     stats.weight_bytes_read += result.weight_bytes_read;
     ++stats.files_fetched;
   }
@@ -733,10 +741,10 @@ HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) 
   remember_revision(repo_cache, ref, out.commit);
   out.dir = final_dir;
   out.source = fmt::format(
-      "{} @ {} from {}: {} requests, {} bytes ({} shard header bytes, {} KV-scale tensors read; "
-      "no weights)",
+      "{} @ {} from {}: {} requests, {} bytes ({} shard header bytes, {} KV-scale and {} key-norm "
+      "tensors read; no weights)",
       ref.repo, out.commit, out.endpoint, out.stats.requests, with_thousands(out.stats.bytes),
-      with_thousands(totals.header_bytes), totals.scale_tensors);
+      with_thousands(totals.header_bytes), totals.scale_tensors, totals.norm_tensors);
   return out;
 }
 

@@ -145,11 +145,16 @@ TEST(HubAudit, DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit) {
   uint64_t small_files = 0;
   for (const char* file : {"config.json", "hf_quant_config.json", "model.safetensors.index.json"})
     small_files += fs::file_size(demo_dir() / file);
+  // The key-norm vectors of the 15 attention layers (256 bf16 values each) are read by
+  // range like scale values: their weights bound the cached keys.
+  ASSERT_EQ(local.k_norms.size(), 15u);
+  const uint64_t norm_bytes = 15 * 256 * 2;
   EXPECT_EQ(first.stats.bytes,
-            header_bytes + 32 * 8 + small_files);  // the resolve is a bodiless 307
-  // The resolve, three files (redirect + answer), and per shard a redirect, one range inside
-  // the header and the rest of it from the CDN URL the redirect gave.
-  EXPECT_EQ(first.stats.requests, 1 + 3 * 2 + 32 * 3);
+            header_bytes + 32 * 8 + small_files + norm_bytes);  // the resolve is a bodiless 307
+  // The resolve, three files (redirect + answer), per shard a redirect, one range inside
+  // the header and the rest of it from the CDN URL the redirect gave, and one range per
+  // key-norm vector.
+  EXPECT_EQ(first.stats.requests, 1 + 3 * 2 + 32 * 3 + 15);
   // The stand-in shards are sparse: their real size, almost nothing on disk.
   EXPECT_EQ(fs::file_size(first.dir / local.shard_files[0]),
             fs::file_size(demo_dir() / local.shard_files[0]));
