@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make demo: the motivating question answered in one run, on the bundled example.
 #  1. kvaudit check on the motivating checkpoint (sparse, headers only) with the deployment's
-#     systemd unit and its journal: the FP8-at-scale-1.0 finding, the decision table sized
+#     systemd unit and its journal, under its user's stance ("context should use no
+#     quantization": --kv-policy lossless): the FP8-at-scale-1.0 finding with the evidence it
+#     rests on, the decision table sized
 #     from the memory the journal printed, the corrected unit written beside the original.
 #  2. the unit diff: only --kv-cache-dtype changed.
 #  3. after the restart: the verification the report printed, run on the journal, whose
@@ -22,7 +24,7 @@ rm -f "$fixed"
 
 show() { echo "\$ kvaudit ${*:2}" | sed "s|$build/kvaudit|kvaudit|"; }
 args=(check "$build/demo-checkpoint" --unit "$example/sglang.service" --from-log "$journal"
-      --write-unit "$fixed" --html "$build/demo-report.html")
+      --kv-policy lossless --write-unit "$fixed" --html "$build/demo-report.html")
 show "$kvaudit" "${args[@]}"
 status=0
 "$kvaudit" "${args[@]}" || status=$?
@@ -38,7 +40,7 @@ echo
 
 # The verification step, with the expectations the decision table predicted for the fix.
 mapfile -t expect < <("$kvaudit" check "$build/demo-checkpoint" --unit "$example/sglang.service" \
-  --from-log "$journal" --json --fail-on never |
+  --from-log "$journal" --kv-policy lossless --json --fail-on never |
   python3 -c 'import json,sys
 d=json.load(sys.stdin)["decision"]
 fix=[o for o in d["options"] if o["id"]==d["recommended"]][0]

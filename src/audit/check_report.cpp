@@ -2,6 +2,7 @@
 // findings; and the machine payload (engine, resolved_kv, model).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -98,7 +99,26 @@ void add_check_facts(const CheckInput& input, const CheckResult& result, report:
       input.flags.kv_cache_dtype_flag.empty() ? "auto (default)" : input.flags.kv_cache_dtype, ""});
   out.facts.push_back(
       Fact{"kv_cache_dtype", "Resolved KV cache dtype", resolved.kv_cache_dtype, ""});
+  if (!resolved.substituted_from.empty())
+    out.facts.push_back(Fact{"kv_cache_dtype_stored", "Stored on this GPU as",
+                             fmt::format("{} ({} substitutes it for {})", resolved.kv_cache_dtype,
+                                         input.flags.platform, resolved.substituted_from),
+                             ""});
   out.facts.push_back(Fact{"scale_source", "KV scales", scale_source_text(resolved), ""});
+  if (!input.gpu_name.empty())
+    out.facts.push_back(
+        Fact{"gpu", "GPU",
+             fmt::format("{} ({}, {})", input.gpu_name, input.flags.gpu_arch, input.flags.platform),
+             ""});
+  out.facts.push_back(Fact{"kv_policy", "KV policy",
+                           input.policy == KvPolicy::lossless
+                               ? std::string("lossless (any quantized KV cache is critical)")
+                           : input.policy == KvPolicy::permissive
+                               ? std::string("permissive (only broken combinations and start-up "
+                                             "failures are critical)")
+                               : std::string("evidence (severity from what is known about this "
+                                             "model's K/V range)"),
+                           ""});
   out.facts.push_back(Fact{"read_ms", "Checkpoint read (configs + headers)",
                            int64_t(input.read_seconds * 1000.0 + 0.5), "ms"});
 }
@@ -127,6 +147,23 @@ void add_scale_table(const CheckInput& input, const CheckResult& result, report:
     }
     out.tables.push_back(std::move(table));
   }
+}
+
+// Per-layer dtypes, when they are not all the same (skip layers keep the model dtype).
+void add_layer_dtype_table(const CheckResult& result, report::Report& out) {
+  const auto& layers = result.resolved.layer_dtypes;
+  const bool mixed = std::any_of(layers.begin(), layers.end(), [&](const auto& layer) {
+    return layer.dtype != result.resolved.kv_cache_dtype;
+  });
+  if (!mixed) return;
+  report::Table table;
+  table.id = "kv_layer_dtypes";
+  table.title = "KV cache dtype per attention layer";
+  table.columns = {{"layer", "Layer", "", 0}, {"dtype", "Stored as", "", 0}, {"why", "Why", "", 0}};
+  for (const auto& layer : layers)
+    table.rows.push_back(
+        {int64_t{layer.layer}, layer.dtype, layer.why.empty() ? "--kv-cache-dtype" : layer.why});
+  out.tables.push_back(std::move(table));
 }
 
 // FAIL / WARN / OK from the findings' severities.
@@ -168,7 +205,13 @@ void add_check_payload(const CheckInput& input, const CheckResult& result, repor
     return json{{"reference", p.reference},
                 {"status", engines::rule_status_id(p.status)},
                 {"verified", p.verified},
-                {"bound", p.bound}};
+                {"bound", p.bound},
+                {"audit", p.audit.checked.empty()
+                              ? json()
+                              : json{{"verdict", engines::audit_verdict_name(p.audit.verdict)},
+                                     {"checked", p.audit.checked},
+                                     {"read", p.audit.read},
+                                     {"source", engines::source_kind_name(p.audit.source)}}}};
   };
   for (const auto& drop : resolved.dropped)
     dropped.push_back({{"rule", drop.rule_id},
@@ -181,6 +224,17 @@ void add_check_payload(const CheckInput& input, const CheckResult& result, repor
                         {"message", failure.message},
                         {"cause", failure.cause},
                         {"provenance", provenance_json(failure.provenance)}});
+  json layer_dtypes = json::array();
+  for (const auto& layer : resolved.layer_dtypes)
+    layer_dtypes.push_back({{"layer", layer.layer}, {"dtype", layer.dtype}, {"why", layer.why}});
+  json known_bad = json::array();
+  for (const auto& hit : resolved.known_bad)
+    known_bad.push_back({{"id", hit.rule->id},
+                         {"certain", hit.certain},
+                         {"unknown", hit.unknown},
+                         {"backend", hit.backend},
+                         {"provenance", provenance_json(hit.rule->provenance)}});
+  out.payload["kv_policy"] = kv_policy_name(input.policy);
   out.payload["engine"] = {{"name", input.engine->engine},
                            {"version", input.version_given ? input.flags.engine_version
                                                            : input.engine->latest_known_version},
@@ -207,6 +261,12 @@ void add_check_payload(const CheckInput& input, const CheckResult& result, repor
       {"loaded_scale_tensors", resolved.loaded_scale_names.size()},
       {"ignored_scale_tensors", resolved.ignored_by_design.size()},
       {"skipped_layers", resolved.skipped_layers},
+      {"layer_dtypes", layer_dtypes},
+      {"substituted_from",
+       resolved.substituted_from.empty() ? json() : json(resolved.substituted_from)},
+      {"known_bad", known_bad},
+      {"draft_kv_cache_dtype",
+       resolved.draft_kv_cache_dtype.empty() ? json() : json(resolved.draft_kv_cache_dtype)},
       {"dropped_scales", dropped},
       {"startup_failures", failures},
       {"engine_logs_scale_warning", resolved.scale_warning_text.has_value()}};
@@ -233,6 +293,7 @@ report::Report to_report(const CheckInput& input, const CheckResult& result) {
                           input.engine->engine, version);
   add_check_facts(input, result, out);
   add_scale_table(input, result, out);
+  add_layer_dtype_table(result, out);
   out.findings = result.findings;
   out.notes = input.model.notes;
   set_check_verdict(result, out);

@@ -12,10 +12,32 @@
 
 namespace kvaudit::audit {
 
+// What is known about this model's K/V range under the scales the engine will use, from
+// the strongest source available (see audit.h KvPolicy).
+enum class RangeVerdict {
+  damaging,  // the evidence shows damage beyond the data's threshold
+  unknown,   // no evidence either way (or evidence of risk that is not proof)
+  safe,      // the evidence shows no damage
+};
+struct RangeAssessment {
+  RangeVerdict verdict = RangeVerdict::unknown;
+  std::string basis = "none";  // "measured" | "bounded" | "published" | "none"
+  std::string judged_on;       // the evidence and what is not known, with how to settle it
+  std::vector<report::Evidence> evidence;
+};
+
+// How a finding's severity follows the policy.
+enum class Category {
+  broken,                 // will not start, corrupts, known-bad: critical under every policy
+  scales_not_as_shipped,  // shipped scales dropped, one-sided, invalid, substituted format
+  precision,              // a quantized cache whose damage depends on this model's range
+};
+
 struct Context {
   const CheckInput& input;
   const engines::ResolvedKv& resolved;
   std::vector<report::Finding>& findings;
+  const RangeAssessment& range;
   const checkpoint::ModelFacts& model() const { return input.model; }
   const engines::LaunchFlags& flags() const { return input.flags; }
   const engines::EngineModel& engine() const { return *input.engine; }
@@ -35,6 +57,14 @@ struct FormatLimits {
   bool nan_not_inf;      // the overflow gives NaN (no inf in the format)
 };
 std::optional<FormatLimits> limits_of(const engines::KvDtype* dtype);
+
+// The range evidence for the quantized attention layers (evidence.cpp).
+RangeAssessment assess_kv_range(const CheckInput& input, const engines::ResolvedKv& resolved);
+// The severity of a finding of `category` under the input's policy; precision findings
+// follow the range verdict. Also stamps the finding's basis and judged_on.
+void judge(const Context& ctx, Category category, report::Finding& finding);
+// What the engine's own behaviour (a rule read in its source) rests on, for judged_on.
+std::string engine_basis_text(const engines::Provenance& provenance);
 
 std::string float_text(double value);
 std::string names_preview(const std::vector<std::string>& names, size_t shown = 3);
@@ -58,6 +88,10 @@ void rule_context_length(Context& ctx);
 void rule_flag_lifecycle(Context& ctx);
 void rule_unknown_architecture(Context& ctx);
 void rule_version(Context& ctx);
+void rule_lossless_policy(Context& ctx);
+void rule_known_bad(Context& ctx);
+void rule_platform_substitution(Context& ctx);
+void rule_draft_kv(Context& ctx);
 void rule_unit_scale(Context& ctx);
 void rule_nvfp4_global_scale(Context& ctx);
 void rule_dropped_scales(Context& ctx);

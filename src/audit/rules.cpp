@@ -90,13 +90,19 @@ void rule_startup_failures(Context& ctx) {
                        "per-head scales"
                      : "change the launch (or the checkpoint) as the cause says, or use an "
                        "engine version without this failure";
-    ctx.findings.push_back(Finding{
+    Finding finding{
         rejected     ? "kv-dtype-rejected"
         : non_scalar ? "scale-per-head-unsupported"
                      : "startup-failure",
-        Severity::critical, fmt::format("{} will not start: {}", ctx.engine_label(), failure.cause),
+        Severity::critical,
+        fmt::format("{} will not start: {}", ctx.engine_label(), failure.cause),
         fmt::format("The server stops during start-up ({}) instead of serving.", failure.message),
-        evidence, fix, reference_text(failure.provenance)});
+        evidence,
+        fix,
+        reference_text(failure.provenance)};
+    finding.judged_on = engine_basis_text(failure.provenance);
+    judge(ctx, Category::broken, finding);
+    ctx.findings.push_back(std::move(finding));
   }
 }
 
@@ -124,7 +130,7 @@ void rule_auto_quantized(Context& ctx) {
   if (r.quantized && auto_chose) {
     const bool overrides_cli = r.requested != "auto";
     if (overrides_cli && r.requested == r.kv_cache_dtype) return;  // forced to what was asked
-    ctx.findings.push_back(Finding{
+    Finding finding{
         overrides_cli ? "kv-quant-overrides-cli" : "kv-auto-quantized",
         overrides_cli ? Severity::critical : Severity::warning,
         overrides_cli
@@ -140,7 +146,18 @@ void rule_auto_quantized(Context& ctx) {
         fmt::format("decide explicitly: {} for full precision, or keep {} only with calibrated "
                     "scales (kvaudit calibrate)",
                     ctx.fix_flag(r.model_dtype == "fp16" ? "fp16" : "bf16"), r.kv_cache_dtype),
-        reference_text(r.rule_provenance)});
+        reference_text(r.rule_provenance)};
+    if (overrides_cli) {
+      // What was asked is not what runs: a substituted format, whatever its range.
+      finding.judged_on = engine_basis_text(r.rule_provenance);
+      judge(ctx, Category::scales_not_as_shipped, finding);
+    } else {
+      // The scale findings carry the critical verdict; this one says nobody chose it.
+      judge(ctx, Category::precision, finding);
+      if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
+        finding.severity = Severity::warning;
+    }
+    ctx.findings.push_back(std::move(finding));
   } else if (!r.quantized && r.requested == "auto") {
     ctx.findings.push_back(Finding{
         "kv-declared-not-enabled", Severity::info,
@@ -205,7 +222,7 @@ void rule_e5m2(Context& ctx) {
   if (ctx.resolved.kv_cache_dtype != "fp8_e5m2") return;
   ctx.findings.push_back(Finding{
       "fp8-e5m2",
-      Severity::warning,
+      ctx.input.policy == KvPolicy::lossless ? Severity::critical : Severity::warning,
       "FP8 E5M2 KV cache: 2 mantissa bits",
       "Every cached value carries up to 12.5% relative rounding error (E4M3: 6.25%); the range is "
       "wide, so nothing clips, but precision is lost everywhere.",
@@ -230,13 +247,17 @@ void rule_dtype_hazards(Context& ctx) {
         {ctx.data_file(), "dtype_hazards." + hazard.id,
          std::string(engines::rule_status_name(hazard.provenance.status))}};
     add_provenance(ctx, hazard.provenance, evidence);
-    ctx.findings.push_back(
-        Finding{"kv-dtype-corrupts", Severity::critical,
-                fmt::format("{} stores a {} KV cache for a {} model: the values are corrupted",
-                            ctx.engine_label(), ctx.resolved.kv_cache_dtype, trained),
-                hazard.consequence + ".", evidence,
-                fmt::format("{} (or --kv-cache-dtype auto)", ctx.fix_flag(trained)),
-                reference_text(hazard.provenance)});
+    Finding finding{"kv-dtype-corrupts",
+                    Severity::critical,
+                    fmt::format("{} stores a {} KV cache for a {} model: the values are corrupted",
+                                ctx.engine_label(), ctx.resolved.kv_cache_dtype, trained),
+                    hazard.consequence + ".",
+                    evidence,
+                    fmt::format("{} (or --kv-cache-dtype auto)", ctx.fix_flag(trained)),
+                    reference_text(hazard.provenance)};
+    finding.judged_on = engine_basis_text(hazard.provenance);
+    judge(ctx, Category::broken, finding);
+    ctx.findings.push_back(std::move(finding));
   }
 }
 
@@ -316,29 +337,35 @@ int state_rank(const std::string& dtype) {
 void rule_hybrid_state(Context& ctx) {
   const auto& linear = ctx.model().linear_attention;
   if (!linear || linear->ssm_dtype.empty()) return;
-  const engines::EngineDefaults& defaults = ctx.engine().defaults_for(ctx.resolved.version);
   const auto& spellings = ctx.engine().launch.flags;
   const std::string flag =
       spellings.count("mamba_ssm_dtype") ? spellings.at("mamba_ssm_dtype").front() : "";
-  std::string used = ctx.flags().mamba_ssm_dtype;
-  std::string origin = "launch flag " + flag;
-  if (used.empty()) {
-    used = defaults.mamba_ssm_dtype;
-    origin = "engine default";
-    if (used == "auto" || used == "from_model_config") return;  // follows the config
-  }
+  const engines::StateDtypes states =
+      engines::resolve_state_dtypes(ctx.engine(), ctx.resolved.version, ctx.model(),
+                                    ctx.flags().mamba_ssm_dtype, ctx.resolved.model_dtype);
+  const std::string& used = states.ssm.dtype;
   if (state_rank(used) == 0 || state_rank(used) >= state_rank(linear->ssm_dtype)) return;
+  const engines::Provenance& provenance =
+      states.rule ? states.rule->provenance
+                  : ctx.engine().defaults_for(ctx.resolved.version).provenance;
+  const std::string origin =
+      states.ssm.origin == "launch flag" ? "launch flag " + flag : states.ssm.origin;
   std::vector<Evidence> evidence = {{ctx.model().config_file, "mamba_ssm_dtype", linear->ssm_dtype},
                                     {ctx.launch_label(), origin, used}};
-  add_provenance(ctx, defaults.provenance, evidence);
-  ctx.findings.push_back(Finding{
-      "hybrid-state-precision", Severity::warning,
+  add_provenance(ctx, provenance, evidence);
+  Finding finding{
+      "hybrid-state-precision",
+      Severity::warning,
       fmt::format("Linear-attention (GDN/Mamba) state kept in {} but the config asks for {}", used,
                   linear->ssm_dtype),
       "The recurrent state accumulates over the whole context; rounding it every token compounds "
       "into drift on long inputs (sglang#10258: GSM8K 0.955 -> 0.945 for fp32 -> bf16 state).",
-      evidence, fmt::format("launch with {} {}", flag, linear->ssm_dtype),
-      reference_text(defaults.provenance)});
+      evidence,
+      fmt::format("launch with {} {}", flag, linear->ssm_dtype),
+      reference_text(provenance)};
+  finding.basis = "engine";
+  finding.judged_on = engine_basis_text(provenance);
+  ctx.findings.push_back(std::move(finding));
 }
 
 void rule_context_length(Context& ctx) {
@@ -348,7 +375,7 @@ void rule_context_length(Context& ctx) {
   if (!ctx.model().rope_scaling.is_null()) return;
   ctx.findings.push_back(Finding{
       "context-beyond-max-position",
-      Severity::critical,
+      Severity::critical,  // a broken launch under every policy
       fmt::format("Context length {} exceeds max_position_embeddings {} with no rope scaling",
                   *context, max_positions),
       "Positions past the trained range get rotary angles the model never saw: quality collapses "
@@ -386,7 +413,7 @@ void rule_flag_lifecycle(Context& ctx) {
     } else if (hybrid && !rule.hybrid_hazard.empty() && ctx.resolved.quantized) {
       evidence.push_back({ctx.model().config_file, "model_type", ctx.model().model_type});
       ctx.findings.push_back(Finding{
-          "dynamic-scales-hybrid-garbage", Severity::critical,
+          "dynamic-scales-hybrid-garbage", Severity::critical,  // broken under every policy
           fmt::format("{} on a hybrid (linear-attention) model in {}: {}", rule.flag,
                       ctx.engine_label(), rule.hybrid_hazard),
           "The frozen scales are wrong for every layer: output degrades to gibberish without an "
@@ -420,6 +447,25 @@ void rule_unknown_architecture(Context& ctx) {
       {{ctx.model().config_file, "model_type", ctx.model().model_type}},
       "none; report the architecture so kvaudit can learn it",
       ""});
+}
+
+// --kv-policy lossless: any quantized KV cache is critical, however good its scales.
+void rule_lossless_policy(Context& ctx) {
+  if (ctx.input.policy != KvPolicy::lossless || !ctx.resolved.quantized) return;
+  Finding finding{
+      "kv-cache-quantized",
+      Severity::critical,
+      fmt::format("The KV cache is quantized ({}) and the policy is lossless",
+                  ctx.resolved.kv_cache_dtype),
+      "Every cached key and value is rounded to the quantized format; under --kv-policy "
+      "lossless (\"context should use no quantization\") that is a failure whatever the "
+      "evidence says about its damage.",
+      {{ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype},
+       {ctx.launch_label(), "--kv-policy", "lossless"}},
+      ctx.fix_flag(ctx.resolved.model_dtype == "fp16" ? "fp16" : "bf16"),
+      reference_text(ctx.resolved.rule_provenance)};
+  judge(ctx, Category::precision, finding);
+  ctx.findings.push_back(std::move(finding));
 }
 
 void rule_version(Context& ctx) {
@@ -481,6 +527,10 @@ const NamedRule kRules[] = {
     {"scale-warning-false-alarm", rule_misleading_warning},
     {"unknown-architecture", rule_unknown_architecture},
     {"engine-version", rule_version},
+    {"kv-cache-quantized", rule_lossless_policy},
+    {"known-bad-combination", rule_known_bad},
+    {"kv-dtype-substituted", rule_platform_substitution},
+    {"draft-kv-quantized", rule_draft_kv},
 };
 
 }  // namespace
@@ -495,7 +545,8 @@ CheckResult run_check(const CheckInput& input) {
   if (!input.engine) throw std::logic_error("run_check: no engine model");
   CheckResult result;
   result.resolved = engines::resolve_kv(input.model, input.flags, *input.engine);
-  Context ctx{input, result.resolved, result.findings};
+  const RangeAssessment range = assess_kv_range(input, result.resolved);
+  Context ctx{input, result.resolved, result.findings, range};
   for (const auto& rule : kRules) rule.rule(ctx);
   std::stable_sort(result.findings.begin(), result.findings.end(),
                    [](const Finding& a, const Finding& b) { return a.severity > b.severity; });

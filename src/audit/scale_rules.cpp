@@ -60,7 +60,7 @@ void rule_unit_scale(Context& ctx) {
   const std::vector<int> layers = quantized_layers(ctx);
   const engines::FallbackRule& fallback = *ctx.resolved.fallback;
   if (ctx.resolved.scale_source == ScaleSource::unknown) {
-    ctx.findings.push_back(Finding{
+    Finding finding{
         "kv-scales-unverified",
         Severity::warning,
         fmt::format("{} KV cache with no scale source kvaudit can see: {} uses scale 1.0 unless "
@@ -75,7 +75,9 @@ void rule_unit_scale(Context& ctx) {
                       fallback.both_missing_scale)}},
         "rerun with --checkpoint DIR (a copy of the served checkpoint) so kvaudit can see "
         "whether the scales exist and load; or serve with --kv-cache-dtype bf16",
-        reference_text(fallback.provenance)});
+        reference_text(fallback.provenance)};
+    judge(ctx, Category::precision, finding);
+    ctx.findings.push_back(std::move(finding));
     return;
   }
   if (ctx.resolved.scale_source == ScaleSource::unit_default) {
@@ -106,12 +108,15 @@ void rule_unit_scale(Context& ctx) {
       evidence.push_back(
           {model.config_file, "safetensors", "not read (bare config): scales unknown"});
     }
+    add_provenance(ctx, fallback.provenance, evidence);
     evidence.push_back(
         {ctx.data_file(), "fallback.both_missing",
          fmt::format(
              "k and v scale set to {}{}, {}", fallback.both_missing_scale,
              fallback.both_missing_scale == std::floor(fallback.both_missing_scale) ? ".0" : "",
-             fallback.both_missing_message.empty() ? "no log line" : "logged")});
+             !fallback.both_missing_message.empty() && ctx.resolved.scale_warning_text
+                 ? "logged"
+                 : "no log line")});
     if (ctx.resolved.scale_warning_text) {
       evidence.push_back(
           {"server log",
@@ -125,14 +130,19 @@ void rule_unit_scale(Context& ctx) {
                                       ctx.resolved.model_dtype)});
     const UnitScaleText text =
         unit_scale_text(ctx.engine(), ctx.resolved.version, ctx.resolved.kv_cache_dtype);
-    ctx.findings.push_back(
-        Finding{"fp8-unit-scale", Severity::critical,
-                fmt::format("{} KV cache with no usable scales: {} uses scale 1.0 for {}",
-                            ctx.resolved.kv_cache_dtype, ctx.engine_label(),
-                            ctx.resolved.skipped_layers.empty()
-                                ? std::string("every layer")
-                                : fmt::format("{} quantized layer(s)", layers.size())),
-                text.consequence, evidence, text.fix, text.reference});
+    Finding finding{"fp8-unit-scale",
+                    Severity::critical,
+                    fmt::format("{} KV cache with no usable scales: {} uses scale 1.0 for {}",
+                                ctx.resolved.kv_cache_dtype, ctx.engine_label(),
+                                ctx.resolved.skipped_layers.empty()
+                                    ? std::string("every layer")
+                                    : fmt::format("{} quantized layer(s)", layers.size())),
+                    text.consequence,
+                    evidence,
+                    text.fix,
+                    text.reference};
+    judge(ctx, Category::precision, finding);
+    ctx.findings.push_back(std::move(finding));
     return;
   }
   if (ctx.resolved.scale_source != ScaleSource::checkpoint) return;
@@ -146,7 +156,7 @@ void rule_unit_scale(Context& ctx) {
   for (int layer : layers)
     if (!covered.count(layer)) missing.push_back(std::to_string(layer));
   if (missing.empty()) return;
-  ctx.findings.push_back(Finding{
+  Finding partial{
       "fp8-partial-scales",
       Severity::critical,
       fmt::format("{} of {} attention layers have no loaded KV scale and run at scale 1.0",
@@ -154,14 +164,16 @@ void rule_unit_scale(Context& ctx) {
       fmt::format("Those layers lose precision silently: {}.", numeric_meaning(ctx.resolved.dtype)),
       {{model.dir.string(), "layers without k/v scales", names_preview(missing, 8)}},
       "export scales for every attention layer (kvaudit calibrate), or " + ctx.fix_flag("bf16"),
-      reference_text(fallback.provenance)});
+      reference_text(fallback.provenance)};
+  judge(ctx, Category::precision, partial);
+  ctx.findings.push_back(std::move(partial));
 }
 
 void rule_nvfp4_global_scale(Context& ctx) {
   const auto* dtype = ctx.resolved.dtype;
   if (!dtype || dtype->scales != ScaleSemantics::nvfp4_global) return;
   if (ctx.resolved.scale_source != ScaleSource::unit_default) return;
-  ctx.findings.push_back(Finding{
+  Finding finding{
       "nvfp4-unit-global-scale",
       Severity::warning,
       fmt::format("{} KV cache without a calibrated global scale: {} uses 1.0", dtype->name,
@@ -174,7 +186,9 @@ void rule_nvfp4_global_scale(Context& ctx) {
         std::to_string(ctx.resolved.loaded_scale_names.size())}},
       fmt::format("ship calibrated k/v scales (amax / (6 x 448)) or {}", ctx.fix_flag("bf16")),
       "vllm/utils/torch_utils.py nvfp4 layout; sglang fp4_kv_cache_quant_method.py "
-      "NVFP4KVCacheMethod.load_scales_from_model (1.0 when missing)"});
+      "NVFP4KVCacheMethod.load_scales_from_model (1.0 when missing)"};
+  judge(ctx, Category::precision, finding);
+  ctx.findings.push_back(std::move(finding));
 }
 
 // ModelOpt's default kv_fp8_cast recipe declares an FP8 KV cache and writes no scales.
@@ -186,7 +200,7 @@ void rule_modelopt_kv_cast(Context& ctx) {
   if (algo != "FP8") return;
   // A warning when this launch runs the declared FP8 cache; else a note for the day it does.
   const bool enabled = ctx.resolved.quantized;
-  ctx.findings.push_back(Finding{
+  Finding finding{
       "modelopt-kv-fp8-cast",
       enabled ? Severity::warning : Severity::info,
       "The checkpoint declares an FP8 KV cache but ships no k/v scales: ModelOpt's default "
@@ -205,7 +219,15 @@ void rule_modelopt_kv_cast(Context& ctx) {
        {model.dir.string(), "k/v scale tensors", "none"}},
       "serve with a 16-bit KV cache, or calibrate scales (kvaudit calibrate, or ModelOpt's "
       "calibrated FP8 KV recipe) before enabling FP8",
-      "NVIDIA/Model-Optimizer KV cache recipes (kv_fp8_cast); ENGINE-FACTS 3"});
+      "NVIDIA/Model-Optimizer KV cache recipes (kv_fp8_cast; constant-amax cast made the "
+      "default by Model-Optimizer#1012, #1334)"};
+  if (enabled) {
+    // It explains the unit scale; the scale finding carries the verdict.
+    judge(ctx, Category::precision, finding);
+    if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
+      finding.severity = Severity::warning;
+  }
+  ctx.findings.push_back(std::move(finding));
 }
 
 void rule_dropped_scales(Context& ctx) {
@@ -219,8 +241,9 @@ void rule_dropped_scales(Context& ctx) {
         {ctx.model().config_file, "architectures[0]", ctx.model().architecture},
         {ctx.data_file(), "scale rule " + drop.rule_id, drop.reason}};
     add_provenance(ctx, drop.provenance, evidence);
-    ctx.findings.push_back(Finding{
-        "scales-dropped", matters ? Severity::critical : Severity::info,
+    Finding finding{
+        "scales-dropped",
+        matters ? Severity::critical : Severity::info,
         fmt::format("{} KV scale tensor(s) are in the checkpoint but {} does not load them",
                     drop.tensor_names.size(), ctx.engine_label()),
         matters
@@ -234,7 +257,12 @@ void rule_dropped_scales(Context& ctx) {
                               "logs after launch)",
                               ctx.fix_flag("bf16"))
                 : "none needed now",
-        reference_text(drop.provenance)});
+        reference_text(drop.provenance)};
+    if (matters) {
+      finding.judged_on = engine_basis_text(drop.provenance);
+      judge(ctx, Category::scales_not_as_shipped, finding);
+    }
+    ctx.findings.push_back(std::move(finding));
   }
 }
 
@@ -273,7 +301,7 @@ void rule_scale_values(Context& ctx) {
   }
   const engines::FallbackRule& fallback = *ctx.resolved.fallback;
   if (!invalid.empty()) {
-    ctx.findings.push_back(Finding{
+    Finding finding{
         "scale-values-invalid",
         Severity::critical,
         fmt::format("{} KV scale value(s) are zero, negative, NaN or infinite", invalid.size()),
@@ -286,10 +314,15 @@ void rule_scale_values(Context& ctx) {
         {{ctx.model().dir.string(), "scale values", names_preview(invalid)}},
         "re-export or recalibrate the scales (kvaudit calibrate); until then " +
             ctx.fix_flag("bf16"),
-        reference_text(fallback.provenance)});
+        reference_text(fallback.provenance)};
+    finding.basis = "bounded";
+    finding.judged_on = "the scale values the checkpoint ships, read by range; " +
+                        engine_basis_text(fallback.provenance);
+    judge(ctx, Category::scales_not_as_shipped, finding);
+    ctx.findings.push_back(std::move(finding));
   }
   if (all_unit && invalid.empty()) {
-    ctx.findings.push_back(Finding{
+    Finding finding{
         "scale-values-unit",
         Severity::warning,
         fmt::format("All {} KV scale tensors are exactly 1.0", ctx.model().kv_scales.size()),
@@ -297,7 +330,13 @@ void rule_scale_values(Context& ctx) {
         "no scales (clipping large keys, flushing small values).",
         {{ctx.model().dir.string(), "scale values", "1.0 everywhere"}},
         "calibrate real scales (kvaudit calibrate) or " + ctx.fix_flag("bf16"),
-        "ENGINE-FACTS 3"});
+        "NVIDIA/Model-Optimizer#20 (exported scaling factors all 1.0)"};
+    if (ctx.resolved.quantized) {
+      judge(ctx, Category::precision, finding);
+      if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
+        finding.severity = Severity::warning;  // the unit-scale finding carries the verdict
+    }
+    ctx.findings.push_back(std::move(finding));
   } else if (largest > 0 && smallest < INFINITY && largest / smallest > 1000.0f) {
     ctx.findings.push_back(Finding{
         "scale-values-inconsistent",
@@ -308,7 +347,7 @@ void rule_scale_values(Context& ctx) {
         {{ctx.model().dir.string(), smallest_name, float_text(smallest)},
          {ctx.model().dir.string(), largest_name, float_text(largest)}},
         "inspect the exporter's output; recalibrate with kvaudit calibrate",
-        "ENGINE-FACTS 3"});
+        "llm-compressor#2853, #2117 (zero and wrong scales exported silently)"});
   }
 }
 
@@ -332,20 +371,29 @@ void rule_one_sided(Context& ctx) {
       !k_only.empty() && fallback.k_only == engines::OneScaleRule::present_for_both
           ? "The engine uses the one present (the larger) for both K and V: V, usually far "
             "smaller than K, then loses precision or flushes to zero."
-          : "The missing side falls back to scale 1.0.";
-  if (!v_only.empty())
+          : "The missing side runs at scale 1.0.";
+  if (!v_only.empty() && fallback.v_only == engines::OneScaleRule::startup_error)
     consequence += fmt::format(
         " A lone v_scale fails the engine's start-up assertion ({}) as soon "
         "as the cache is quantized.",
         fallback.one_missing_error);
-  ctx.findings.push_back(
-      Finding{"scale-one-sided",
-              Severity::warning,
-              fmt::format("{} layer(s) have only one of k_scale / v_scale", all.size()),
-              consequence,
-              {{ctx.model().dir.string(), "scales", names_preview(all)}},
-              "export both k_scale and v_scale for every attention layer (kvaudit calibrate)",
-              reference_text(fallback.provenance)});
+  else if (!v_only.empty())
+    consequence += " With a lone v_scale the keys run at scale 1.0: no assertion stops it.";
+  std::vector<Evidence> evidence = {{ctx.model().dir.string(), "scales", names_preview(all)}};
+  add_provenance(ctx, fallback.provenance, evidence);
+  Finding finding{"scale-one-sided",
+                  Severity::warning,
+                  fmt::format("{} layer(s) have only one of k_scale / v_scale", all.size()),
+                  consequence,
+                  evidence,
+                  "export both k_scale and v_scale for every attention layer (kvaudit calibrate)",
+                  reference_text(fallback.provenance)};
+  // On a cache that uses them, the shipped scales are not applied as shipped.
+  if (ctx.resolved.quantized && ctx.resolved.scale_source == ScaleSource::checkpoint) {
+    finding.judged_on = engine_basis_text(fallback.provenance);
+    judge(ctx, Category::scales_not_as_shipped, finding);
+  }
+  ctx.findings.push_back(std::move(finding));
 }
 
 void rule_param_path(Context& ctx) {

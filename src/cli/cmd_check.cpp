@@ -32,6 +32,9 @@ struct CheckOptions {
   std::string launch;
   std::string unit;
   std::string fail_on = "critical";
+  std::string kv_policy = "evidence";
+  std::string kv_stats;
+  std::string attention_backend;
   // The decision table: what sizes the KV pools, at which context lengths, and where the
   // corrected unit goes.
   std::string gpu;
@@ -193,12 +196,24 @@ int run_check_command(CheckOptions& options) {
   if (!options.mamba_ssm_dtype.empty()) flags.mamba_ssm_dtype = options.mamba_ssm_dtype;
   flags.calculate_kv_scales |= options.calculate_kv_scales;
   if (!options.skip_layers.empty()) flags.kv_cache_dtype_skip_layers = options.skip_layers;
+  if (!options.attention_backend.empty())
+    flags.attention_backend = ascii_lower(options.attention_backend);
   std::string checkpoint_path = options.checkpoint.empty() ? flags.model_path : options.checkpoint;
   if (checkpoint_path.empty())
     throw InputError("check", "no checkpoint folder given and the launch command names none");
 
   audit::CheckInput input;
   input.engine = &engines::engine_model(flags.engine);
+  input.policy = *audit::parse_kv_policy(options.kv_policy);  // CLI11 checked the spelling
+  const audit::PublishedEvidence published = load_published_damage();
+  input.published = &published;
+  if (!options.kv_stats.empty()) input.measured = measured_range(options.kv_stats);
+  if (!options.gpu.empty()) {
+    const plan::GpuPreset gpu = plan::find_gpu(options.gpu);
+    flags.gpu_arch = gpu.arch;
+    flags.platform = gpu.platform;
+    input.gpu_name = gpu.name;
+  }
   input.version_given = !flags.engine_version.empty();
   if (input.version_given && !engines::parse_version(flags.engine_version))
     throw InputError("--engine-version", "cannot read version '" + flags.engine_version + "'");
@@ -264,6 +279,18 @@ void add_check_command(CLI::App& app, Runner& run) {
                     "Write the corrected --unit here (atomically; the original stays untouched)");
   check->add_option("--fail-on", options->fail_on, "Exit 1 when a finding is at least this severe")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
+  check
+      ->add_option("--kv-policy", options->kv_policy,
+                   "What the KV cache may lose: lossless (any quantized KV cache is critical), "
+                   "evidence (default: severity from what is known about this model's K/V "
+                   "range), permissive (only broken combinations and start-up failures)")
+      ->check(CLI::IsMember({"lossless", "evidence", "permissive"}));
+  check->add_option("--kv-stats", options->kv_stats,
+                    "K/V maxima measured on this model (kvaudit-kv-stats/1: calibrate "
+                    "--stats-out, or the same file from the serving GPUs): the strongest evidence");
+  check->add_option("--attention-backend", options->attention_backend,
+                    "The attention backend the server runs (when the launch does not name it), "
+                    "for combinations known to break on one backend");
   add_output_options(*check, options->output);
   check->callback([options, &run] { run = [options] { return run_check_command(*options); }; });
 }

@@ -19,6 +19,7 @@ struct LogsFlags {
   int launch = 0;
   std::vector<std::string> expect;
   std::string checkpoint;
+  std::string kv_policy = "evidence";
   OutputOptions output;
 };
 
@@ -28,6 +29,7 @@ struct LogsFlags {
 void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& model,
                          std::vector<report::Finding>& out) {
   audit::CheckInput input;
+  input.policy = launch.kv_policy;
   input.model = model;
   input.engine = &engines::engine_model(launch.engine);
   input.flags.engine = launch.engine;
@@ -65,8 +67,10 @@ void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& mod
 int run_logs(LogsFlags& f) {
   std::vector<logs::Expectation> expectations;
   for (const auto& e : f.expect) expectations.push_back(logs::parse_expectation(e));
-  logs::LogScan scan =
-      f.file == "-" ? logs::scan_log(std::cin, "stdin") : logs::scan_log_file(f.file);
+  logs::ScanOptions options;
+  options.kv_policy = *audit::parse_kv_policy(f.kv_policy);  // CLI11 checked the spelling
+  logs::LogScan scan = f.file == "-" ? logs::scan_log(std::cin, "stdin", options)
+                                     : logs::scan_log_file(f.file, options);
   if (scan.launches.empty())
     throw InputError(scan.source, "no SGLang or vLLM start-up lines found in " +
                                       std::to_string(scan.lines) + " lines");
@@ -115,6 +119,10 @@ void add_logs_command(CLI::App& app, Runner& run) {
   cmd->add_option(
       "--checkpoint", flags->checkpoint,
       "The checkpoint the launch served: decides the scale fallback and checks capacity");
+  cmd->add_option("--kv-policy", flags->kv_policy,
+                  "How scale findings are judged: lossless, evidence (default) or permissive "
+                  "(as kvaudit check)")
+      ->check(CLI::IsMember({"lossless", "evidence", "permissive"}));
   add_output_options(*cmd, flags->output);
   cmd->callback([flags, &run] { run = [flags] { return run_logs(*flags); }; });
 }

@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "plan/plan.h"
 #include "probe/probe.h"
 #include "util/util.h"
 
@@ -30,6 +31,8 @@ struct ProbeFlags {
   std::string model;
   std::string checkpoint;
   std::string results;
+  std::string gpu;
+  std::string kv_policy = "evidence";
   std::string api_key;
   double timeout_s = 600;
   double connect_timeout_s = 10;
@@ -136,6 +139,13 @@ int run_probe_command(const ProbeFlags& flags) {
   options.model = flags.model;
   options.results_path = flags.results;
   options.concurrency = flags.concurrency;
+  options.deployment.policy = *audit::parse_kv_policy(flags.kv_policy);  // CLI11 checked it
+  if (!flags.gpu.empty()) {
+    const plan::GpuPreset gpu = plan::find_gpu(flags.gpu);
+    options.deployment.gpu_name = gpu.name;
+    options.deployment.gpu_arch = gpu.arch;
+    options.deployment.platform = gpu.platform;
+  }
   if (flags.progress || isatty(STDERR_FILENO)) options.on_progress = draw_progress;
 
   std::vector<std::string> urls = {flags.url};
@@ -196,6 +206,14 @@ void add_probe_command(CLI::App& app, Runner& run) {
   probe->add_option("--ca-cert", flags->ca_cert, "https: extra CA bundle (PEM)");
   probe->add_flag("--progress", flags->progress,
                   "Progress bar on stderr even when it is not a terminal");
+  probe->add_option("--gpu", flags->gpu,
+                    "The servers' GPU preset (data/gpus.json): decides the combinations known to "
+                    "break on one GPU architecture");
+  probe
+      ->add_option("--kv-policy", flags->kv_policy,
+                   "How the servers' KV findings are judged: lossless, evidence (default), "
+                   "permissive (as kvaudit check)")
+      ->check(CLI::IsMember({"lossless", "evidence", "permissive"}));
   probe->add_option("--fail-on", flags->fail_on, "Exit 1 on findings at this level")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
   probe->add_flag("--load", flags->load,

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "audit/audit.h"
 #include "checkpoint/checkpoint.h"
 #include "report/report.h"
 
@@ -60,6 +61,11 @@ struct GpuMemory {
   std::string name;
 };
 GpuMemory gpu_memory_from_flags(const std::string& gpu, const std::string& gpu_mem);
+
+// The published-damage table (data/evidence/kv_damage.json), linted.
+audit::PublishedEvidence load_published_damage();
+// K/V maxima measured on a model, from a kvaudit-kv-stats/1 file (InputError naming it).
+audit::MeasuredKvRange measured_range(const std::string& stats_file);
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.

@@ -34,6 +34,8 @@ KvOption judged(std::string id, std::string label, std::string change, std::stri
     option.why_not = fmt::format("the server would not start: {}",
                                  result.resolved.startup_failures.front().message);
   }
+  for (const auto& hit : result.resolved.known_bad)
+    option.known_bad.push_back(hit.rule->id + (hit.certain ? "" : " (possible)"));
   for (const auto& f : result.findings) {
     if (f.severity == report::Severity::critical) ++option.critical;
     if (f.severity == report::Severity::warning) ++option.warning;
@@ -46,7 +48,10 @@ audit::CheckResult check_with(const audit::CheckInput& base, const std::string& 
                               const checkpoint::ModelFacts* model = nullptr,
                               const std::string& param_path = "") {
   audit::CheckInput input = base;
-  if (model) input.model = *model;
+  if (model) {
+    input.model = *model;
+    input.scales_are_stand_ins = true;  // decide's preview of a calibration, not evidence
+  }
   input.flags.kv_cache_dtype = kv_value;
   input.flags.kv_cache_dtype_flag = "--kv-cache-dtype";
   if (!param_path.empty()) input.flags.quantization_param_path = param_path;

@@ -44,7 +44,10 @@ struct KvOption {
   std::string kv_cache_dtype;
   std::string scale_source;
   int critical = 0, warning = 0;
-  std::vector<std::string> finding_ids;       // critical and warning ones
+  std::vector<std::string> finding_ids;  // critical and warning ones
+  // Known-bad combinations this option hits ("id", or "id (possible)" when the GPU or
+  // backend that decides it is not known).
+  std::vector<std::string> known_bad;
   std::optional<plan::TokenInterval> tokens;  // KV tokens per GPU pool (max_total_num_tokens)
   bool tokens_from_log = false;  // the exact range a log's printed memory allows, not an estimate
   std::vector<plan::ConcurrencyPoint> concurrency;

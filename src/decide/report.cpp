@@ -12,13 +12,15 @@ namespace {
 using report::Value;
 
 // "1 critical, 2 warnings", "none".
+// "1 critical, 2 warnings", "none"; and the known-bad combinations the option hits.
 std::string findings_cell(const KvOption& o) {
-  if (o.critical == 0 && o.warning == 0) return "none";
   std::string out;
   if (o.critical > 0) out = fmt::format("{} critical", o.critical);
   if (o.warning > 0)
     out +=
         fmt::format("{}{} warning{}", out.empty() ? "" : ", ", o.warning, o.warning > 1 ? "s" : "");
+  if (out.empty()) out = "none";
+  if (!o.known_bad.empty()) out += fmt::format("; known bad: {}", fmt::join(o.known_bad, ", "));
   return out;
 }
 
@@ -52,6 +54,7 @@ nlohmann::json option_json(const KvOption& o) {
           {"critical", o.critical},
           {"warning", o.warning},
           {"findings", o.finding_ids},
+          {"known_bad", o.known_bad},
           {"max_total_tokens", o.tokens ? nlohmann::json{{"lo", o.tokens->lo}, {"hi", o.tokens->hi}}
                                         : nlohmann::json()},
           {"concurrency", concurrency},

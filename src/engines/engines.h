@@ -55,11 +55,29 @@ bool version_in_range(const Version& version, std::string_view range);
 enum class RuleStatus { code, merged, open, closed_unmerged };
 std::string_view rule_status_name(RuleStatus status);  // for people: "read in the engine's source"
 std::string_view rule_status_id(RuleStatus status);    // in the data and JSON: "code", "merged"
+// The audit of one rule: re-read at its source, and what that found. Every rule carries
+// one (the loader refuses a rule without), so a reader sees when a fact was last checked
+// and where. A behaviour rests on released code, a merged PR, an issue that reports a bug
+// in released code, or a real log of a release; an open PR is a lead, never a source.
+enum class AuditVerdict { confirmed, corrected, stale, unverifiable, added };
+std::string_view audit_verdict_name(AuditVerdict verdict);
+enum class SourceKind { release_code, merged_pr, issue_report, release_log, docs };
+std::string_view source_kind_name(SourceKind kind);
+struct RuleAudit {
+  AuditVerdict verdict = AuditVerdict::confirmed;
+  std::string checked;  // the date it was last re-read, "2026-12-01"
+  std::string read;     // "path@commit function: fact", "PR #N (merged ...)", "issue #N"
+  SourceKind source = SourceKind::release_code;
+  std::string release;  // why what was read is on the release line ("" when not shown)
+  std::string note;     // what the audit changed, for corrected / stale / added rules
+};
+
 struct Provenance {
   std::string reference;  // source path + function, PR or issue
   RuleStatus status = RuleStatus::code;
   bool verified = true;
   std::string bound;  // how the version bound is known, when it is not verified
+  RuleAudit audit;
 };
 
 // ---------------------------------------------------------------- dtype vocabulary
@@ -117,6 +135,7 @@ struct QuantMatch {
   std::vector<std::string> kv_cache_quant_algos;  // compared upper-case; "*": any declared
   std::optional<bool> kv_cache_scheme;            // a compressed-tensors kv_cache_scheme present
   std::optional<int> scheme_bits;
+  std::optional<bool> scheme_dynamic;          // the scheme's "dynamic" is exactly this
   std::string scheme_type;                     // "float" / "int"
   std::vector<std::string> scheme_strategies;  // "tensor", "attn_head"
   std::vector<std::string> architectures;      // architectures[0], globs
@@ -125,7 +144,7 @@ struct QuantMatch {
   bool matches(const checkpoint::ModelFacts& model) const;
   bool empty() const {
     return quant_methods.empty() && kv_cache_quant_algos.empty() && !kv_cache_scheme &&
-           !scheme_bits && scheme_type.empty() && scheme_strategies.empty() &&
+           !scheme_bits && !scheme_dynamic && scheme_type.empty() && scheme_strategies.empty() &&
            architectures.empty() && weight_algos.empty() && !hybrid;
   }
 };
@@ -181,11 +200,17 @@ struct KvMethodRule {
   Provenance provenance;
 };
 
-enum class OneScaleRule { present_for_both, startup_error };
-enum class ZeroScaleRule { missing, startup_error };
+// A lone k (or v) scale: used for both (BaseKVCacheMethod's max(k, v)), a start-up
+// assertion, or kept for its side only while the other stays at its initial 1.0
+// (vLLM CompressedTensorsKVCacheMethod copies loaded values verbatim).
+enum class OneScaleRule { present_for_both, startup_error, other_side_unit };
+// An exact 0.0 scale: read as missing (SGLang's <= 0 test), a start-up assertion (vLLM
+// base: neither present nor missing), or copied as is (the cache then divides by zero).
+enum class ZeroScaleRule { missing, startup_error, used_as_is };
 enum class NonScalarRule { startup_error, per_head_for_ct_attn_head };
 struct FallbackRule {
   VersionRange versions;
+  QuantMatch when;  // the quantization method whose KV-cache method this is (empty: the rest)
   double both_missing_scale = 1.0;
   std::string both_missing_message;  // template id logged when both fall back ("" silent)
   OneScaleRule k_only = OneScaleRule::present_for_both;
@@ -203,6 +228,10 @@ struct ScaleWarningRule {
   std::string id;
   VersionRange versions;
   std::vector<std::string> dtypes;  // resolved canonical dtypes it fires for
+  QuantMatch when;                  // the checkpoints whose KV method prints it (empty: any)
+  // The engine tests the requested string, not the resolved dtype (an auto-enabled cache
+  // does not trigger it).
+  bool when_requested_explicitly = false;
   bool when_no_quantization_param_path = false;
   bool when_unit_scale = false;  // only when the scales in effect are 1.0
   std::string log_message;       // template id
@@ -250,6 +279,69 @@ struct DtypeHazard {
   VersionRange versions;
   std::vector<std::string> dtypes;
   std::vector<std::string> model_dtypes;  // the served model dtype it bites
+  std::string consequence;
+  Provenance provenance;
+};
+
+// A combination the engines' trackers report as broken, which no scale rule can see: the
+// kernels, layouts or scale delivery are wrong there. Engine release x attention backend x
+// GPU architecture x KV dtype x model family -> consequence.
+struct KnownBad {
+  std::string id;
+  VersionRange versions;
+  std::vector<std::string> kv_dtypes;   // canonical dtypes it hits (empty: any quantized)
+  std::vector<std::string> backends;    // attention backends, globs (empty: any)
+  std::vector<std::string> gpu_archs;   // "sm100", "sm12*", "gfx942" (empty: any)
+  QuantMatch when;                      // the model family and checkpoint it hits
+  bool requires_scale_tensors = false;  // only when the checkpoint ships KV scale tensors
+  std::string consequence;              // what it does, with the figures measured
+  std::string fixed_in;                 // the first release with the fix ("" when open)
+  Provenance provenance;
+};
+
+// The attention backend a release picks when the launch names none (for known-bad
+// combinations that need one).
+struct DefaultBackend {
+  VersionRange versions;
+  std::vector<std::string> gpu_archs;  // globs
+  std::vector<std::string> kv_dtypes;  // empty: any
+  std::optional<bool> mla;             // the model's attention is MLA
+  std::string backend;
+  Provenance provenance;
+};
+
+// A KV dtype the platform replaces by another (SGLang on ROCm turns fp8_e5m2 into the
+// platform FP8; MI300-class parts store E4M3 as E4M3FNUZ, max 240).
+struct PlatformSubstitution {
+  std::string id;
+  VersionRange versions;
+  std::string platform;                // "rocm"
+  std::vector<std::string> gpu_archs;  // globs (empty: every GPU of the platform)
+  std::vector<std::string> requested;  // canonical dtypes it replaces
+  std::string becomes;                 // canonical dtype stored instead
+  bool silent = true;                  // no log line says so
+  std::string consequence;
+  Provenance provenance;
+};
+
+// The recurrent-state dtype a release gives a model family under the default (vLLM's
+// per-model hooks: Qwen3-Next BF16, NemotronH float32, Qwen3.5 from its config).
+struct StateDtypeRule {
+  std::string id;
+  VersionRange versions;
+  QuantMatch when;           // architectures
+  std::string ssm_dtype;     // a dtype, "from_model_config" or "model_dtype"
+  std::string ssm_fallback;  // from_model_config without one in the config ("": release's)
+  std::string conv_dtype;    // "" keeps the release default
+  Provenance provenance;
+};
+
+// What KV dtype a speculative draft model's cache runs.
+struct DraftKvRule {
+  std::string id;
+  VersionRange versions;
+  bool follows_target = true;  // the drafter uses the target's --kv-cache-dtype
+  std::string override_flag;   // the flag that gives the drafter its own ("" none)
   std::string consequence;
   Provenance provenance;
 };
@@ -383,6 +475,8 @@ struct LaunchSpec {
   std::vector<std::string> entry_points;  // "sglang serve", "-m sglang.launch_server", ...
   bool positional_model = false;
   std::map<std::string, std::vector<std::string>> flags;  // field -> spellings
+  // field -> environment variables that set it (VLLM_ATTENTION_BACKEND); a flag wins.
+  std::map<std::string, std::vector<std::string>> environment;
   std::vector<std::string> boolean_flags;
   int default_port = 0;             // the server's port when --port is not given
   std::string default_port_source;  // where in the engine's source that default is
@@ -411,6 +505,11 @@ struct EngineModel {
   std::vector<CheckpointAbort> checkpoint_aborts;
   std::vector<DtypeHazard> dtype_hazards;
   std::vector<EngineDefaults> defaults;
+  std::vector<KnownBad> known_bad;
+  std::vector<DefaultBackend> default_backends;
+  std::vector<PlatformSubstitution> platform_substitutions;
+  std::vector<StateDtypeRule> state_dtypes;
+  std::vector<DraftKvRule> draft_kv;
   std::vector<LogTemplate> log_templates;
   std::optional<ServerInfoSpec> server_info;
   bool has_quantization_param_path = false;
@@ -419,7 +518,9 @@ struct EngineModel {
 
   const LogTemplate* log_template(std::string_view id) const;
   const DtypeChoices* choices_for(const Version& version) const;
-  const FallbackRule& fallback_for(const Version& version) const;
+  // The fallback of the KV-cache method this checkpoint's quantization creates.
+  const FallbackRule& fallback_for(const Version& version,
+                                   const checkpoint::ModelFacts* model = nullptr) const;
   const EngineDefaults& defaults_for(const Version& version) const;
 };
 
@@ -449,6 +550,18 @@ class ScopedEngineData {
 // Every version a rule names as a bound, plus the latest: the points where behaviour
 // can change (for tests that sweep releases).
 std::vector<Version> boundary_versions(const EngineModel& model);
+
+// The recurrent-state dtypes a release runs this hybrid with: the launch flag, else the
+// release's rule for this model family (vLLM's per-model hooks), else its default
+// ("model_dtype" and "from_model_config" resolved against the model).
+struct StateDtypes {
+  MambaSsmDtype ssm;
+  std::string conv_dtype;                // canonical
+  const StateDtypeRule* rule = nullptr;  // the per-model rule that decided, if any
+};
+StateDtypes resolve_state_dtypes(const EngineModel& engine, const Version& version,
+                                 const checkpoint::ModelFacts& model, const std::string& ssm_flag,
+                                 const std::string& model_dtype);
 
 // The --kv-cache-dtype values this version accepts (as spelled on the CLI), in order;
 // aborting values are not among them.
@@ -488,12 +601,19 @@ struct LaunchFlags {
   std::optional<int> port;           // --port
   std::string source;                // "flags", "launch command", "unit FILE"
   bool calculate_kv_scales = false;  // vLLM --calculate-kv-scales (releases that have it)
+  std::string attention_backend;     // --attention-backend (or its environment variable)
+  // Where it runs (from --gpu; not an engine flag): "sm90", "gfx942"; "cuda" / "rocm".
+  std::string gpu_arch, platform;
+  std::string speculative_draft_kv_cache_dtype;  // SGLang --speculative-draft-kv-cache-dtype
   std::vector<std::string> ignored_arguments;
 };
 
 // Parses a shell command line (quotes, backslash-newlines, `bash -c '...'`, docker
-// wrappers) that starts a known engine. Throws InputError(label, ...) otherwise.
-LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label);
+// wrappers, NAME=VALUE assignments before the program) that starts a known engine. Throws
+// InputError(label, ...) otherwise. `environment` holds variables set elsewhere (a unit's
+// Environment=); assignments on the line win over it, and a flag over both.
+LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label,
+                                 const std::map<std::string, std::string>& environment = {});
 // Reads a systemd unit: [Service] ExecStart= with continuations, Environment=
 // (expanded in ExecStart as systemd does).
 LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file);
@@ -554,6 +674,31 @@ struct ResolvedKv {
   std::string scale_warning_meaning;
   Provenance scale_warning_provenance;
   const FallbackRule* fallback = nullptr;
+  // The platform stored another dtype than the one resolved (ROCm): what was resolved
+  // before, and the rule. kv_cache_dtype holds what is stored.
+  std::string substituted_from;
+  const PlatformSubstitution* substitution = nullptr;
+  // Known-bad combinations this launch hits (all dimensions known to match) or may hit
+  // (a dimension the inputs do not give: GPU or backend).
+  struct KnownBadHit {
+    const KnownBad* rule = nullptr;
+    bool certain = false;
+    std::string backend;         // the backend it was matched against ("" unknown)
+    std::string backend_origin;  // "--attention-backend", "default for sm100", ""
+    const DefaultBackend* default_backend = nullptr;  // the rule that gave it, if a default
+    std::vector<std::string> unknown;  // dimensions not given ("GPU", "attention backend")
+  };
+  std::vector<KnownBadHit> known_bad;
+  // Every attention layer's stored dtype (skip layers keep the model dtype).
+  struct LayerDtype {
+    int layer = 0;
+    std::string dtype;
+    std::string why;  // "" for the resolved dtype, else the rule that changed it
+  };
+  std::vector<LayerDtype> layer_dtypes;
+  // A speculative draft model's cache (empty when no speculative decoding is launched).
+  std::string draft_kv_cache_dtype;
+  const DraftKvRule* draft_rule = nullptr;
 };
 
 // Whether the launch sets the field that `flag` (a spelling in the engine's launch data)

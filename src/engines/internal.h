@@ -14,7 +14,4 @@ void compile_log_template(LogTemplate& log);
 extern const std::vector<KvDtype>* g_dtype_override;
 extern const std::map<std::string, EngineModel>* g_model_override;
 
-// Globs with '*' (any run of characters), compared case-insensitively.
-bool glob_match(std::string_view pattern, std::string_view text);
-
 }  // namespace kvaudit::engines

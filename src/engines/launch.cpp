@@ -2,6 +2,8 @@
 // data (launch.flags in data/engines/<engine>.json); this file only tokenises.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <sstream>
 
@@ -60,13 +62,14 @@ int to_int(const std::string& flag, const std::string& value, const std::string&
   }
 }
 
-LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::string& label) {
+LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::string& label,
+                             std::map<std::string, std::string> environment) {
   auto entry = find_entry_point(words);
   if (!entry) {
     // `bash -c '...'` wrappers: look inside the quoted command.
     for (size_t i = 0; i + 2 < words.size(); ++i)
       if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
-        return parse_launch_command(words[i + 2], label);
+        return parse_launch_command(words[i + 2], label, environment);
     std::vector<std::string> known;
     for (const std::string& engine : known_engines())
       known.push_back(fmt::format("{} ({})", engine,
@@ -85,6 +88,23 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
   auto is_boolean = [&](const std::string& flag) {
     return std::find(booleans.begin(), booleans.end(), flag) != booleans.end();
   };
+
+  // NAME=VALUE words before the program (`VLLM_ATTENTION_BACKEND=FLASHINFER vllm serve`,
+  // `env NAME=VALUE ...`, docker's `-e NAME=VALUE`) set the environment it runs with.
+  for (size_t w = 0; w < entry->second; ++w) {
+    const std::string& word = words[w];
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos || eq == 0 || word.rfind("-", 0) == 0) continue;
+    const std::string name = word.substr(0, eq);
+    if (std::all_of(name.begin(), name.end(),
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+      environment[name] = word.substr(eq + 1);
+  }
+  for (const auto& [field, names] : launch.environment)
+    for (const auto& name : names)
+      if (auto it = environment.find(name); it != environment.end() && !it->second.empty()) {
+        if (field == "attention_backend") flags.attention_backend = ascii_lower(it->second);
+      }
 
   size_t i = entry->second;
   if (launch.positional_model && i < words.size() && words[i].rfind("-", 0) != 0)
@@ -165,6 +185,10 @@ LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::s
       flags.host = value;
     } else if (field == "port") {
       flags.port = to_int(word, value, label);
+    } else if (field == "attention_backend") {
+      flags.attention_backend = ascii_lower(value);
+    } else if (field == "speculative_draft_kv_cache_dtype") {
+      flags.speculative_draft_kv_cache_dtype = value;
     }
   }
   if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0 || flags.dcp == 0)
@@ -226,8 +250,9 @@ std::vector<std::string> split_shell_words(std::string_view line, const std::str
   return words;
 }
 
-LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label) {
-  return flags_from_words(split_shell_words(command_line, label), label);
+LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label,
+                                 const std::map<std::string, std::string>& environment) {
+  return flags_from_words(split_shell_words(command_line, label), label, environment);
 }
 
 LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
@@ -305,7 +330,7 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
     i = braced && name_end < exec_start.size() && exec_start[name_end] == '}' ? name_end
                                                                               : name_end - 1;
   }
-  LaunchFlags flags = parse_launch_command(expanded, label);
+  LaunchFlags flags = parse_launch_command(expanded, label, environment);
   flags.source = "unit " + label;
   return flags;
 }

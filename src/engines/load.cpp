@@ -41,7 +41,9 @@ const std::vector<std::string>& launch_fields() {
                                                   "max_total_tokens",
                                                   "page_size",
                                                   "host",
-                                                  "port"};
+                                                  "port",
+                                                  "attention_backend",
+                                                  "speculative_draft_kv_cache_dtype"};
   return fields;
 }
 
@@ -53,6 +55,69 @@ VersionRange read_range(JsonReader& r, std::string_view key) {
                             "with full x.y.z bounds, or \"*\")",
                             text));
   return *range;
+}
+
+template <typename Enum>
+Enum read_enum(JsonReader& r, std::string_view key,
+               std::initializer_list<std::pair<const char*, Enum>> names,
+               std::optional<Enum> fallback = std::nullopt) {
+  if (!r.has(key) && fallback) {
+    r.raw(key);
+    return *fallback;
+  }
+  std::string text = r.string(key);
+  std::string known;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  r.fail(key, fmt::format("'{}' is not one of {}", text, known));
+}
+
+// "audit": {"verdict", "checked", "read", "source", "release", "note"}: required on every
+// rule. The lint refuses an open PR as the source of a behaviour, a date that is not
+// YYYY-MM-DD, and a corrected, stale or added rule that does not say what changed.
+RuleAudit read_audit(JsonReader& rule) {
+  if (!rule.has("audit"))
+    rule.fail("audit",
+              "every rule needs an audit record: {\"verdict\", \"checked\", \"read\", "
+              "\"source\"} (re-read it at its source first)");
+  JsonReader r = rule.object("audit");
+  RuleAudit audit;
+  audit.verdict = read_enum<AuditVerdict>(r, "verdict",
+                                          {{"confirmed", AuditVerdict::confirmed},
+                                           {"corrected", AuditVerdict::corrected},
+                                           {"stale", AuditVerdict::stale},
+                                           {"unverifiable", AuditVerdict::unverifiable},
+                                           {"added", AuditVerdict::added}});
+  audit.checked = r.string("checked");
+  const bool date = audit.checked.size() == 10 && audit.checked[4] == '-' &&
+                    audit.checked[7] == '-' &&
+                    std::all_of(audit.checked.begin(), audit.checked.end(),
+                                [](char c) { return c == '-' || (c >= '0' && c <= '9'); });
+  if (!date) r.fail("checked", fmt::format("'{}' is not a YYYY-MM-DD date", audit.checked));
+  audit.read = r.string("read");
+  if (audit.read.empty()) r.fail("read", "say what was read: path@commit function, or a PR");
+  const std::string source = r.string("source");
+  if (source == "open_pr")
+    r.fail("source",
+           "an open PR is a lead, not the source of a behaviour: cite the released "
+           "code (or a merged PR, or an issue reporting released code)");
+  audit.source = read_enum<SourceKind>(r, "source",
+                                       {{"release_code", SourceKind::release_code},
+                                        {"merged_pr", SourceKind::merged_pr},
+                                        {"issue_report", SourceKind::issue_report},
+                                        {"release_log", SourceKind::release_log},
+                                        {"docs", SourceKind::docs}});
+  audit.release = r.string_or("release", "");
+  audit.note = r.string_or("note", "");
+  if (audit.verdict != AuditVerdict::confirmed && audit.verdict != AuditVerdict::unverifiable &&
+      audit.note.empty())
+    r.fail("note", fmt::format("{} {} rule must say what the audit changed",
+                               audit.verdict == AuditVerdict::added ? "an" : "a",
+                               audit_verdict_name(audit.verdict)));
+  r.finish();
+  return audit;
 }
 
 Provenance read_provenance(JsonReader& r) {
@@ -71,6 +136,7 @@ Provenance read_provenance(JsonReader& r) {
   if (!p.verified && p.bound.empty())
     r.fail("bound", "a rule with \"verified\": false must say how its version bound was inferred");
   r.allow_descriptive({"notes"});
+  p.audit = read_audit(r);
   return p;
 }
 
@@ -82,6 +148,7 @@ QuantMatch read_match(JsonReader& parent, std::string_view key) {
   match.kv_cache_quant_algos = r->strings_or_empty("kv_cache_quant_algos");
   if (r->has("kv_cache_scheme")) match.kv_cache_scheme = r->boolean_or("kv_cache_scheme", false);
   if (auto bits = r->optional_integer("scheme_bits")) match.scheme_bits = static_cast<int>(*bits);
+  if (r->has("scheme_dynamic")) match.scheme_dynamic = r->boolean_or("scheme_dynamic", false);
   match.scheme_type = r->string_or("scheme_type", "");
   match.scheme_strategies = r->strings_or_empty("scheme_strategies");
   match.architectures = r->strings_or_empty("architectures");
@@ -95,23 +162,6 @@ void check_dtype(JsonReader& r, std::string_view key, const std::string& dtype, 
   if (allow_auto && dtype == "auto") return;
   if (!find_kv_dtype(dtype) || normalise_dtype(dtype) != dtype)
     r.fail(key, fmt::format("'{}' is not a canonical dtype of data/engines/dtypes.json", dtype));
-}
-
-template <typename Enum>
-Enum read_enum(JsonReader& r, std::string_view key,
-               std::initializer_list<std::pair<const char*, Enum>> names,
-               std::optional<Enum> fallback = std::nullopt) {
-  if (!r.has(key) && fallback) {
-    r.raw(key);
-    return *fallback;
-  }
-  std::string text = r.string(key);
-  std::string known;
-  for (const auto& [name, value] : names) {
-    if (text == name) return value;
-    known += (known.empty() ? "" : ", ") + std::string(name);
-  }
-  r.fail(key, fmt::format("'{}' is not one of {}", text, known));
 }
 
 LogKind read_log_kind(JsonReader& r) {
@@ -255,25 +305,36 @@ bool is_numeric_log_field(std::string_view name) {
   return false;
 }
 
-bool glob_match(std::string_view pattern, std::string_view text) {
-  auto lower = [](char c) {
-    return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  };
-  // Iterative '*' matcher.
-  size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
-  while (t < text.size()) {
-    if (p < pattern.size() && pattern[p] != '*' && lower(pattern[p]) == lower(text[t])) {
-      ++p, ++t;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++, mark = t;
-    } else if (star != std::string_view::npos) {
-      p = star + 1, t = ++mark;
-    } else {
-      return false;
-    }
+std::string_view audit_verdict_name(AuditVerdict verdict) {
+  switch (verdict) {
+    case AuditVerdict::confirmed:
+      return "confirmed";
+    case AuditVerdict::corrected:
+      return "corrected";
+    case AuditVerdict::stale:
+      return "stale";
+    case AuditVerdict::unverifiable:
+      return "unverifiable";
+    case AuditVerdict::added:
+      return "added";
   }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
+  return "?";
+}
+
+std::string_view source_kind_name(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::release_code:
+      return "release_code";
+    case SourceKind::merged_pr:
+      return "merged_pr";
+    case SourceKind::issue_report:
+      return "issue_report";
+    case SourceKind::release_log:
+      return "release_log";
+    case SourceKind::docs:
+      return "docs";
+  }
+  return "?";
 }
 
 std::vector<std::string> known_engines() {
@@ -345,6 +406,14 @@ void read_launch(JsonReader& top, EngineModel& model) {
     model.launch.flags[field] = flags.strings(field);
   }
   flags.finish();
+  if (auto env = launch.optional_object("environment")) {
+    for (const std::string& field : env->keys()) {
+      if (std::find(launch_fields().begin(), launch_fields().end(), field) == launch_fields().end())
+        env->fail(field, "not a launch field kvaudit reads");
+      model.launch.environment[field] = env->strings(field);
+    }
+    env->finish();
+  }
   model.launch.boolean_flags = launch.strings_or_empty("boolean_flags");
   model.launch.default_port = static_cast<int>(launch.integer("default_port"));
   if (model.launch.default_port <= 0 || model.launch.default_port > 65535)
@@ -443,19 +512,22 @@ void read_fallback_rules(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("fallback")) {
     FallbackRule rule;
     rule.versions = read_range(r, "versions");
+    rule.when = read_match(r, "when");
     JsonReader both = r.object("both_missing");
     rule.both_missing_scale = both.number("scale");
     rule.both_missing_message = both.string_or("log_message", "");
     both.finish();
     const std::initializer_list<std::pair<const char*, OneScaleRule>> one = {
         {"present_for_both", OneScaleRule::present_for_both},
-        {"startup_error", OneScaleRule::startup_error}};
+        {"startup_error", OneScaleRule::startup_error},
+        {"other_side_unit", OneScaleRule::other_side_unit}};
     rule.k_only = read_enum<OneScaleRule>(r, "k_only", one);
     rule.v_only = read_enum<OneScaleRule>(r, "v_only", one);
     rule.one_missing_error = r.string_or("one_missing_error", "");
-    rule.zero = read_enum<ZeroScaleRule>(
-        r, "zero",
-        {{"missing", ZeroScaleRule::missing}, {"startup_error", ZeroScaleRule::startup_error}});
+    rule.zero = read_enum<ZeroScaleRule>(r, "zero",
+                                         {{"missing", ZeroScaleRule::missing},
+                                          {"startup_error", ZeroScaleRule::startup_error},
+                                          {"used_as_is", ZeroScaleRule::used_as_is}});
     rule.zero_error = r.string_or("zero_error", "");
     rule.non_scalar = read_enum<NonScalarRule>(
         r, "non_scalar",
@@ -481,6 +553,8 @@ void read_scale_warnings(JsonReader& top, EngineModel& model) {
     rule.versions = read_range(r, "versions");
     rule.dtypes = r.strings("dtypes");
     for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    rule.when = read_match(r, "when");
+    rule.when_requested_explicitly = r.boolean_or("when_requested_explicitly", false);
     rule.when_no_quantization_param_path = r.boolean_or("when_no_quantization_param_path", false);
     rule.when_unit_scale = r.boolean_or("when_unit_scale", false);
     rule.log_message = r.string("log_message");
@@ -555,6 +629,91 @@ void read_checkpoint_aborts(JsonReader& top, EngineModel& model) {
   }
 }
 
+void read_known_bad(JsonReader& top, EngineModel& model) {
+  for (JsonReader& r : top.objects_or_empty("known_bad")) {
+    KnownBad rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.kv_dtypes = r.strings_or_empty("kv_dtypes");
+    for (const auto& d : rule.kv_dtypes) check_dtype(r, "kv_dtypes", d, false);
+    rule.backends = r.strings_or_empty("backends");
+    for (auto& b : rule.backends) b = ascii_lower(b);
+    rule.gpu_archs = r.strings_or_empty("gpu_archs");
+    rule.when = read_match(r, "when");
+    rule.requires_scale_tensors = r.boolean_or("requires_scale_tensors", false);
+    rule.consequence = r.string("consequence");
+    rule.fixed_in = r.string_or("fixed_in", "");
+    if (!rule.fixed_in.empty() && !parse_version(rule.fixed_in))
+      r.fail("fixed_in", fmt::format("'{}' is not a version", rule.fixed_in));
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.known_bad.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects_or_empty("default_backends")) {
+    DefaultBackend rule;
+    rule.versions = read_range(r, "versions");
+    rule.gpu_archs = r.strings("gpu_archs");
+    rule.kv_dtypes = r.strings_or_empty("kv_dtypes");
+    for (const auto& d : rule.kv_dtypes) check_dtype(r, "kv_dtypes", d, false);
+    if (r.has("mla")) rule.mla = r.boolean_or("mla", false);
+    rule.backend = ascii_lower(r.string("backend"));
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.default_backends.push_back(std::move(rule));
+  }
+}
+
+void read_platform_substitutions(JsonReader& top, EngineModel& model) {
+  for (JsonReader& r : top.objects_or_empty("platform_substitutions")) {
+    PlatformSubstitution rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.platform = r.string("platform");
+    if (rule.platform != "cuda" && rule.platform != "rocm")
+      r.fail("platform", "expected cuda or rocm");
+    rule.gpu_archs = r.strings_or_empty("gpu_archs");
+    rule.requested = r.strings("requested");
+    for (const auto& d : rule.requested) check_dtype(r, "requested", d, false);
+    rule.becomes = r.string("becomes");
+    check_dtype(r, "becomes", rule.becomes, false);
+    rule.silent = r.boolean_or("silent", true);
+    rule.consequence = r.string("consequence");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.platform_substitutions.push_back(std::move(rule));
+  }
+}
+
+void read_state_and_draft(JsonReader& top, EngineModel& model) {
+  for (JsonReader& r : top.objects_or_empty("state_dtypes")) {
+    StateDtypeRule rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.when = read_match(r, "when");
+    if (rule.when.empty()) r.fail("when", "name the model family the rule is for");
+    rule.ssm_dtype = r.string("ssm_dtype");
+    rule.ssm_fallback = r.string_or("ssm_fallback", "");
+    rule.conv_dtype = r.string_or("conv_dtype", "");
+    for (const std::string* d : {&rule.ssm_dtype, &rule.conv_dtype, &rule.ssm_fallback})
+      if (!d->empty() && *d != "from_model_config" && *d != "model_dtype" && !find_kv_dtype(*d))
+        r.fail("ssm_dtype", fmt::format("'{}' is not a dtype", *d));
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.state_dtypes.push_back(std::move(rule));
+  }
+  for (JsonReader& r : top.objects_or_empty("draft_kv")) {
+    DraftKvRule rule;
+    rule.id = r.string("id");
+    rule.versions = read_range(r, "versions");
+    rule.follows_target = r.boolean_or("follows_target", true);
+    rule.override_flag = r.string_or("override_flag", "");
+    rule.consequence = r.string("consequence");
+    rule.provenance = read_provenance(r);
+    r.finish();
+    model.draft_kv.push_back(std::move(rule));
+  }
+}
+
 void read_dtype_hazards(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects_or_empty("dtype_hazards")) {
     DtypeHazard rule;
@@ -590,10 +749,10 @@ void read_defaults(JsonReader& top, EngineModel& model) {
     d.provenance = read_provenance(r);
     r.finish();
     for (const std::string* dtype : {&d.mamba_ssm_dtype_fallback, &d.mamba_conv_dtype})
-      if (!find_kv_dtype(*dtype))
+      if (!find_kv_dtype(*dtype) && *dtype != "model_dtype")
         r.fail("mamba_conv_dtype", fmt::format("unknown dtype '{}'", *dtype));
     if (d.mamba_ssm_dtype != "from_model_config" && d.mamba_ssm_dtype != "auto" &&
-        !find_kv_dtype(d.mamba_ssm_dtype))
+        d.mamba_ssm_dtype != "model_dtype" && !find_kv_dtype(d.mamba_ssm_dtype))
       r.fail("mamba_ssm_dtype", fmt::format("unknown dtype '{}'", d.mamba_ssm_dtype));
     model.defaults.push_back(std::move(d));
   }
@@ -645,6 +804,9 @@ void read_rules(JsonReader& top, EngineModel& model) {
   read_param_path_rules(top, model);
   read_checkpoint_aborts(top, model);
   read_dtype_hazards(top, model);
+  read_known_bad(top, model);
+  read_platform_substitutions(top, model);
+  read_state_and_draft(top, model);
   read_defaults(top, model);
   read_log_templates(top, model);
   read_server_info(top, model);
@@ -667,6 +829,10 @@ void lint_model(EngineModel& model) {
   for (const auto& r : model.param_path_rules) unique("quantization_param_path", r.id);
   for (const auto& r : model.checkpoint_aborts) unique("checkpoint_aborts", r.id);
   for (const auto& r : model.dtype_hazards) unique("dtype_hazards", r.id);
+  for (const auto& r : model.known_bad) unique("known_bad", r.id);
+  for (const auto& r : model.platform_substitutions) unique("platform_substitutions", r.id);
+  for (const auto& r : model.state_dtypes) unique("state_dtypes", r.id);
+  for (const auto& r : model.draft_kv) unique("draft_kv", r.id);
   for (const auto& r : model.log_templates) unique("log_messages", r.id);
 
   auto template_exists = [&](const std::string& id, const std::string& from) {
@@ -698,9 +864,13 @@ void lint_model(EngineModel& model) {
     if (count(model.dtype_choices) != 1)
       throw InputError(where, fmt::format("kv_cache_dtype_choices: {} entries cover {} (need one)",
                                           count(model.dtype_choices), at));
-    if (count(model.fallback_rules) != 1)
-      throw InputError(where, fmt::format("fallback: {} entries cover {} (need one)",
-                                          count(model.fallback_rules), at));
+    const auto catch_all_fallbacks = std::count_if(
+        model.fallback_rules.begin(), model.fallback_rules.end(),
+        [&](const FallbackRule& r) { return r.versions.contains(v) && r.when.empty(); });
+    if (catch_all_fallbacks != 1)
+      throw InputError(where,
+                       fmt::format("fallback: {} entries without \"when\" cover {} (need one)",
+                                   catch_all_fallbacks, at));
     if (count(model.defaults) != 1)
       throw InputError(where, fmt::format("defaults: {} entries cover {} (need one)",
                                           count(model.defaults), at));
@@ -881,9 +1051,14 @@ const DtypeChoices* EngineModel::choices_for(const Version& version) const {
   return nullptr;
 }
 
-const FallbackRule& EngineModel::fallback_for(const Version& version) const {
+const FallbackRule& EngineModel::fallback_for(const Version& version,
+                                              const checkpoint::ModelFacts* model) const {
+  if (model)
+    for (const auto& rule : fallback_rules)
+      if (rule.versions.contains(version) && !rule.when.empty() && rule.when.matches(*model))
+        return rule;
   for (const auto& rule : fallback_rules)
-    if (rule.versions.contains(version)) return rule;
+    if (rule.versions.contains(version) && rule.when.empty()) return rule;
   throw InputError(file, "fallback: no rule covers " + version_text(version));  // lint forbids
 }
 

@@ -223,10 +223,12 @@ ScaleSource pick_scale_source(const EngineModel& engine, const Version& version,
 
 }  // namespace
 
-// Both engines start every scale at -1.0 and branch: both present -> used; both
-// missing -> the default; else `assert k_scale > 0` and the larger is used for both. A
-// value is present when > 0 and missing when < 0 (SGLang: <= 0); anything else (NaN,
-// and 0.0 in vLLM) is neither, so it fails the assertion.
+// BaseKVCacheMethod (both engines) starts every scale at -1.0 and branches: both present
+// -> used; both missing -> the default; else `assert k_scale > 0` and the larger is used
+// for both. A value is present when > 0 and missing when < 0 (SGLang: <= 0); anything
+// else (NaN, and 0.0 in vLLM) is neither, so it fails the assertion. vLLM's
+// compressed-tensors method starts at 1.0 and copies what loads: a lone side keeps the
+// other at 1.0 and a 0.0 is used as is (other_side_unit, used_as_is).
 LayerScales apply_fallback(const FallbackRule& fallback, std::optional<float> k,
                            std::optional<float> v) {
   enum class Side { missing, present, neither };
@@ -243,6 +245,17 @@ LayerScales apply_fallback(const FallbackRule& fallback, std::optional<float> k,
     out.k = *k, out.v = *v, out.from_checkpoint = true;
   } else if (ks == Side::missing && vs == Side::missing) {
     // the default, silently or with the engine's warning
+  } else if (ks == Side::present && fallback.k_only == OneScaleRule::other_side_unit) {
+    out.k = *k, out.from_checkpoint = true;  // V keeps its initial 1.0
+    if (v && *v == 0 && fallback.zero == ZeroScaleRule::used_as_is) out.v = 0.0f;
+  } else if (vs == Side::present && fallback.v_only == OneScaleRule::other_side_unit) {
+    out.v = *v, out.from_checkpoint = true;  // K keeps its initial 1.0
+    if (k && *k == 0 && fallback.zero == ZeroScaleRule::used_as_is) out.k = 0.0f;
+  } else if (fallback.zero == ZeroScaleRule::used_as_is && ((k && *k == 0) || (v && *v == 0))) {
+    // Copied as is: a zero scale is used by the kernels (which then divide by zero).
+    if (k && *k == 0) out.k = 0.0f;
+    if (v && *v == 0) out.v = 0.0f;
+    out.from_checkpoint = true;
   } else if (ks == Side::present) {
     if (fallback.k_only == OneScaleRule::startup_error) {
       out.error_id = "scale-k-only", out.error = fallback.one_missing_error;
@@ -288,6 +301,7 @@ bool QuantMatch::matches(const ModelFacts& model) const {
   }
   if (kv_cache_scheme && (quant && quant->has_kv_cache_scheme) != *kv_cache_scheme) return false;
   if (scheme_bits && (!quant || quant->kv_scheme_bits != *scheme_bits)) return false;
+  if (scheme_dynamic && (!quant || quant->kv_scheme_dynamic != scheme_dynamic)) return false;
   if (!scheme_type.empty() && (!quant || quant->kv_scheme_type != scheme_type)) return false;
   if (!scheme_strategies.empty() &&
       (!quant || !any_glob(scheme_strategies, quant->kv_scheme_strategy)))
@@ -381,7 +395,7 @@ void resolve_scales(const EngineModel& engine, const Version& version, const Mod
                     const LaunchFlags& flags, ResolvedKv& resolved) {
   std::vector<const ScaleTensor*> kept = loaded_scales(engine, version, model, resolved);
   for (const ScaleTensor* scale : kept) resolved.loaded_scale_names.push_back(scale->name);
-  resolved.fallback = &engine.fallback_for(version);
+  resolved.fallback = &engine.fallback_for(version, &model);
   if (!resolved.dtype) return;
   resolved.scale_source = pick_scale_source(engine, version, model, flags, kept, *resolved.dtype);
   if (resolved.scale_source == ScaleSource::dynamic_by_design) {
@@ -486,19 +500,125 @@ void add_param_path_failures(const EngineModel& engine, const Version& version,
 
 // The scale warning the engine will print (what a user greps for): the first rule that
 // applies.
-void pick_scale_warning(const EngineModel& engine, const Version& version, const LaunchFlags& flags,
-                        ResolvedKv& resolved) {
+void pick_scale_warning(const EngineModel& engine, const Version& version, const ModelFacts& model,
+                        const LaunchFlags& flags, ResolvedKv& resolved) {
   for (const ScaleWarningRule& rule : engine.scale_warnings) {
     if (!rule.versions.contains(version)) continue;
     if (std::find(rule.dtypes.begin(), rule.dtypes.end(), resolved.kv_cache_dtype) ==
         rule.dtypes.end())
       continue;
     if (rule.when_no_quantization_param_path && !flags.quantization_param_path.empty()) continue;
+    if (!rule.when.matches(model)) continue;
+    if (rule.when_requested_explicitly && resolved.requested != resolved.kv_cache_dtype) continue;
     if (rule.when_unit_scale && resolved.scale_source != ScaleSource::unit_default) continue;
     resolved.scale_warning_text = engine.log_template(rule.log_message)->text;
     resolved.scale_warning_id = rule.id;
     resolved.scale_warning_meaning = rule.meaning;
     resolved.scale_warning_provenance = rule.provenance;
+    return;
+  }
+}
+
+// The platform's own dtype for what was resolved (ROCm MI300: FP8 is E4M3FNUZ).
+void substitute_for_platform(const EngineModel& engine, const Version& version,
+                             const LaunchFlags& flags, ResolvedKv& resolved) {
+  if (flags.platform.empty()) return;
+  for (const PlatformSubstitution& rule : engine.platform_substitutions) {
+    if (!rule.versions.contains(version) || rule.platform != flags.platform) continue;
+    if (!rule.gpu_archs.empty() && !any_glob(rule.gpu_archs, flags.gpu_arch)) continue;
+    if (std::find(rule.requested.begin(), rule.requested.end(), resolved.kv_cache_dtype) ==
+        rule.requested.end())
+      continue;
+    resolved.substituted_from = resolved.kv_cache_dtype;
+    resolved.substitution = &rule;
+    resolved.kv_cache_dtype = rule.becomes;
+    resolved.dtype = find_kv_dtype(rule.becomes);
+    resolved.quantized = resolved.dtype && resolved.dtype->quantized;
+    return;
+  }
+}
+
+// The attention backend the launch runs: its flag, else the release's default for the GPU.
+struct Backend {
+  std::string name, origin;
+  const DefaultBackend* rule = nullptr;
+};
+Backend attention_backend(const EngineModel& engine, const Version& version,
+                          const ModelFacts& model, const LaunchFlags& flags,
+                          const std::string& kv_dtype) {
+  if (!flags.attention_backend.empty()) return {flags.attention_backend, "--attention-backend"};
+  if (flags.gpu_arch.empty()) return {};
+  for (const DefaultBackend& rule : engine.default_backends) {
+    if (!rule.versions.contains(version) || !any_glob(rule.gpu_archs, flags.gpu_arch)) continue;
+    if (!rule.kv_dtypes.empty() &&
+        std::find(rule.kv_dtypes.begin(), rule.kv_dtypes.end(), kv_dtype) == rule.kv_dtypes.end())
+      continue;
+    if (rule.mla && *rule.mla != model.mla.has_value()) continue;
+    return {rule.backend, "the release's default on " + flags.gpu_arch, &rule};
+  }
+  return {};
+}
+
+// Known-bad combinations: certain when every dimension is known to match, possible when the
+// GPU or the backend is not given; skipped when one is known not to match.
+void find_known_bad(const EngineModel& engine, const Version& version, const ModelFacts& model,
+                    const LaunchFlags& flags, ResolvedKv& resolved) {
+  for (const KnownBad& rule : engine.known_bad) {
+    if (!rule.versions.contains(version) || !rule.when.matches(model)) continue;
+    if (rule.kv_dtypes.empty() ? !resolved.quantized
+                               : std::find(rule.kv_dtypes.begin(), rule.kv_dtypes.end(),
+                                           resolved.kv_cache_dtype) == rule.kv_dtypes.end())
+      continue;
+    if (rule.requires_scale_tensors && model.kv_scales.empty()) continue;
+    ResolvedKv::KnownBadHit hit;
+    hit.rule = &rule;
+    if (!rule.gpu_archs.empty()) {
+      if (flags.gpu_arch.empty())
+        hit.unknown.push_back("GPU");
+      else if (!any_glob(rule.gpu_archs, flags.gpu_arch))
+        continue;
+    }
+    if (!rule.backends.empty()) {
+      const Backend backend =
+          attention_backend(engine, version, model, flags, resolved.kv_cache_dtype);
+      if (backend.name.empty())
+        hit.unknown.push_back("attention backend");
+      else if (!any_glob(rule.backends, backend.name))
+        continue;
+      hit.backend = backend.name;
+      hit.backend_origin = backend.origin;
+      hit.default_backend = backend.rule;
+    }
+    hit.certain = hit.unknown.empty();
+    resolved.known_bad.push_back(std::move(hit));
+  }
+}
+
+// Every attention layer's stored dtype: skipped layers keep the model dtype.
+void record_layer_dtypes(const ModelFacts& model, ResolvedKv& resolved) {
+  for (const auto& layer : model.layers) {
+    if (layer.kind == checkpoint::LayerKind::linear_attention) continue;
+    const bool skipped = std::find(resolved.skipped_layers.begin(), resolved.skipped_layers.end(),
+                                   layer.index) != resolved.skipped_layers.end();
+    resolved.layer_dtypes.push_back({layer.index,
+                                     skipped ? resolved.model_dtype : resolved.kv_cache_dtype,
+                                     skipped ? "--kv-cache-dtype-skip-layers" : ""});
+  }
+}
+
+// The draft model's cache under speculative decoding.
+void resolve_draft(const EngineModel& engine, const Version& version, const LaunchFlags& flags,
+                   ResolvedKv& resolved) {
+  if (flags.speculative_algorithm.empty()) return;
+  for (const DraftKvRule& rule : engine.draft_kv) {
+    if (!rule.versions.contains(version)) continue;
+    resolved.draft_rule = &rule;
+    if (!rule.override_flag.empty() && !flags.speculative_draft_kv_cache_dtype.empty()) {
+      const std::string own = normalise_dtype(flags.speculative_draft_kv_cache_dtype);
+      resolved.draft_kv_cache_dtype = own.empty() ? flags.speculative_draft_kv_cache_dtype : own;
+    } else if (rule.follows_target) {
+      resolved.draft_kv_cache_dtype = resolved.kv_cache_dtype;
+    }
     return;
   }
 }
@@ -519,8 +639,9 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
 
   // 1. The request, as this version's argument parser reads it.
   const RequestedDtype request = record_request(engine, *version, flags, resolved);
-  // 2. The dtype the engine allocates.
+  // 2. The dtype the engine allocates, and what the platform stores instead.
   resolve_allocated_dtype(engine, *version, model, flags, resolved);
+  substitute_for_platform(engine, *version, flags, resolved);
   // 3. Which checkpoint scales reach the attention layers, and where those in effect come
   // from.
   resolve_scales(engine, *version, model, flags, resolved);
@@ -532,7 +653,11 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
   add_checkpoint_aborts(engine, *version, model, flags, resolved);
   add_param_path_failures(engine, *version, model, flags, resolved);
   // 5. The scale warning the engine will print.
-  pick_scale_warning(engine, *version, flags, resolved);
+  pick_scale_warning(engine, *version, model, flags, resolved);
+  // 6. The combinations known to break, the per-layer dtypes, and the draft model's cache.
+  find_known_bad(engine, *version, model, flags, resolved);
+  record_layer_dtypes(model, resolved);
+  resolve_draft(engine, *version, flags, resolved);
   return resolved;
 }
 
@@ -544,6 +669,44 @@ MambaSsmDtype resolve_mamba_ssm_dtype(const EngineDefaults& defaults, const std:
                ? MambaSsmDtype{defaults.mamba_ssm_dtype_fallback, "engine fallback"}
                : MambaSsmDtype{config_dtype, "model config"};
   return {defaults.mamba_ssm_dtype, "engine default"};
+}
+
+StateDtypes resolve_state_dtypes(const EngineModel& engine, const Version& version,
+                                 const ModelFacts& model, const std::string& ssm_flag,
+                                 const std::string& model_dtype) {
+  const EngineDefaults& defaults = engine.defaults_for(version);
+  const std::string config_dtype = model.linear_attention ? model.linear_attention->ssm_dtype : "";
+  StateDtypes out;
+  const StateDtypeRule* rule = nullptr;
+  for (const StateDtypeRule& r : engine.state_dtypes)
+    if (r.versions.contains(version) && r.when.matches(model)) {
+      rule = &r;
+      break;
+    }
+  out.rule = rule;
+  auto concrete = [&](const std::string& dtype, const std::string& fallback) -> std::string {
+    if (dtype == "model_dtype") return model_dtype;
+    if (dtype == "from_model_config") return config_dtype.empty() ? fallback : config_dtype;
+    return dtype;
+  };
+  if (!ssm_flag.empty() && ssm_flag != "auto") {
+    out.ssm = {ssm_flag, "launch flag"};
+  } else if (rule) {
+    const std::string fallback =
+        rule->ssm_fallback.empty() ? defaults.mamba_ssm_dtype_fallback : rule->ssm_fallback;
+    out.ssm = {concrete(rule->ssm_dtype, fallback),
+               rule->ssm_dtype == "from_model_config" && !config_dtype.empty()
+                   ? "model config"
+                   : "engine rule " + rule->id};
+  } else if (defaults.mamba_ssm_dtype == "model_dtype") {
+    out.ssm = {model_dtype, "model dtype (engine default)"};
+  } else {
+    out.ssm = resolve_mamba_ssm_dtype(defaults, ssm_flag, config_dtype);
+  }
+  const std::string conv =
+      rule && !rule->conv_dtype.empty() ? rule->conv_dtype : defaults.mamba_conv_dtype;
+  out.conv_dtype = normalise_dtype(concrete(conv, defaults.mamba_ssm_dtype_fallback));
+  return out;
 }
 
 }  // namespace kvaudit::engines

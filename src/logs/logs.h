@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/audit.h"
 #include "checkpoint/checkpoint.h"
 #include "engines/engines.h"
 #include "plan/plan.h"
@@ -69,7 +70,8 @@ struct LogEvent {
 };
 
 struct Launch {
-  int index = 0;  // 0-based, in file order
+  int index = 0;                                          // 0-based, in file order
+  audit::KvPolicy kv_policy = audit::KvPolicy::evidence;  // how its findings are judged
   int64_t first_line = 0, last_line = 0;
   std::string start_time, end_time;
   std::string engine;  // "sglang" | "vllm" | "" (unknown)
@@ -130,8 +132,9 @@ struct LogScan {
 };
 
 struct ScanOptions {
-  size_t max_line_bytes = 1 << 20;  // longer lines are kept in part
-  size_t max_launches = 256;        // older launches are dropped (counted)
+  size_t max_line_bytes = 1 << 20;                        // longer lines are kept in part
+  size_t max_launches = 256;                              // older launches are dropped (counted)
+  audit::KvPolicy kv_policy = audit::KvPolicy::evidence;  // --kv-policy, as check judges
 };
 
 // Streams a log from `in` with memory bounded by the options, whatever its size.

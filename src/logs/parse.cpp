@@ -150,13 +150,16 @@ std::vector<std::string> scan_patterns() {
   return out;
 }
 
-LaunchBuilder::LaunchBuilder(size_t max_launches)
-    : templates_(all_templates()), max_launches_(std::max<size_t>(1, max_launches)) {}
+LaunchBuilder::LaunchBuilder(size_t max_launches, audit::KvPolicy kv_policy)
+    : templates_(all_templates()),
+      max_launches_(std::max<size_t>(1, max_launches)),
+      kv_policy_(kv_policy) {}
 
 Launch& LaunchBuilder::current(int64_t line_no, const std::string& timestamp) {
   if (launches_.empty()) {
     Launch launch;
     launch.index = next_index_++;
+    launch.kv_policy = kv_policy_;
     launch.first_line = line_no;
     launch.start_time = timestamp;
     launches_.push_back(std::move(launch));
@@ -172,6 +175,7 @@ Launch& LaunchBuilder::start_marker(int stage, int64_t line_no, const std::strin
   if (!launches_.empty() && launches_.back().stage >= stage) {
     Launch launch;
     launch.index = next_index_++;
+    launch.kv_policy = kv_policy_;
     launch.first_line = line_no;
     launch.start_time = timestamp;
     launches_.push_back(std::move(launch));

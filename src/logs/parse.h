@@ -16,7 +16,7 @@ void decide_scale_fallback(Launch& launch);
 
 class LaunchBuilder {
  public:
-  explicit LaunchBuilder(size_t max_launches);
+  LaunchBuilder(size_t max_launches, audit::KvPolicy kv_policy);
 
   // One line that matched a scan pattern (raw, with its prefixes), 1-based number.
   void handle(std::string_view raw_line, int64_t line_no);
@@ -40,6 +40,7 @@ class LaunchBuilder {
   std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> templates_;
   std::deque<Launch> launches_;
   size_t max_launches_;
+  audit::KvPolicy kv_policy_;
   int64_t dropped_ = 0;
   int next_index_ = 0;
 };

@@ -141,7 +141,7 @@ class BlockScanner {
 using ReadFn = std::function<size_t(char*, size_t)>;
 
 LogScan scan_stream(const ReadFn& read, const std::string& label, const ScanOptions& options) {
-  LaunchBuilder builder(options.max_launches);
+  LaunchBuilder builder(options.max_launches, options.kv_policy);
   BlockScanner scanner(builder);
   LogScan result;
   result.source = label;

@@ -124,14 +124,43 @@ void add_kv_findings(Launch& launch, const std::string& who) {
                                : engines::parse_version(engine.latest_known_version);
       if (version) text = audit::unit_scale_text(engine, *version, launch.kv_cache_dtype_resolved);
     }
-    launch.findings.push_back(
-        {"fp8-unit-scale", Severity::critical,
-         fmt::format("{}: {} KV cache with scale 1.0", who, launch.kv_cache_dtype_resolved),
-         text.consequence,
-         scale_evidence.empty()
-             ? std::vector<Evidence>{{"launch", "scale_fallback", launch.scale_fallback_reason}}
-             : scale_evidence,
-         text.fix, text.reference});
+    // Severity as check judges it: scales the checkpoint shipped and the engine dropped
+    // (the log shows the drop) are critical unless permissive; a cache that simply has no
+    // scales follows --kv-policy, and a log says nothing about the model's K/V range.
+    const bool dropped = std::any_of(
+        launch.scale_messages.begin(), launch.scale_messages.end(),
+        [](const LogEvent& msg) { return msg.message_kind == LogKind::scale_not_loaded; });
+    const audit::KvPolicy policy = launch.kv_policy;
+    Severity severity = Severity::warning;
+    std::string basis = "none", judged_on;
+    if (policy == audit::KvPolicy::lossless) {
+      severity = Severity::critical;
+      judged_on = "--kv-policy lossless: any quantized KV cache is critical";
+    } else if (dropped) {
+      severity = policy == audit::KvPolicy::permissive ? Severity::warning : Severity::critical;
+      basis = "engine";
+      judged_on =
+          "the log shows the engine dropping KV scales the checkpoint ships: they are not "
+          "applied as shipped";
+    } else {
+      severity = policy == audit::KvPolicy::permissive ? Severity::info : Severity::warning;
+      judged_on =
+          "a log proves the scale, not this model's K/V range: rerun with --checkpoint DIR, "
+          "or run kvaudit check with --kv-stats, to judge the damage";
+    }
+    report::Finding finding{
+        "fp8-unit-scale",
+        severity,
+        fmt::format("{}: {} KV cache with scale 1.0", who, launch.kv_cache_dtype_resolved),
+        text.consequence,
+        scale_evidence.empty()
+            ? std::vector<Evidence>{{"launch", "scale_fallback", launch.scale_fallback_reason}}
+            : scale_evidence,
+        text.fix,
+        text.reference};
+    finding.basis = basis;
+    finding.judged_on = judged_on;
+    launch.findings.push_back(std::move(finding));
   } else if (!launch.scale_fallback && quantized(launch.kv_cache_dtype_resolved)) {
     launch.findings.push_back(
         {"fp8-scale-unverified", Severity::warning,

@@ -150,14 +150,15 @@ SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::Eng
   SizingRules rules;
   rules.fp4_dequant_workspace = defaults.fp4_dequant_workspace;
   rules.speculative_draft_layers = options.speculative_draft_layers.value_or(0);
-  rules.conv_dtype = engines::normalise_dtype(defaults.mamba_conv_dtype);
-  // The recurrent state dtype: the launch flag, else the engine default (which may be
-  // "read it from the model config"), else float32.
-  const engines::MambaSsmDtype resolved = engines::resolve_mamba_ssm_dtype(
-      defaults, options.mamba_ssm_dtype,
-      model.linear_attention ? model.linear_attention->ssm_dtype : "");
-  const std::string& ssm = resolved.dtype;
-  rules.ssm_dtype_origin = resolved.origin;
+  // The recurrent state dtypes: the launch flag, else the release's rule for this model
+  // family, else its default (the model dtype, or "read it from the model config").
+  std::string model_dtype = engines::normalise_dtype(model.torch_dtype);
+  if (model_dtype.empty() || model_dtype == "fp32") model_dtype = "bf16";
+  const engines::StateDtypes states =
+      engines::resolve_state_dtypes(engine, version, model, options.mamba_ssm_dtype, model_dtype);
+  rules.conv_dtype = states.conv_dtype.empty() ? "bf16" : states.conv_dtype;
+  const std::string& ssm = states.ssm.dtype;
+  rules.ssm_dtype_origin = states.ssm.origin;
   rules.ssm_dtype = engines::normalise_dtype(ssm).empty() ? "fp32" : engines::normalise_dtype(ssm);
   if (model.multimodal)
     rules.mm_reservation_bytes = static_cast<int64_t>(defaults.mm_reservation_mib * kMiB);

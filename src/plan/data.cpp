@@ -14,12 +14,6 @@ namespace kvaudit::plan {
 
 namespace {
 
-std::string lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 nlohmann::json read_json(const std::filesystem::path& path) {
   nlohmann::json doc = read_json_file(path, 4 << 20);
   if (!doc.is_object()) throw InputError(path.string(), "not a JSON object");
@@ -57,6 +51,13 @@ std::vector<GpuPreset> load_gpu_presets() {
     gpu.memory_gb = entry.value("memory_gb", 0.0);
     gpu.memory_mib = entry.value("memory_mib", int64_t{0});
     gpu.mib_source = entry.value("mib_source", "");
+    gpu.arch = entry.value("arch", "");
+    gpu.platform = entry.value("platform", "");
+    gpu.arch_source = entry.value("arch_source", "");
+    if (gpu.arch.empty() || (gpu.platform != "cuda" && gpu.platform != "rocm"))
+      throw InputError(path.string(), fmt::format("GPU '{}': needs \"arch\" and \"platform\" "
+                                                  "(cuda or rocm)",
+                                                  gpu.name));
     for (const auto& a : entry.value("aliases", nlohmann::json::array()))
       gpu.aliases.push_back(a.get<std::string>());
     if (gpu.name.empty() || gpu.memory_mib <= 0)
@@ -67,12 +68,12 @@ std::vector<GpuPreset> load_gpu_presets() {
 }
 
 GpuPreset find_gpu(std::string_view name) {
-  std::string wanted = lower(name);
+  std::string wanted = ascii_lower(name);
   auto presets = load_gpu_presets();
   for (const auto& gpu : presets) {
-    if (lower(gpu.name) == wanted) return gpu;
+    if (ascii_lower(gpu.name) == wanted) return gpu;
     for (const auto& alias : gpu.aliases)
-      if (lower(alias) == wanted) return gpu;
+      if (ascii_lower(alias) == wanted) return gpu;
   }
   std::string known;
   for (const auto& gpu : presets) known += (known.empty() ? "" : ", ") + gpu.name;

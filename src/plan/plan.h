@@ -38,6 +38,9 @@ struct GpuPreset {
   double memory_gb = 0;    // as the vendor states it
   int64_t memory_mib = 0;  // as the driver reports it (what the engines read)
   std::string mib_source;
+  // The architecture known-bad combinations name ("sm80", "sm89", "sm90", "sm100", "sm120",
+  // "gfx942") and the platform whose dtypes the engines use ("cuda", "rocm").
+  std::string arch, platform, arch_source;
 };
 std::vector<GpuPreset> load_gpu_presets();  // data_dir()/gpus.json
 GpuPreset find_gpu(std::string_view name);  // by name or alias, case-insensitive

@@ -68,6 +68,10 @@ void read_sglang_server_info(const json& info, ServerFacts& facts, const std::st
   if (auto* v = field("context_length")) facts.context_length = integer_of(*v);
   if (auto* v = field("page_size")) facts.page_size = integer_of(*v);
   if (auto* v = field("tp_size"); v && integer_of(*v)) facts.tp = static_cast<int>(*integer_of(*v));
+  if (auto* v = field("attention_backend"); v && v->is_string() && !v->get<std::string>().empty()) {
+    facts.attention_backend = ascii_lower(v->get<std::string>());
+    facts.evidence.push_back({where, "attention_backend", facts.attention_backend});
+  }
   // max_total_num_tokens: scheduler info at the top level in most releases; newer ones
   // report per-DP internal states. Take the top level, else the smallest DP rank's.
   if (auto* v = field("max_total_num_tokens"); v && integer_of(*v)) {
@@ -275,7 +279,8 @@ ServerFacts detect_server(net::Client& client) {
 }
 
 std::vector<report::Finding> server_findings(const ServerFacts& facts,
-                                             const checkpoint::ModelFacts* model) {
+                                             const checkpoint::ModelFacts* model,
+                                             const Deployment& deployment) {
   std::vector<report::Finding> findings;
   const std::string where = facts.url;
   if (facts.engine == "llama.cpp") {
@@ -348,8 +353,13 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
   flags.context_length = facts.context_length;
   flags.calculate_kv_scales = facts.calculate_kv_scales;
   if (facts.page_size) flags.page_size = static_cast<int>(*facts.page_size);
+  flags.attention_backend = facts.attention_backend;
+  flags.gpu_arch = deployment.gpu_arch;
+  flags.platform = deployment.platform;
   flags.source = "server " + where;
   audit::CheckInput input;
+  input.policy = deployment.policy;
+  input.gpu_name = deployment.gpu_name;
   if (model) input.model = *model;
   input.flags = flags;
   input.engine = &engine;

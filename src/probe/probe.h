@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/audit.h"
 #include "checkpoint/checkpoint.h"
 #include "net/net.h"
 #include "report/report.h"
@@ -43,8 +44,9 @@ struct ServerFacts {
   std::string quantization_param_path;
   bool calculate_kv_scales = false;  // vLLM
   bool has_tokenize = false;
-  std::string tokenize_dialect;  // the request form /tokenize answered ("POST /tokenize {...}")
-  std::optional<int64_t> slots;  // llama-server's parallel slots (each holds n_ctx / slots)
+  std::string tokenize_dialect;   // the request form /tokenize answered ("POST /tokenize {...}")
+  std::optional<int64_t> slots;   // llama-server's parallel slots (each holds n_ctx / slots)
+  std::string attention_backend;  // SGLang server args attention_backend ("" unknown)
   std::vector<report::Evidence> evidence;  // what each endpoint said
   std::vector<std::string> notes;
 };
@@ -72,8 +74,15 @@ ServerFacts detect_server(net::Client& client);
 // The `check` findings that apply. With the checkpoint's facts (a local copy, or the
 // server's model_path when readable here) the full audit runs on flags taken from the
 // server; without, only what the server's own answers establish.
+// Where the servers run and how findings are judged (probe --gpu, --kv-policy): what a
+// server does not report about itself.
+struct Deployment {
+  audit::KvPolicy policy = audit::KvPolicy::evidence;
+  std::string gpu_name, gpu_arch, platform;
+};
 std::vector<report::Finding> server_findings(const ServerFacts& facts,
-                                             const checkpoint::ModelFacts* model);
+                                             const checkpoint::ModelFacts* model,
+                                             const Deployment& deployment = {});
 
 // ---------------------------------------------------------------- probes
 
@@ -88,6 +97,7 @@ struct ProbeOptions {
   std::string model;         // "" : each server's first /v1/models id
   std::string results_path;  // "" : no results file (a killed run starts over)
   int concurrency = 2;       // probes in flight per run
+  Deployment deployment;     // where the servers run, the policy their findings follow
   // Called after each finished probe (from worker threads, serialised).
   std::function<void(int64_t done, int64_t total, const std::string& label)> on_progress;
 };

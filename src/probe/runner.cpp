@@ -414,6 +414,7 @@ struct RunControl {
 std::vector<std::unique_ptr<net::Client>> open_servers(const std::vector<std::string>& urls,
                                                        const net::ClientOptions& client_options,
                                                        const std::string& checkpoint_dir,
+                                                       const Deployment& deployment,
                                                        RunResult& result) {
   std::vector<std::unique_ptr<net::Client>> clients;
   for (const std::string& url : urls) {
@@ -421,7 +422,7 @@ std::vector<std::unique_ptr<net::Client>> open_servers(const std::vector<std::st
     ServerRun run;
     run.facts = detect_server(*clients.back());
     auto model = local_checkpoint(checkpoint_dir, run.facts, result.notes);
-    run.findings = server_findings(run.facts, model ? &*model : nullptr);
+    run.findings = server_findings(run.facts, model ? &*model : nullptr, deployment);
     result.servers.push_back(std::move(run));
   }
   if (urls.size() == 2 && result.servers[0].facts.url == result.servers[1].facts.url)
@@ -577,7 +578,7 @@ RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOpti
     throw InputError("probe", "give one server URL, or two with --compare");
   RunResult result;
   std::vector<std::unique_ptr<net::Client>> clients =
-      open_servers(urls, client_options, checkpoint_dir, result);
+      open_servers(urls, client_options, checkpoint_dir, options.deployment, result);
   if (!options.smoke && !options.recall) return result;
 
   std::vector<std::string> models;

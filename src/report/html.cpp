@@ -44,6 +44,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 table.facts { width: auto; } table.facts th { background: none; font-weight: 500; color: var(--muted); }
 table.findings tr > td:first-child { border-left: 5px solid var(--sev); white-space: nowrap; }
 .finding-title { font-weight: 600; } .rule-id { color: var(--muted); font-size: 12px; }
+.judged-on { font-size: 12px; margin-top: 4px; }
 .evidence { margin: 0; padding: 0; list-style: none; }
 .evidence li { overflow-wrap: anywhere; margin-bottom: 6px; }
 .ev-file { color: var(--muted); font-size: 12px; }
@@ -157,6 +158,10 @@ std::string html_findings(const std::vector<Finding>& findings) {
         out += "<div class=\"rule-id\">" + escape_html(finding.id) + "</div>";
       if (!finding.consequence.empty())
         out += "<div>" + escape_html(finding.consequence) + "</div>";
+      if (!finding.judged_on.empty())
+        out += "<div class=\"judged-on\" data-basis=\"" + escape_html(finding.basis) +
+               "\">Judged on " + escape_html(finding.basis) + ": " +
+               escape_html(finding.judged_on) + "</div>";
       out += "</td><td><ul class=\"evidence\">";
       for (const Evidence& evidence : finding.evidence) out += evidence_item(evidence);
       out += "</ul></td><td>";

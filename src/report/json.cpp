@@ -143,13 +143,16 @@ nlohmann::json finding_to_json(const Finding& finding) {
                         {"key", to_valid_utf8(item.key)},
                         {"value", to_valid_utf8(item.value)}});
   }
-  return {{"id", to_valid_utf8(finding.id)},
-          {"severity", severity_name(finding.severity)},
-          {"title", to_valid_utf8(finding.title)},
-          {"consequence", to_valid_utf8(finding.consequence)},
-          {"evidence", std::move(evidence)},
-          {"fix", to_valid_utf8(finding.fix)},
-          {"reference", to_valid_utf8(finding.reference)}};
+  nlohmann::json out = {{"id", to_valid_utf8(finding.id)},
+                        {"severity", severity_name(finding.severity)},
+                        {"title", to_valid_utf8(finding.title)},
+                        {"consequence", to_valid_utf8(finding.consequence)},
+                        {"evidence", std::move(evidence)},
+                        {"fix", to_valid_utf8(finding.fix)},
+                        {"reference", to_valid_utf8(finding.reference)},
+                        {"basis", to_valid_utf8(finding.basis)},
+                        {"judged_on", to_valid_utf8(finding.judged_on)}};
+  return out;
 }
 
 }  // namespace

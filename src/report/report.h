@@ -36,6 +36,13 @@ struct Finding {
   std::vector<Evidence> evidence;
   std::string fix;        // the exact change (flag, file, command)
   std::string reference;  // engine source path, issue or PR
+  // What a precision verdict rests on, strongest first: "measured" (this model's K/V
+  // maxima), "bounded" (from the checkpoint: key-norm weights, shipped scale values),
+  // "published" (damage measured on this model family), "none"; or "engine" (what the
+  // engine does, read in its source: a start-up failure, a dropped scale). Empty when the
+  // finding judges no precision.
+  std::string basis = {};
+  std::string judged_on = {};  // the evidence used and what could not be known, for people
 };
 
 // A cell value. Integers stay integers (bytes, token counts are exact); doubles

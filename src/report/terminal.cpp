@@ -232,6 +232,8 @@ std::string terminal_findings(const std::vector<Finding>& findings, size_t width
         std::string head_label = indent + pad(e == 0 ? "Evidence:" : "", 13, false);
         out += wrap(evidence_text(finding.evidence[e]), width, head_label, value_indent);
       }
+      if (!finding.judged_on.empty())
+        out += field("Judged on", fmt::format("{}: {}", finding.basis, finding.judged_on));
       out += field("Fix", finding.fix);
       out += field("Reference", finding.reference);
     }

@@ -58,6 +58,12 @@ std::string display_path(const std::filesystem::path& path);
 // as context lengths are quoted (128K context = 131072 tokens).
 std::optional<int64_t> parse_token_count(std::string_view text);
 
+// ASCII lower case ("FLASHINFER" -> "flashinfer"); other bytes unchanged.
+std::string ascii_lower(std::string_view text);
+
+// Globs with '*' (any run of characters), compared case-insensitively.
+bool glob_match(std::string_view pattern, std::string_view text);
+
 // Splits "a,b,,c" on commas, trimming blanks and dropping empty parts.
 std::vector<std::string> split_list(std::string_view text, char separator = ',');
 

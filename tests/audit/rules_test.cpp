@@ -37,8 +37,9 @@ struct CheckRun {
 
 CheckRun check(const fs::path& checkpoint, const std::string& engine,
                const std::string& kv = "auto", const std::string& version = "0.5.9",
-               engines::LaunchFlags flags = {}) {
+               engines::LaunchFlags flags = {}, KvPolicy policy = KvPolicy::evidence) {
   CheckInput input;
+  input.policy = policy;
   input.model = checkpoint::read_checkpoint(checkpoint);
   flags.engine = engine;
   flags.kv_cache_dtype = kv;
@@ -59,20 +60,35 @@ TEST(Rules, EveryRuleHasAnId) {
     EXPECT_NE(std::find(ids.begin(), ids.end(), id), ids.end()) << id;
 }
 
-// a + b: the motivating case.
+// a + b: the motivating case. SGLang enables the declared FP8 cache for Qwen3.5 from PR
+// #19291 (0.5.10, inferred); before it the wrapper lost its quant_config and auto kept bf16.
+// Without evidence about the model's range the scale-1.0 cache is a warning under the
+// default policy and critical under the motivating user's lossless one.
 TEST(Rules, MotivatingCaseAutoFp8WithoutScales) {
-  CheckRun run = check(demo_config(), "sglang");
+  CheckRun run = check(demo_config(), "sglang", "auto", "0.5.15");
   ASSERT_TRUE(run.has("kv-auto-quantized"));
   EXPECT_EQ(run.severity("kv-auto-quantized"), Severity::warning);
   ASSERT_TRUE(run.has("fp8-unit-scale"));
   const auto* finding = run.find("fp8-unit-scale");
-  EXPECT_EQ(finding->severity, Severity::critical);
+  EXPECT_EQ(finding->severity, Severity::warning);
+  EXPECT_EQ(finding->basis, "none");
+  EXPECT_NE(finding->judged_on.find("--kv-stats"), std::string::npos) << finding->judged_on;
   EXPECT_NE(finding->consequence.find("448"), std::string::npos);
   EXPECT_NE(finding->consequence.find("0.015625"), std::string::npos);     // 2^-6 min normal
   EXPECT_NE(finding->consequence.find("0.000976562"), std::string::npos);  // 2^-10 flush
   EXPECT_NE(finding->fix.find("--kv-cache-dtype bf16"), std::string::npos);
-  EXPECT_TRUE(fails_gate(run.result.findings, FailOn::critical));
+  EXPECT_FALSE(fails_gate(run.result.findings, FailOn::critical));
   EXPECT_EQ(run.result.resolved.kv_cache_dtype, "fp8_e4m3");
+
+  CheckRun lossless = check(demo_config(), "sglang", "auto", "0.5.15", {}, KvPolicy::lossless);
+  EXPECT_EQ(lossless.severity("fp8-unit-scale"), Severity::critical);
+  ASSERT_TRUE(lossless.has("kv-cache-quantized"));
+  EXPECT_EQ(lossless.severity("kv-cache-quantized"), Severity::critical);
+  EXPECT_TRUE(fails_gate(lossless.result.findings, FailOn::critical));
+
+  CheckRun before_fix = check(demo_config(), "sglang", "auto", "0.5.9");
+  EXPECT_EQ(before_fix.result.resolved.kv_cache_dtype, "bf16");
+  EXPECT_EQ(before_fix.result.resolved.rule_id, "sglang-19291-qwen3.5-auto-model-dtype");
 }
 
 TEST(Rules, MotivatingCaseFixedWithBf16) {
@@ -90,7 +106,7 @@ TEST(Rules, DeclaredButNotEnabledIsInfo) {
 }
 
 TEST(Rules, CompressedTensorsScalesLoadInVllm) {
-  CheckRun run = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "auto", "0.11.0");
+  CheckRun run = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "auto", "0.22.0");
   EXPECT_EQ(engines::scale_source_name(run.result.resolved.scale_source), "checkpoint");
   EXPECT_FALSE(fails_gate(run.result.findings, FailOn::critical)) << "no critical expected";
   EXPECT_FALSE(run.has("fp8-unit-scale"));
@@ -98,12 +114,14 @@ TEST(Rules, CompressedTensorsScalesLoadInVllm) {
   EXPECT_FALSE(run.has("scale-values-invalid"));
 }
 
+// Between PR #30141 and PR #42782 (0.15.0-0.21.x, inferred) the scheme forced fp8.
 TEST(Rules, CompressedTensorsOverridesExplicitBf16) {
-  CheckRun run = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "bfloat16", "0.11.0");
+  CheckRun run = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "bfloat16", "0.16.0");
   ASSERT_TRUE(run.has("kv-quant-overrides-cli"));
   EXPECT_EQ(run.severity("kv-quant-overrides-cli"), Severity::critical);
+  EXPECT_EQ(run.find("kv-quant-overrides-cli")->basis, "engine");
   // Asking for the dtype the scheme forces anyway overrides nothing.
-  CheckRun same = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "fp8", "0.11.0");
+  CheckRun same = check(fixture_checkpoint("llama-ct-fp8-kv"), "vllm", "fp8", "0.16.0");
   EXPECT_FALSE(same.has("kv-quant-overrides-cli"));
   EXPECT_FALSE(fails_gate(same.result.findings, FailOn::critical));
 }
@@ -248,7 +266,10 @@ TEST(Rules, ContextBeyondMaxPositions) {
 TEST(Rules, RejectedDtypeForVersion) {
   EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.9")
                   .has("kv-dtype-rejected"));
-  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.10")
+  // nvfp4 came with the FP4 recipes of PR #21601 (0.5.16, inferred), not with 0.5.10.
+  EXPECT_TRUE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.15")
+                  .has("kv-dtype-rejected"));
+  EXPECT_FALSE(check(fixture_checkpoint("llama-bf16-plain"), "sglang", "nvfp4", "0.5.16")
                    .has("kv-dtype-rejected"));
 }
 
@@ -282,10 +303,20 @@ TEST(Rules, CalculateKvScalesLifeCycle) {
 }
 
 TEST(Rules, SglangFalseAlarmWarningExplained) {
-  CheckRun loaded = check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang");
+  CheckRun loaded =
+      check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang", "auto", "0.5.15");
   EXPECT_TRUE(loaded.has("scale-warning-false-alarm"));
   EXPECT_FALSE(loaded.has("fp8-unit-scale"));
-  EXPECT_FALSE(check(demo_config(), "sglang").has("scale-warning-false-alarm"));
+  EXPECT_FALSE(check(demo_config(), "sglang", "auto", "0.5.15").has("scale-warning-false-alarm"));
+  // Before PR #18394 (0.5.10) auto wrote "FP8" into server_args and the warning, which tests
+  // for "fp8_e4m3", stayed silent for an auto-enabled cache; an explicit request printed it.
+  CheckRun old_auto =
+      check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang", "auto", "0.5.9");
+  EXPECT_FALSE(old_auto.result.resolved.scale_warning_text.has_value());
+  EXPECT_FALSE(old_auto.has("scale-warning-false-alarm"));
+  CheckRun old_explicit =
+      check(fixture_checkpoint("llama-modelopt-bf16-scales"), "sglang", "fp8_e4m3", "0.5.9");
+  EXPECT_TRUE(old_explicit.has("scale-warning-false-alarm"));
 }
 
 TEST(Rules, ParamPathMayNotApply) {

@@ -58,7 +58,9 @@ TEST(HubCli, CheckAndPlanOfAHubRepositoryMatchTheLocalFolder) {
   const std::string env = "KVAUDIT_CACHE_DIR=" + cache.string() +
                           " HF_HUB_CACHE=" + (cache / "none").string() +
                           " HF_TOKEN= HF_HOME=" + (cache / "hf").string();
-  const std::string flags = " --engine sglang --engine-version 0.5.15 --tp 8 --json";
+  // The motivating user's stance (lossless): the FP8-at-scale-1.0 cache is critical.
+  const std::string flags =
+      " --engine sglang --engine-version 0.5.15 --tp 8 --kv-policy lossless --json";
   CliRun local = kvaudit(env, "check " + demo.string() + flags);
   CliRun remote =
       kvaudit(env, "check nvidia/Qwen3.5-397B-A17B-NVFP4 --hf-endpoint " + hub.endpoint() + flags);

@@ -4,6 +4,7 @@
 // fixed launch's log and fail on the old one).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -32,8 +33,12 @@ const checkpoint::ModelFacts& demo_model() {
   return model;
 }
 
-audit::CheckInput unit_input(const std::string& kv_override = "") {
+// The motivating deployment, judged under its user's stance ("context should use no
+// quantization": --kv-policy lossless) unless a test asks for another policy.
+audit::CheckInput unit_input(const std::string& kv_override = "",
+                             audit::KvPolicy policy = audit::KvPolicy::lossless) {
   audit::CheckInput input;
+  input.policy = policy;
   input.flags = engines::parse_systemd_unit((kExample / "sglang.service").string());
   if (!kv_override.empty()) {
     input.flags.kv_cache_dtype = kv_override;
@@ -68,7 +73,8 @@ TEST(Decision, MotivatingDeploymentSizedFromItsJournal) {
   EXPECT_EQ(decision.options.front().scale_source, "unit_default");
   EXPECT_GE(decision.options.front().critical, 1);
   EXPECT_EQ(decision.recommended, "bf16");
-  EXPECT_EQ(decision.alternative, "fp8-calibrated");
+  // Under lossless no quantized option is clean, calibrated or not.
+  EXPECT_EQ(decision.alternative, "");
 
   // The engine's own figures lie inside the predicted ranges: 1,573,854 tokens printed by
   // the bf16 launch, 3,147,708 by the FP8 one, from the same memory.
@@ -88,12 +94,33 @@ TEST(Decision, MotivatingDeploymentSizedFromItsJournal) {
   EXPECT_EQ(bf16.concurrency[1].requests, bf16.tokens->lo / 131072);
   EXPECT_EQ(fp8.concurrency[0].requests, fp8.tokens->lo / 32768);
 
-  // Calibrated FP8 keeps FP8's capacity and clears the scale finding.
+  // Calibrated FP8 keeps FP8's capacity and clears the scale finding; under lossless the
+  // quantized cache itself stays critical.
   const KvOption& calibrated = option(decision, "fp8-calibrated");
   EXPECT_TRUE(calibrated.possible) << calibrated.why_not;
   EXPECT_EQ(calibrated.scale_source, "checkpoint");
-  EXPECT_EQ(calibrated.critical, 0);
+  EXPECT_EQ(
+      std::count(calibrated.finding_ids.begin(), calibrated.finding_ids.end(), "fp8-unit-scale"),
+      0);
+  EXPECT_EQ(std::count(calibrated.finding_ids.begin(), calibrated.finding_ids.end(),
+                       "kv-cache-quantized"),
+            1);
   EXPECT_EQ(calibrated.tokens->lo, fp8.tokens->lo);
+}
+
+// The default policy judges the same launch on evidence: the sparse demo's key norms are
+// all zeros (no evidence), the published Qwen3.5 measurements keep at least 95% at scale
+// 1.0, so nothing is critical; calibrated FP8 is clean and keeps the capacity.
+TEST(Decision, UnderTheEvidencePolicyTheMotivatingLaunchWarns) {
+  const audit::CheckInput input = unit_input("", audit::KvPolicy::evidence);
+  DecisionOptions request;
+  request.memory.logged = journal().launches.back().memory;
+  const Decision decision = decide(input, audit::run_check(input), request);
+  EXPECT_EQ(decision.options.front().critical, 0);
+  EXPECT_GE(decision.options.front().warning, 1);
+  EXPECT_EQ(decision.recommended, "");
+  EXPECT_EQ(option(decision, "fp8-calibrated").critical, 0);
+  EXPECT_EQ(option(decision, "fp8-calibrated").warning, 0);
 }
 
 TEST(Decision, ExpectationsFromTheTablePassOnTheFixedLaunchAndFailOnTheOldOne) {

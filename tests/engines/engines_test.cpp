@@ -149,14 +149,25 @@ TEST(Resolve, VllmVersionDecidesModelOptAuto) {
             "fp8_e4m3");
 }
 
+// PR #30141 (0.15.0, inferred) made a kv_cache_scheme force fp8 whatever --kv-cache-dtype
+// said; PR #42782 (0.22.0) made it auto-only; before #30141 the scheme changed nothing.
 TEST(Resolve, VllmCompressedTensorsOverridesCli) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("llama-ct-fp8-kv"));
   ResolvedKv resolved =
-      resolve_kv(model, flags_for("vllm", "bfloat16", "0.11.0"), engine_model("vllm"));
+      resolve_kv(model, flags_for("vllm", "bfloat16", "0.16.0"), engine_model("vllm"));
   EXPECT_EQ(resolved.kv_cache_dtype, "fp8_e4m3");
   EXPECT_EQ(engines::scale_source_name(resolved.scale_source), "checkpoint");
   EXPECT_EQ(resolved.loaded_scale_names.size(), 8u);
   EXPECT_TRUE(resolved.dropped.empty());
+  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "bfloat16", "0.11.0"), engine_model("vllm"))
+                .kv_cache_dtype,
+            "bf16");
+  EXPECT_EQ(
+      resolve_kv(model, flags_for("vllm", "auto", "0.11.0"), engine_model("vllm")).kv_cache_dtype,
+      "bf16");
+  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "bfloat16", "0.22.0"), engine_model("vllm"))
+                .kv_cache_dtype,
+            "bf16");
 }
 
 TEST(Resolve, SglangDropsQwen3MoeScales) {

@@ -156,6 +156,40 @@ TEST(EngineModelLint, ProvenanceIsRequiredAndUnverifiedBoundsSayHow) {
   EXPECT_NE(load_error("vllm", bad_status).find("'pending' is not one of"), std::string::npos);
 }
 
+// Every rule carries the audit that re-read it at its source; an open PR is a lead, never
+// the source of a behaviour; a corrected rule says what changed.
+TEST(EngineModelLint, EveryRuleCarriesItsAudit) {
+  json no_audit = shipped("sglang");
+  rule(no_audit, "scale_drops", "sglang-31220-qwen3.5").erase("audit");
+  EXPECT_NE(load_error("sglang", no_audit).find("every rule needs an audit record"),
+            std::string::npos);
+  json open_pr = shipped("vllm");
+  rule(open_pr, "dtype_hazards", "vllm-54338-float16-on-bf16")["audit"]["source"] = "open_pr";
+  EXPECT_NE(load_error("vllm", open_pr).find("an open PR is a lead"), std::string::npos);
+  json silent = shipped("vllm");
+  rule(silent, "scale_drops", "vllm-32199-qwen3-next")["audit"].erase("note");
+  EXPECT_NE(load_error("vllm", silent).find("must say what the audit changed"), std::string::npos);
+  json undated = shipped("sglang");
+  rule(undated, "auto_resolution", "sglang-auto-ct-fp8")["audit"]["checked"] = "Dec 2026";
+  EXPECT_NE(load_error("sglang", undated).find("not a YYYY-MM-DD date"), std::string::npos);
+  json log_without = shipped("vllm");
+  for (auto& log : log_without["log_messages"]) log.erase("audit");
+  EXPECT_NE(load_error("vllm", log_without).find("log_messages[0].audit"), std::string::npos);
+  // Every rule of the shipped data was re-read on or after the audit of 2026-12-01.
+  for (const auto& engine : known_engines()) {
+    const EngineModel& model = engine_model(engine);
+    auto checked = [&](const Provenance& p, const std::string& what) {
+      EXPECT_GE(p.audit.checked, "2026-12-01") << engine << " " << what;
+    };
+    for (const auto& r : model.auto_rules) checked(r.provenance, r.id);
+    for (const auto& r : model.scale_name_rules) checked(r.provenance, r.id);
+    for (const auto& r : model.scale_drop_rules) checked(r.provenance, r.id);
+    for (const auto& r : model.fallback_rules) checked(r.provenance, "fallback");
+    for (const auto& r : model.known_bad) checked(r.provenance, r.id);
+    for (const auto& r : model.log_templates) checked(r.provenance, r.id);
+  }
+}
+
 TEST(DtypeVocabulary, LintAndQueries) {
   const fs::path dir = fs::temp_directory_path() / ("kvaudit-dtypes-" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -75,18 +75,27 @@ TEST(Journal, Fp8LaunchWarningAloneIsNotProofButTheCheckpointIs) {
   for (const auto& f : fp8.findings) unverified |= f.id == "fp8-scale-unverified";
   EXPECT_TRUE(unverified);
   EXPECT_EQ(s.launches[1].scale_fallback, false);  // BF16: no scales involved
-  // The checkpoint it served ships no k/v scales: now the log proves the fallback.
+  // The checkpoint it served ships no k/v scales: now the log proves the fallback. The
+  // default policy cannot judge the damage from a log (a warning); the motivating user's
+  // lossless policy makes it critical.
   auto model = qwen35_397b();
   model.has_weights = true;
   model.tensor_count = 1234;
+  Launch lossless = fp8;
   cross_check_checkpoint(fp8, model, false);
   ASSERT_TRUE(fp8.scale_fallback.has_value());
   EXPECT_TRUE(*fp8.scale_fallback);
-  bool critical = false, capacity = false;
+  bool warning = false, capacity = false;
   for (const auto& f : fp8.findings) {
-    critical |= f.id == "fp8-unit-scale" && f.severity == report::Severity::critical;
+    warning |= f.id == "fp8-unit-scale" && f.severity == report::Severity::warning;
     capacity |= f.id == "capacity-as-planned";
   }
+  EXPECT_TRUE(warning);
+  lossless.kv_policy = audit::KvPolicy::lossless;
+  cross_check_checkpoint(lossless, model, false);
+  bool critical = false;
+  for (const auto& f : lossless.findings)
+    critical |= f.id == "fp8-unit-scale" && f.severity == report::Severity::critical;
   EXPECT_TRUE(critical);
   EXPECT_TRUE(capacity);  // 3,147,708 FP8 tokens reproduced from the printed memory
   // One k_scale for one of the 15 attention layers: the other 14 still run at 1.0.

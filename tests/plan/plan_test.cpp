@@ -202,21 +202,22 @@ TEST(PlanCell, DsaFp8RecordAndIndexerOnTheRealDeepSeekV32Config) {
   EXPECT_EQ(mtp.bytes_per_token, static_cast<int64_t>((656 + 132) * 61 * (1 + 1.0 / 61)));
 }
 
-// SGLang reads the recurrent state dtype from the model config on newer releases; older
-// ones used float32 whatever the config said.
+// SGLang reads the recurrent state dtype from the model config on newer releases (a
+// downstream project documents it at v0.5.14; 0.5.10 assumed with PR #18444); older ones
+// used float32 whatever the config said.
 TEST(PlanMamba, SsmDtypeFromTheModelConfigOnNewerSglang) {
   auto model = qwen35_397b();
   model.linear_attention->ssm_dtype = "bfloat16";
-  auto newer = sglang_mamba_state(model, Parallelism{8, 1, 1, false}, rules_of(model, "0.5.23"));
-  auto older = sglang_mamba_state(model, Parallelism{8, 1, 1, false}, rules_of(model, "0.5.15"));
+  auto newer = sglang_mamba_state(model, Parallelism{8, 1, 1, false}, rules_of(model, "0.5.15"));
+  auto older = sglang_mamba_state(model, Parallelism{8, 1, 1, false}, rules_of(model, "0.5.9"));
   ASSERT_TRUE(newer && older);
   EXPECT_EQ(older->ssm_bytes_per_layer, 2 * newer->ssm_bytes_per_layer);
   PlanOptions flag;
-  flag.engine_version = "0.5.15";
+  flag.engine_version = "0.5.9";
   flag.mamba_ssm_dtype = "bfloat16";
-  auto flagged = sglang_mamba_state(model, Parallelism{8, 1, 1, false},
-                                    sizing_rules(model, engines::engine_model("sglang"),
-                                                 *engines::parse_version("0.5.15"), flag));
+  auto flagged = sglang_mamba_state(
+      model, Parallelism{8, 1, 1, false},
+      sizing_rules(model, engines::engine_model("sglang"), *engines::parse_version("0.5.9"), flag));
   EXPECT_EQ(flagged->ssm_bytes_per_layer, newer->ssm_bytes_per_layer);
 }
 

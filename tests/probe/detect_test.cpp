@@ -126,5 +126,39 @@ TEST(ProbeDetect, CheckpointGivesTheFullAudit) {
   EXPECT_FALSE(has_finding(findings, "kv-scales-unverified"));
 }
 
+// A live server's report meets the known-bad combinations too: vLLM serving Qwen3.5 with an
+// NVFP4 cache is broken on B200 (vllm#55673), possibly broken where the GPU is not given,
+// and the server's own attention backend (SGLang reports it) takes part in the match.
+TEST(ProbeDetect, KnownBadCombinationsFromTheServersReport) {
+  ServerFacts facts;
+  facts.url = "http://s";
+  facts.engine = "vllm";
+  facts.engine_version = "0.28.0";
+  facts.kv_cache_dtype = "nvfp4";
+  auto model = checkpoint::read_checkpoint(std::string(KVAUDIT_TEST_DIR) +
+                                           "/../examples/qwen3.5-397b-a17b-nvfp4/config.json");
+  Deployment b200;
+  b200.gpu_name = "B200";
+  b200.gpu_arch = "sm100";
+  b200.platform = "cuda";
+  auto on_b200 = server_findings(facts, &model, b200);
+  const report::Finding* hit = nullptr;
+  for (const auto& f : on_b200)
+    if (f.id == "known-bad-combination") hit = &f;
+  ASSERT_NE(hit, nullptr);
+  EXPECT_EQ(hit->severity, report::Severity::critical);
+  auto unknown_gpu = server_findings(facts, &model);
+  for (const auto& f : unknown_gpu) {
+    if (f.id == "known-bad-combination") {
+      EXPECT_EQ(f.severity, report::Severity::info);
+    }
+  }
+
+  ServerFacts sglang;
+  read_sglang_server_info(
+      nlohmann::json{{"kv_cache_dtype", "bf16"}, {"attention_backend", "TRTLLM_MHA"}}, sglang);
+  EXPECT_EQ(sglang.attention_backend, "trtllm_mha");
+}
+
 }  // namespace
 }  // namespace kvaudit::probe

@@ -31,6 +31,26 @@ for layer, scales in zip(stats["layers"], cal["layers"]):
     assert abs(scales["k_scale"][0] * 448 / max(layer["k_amax"]) - 1) < 1e-6
 PY
 
+# The maxima settle what check could only bound: the same model with an FP8 cache at scale
+# 1.0, judged on the measured maxima (they fit: a note), then the lossless policy (critical).
+out=$("$kvaudit" check "$model" --engine vllm --engine-version 0.22.0 --kv-cache-dtype fp8 \
+  --kv-stats "$work/stats.json" --json); status=$?
+[[ $status -eq 0 ]] && pass || fail "check --kv-stats exit $status"
+/usr/bin/python3 - "$out" <<'PY' && pass || fail "check --kv-stats judged on the maxima"
+import json, sys
+doc = json.loads(sys.argv[1])
+unit = [f for f in doc["findings"] if f["id"] == "fp8-unit-scale"][0]
+assert unit["basis"] == "measured" and unit["severity"] == "info", unit
+assert "stats.json" in json.dumps(unit["evidence"])
+PY
+"$kvaudit" check "$model" --engine vllm --engine-version 0.22.0 --kv-cache-dtype fp8 \
+  --kv-stats "$work/stats.json" --kv-policy lossless -q > /dev/null
+[[ $? -eq 1 ]] && pass || fail "lossless should fail the measured FP8 cache"
+err=$("$kvaudit" check "$model" --engine vllm --kv-cache-dtype fp8 --kv-stats "$work/missing.json" \
+  2>&1 >/dev/null); status=$?
+[[ $status -eq 2 && $err == *"missing.json"* && $(wc -l <<< "$err") -eq 1 ]] \
+  && pass || fail "--kv-stats missing file: $status $err"
+
 # The same scales from the stats file: identical bytes in the scales file.
 "$kvaudit" calibrate --model "$model" --from-stats "$work/stats.json" --engine vllm \
   --out "$work/overlay2" --quiet > /dev/null && pass || fail "--from-stats exit $?"

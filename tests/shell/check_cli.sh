@@ -10,8 +10,9 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 
-# The motivating case: exit 1, the finding, the file, the missing tensors, the fix.
-out=$("$kvaudit" check "$demo" --engine sglang --tp 8 --no-color); status=$?
+# The motivating case under its user's stance (lossless): exit 1, the finding, the file,
+# the missing tensors, the fix.
+out=$("$kvaudit" check "$demo" --engine sglang --tp 8 --kv-policy lossless --no-color); status=$?
 [[ $status -eq 1 ]] && pass || fail "demo exit $status, expected 1"
 for needle in "fp8-unit-scale" "fp8_e4m3" "scale 1.0" "--kv-cache-dtype bf16" "hf_quant_config.json" \
     "371444 tensors"; do
@@ -20,7 +21,7 @@ done
 # JSON: the same verdict (exit 1), documented top-level keys and finding fields. Long
 # names wrap in the terminal; the JSON carries them whole. (Each check of the demo's
 # 371444-tensor header takes ~10 s under ASan: one JSON run serves every JSON check.)
-json=$("$kvaudit" check "$demo" --engine sglang --tp 8 --json); status=$?
+json=$("$kvaudit" check "$demo" --engine sglang --tp 8 --kv-policy lossless --json); status=$?
 [[ $status -eq 1 ]] && pass || fail "demo --json exit $status, expected 1"
 [[ $json == *"model.language_model.layers.3.self_attn.k_proj.k_scale"* ]] \
   && pass || fail "demo report does not name the missing scale tensors"
@@ -32,16 +33,30 @@ assert doc["resolved_kv"]["kv_cache_dtype"] == "fp8_e4m3"
 assert doc["resolved_kv"]["scale_source"] == "unit_default"
 ids = [f["id"] for f in doc["findings"]]
 assert "fp8-unit-scale" in ids, ids
+assert doc["kv_policy"] == "lossless"
 for f in doc["findings"]:
-    for key in ("id", "severity", "title", "evidence", "fix"):
+    for key in ("id", "severity", "title", "evidence", "fix", "basis", "judged_on"):
         assert key in f, key
+unit = [f for f in doc["findings"] if f["id"] == "fp8-unit-scale"][0]
+assert unit["severity"] == "critical" and unit["basis"] == "published", unit
+# The sparse stand-in's key norms are all zeros: said, and not taken as a bound.
+assert "sparse stand-in" in unit["judged_on"], unit["judged_on"]
 PY
+
+# The default policy judges the same launch on evidence: published Qwen3.5 measurements,
+# no bound from the stand-in: a warning that says what would settle it, exit 0.
+out=$("$kvaudit" check "$demo" --engine sglang --tp 8 --no-color); status=$?
+[[ $status -eq 0 ]] && pass || fail "demo under the default policy: exit $status, expected 0"
+for needle in "KV policy:" "Judged on:" "--kv-stats" "Verdict [warning]"; do
+  grep -qF -- "$needle" <<< "$out" && pass || fail "default-policy report lacks '$needle'"
+done
 
 # The fix passes the gate; --fail-on never always passes; --fail-on warning is stricter.
 "$kvaudit" check "$demo" --engine sglang --tp 8 --kv-cache-dtype bf16 -q > /dev/null && pass || fail "bf16 should pass"
 "$kvaudit" check "$demo" --engine sglang --fail-on never -q > /dev/null && pass || fail "--fail-on never"
-"$kvaudit" check "$demo" --unit "$root/examples/qwen3.5-397b-a17b-nvfp4/sglang.service" -q > /dev/null
-[[ $? -eq 1 ]] && pass || fail "unit file launch should fail the gate"
+"$kvaudit" check "$demo" --unit "$root/examples/qwen3.5-397b-a17b-nvfp4/sglang.service" \
+  --kv-policy lossless -q > /dev/null
+[[ $? -eq 1 ]] && pass || fail "unit file launch should fail the lossless gate"
 "$kvaudit" check "$demo" --engine vllm --engine-version 0.11.0 --fail-on warning -q > /dev/null && pass \
   || fail "vllm 0.11 keeps bf16 under auto: no warning expected"
 

@@ -14,15 +14,18 @@ demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 unit=$root/examples/qwen3.5-397b-a17b-nvfp4/sglang.service
 journal=$root/tests/fixtures/logs/journal_qwen35_fp8_then_bf16.log
 cp "$unit" "$work/original.service"
+# The motivating deployment under its user's stance: any quantized KV cache is critical.
+lossless=(--kv-policy lossless)
 
 # One run: the table (JSON), the written unit, the fix and verify lines.
 json=$("$kvaudit" check "$demo" --unit "$unit" --from-log "$journal" --context 32k,128k \
-  --write-unit "$work/sglang.fixed.service" --json); status=$?
+  "${lossless[@]}" --write-unit "$work/sglang.fixed.service" --json); status=$?
 [[ $status -eq 1 ]] && pass || fail "check exit $status, expected 1 (the critical finding)"
 /usr/bin/python3 - "$json" <<'PY' && pass || fail "decision JSON"
 import json, sys
 d = json.loads(sys.argv[1])["decision"]
-assert d["sized"] and d["recommended"] == "bf16" and d["alternative"] == "fp8-calibrated", d
+# Under lossless no quantized option is clean: no capacity-keeping alternative.
+assert d["sized"] and d["recommended"] == "bf16" and d["alternative"] == "", d
 assert d["contexts"] == [32768, 131072], d["contexts"]
 opts = {o["id"]: o for o in d["options"]}
 bf16, launched = opts["bf16"], opts["as-launched"]
@@ -45,12 +48,12 @@ sed 's/ --kv-cache-dtype bf16//' "$work/sglang.fixed.service" | cmp -s - "$unit"
 [[ $(diff "$unit" "$work/sglang.fixed.service" | grep -c '^[<>]') -eq 2 ]] \
   && pass || fail "more than one line changed"
 # The written unit is clean: check exits 0 on it.
-"$kvaudit" check "$demo" --unit "$work/sglang.fixed.service" --quiet > /dev/null \
+"$kvaudit" check "$demo" --unit "$work/sglang.fixed.service" "${lossless[@]}" --quiet > /dev/null \
   && pass || fail "check on the written unit is not clean"
 
 # --launch: the corrected command line, every other byte kept.
 launch='python -m sglang.launch_server --model-path /m --tp 8  --port 31000 --kv-cache-dtype=auto'
-out=$("$kvaudit" check "$demo" --launch "$launch" --gpu rtx-pro-6000 --json); status=$?
+out=$("$kvaudit" check "$demo" --launch "$launch" --gpu rtx-pro-6000 "${lossless[@]}" --json); status=$?
 [[ $status -eq 1 ]] && pass || fail "--launch exit $status"
 /usr/bin/python3 - "$out" <<'PY' && pass || fail "--launch fix and verify"
 import json, sys
@@ -67,13 +70,13 @@ out=$("$kvaudit" check "$demo" --unit "$unit" --no-color); status=$?
   && pass || fail "unsized check output"
 
 # Bad uses: one line, exit 2, nothing written.
-err=$("$kvaudit" check "$demo" --unit "$unit" --write-unit "$unit" 2>&1 >/dev/null); status=$?
+err=$("$kvaudit" check "$demo" --unit "$unit" "${lossless[@]}" --write-unit "$unit" 2>&1 >/dev/null); status=$?
 [[ $status -eq 2 && $err == *"original stays untouched"* && $(wc -l <<< "$err") -eq 1 ]] \
   && pass || fail "--write-unit onto the unit itself: exit $status: $err"
 cmp -s "$unit" "$work/original.service" && pass || fail "the original unit changed"
 err=$("$kvaudit" check "$demo" --launch "$launch" --write-unit "$work/x" 2>&1 >/dev/null); status=$?
 [[ $status -eq 2 && $err == *"needs --unit"* && ! -e $work/x ]] && pass || fail "--write-unit without --unit: $status $err"
-err=$("$kvaudit" check "$demo" --unit "$work/sglang.fixed.service" --write-unit "$work/y" 2>&1 >/dev/null); status=$?
+err=$("$kvaudit" check "$demo" --unit "$work/sglang.fixed.service" "${lossless[@]}" --write-unit "$work/y" 2>&1 >/dev/null); status=$?
 [[ $status -eq 2 && $err == *"nothing to correct"* && ! -e $work/y ]] && pass || fail "--write-unit on a clean unit: $status $err"
 err=$("$kvaudit" check "$demo" --unit "$unit" --from-log "$work/missing.log" 2>&1 >/dev/null); status=$?
 [[ $status -eq 2 && $err == *"missing.log"* ]] && pass || fail "--from-log missing file: $status $err"
