@@ -47,8 +47,8 @@ cat > "$ckpt/hf_quant_config.json" <<'JSON'
 JSON
 cat "$ckpt/hf_quant_config.json"
 
-step "kvaudit check (SGLang, --kv-cache-dtype auto)"
-"$kvaudit" check "$ckpt" --engine sglang --no-color > "$work/check.txt"; status=$?
+step "kvaudit check (SGLang, --kv-cache-dtype auto, --kv-policy lossless: the user's stance)"
+"$kvaudit" check "$ckpt" --engine sglang --kv-policy lossless --no-color > "$work/check.txt"; status=$?
 sed -n '/fp8-unit-scale/,+3p' "$work/check.txt" | head -8
 [[ $status -eq 1 ]] || die "check exit $status, expected 1 (critical)"
 grep -q "fp8-unit-scale" "$work/check.txt" || die "check did not report fp8-unit-scale"

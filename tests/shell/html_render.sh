@@ -74,9 +74,9 @@ print(f"{name}: {len(report['findings'])} findings, {len(report['facts'])} facts
 PY
 }
 
-# 1. The demo: `kvaudit check` exits 1 (critical finding: FP8 KV without scales).
+# 1. The demo: `kvaudit check --kv-policy lossless` exits 1 (critical finding: FP8 KV without scales).
 status=0
-"$kvaudit" check "$generated" --engine sglang --tp 8 --html "$out/demo-check.html" --json \
+"$kvaudit" check "$generated" --engine sglang --tp 8 --kv-policy lossless --html "$out/demo-check.html" --json \
   >"$out/demo-check.json" || status=$?
 [[ $status -eq 1 ]] || fail "demo check: expected exit 1 (critical finding), got $status"
 render_and_check demo-check 1200x1800

@@ -36,8 +36,9 @@ for _ in $(seq 1 100); do
 done
 [[ -n $url ]] && pass || { fail "serve did not start: $(tail -n 5 "$work/serve.log")"; echo "probe_cli: $passed passed, $failures failed"; exit 1; }
 
-json=$("$kvaudit" probe "$url" --json); status=$?
-# The served checkpoint is found at its model_path: the full check runs (fp8 at scale 1.0).
+json=$("$kvaudit" probe "$url" --kv-policy lossless --json); status=$?
+# The served checkpoint is found at its model_path: the full check runs (fp8 at scale 1.0),
+# critical under the lossless policy (under the default one its key norms bound the keys).
 [[ $status -eq 1 ]] && pass || fail "detection exit $status, expected 1 (critical finding)"
 /usr/bin/python3 - "$json" <<'PY' && pass || fail "detection JSON"
 import json, sys
