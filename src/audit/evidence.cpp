@@ -696,4 +696,25 @@ void judge(const Context& ctx, Category category, report::Finding& finding) {
                                     policy_text);
 }
 
+void judge_as_unit_scale(const Context& ctx, report::Finding& finding) {
+  judge(ctx, Category::precision, finding);
+  // The scale finding carries the verdict; this one says why the cache is quantized.
+  if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
+    finding.severity = Severity::warning;
+  if (ctx.resolved.scale_source == engines::ScaleSource::unit_default) {
+    finding.judged_on = fmt::format("{}the evidence of the fp8-unit-scale finding ({})",
+                                    ctx.input.policy == KvPolicy::lossless
+                                        ? "--kv-policy lossless (any quantized KV cache is "
+                                          "critical); "
+                                        : "",
+                                    ctx.range.basis);
+    std::erase_if(finding.evidence, [&](const Evidence& e) {
+      return std::find_if(ctx.range.evidence.begin(), ctx.range.evidence.end(),
+                          [&](const Evidence& r) {
+                            return r.file == e.file && r.key == e.key && r.value == e.value;
+                          }) != ctx.range.evidence.end();
+    });
+  }
+}
+
 }  // namespace kvaudit::audit

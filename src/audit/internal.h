@@ -63,6 +63,9 @@ RangeAssessment assess_kv_range(const CheckInput& input, const engines::Resolved
 // The severity of a finding of `category` under the input's policy; precision findings
 // follow the range verdict. Also stamps the finding's basis and judged_on.
 void judge(const Context& ctx, Category category, report::Finding& finding);
+// For a finding that explains the scale-1.0 cache another finding judges: the same
+// severity rules, and a judged_on that points there instead of repeating the evidence.
+void judge_as_unit_scale(const Context& ctx, report::Finding& finding);
 // What the engine's own behaviour (a rule read in its source) rests on, for judged_on.
 std::string engine_basis_text(const engines::Provenance& provenance);
 

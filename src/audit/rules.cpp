@@ -152,10 +152,7 @@ void rule_auto_quantized(Context& ctx) {
       finding.judged_on = engine_basis_text(r.rule_provenance);
       judge(ctx, Category::scales_not_as_shipped, finding);
     } else {
-      // The scale findings carry the critical verdict; this one says nobody chose it.
-      judge(ctx, Category::precision, finding);
-      if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
-        finding.severity = Severity::warning;
+      judge_as_unit_scale(ctx, finding);
     }
     ctx.findings.push_back(std::move(finding));
   } else if (!r.quantized && r.requested == "auto") {

@@ -222,10 +222,7 @@ void rule_modelopt_kv_cast(Context& ctx) {
       "NVIDIA/Model-Optimizer KV cache recipes (kv_fp8_cast; constant-amax cast made the "
       "default by Model-Optimizer#1012, #1334)"};
   if (enabled) {
-    // It explains the unit scale; the scale finding carries the verdict.
-    judge(ctx, Category::precision, finding);
-    if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
-      finding.severity = Severity::warning;
+    judge_as_unit_scale(ctx, finding);
   }
   ctx.findings.push_back(std::move(finding));
 }
@@ -332,9 +329,7 @@ void rule_scale_values(Context& ctx) {
         "calibrate real scales (kvaudit calibrate) or " + ctx.fix_flag("bf16"),
         "NVIDIA/Model-Optimizer#20 (exported scaling factors all 1.0)"};
     if (ctx.resolved.quantized) {
-      judge(ctx, Category::precision, finding);
-      if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
-        finding.severity = Severity::warning;  // the unit-scale finding carries the verdict
+      judge_as_unit_scale(ctx, finding);
     }
     ctx.findings.push_back(std::move(finding));
   } else if (largest > 0 && smallest < INFINITY && largest / smallest > 1000.0f) {
