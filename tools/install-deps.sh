@@ -4,7 +4,7 @@
 # Usage: tools/install-deps.sh [--full]   (--full adds the heavy test oracles:
 # python3-torch, numpy, chromium, node for tokenizer goldens).
 set -euo pipefail
-core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev clang-format
+core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
       libcpp-httplib-dev libssl-dev libhwy-dev libpcre2-dev libutf8proc-dev
       libgtest-dev libgmock-dev python3 python3-numpy ccache)

@@ -154,9 +154,10 @@ MeasuredKvRange measured_from_training(float k_factor) {
 // permissive).
 TEST(Measured, MaximaDecideTheSeverity) {
   const checkpoint::ModelFacts model = checkpoint::read_checkpoint(trained_qwen3());
-  const Finding* fits = find(
-      check_model(model, "vllm", "fp8", "0.22.0", KvPolicy::evidence, measured_from_training(1)),
-      "fp8-unit-scale");
+  // Each result is kept in a variable: find() points into it.
+  const CheckResult fitting =
+      check_model(model, "vllm", "fp8", "0.22.0", KvPolicy::evidence, measured_from_training(1));
+  const Finding* fits = find(fitting, "fp8-unit-scale");
   ASSERT_NE(fits, nullptr);
   EXPECT_EQ(fits->basis, "measured");
   EXPECT_EQ(fits->severity, Severity::info);
@@ -166,18 +167,17 @@ TEST(Measured, MaximaDecideTheSeverity) {
   EXPECT_EQ(find(clips, "fp8-unit-scale")->basis, "measured");
   EXPECT_EQ(find(clips, "fp8-unit-scale")->severity, Severity::critical);
   EXPECT_NE(find(clips, "fp8-unit-scale")->judged_on.find("exceed"), std::string::npos);
-  EXPECT_EQ(find(check_model(model, "vllm", "fp8", "0.22.0", KvPolicy::permissive,
-                             measured_from_training(50)),
-                 "fp8-unit-scale")
-                ->severity,
-            Severity::warning);
+  const CheckResult permissive = check_model(model, "vllm", "fp8", "0.22.0",
+                                            KvPolicy::permissive, measured_from_training(50));
+  ASSERT_NE(find(permissive, "fp8-unit-scale"), nullptr);
+  EXPECT_EQ(find(permissive, "fp8-unit-scale")->severity, Severity::warning);
   // A statistics file that misses layers settles nothing for them.
   MeasuredKvRange partial = measured_from_training(1);
   partial.layers.pop_back();
-  EXPECT_EQ(find(check_model(model, "vllm", "fp8", "0.22.0", KvPolicy::evidence, partial),
-                 "fp8-unit-scale")
-                ->severity,
-            Severity::warning);
+  const CheckResult unsettled =
+      check_model(model, "vllm", "fp8", "0.22.0", KvPolicy::evidence, partial);
+  ASSERT_NE(find(unsettled, "fp8-unit-scale"), nullptr);
+  EXPECT_EQ(find(unsettled, "fp8-unit-scale")->severity, Severity::warning);
 }
 
 // Published damage on the family decides when nothing about this checkpoint does: Qwen2 at
@@ -186,7 +186,8 @@ TEST(Published, FamilyDamageDecidesWithoutABound) {
   checkpoint::ModelFacts qwen2 =
       checkpoint::read_checkpoint(testing::fixture_checkpoint("llama-bf16-plain"));
   qwen2.model_type = "qwen2";
-  const Finding* bad = find(check_model(qwen2, "vllm", "fp8", "0.22.0"), "fp8-unit-scale");
+  const CheckResult qwen2_result = check_model(qwen2, "vllm", "fp8", "0.22.0");
+  const Finding* bad = find(qwen2_result, "fp8-unit-scale");
   ASSERT_NE(bad, nullptr);
   EXPECT_EQ(bad->basis, "published");
   EXPECT_EQ(bad->severity, Severity::critical);
@@ -194,7 +195,8 @@ TEST(Published, FamilyDamageDecidesWithoutABound) {
 
   const checkpoint::ModelFacts llama =
       checkpoint::read_checkpoint(testing::fixture_checkpoint("llama-bf16-plain"));
-  const Finding* fine = find(check_model(llama, "vllm", "fp8", "0.22.0"), "fp8-unit-scale");
+  const CheckResult llama_result = check_model(llama, "vllm", "fp8", "0.22.0");
+  const Finding* fine = find(llama_result, "fp8-unit-scale");
   ASSERT_NE(fine, nullptr);
   EXPECT_EQ(fine->severity, Severity::warning);  // published alone does not clear a checkpoint
   EXPECT_NE(fine->judged_on.find("no key norm"), std::string::npos) << fine->judged_on;
