@@ -34,7 +34,17 @@ asan: deps
 
 fuzz: asan
 
+# ctest starts the tests it knows to be longest first, from the costs of the last run in
+# that build folder; a clean build has none and started the 2-minute coverage test last
+# (the stage's tail). tests/ctest-costs/ seeds them from a measured run (the tests >= 2 s);
+# ctest replaces the seed with its own measurements after the first run.
+define seed-ctest-costs
+	@mkdir -p $(1)/Testing/Temporary && [ -f $(1)/Testing/Temporary/CTestCostData.txt ] || \
+	  cp tests/ctest-costs/$(2).txt $(1)/Testing/Temporary/CTestCostData.txt
+endef
+
 test-release: build
+	$(call seed-ctest-costs,$(BUILD),release)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The edit-compile-test loop: the release build and its tests, without the heavy oracles
@@ -59,12 +69,15 @@ check: build
 # its 371K-entry headers and index (35-60 s each under ASan, 0.2-1 s in release): check_cli,
 # HubAudit and the fuzzers run that parsing under the sanitizers, and the decision table,
 # verify, key-norm and hub code they drive runs there in the small-checkpoint tests of the
-# same suites (Decision.WithoutMemory..., Fix.*, KeyNormBound.*, HubFaults.*). The hybrid
+# same suites (Decision.WithoutMemory..., Fix.*, KeyNormBound.*, HubFaults.*, HubCache.*,
+# HubAudit.SingleFile...). The Browser.* tests time a headless Chromium drawing kvaudit's
+# pages: Chromium is not instrumented, and the pages' code runs in the report tests. The hybrid
 # fixture-model evaluations (HybridFixture.*) are left out like Fixture.*: Hybrid* and
 # Qwen35/HybridVsTorch run the same kernels on the tiny hybrids.
-ASAN_DEMO_E2E = Decision[.](MotivatingDeploymentSizedFromItsJournal|UnderTheEvidencePolicyTheMotivatingLaunchWarns|ExpectationsFromTheTablePassOnTheFixedLaunchAndFailOnTheOldOne|ACleanLaunchHasNothingToFix)|Verify[.]CommandsNameTheUnitTheUrlAndTheExpectations|KeyNormBound[.]ASparseStandInIsNotEvidence|HubCli[.]CheckAndPlanOfAHubRepositoryMatchTheLocalFolder
-ASAN_EXCLUDE ?= ^(Fixture(Model)?[.]|HybridFixture[.]|EngineDataCoverage[.]|$(ASAN_DEMO_E2E)|shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli)$$)
+ASAN_DEMO_E2E = Decision[.](MotivatingDeploymentSizedFromItsJournal|UnderTheEvidencePolicyTheMotivatingLaunchWarns|ExpectationsFromTheTablePassOnTheFixedLaunchAndFailOnTheOldOne|ACleanLaunchHasNothingToFix)|Verify[.]CommandsNameTheUnitTheUrlAndTheExpectations|KeyNormBound[.]ASparseStandInIsNotEvidence|HubCli[.]CheckAndPlanOfAHubRepositoryMatchTheLocalFolder|HubAudit[.]DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit
+ASAN_EXCLUDE ?= ^(Fixture(Model)?[.]|HybridFixture[.]|EngineDataCoverage[.]|Browser[.]|$(ASAN_DEMO_E2E)|shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli)$$)
 test-asan: asan
+	$(call seed-ctest-costs,$(ASAN_BUILD),asan)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS) -E '$(ASAN_EXCLUDE)'
 
 test-fuzz: asan
