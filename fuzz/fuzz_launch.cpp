@@ -16,15 +16,19 @@ namespace fs = std::filesystem;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
+  // The shipped engine data, read once for the whole run.
+  static const kvaudit::engines::Registry registry =
+      kvaudit::engines::Registry::load(kvaudit::data_dir());
   try {
     if (data[0] & 1) {
       static const fs::path unit =
           fs::temp_directory_path() / ("kvaudit-fuzz-unit-" + std::to_string(::getpid()));
       std::ofstream(unit, std::ios::binary | std::ios::trunc) << text;
-      kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_systemd_unit(unit);
+      kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_systemd_unit(registry, unit);
       if (flags.engine.empty()) __builtin_trap();  // a parse that succeeds names its engine
     } else {
-      kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_launch_command(text, "fuzz");
+      kvaudit::engines::LaunchFlags flags =
+          kvaudit::engines::parse_launch_command(registry, text, "fuzz");
       if (flags.engine.empty()) __builtin_trap();
     }
   } catch (const kvaudit::InputError&) {

@@ -18,8 +18,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r.complete && r.cuts != 0) __builtin_trap();
     return 0;
   }
+  // The shipped engine data, read once for the whole run.
+  static const kvaudit::engines::Registry registry =
+      kvaudit::engines::Registry::load(kvaudit::data_dir());
   try {
-    kvaudit::logs::LogScan scan = kvaudit::logs::scan_log_text(text, "fuzz");
+    kvaudit::logs::LogScan scan = kvaudit::logs::scan_log_text(registry, text, "fuzz");
     for (const auto& launch : scan.launches) {
       if (launch.first_line < 1 || launch.last_line < launch.first_line) __builtin_trap();
       if (launch.last_line > scan.lines + 1) __builtin_trap();

@@ -75,12 +75,14 @@ struct PublishedEvidence {
   std::vector<PublishedMeasurement> measurements;
 };
 // Loads and lints the published-damage table (InputError naming the file and key).
-PublishedEvidence load_published_evidence(const std::filesystem::path& file);
+// The dtypes it names must be canonical in `dtypes`.
+PublishedEvidence load_published_evidence(const std::filesystem::path& file,
+                                          const engines::DtypeVocabulary& dtypes);
 
 struct CheckInput {
   checkpoint::ModelFacts model;
   engines::LaunchFlags flags;
-  const engines::EngineModel* engine = nullptr;  // engines::engine_model(flags.engine)
+  const engines::EngineModel* engine = nullptr;  // the registry's model of flags.engine
   bool version_given = false;                    // false: judged against the latest known behaviour
   double read_seconds = 0;                       // time spent reading the checkpoint
   KvPolicy policy = KvPolicy::evidence;

@@ -110,7 +110,7 @@ void rule_platform_substitution(Context& ctx) {
 void rule_draft_kv(Context& ctx) {
   const engines::DraftKvRule* rule = ctx.resolved.draft_rule;
   if (!rule || ctx.resolved.draft_kv_cache_dtype.empty()) return;
-  if (!engines::is_quantized_dtype(ctx.resolved.draft_kv_cache_dtype)) return;
+  if (!ctx.engine().dtypes->is_quantized(ctx.resolved.draft_kv_cache_dtype)) return;
   std::vector<Evidence> evidence = {
       {ctx.launch_label(), "speculative algorithm", ctx.flags().speculative_algorithm},
       {ctx.launch_label(), "draft KV cache dtype", ctx.resolved.draft_kv_cache_dtype},

@@ -54,7 +54,8 @@ std::string_view damage_name(Damage damage) {
 
 // ---------------------------------------------------------------- the published table
 
-PublishedEvidence load_published_evidence(const std::filesystem::path& file) {
+PublishedEvidence load_published_evidence(const std::filesystem::path& file,
+                                          const engines::DtypeVocabulary& dtypes) {
   PublishedEvidence out;
   out.file = display_path(file);
   nlohmann::json document = read_json_file(file, 1 << 20);
@@ -78,7 +79,7 @@ PublishedEvidence load_published_evidence(const std::filesystem::path& file) {
     if (m.model_types.empty()) r.fail("model_types", "name at least one config model_type");
     m.models = r.strings("models");
     m.kv_dtype = r.string("kv_dtype");
-    if (!engines::find_kv_dtype(m.kv_dtype) || engines::normalise_dtype(m.kv_dtype) != m.kv_dtype)
+    if (!dtypes.find(m.kv_dtype) || dtypes.normalise(m.kv_dtype) != m.kv_dtype)
       r.fail("kv_dtype", fmt::format("'{}' is not a canonical dtype of dtypes.json", m.kv_dtype));
     m.scales = r.string("scales");
     if (m.scales != "unit" && m.scales != "calibrated" && m.scales != "dynamic" &&

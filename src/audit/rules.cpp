@@ -235,7 +235,7 @@ void rule_dtype_hazards(Context& ctx) {
     auto has = [](const std::vector<std::string>& list, const std::string& value) {
       return std::find(list.begin(), list.end(), value) != list.end();
     };
-    const std::string trained = engines::normalise_dtype(ctx.model().torch_dtype);
+    const std::string trained = ctx.engine().dtypes->normalise(ctx.model().torch_dtype);
     if (!has(hazard.dtypes, ctx.resolved.kv_cache_dtype) || !has(hazard.model_dtypes, trained))
       continue;
     std::vector<Evidence> evidence = {
@@ -261,7 +261,7 @@ void rule_dtype_hazards(Context& ctx) {
 void rule_fp16_serving(Context& ctx) {
   const std::string trained = ctx.model().torch_dtype;
   if (trained != "bfloat16") return;
-  const std::string served = engines::normalise_dtype(ctx.flags().dtype);
+  const std::string served = ctx.engine().dtypes->normalise(ctx.flags().dtype);
   const bool fp16_weights = served == "fp16";
   const bool fp16_cache = ctx.resolved.kv_cache_dtype == "fp16";
   if (!fp16_weights && !fp16_cache) return;
@@ -324,8 +324,8 @@ void rule_skip_layers(Context& ctx) {
       "vllm/config/cache.py kv_cache_dtype_skip_layers"});
 }
 
-int state_rank(const std::string& dtype) {
-  const std::string canonical = engines::normalise_dtype(dtype);
+int state_rank(const engines::DtypeVocabulary& dtypes, const std::string& dtype) {
+  const std::string canonical = dtypes.normalise(dtype);
   if (canonical == "fp32") return 32;
   if (canonical == "bf16" || canonical == "fp16") return 16;
   return 0;
@@ -341,7 +341,10 @@ void rule_hybrid_state(Context& ctx) {
       engines::resolve_state_dtypes(ctx.engine(), ctx.resolved.version, ctx.model(),
                                     ctx.flags().mamba_ssm_dtype, ctx.resolved.model_dtype);
   const std::string& used = states.ssm.dtype;
-  if (state_rank(used) == 0 || state_rank(used) >= state_rank(linear->ssm_dtype)) return;
+  const engines::DtypeVocabulary& dtypes = *ctx.engine().dtypes;
+  if (state_rank(dtypes, used) == 0 ||
+      state_rank(dtypes, used) >= state_rank(dtypes, linear->ssm_dtype))
+    return;
   const engines::Provenance& provenance =
       states.rule ? states.rule->provenance
                   : ctx.engine().defaults_for(ctx.resolved.version).provenance;

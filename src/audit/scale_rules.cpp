@@ -433,7 +433,7 @@ UnitScaleText unit_scale_text(const engines::EngineModel& engine, const engines:
   const std::string bf16 = engines::cli_spelling(engine, version, "bf16");
   UnitScaleText out;
   out.consequence = fmt::format("Silent precision loss that grows with context: {}.",
-                                numeric_meaning(engines::find_kv_dtype(kv_cache_dtype)));
+                                numeric_meaning(engine.dtypes->find(kv_cache_dtype)));
   out.fix = fmt::format(
       "launch with --kv-cache-dtype {} (twice the KV bytes per token: the decision table, with "
       "--gpu or --from-log, gives the tokens and concurrency left), or calibrate scales the "

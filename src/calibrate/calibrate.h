@@ -162,7 +162,8 @@ struct OverlayResult {
 // overlay atomically into out_dir, and returns what it did. Throws InputError naming the
 // reasons and references when no carrier works (the refusal), when out_dir is the model
 // folder, or when a per-head request meets an engine that only takes per-tensor scales.
-OverlayResult write_overlay(const checkpoint::ModelFacts& model,
+// `registry` holds request.engine.
+OverlayResult write_overlay(const engines::Registry& registry, const checkpoint::ModelFacts& model,
                             const std::vector<LayerScales>& scales, const OverlayRequest& request);
 
 // ---------------------------------------------------------------- report

@@ -346,7 +346,7 @@ void write_staged(const std::map<std::string, std::string>& files, const fs::pat
 
 }  // namespace
 
-OverlayResult write_overlay(const checkpoint::ModelFacts& model,
+OverlayResult write_overlay(const engines::Registry& registry, const checkpoint::ModelFacts& model,
                             const std::vector<LayerScales>& scales, const OverlayRequest& request) {
   std::error_code ec;
   const fs::path model_dir = fs::weakly_canonical(request.model_dir, ec);
@@ -357,7 +357,7 @@ OverlayResult write_overlay(const checkpoint::ModelFacts& model,
   check_destination(request, model_dir, out_dir);
   if (request.tp < 1 || request.tp > 1024) throw InputError("--tp", "must lie in 1..1024");
 
-  const engines::EngineModel& engine = engines::engine_model(request.engine);
+  const engines::EngineModel& engine = registry.engine(request.engine);
   auto version = engines::parse_version(request.engine_version);
   if (!version)
     throw InputError("--engine-version", "cannot read version '" + request.engine_version + "'");

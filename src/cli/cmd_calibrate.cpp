@@ -33,7 +33,7 @@ struct CalibrateFlags {
   OutputOptions output;
 };
 
-int run_calibrate_command(const CalibrateFlags& flags) {
+int run_calibrate_command(const engines::Registry& registry, const CalibrateFlags& flags) {
   if (flags.format != "fp8_e4m3")
     throw InputError("--format", fmt::format("'{}' is not supported: engines load static KV "
                                              "scales for fp8_e4m3 only",
@@ -93,7 +93,7 @@ int run_calibrate_command(const CalibrateFlags& flags) {
   request.engine_version = flags.engine_version;
   request.tp = flags.tp;
   request.granularity = options.granularity;
-  calibrate::OverlayResult overlay = calibrate::write_overlay(facts, scales, request);
+  calibrate::OverlayResult overlay = calibrate::write_overlay(registry, facts, scales, request);
 
   report::Report out;
   out.command = "calibrate";
@@ -113,7 +113,7 @@ int run_calibrate_command(const CalibrateFlags& flags) {
 
 }  // namespace
 
-void add_calibrate_command(CLI::App& app, Runner& run) {
+void add_calibrate_command(CLI::App& app, Runner& run, EngineData& engines) {
   auto flags = std::make_shared<CalibrateFlags>();
   CLI::App* command = app.add_subcommand(
       "calibrate", "FP8 KV scales from calibration text, written where the engine loads them");
@@ -124,9 +124,8 @@ void add_calibrate_command(CLI::App& app, Runner& run) {
   command->add_option("--from-stats", flags->stats_file,
                       "Per-layer K/V maxima collected elsewhere (kvaudit-kv-stats/1 JSON)");
   command->add_option("--stats-out", flags->stats_out, "Also write the maxima used (JSON)");
-  command->add_option("--engine", flags->engine, "Target engine")
-      ->required()
-      ->check(CLI::IsMember(engines::known_engines()));
+  command->add_option("--engine", flags->engine, "Target engine (a file of data/engines/)")
+      ->required();
   command->add_option("--engine-version", flags->engine_version,
                       "Target engine version (default: latest known)");
   command->add_option("--format", flags->format, "KV cache format of the scales")
@@ -148,7 +147,9 @@ void add_calibrate_command(CLI::App& app, Runner& run) {
   command->add_option("--out", flags->out_dir, "Overlay folder to write (never the checkpoint)")
       ->required();
   add_output_options(*command, flags->output);
-  command->callback([flags, &run] { run = [flags] { return run_calibrate_command(*flags); }; });
+  command->callback([flags, &run, &engines] {
+    run = [flags, &engines] { return run_calibrate_command(engines.registry(), *flags); };
+  });
 }
 
 }  // namespace kvaudit::cli

@@ -48,23 +48,25 @@ struct CheckOptions {
 
 constexpr const char* kCheckUsage =
     "kvaudit check: find silent KV-cache precision threats in a checkpoint and launch.\n"
-    "usage: kvaudit check CHECKPOINT_DIR --engine sglang|vllm [--engine-version V] [--tp N] ...\n"
+    "usage: kvaudit check CHECKPOINT_DIR --engine ENGINE [--engine-version V] [--tp N] ...\n"
     "       kvaudit check CHECKPOINT_DIR --launch \"python -m sglang.launch_server ...\"\n"
     "       kvaudit check CHECKPOINT_DIR --unit sglang.service\n"
     "Try the bundled example: make demo   (runs kvaudit check on "
     "examples/qwen3.5-397b-a17b-nvfp4)\n"
     "kvaudit check --help lists every flag.\n";
 
-decide::MemorySource memory_source(const CheckOptions& options) {
+decide::MemorySource memory_source(const engines::Registry& registry, const CheckOptions& options) {
   decide::MemorySource memory;
   const GpuMemory gpu = gpu_memory_from_flags(options.gpu, options.gpu_mem);
   memory.gpu_memory_bytes = gpu.bytes;
   memory.gpu_name = gpu.name;
   if (!options.from_log.empty()) {
-    logs::LogScan scan = options.from_log == "-" ? logs::scan_log(std::cin, "stdin")
-                                                 : logs::scan_log_file(options.from_log);
+    logs::LogScan scan = options.from_log == "-" ? logs::scan_log(registry, std::cin, "stdin")
+                                                 : logs::scan_log_file(registry, options.from_log);
     if (scan.launches.empty())
-      throw InputError(options.from_log, "no SGLang or vLLM start-up lines found");
+      throw InputError(options.from_log,
+                       fmt::format("no start-up lines of a known engine ({}) found",
+                                   fmt::join(registry.names(), ", ")));
     memory.logged = scan.launches.back().memory;
     memory.log_label = fmt::format("the latest launch of {} (launch {} of {})",
                                    options.from_log == "-" ? "stdin" : options.from_log,
@@ -100,13 +102,14 @@ std::vector<std::string> line_diff(const std::string& before, const std::string&
   return out;
 }
 
-void add_decision(const CheckOptions& options, const audit::CheckInput& input,
-                  const audit::CheckResult& result, report::Report& report) {
+void add_decision(const engines::Registry& registry, const CheckOptions& options,
+                  const audit::CheckInput& input, const audit::CheckResult& result,
+                  report::Report& report) {
   decide::DecisionOptions request;
   if (!options.contexts.empty())
     request.contexts = parse_token_counts(options.contexts, "--context", "32k,128k");
-  request.memory = memory_source(options);
-  decide::Decision decision = decide::decide(input, result, request);
+  request.memory = memory_source(registry, options);
+  decide::Decision decision = decide::decide(registry, input, result, request);
 
   std::vector<std::string> fix_lines;
   const decide::KvOption* fixed = nullptr;
@@ -159,14 +162,15 @@ void add_decision(const CheckOptions& options, const audit::CheckInput& input,
   decide::add_to_report(decision, fix_lines, verify_lines, report);
 }
 
-int run_check_command(CheckOptions& options) {
+int run_check_command(const engines::Registry& registry, CheckOptions& options) {
   if (options.checkpoint.empty() && options.launch.empty() && options.unit.empty()) {
     std::cerr << kCheckUsage;
     return kExitInputError;
   }
   engines::LaunchFlags flags;
-  if (!options.launch.empty()) flags = engines::parse_launch_command(options.launch, "--launch");
-  if (!options.unit.empty()) flags = engines::parse_systemd_unit(options.unit);
+  if (!options.launch.empty())
+    flags = engines::parse_launch_command(registry, options.launch, "--launch");
+  if (!options.unit.empty()) flags = engines::parse_systemd_unit(registry, options.unit);
   if (!options.engine.empty()) {
     if (!flags.engine.empty() && flags.engine != options.engine)
       throw InputError("--engine",
@@ -174,7 +178,8 @@ int run_check_command(CheckOptions& options) {
     flags.engine = options.engine;
   }
   if (flags.engine.empty())
-    throw InputError("--engine", "which engine? pass --engine sglang|vllm, --launch or --unit");
+    throw InputError("--engine", fmt::format("which engine? pass --engine {}, --launch or --unit",
+                                             fmt::join(registry.names(), "|")));
   if (flags.source.empty()) flags.source = "launch flags";
   flags.engine_version = options.engine_version;
   if (!options.kv_cache_dtype.empty()) {
@@ -203,9 +208,9 @@ int run_check_command(CheckOptions& options) {
     throw InputError("check", "no checkpoint folder given and the launch command names none");
 
   audit::CheckInput input;
-  input.engine = &engines::engine_model(flags.engine);
+  input.engine = &registry.engine(flags.engine);
   input.policy = *audit::parse_kv_policy(options.kv_policy);  // CLI11 checked the spelling
-  const audit::PublishedEvidence published = load_published_damage();
+  const audit::PublishedEvidence published = load_published_damage(registry);
   input.published = &published;
   if (!options.kv_stats.empty()) input.measured = measured_range(options.kv_stats);
   if (!options.gpu.empty()) {
@@ -225,7 +230,7 @@ int run_check_command(CheckOptions& options) {
 
   audit::CheckResult result = audit::run_check(input);
   report::Report report = audit::to_report(input, result);
-  add_decision(options, input, result, report);
+  add_decision(registry, options, input, result, report);
   emit(report, options.output);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never
                           : options.fail_on == "warning" ? audit::FailOn::warning
@@ -235,7 +240,7 @@ int run_check_command(CheckOptions& options) {
 
 }  // namespace
 
-void add_check_command(CLI::App& app, Runner& run) {
+void add_check_command(CLI::App& app, Runner& run, EngineData& engines) {
   auto options = std::make_shared<CheckOptions>();
   CLI::App* check =
       app.add_subcommand("check", "Audit a checkpoint + launch for silent KV-cache precision loss");
@@ -243,8 +248,8 @@ void add_check_command(CLI::App& app, Runner& run) {
                     "Checkpoint folder, a bare config.json, or a hub repository "
                     "org/model[@revision] (read without its weights)");
   add_checkpoint_source_options(*check, options->source);
-  check->add_option("--engine", options->engine, "sglang or vllm")
-      ->check(CLI::IsMember(engines::known_engines()));
+  check->add_option("--engine", options->engine,
+                    "The engine: a file of data/engines/ (sglang, vllm, trtllm, ...)");
   check->add_option("--engine-version", options->engine_version,
                     "Engine version, e.g. 0.5.9 (default: latest known)");
   check->add_option("--kv-cache-dtype", options->kv_cache_dtype,
@@ -292,7 +297,9 @@ void add_check_command(CLI::App& app, Runner& run) {
                     "The attention backend the server runs (when the launch does not name it), "
                     "for combinations known to break on one backend");
   add_output_options(*check, options->output);
-  check->callback([options, &run] { run = [options] { return run_check_command(*options); }; });
+  check->callback([options, &run, &engines] {
+    run = [options, &engines] { return run_check_command(engines.registry(), *options); };
+  });
 }
 
 }  // namespace kvaudit::cli

@@ -1,5 +1,7 @@
 // kvaudit logs: what the latest launch in a start-up log or journal really did,
 // checked against --expect and, with --checkpoint, against check and plan.
+#include <fmt/format.h>
+
 #include <iostream>
 
 #include "audit/audit.h"
@@ -26,12 +28,12 @@ struct LogsFlags {
 // What `kvaudit check` predicts for this launch (same checkpoint, the flags the log
 // printed): the resolved dtype must agree. (The scale fallback the log alone cannot
 // decide is logs::cross_check_checkpoint's.)
-void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& model,
-                         std::vector<report::Finding>& out) {
+void check_against_audit(const engines::EngineModel& engine, logs::Launch& launch,
+                         const checkpoint::ModelFacts& model, std::vector<report::Finding>& out) {
   audit::CheckInput input;
   input.policy = launch.kv_policy;
   input.model = model;
-  input.engine = &engines::engine_model(launch.engine);
+  input.engine = &engine;
   input.flags.engine = launch.engine;
   input.flags.engine_version = launch.engine_version;
   input.flags.kv_cache_dtype =
@@ -64,16 +66,17 @@ void check_against_audit(logs::Launch& launch, const checkpoint::ModelFacts& mod
   }
 }
 
-int run_logs(LogsFlags& f) {
+int run_logs(const engines::Registry& registry, LogsFlags& f) {
   std::vector<logs::Expectation> expectations;
   for (const auto& e : f.expect) expectations.push_back(logs::parse_expectation(e));
   logs::ScanOptions options;
   options.kv_policy = *audit::parse_kv_policy(f.kv_policy);  // CLI11 checked the spelling
-  logs::LogScan scan = f.file == "-" ? logs::scan_log(std::cin, "stdin", options)
-                                     : logs::scan_log_file(f.file, options);
+  logs::LogScan scan = f.file == "-" ? logs::scan_log(registry, std::cin, "stdin", options)
+                                     : logs::scan_log_file(registry, f.file, options);
   if (scan.launches.empty())
-    throw InputError(scan.source, "no SGLang or vLLM start-up lines found in " +
-                                      std::to_string(scan.lines) + " lines");
+    throw InputError(scan.source, fmt::format("no start-up lines of a known engine ({}) found in "
+                                              "{} lines",
+                                              fmt::join(registry.names(), ", "), scan.lines));
   if (f.launch < 0 || f.launch > static_cast<int>(scan.launches.size()))
     throw InputError("--launch",
                      "the log has " + std::to_string(scan.launches.size()) + " launches");
@@ -87,13 +90,12 @@ int run_logs(LogsFlags& f) {
     checkpoint::ModelFacts model = checkpoint::read_checkpoint(f.checkpoint);
     for (size_t i = 0; i < scan.launches.size(); ++i) {
       logs::Launch& launch = scan.launches[i];
-      const auto known = engines::known_engines();
-      if (std::find(known.begin(), known.end(), launch.engine) != known.end())
-        check_against_audit(launch, model, check_findings);
-      logs::cross_check_checkpoint(launch, model, i + 1 == scan.launches.size());
+      if (const engines::EngineModel* engine = registry.find(launch.engine))
+        check_against_audit(*engine, launch, model, check_findings);
+      logs::cross_check_checkpoint(registry, launch, model, i + 1 == scan.launches.size());
     }
   }
-  auto results = logs::check_expectations(scan.launches.back(), expectations);
+  auto results = logs::check_expectations(registry, scan.launches.back(), expectations);
   report::Report report = logs::to_report(scan, f.all, results);
   for (auto& finding : check_findings) report.findings.push_back(std::move(finding));
   emit(report, f.output);
@@ -104,10 +106,10 @@ int run_logs(LogsFlags& f) {
 
 }  // namespace
 
-void add_logs_command(CLI::App& app, Runner& run) {
+void add_logs_command(CLI::App& app, Runner& run, EngineData& engines) {
   auto flags = std::make_shared<LogsFlags>();
   CLI::App* cmd = app.add_subcommand("logs",
-                                     "Read an SGLang/vLLM start-up log or journal: what the latest "
+                                     "Read an engine's start-up log or journal: what the latest "
                                      "launch resolved (dtype, scales, capacity)");
   cmd->add_option("file", flags->file, "Log file or journalctl output ('-' = stdin)")->required();
   cmd->add_flag("--all", flags->all, "Report every launch, not only the latest");
@@ -124,7 +126,9 @@ void add_logs_command(CLI::App& app, Runner& run) {
                   "(as kvaudit check)")
       ->check(CLI::IsMember({"lossless", "evidence", "permissive"}));
   add_output_options(*cmd, flags->output);
-  cmd->callback([flags, &run] { run = [flags] { return run_logs(*flags); }; });
+  cmd->callback([flags, &run, &engines] {
+    run = [flags, &engines] { return run_logs(engines.registry(), *flags); };
+  });
 }
 
 }  // namespace kvaudit::cli

@@ -1,5 +1,7 @@
 // kvaudit plan: checkpoint (or config.json) + engine + GPU -> KV capacity per dtype;
 // with --from-log, the same arithmetic run on the figures a launch printed.
+#include <fmt/format.h>
+
 #include <cctype>
 #include <cmath>
 #include <iostream>
@@ -40,7 +42,7 @@ struct PlanFlags {
   OutputOptions output;
 };
 
-int run_plan(PlanFlags& f) {
+int run_plan(const engines::Registry& registry, PlanFlags& f) {
   if (f.checkpoint.empty()) throw InputError("plan", "give a checkpoint folder or a config.json");
   checkpoint::ReadOptions read;
   checkpoint::ModelFacts model = read_checkpoint_argument(f.checkpoint, f.source, read);
@@ -74,19 +76,20 @@ int run_plan(PlanFlags& f) {
 
   std::optional<plan::LogPrediction> prediction;
   if (!f.from_log.empty()) {
-    logs::LogScan scan =
-        f.from_log == "-" ? logs::scan_log(std::cin, "stdin") : logs::scan_log_file(f.from_log);
+    logs::LogScan scan = f.from_log == "-" ? logs::scan_log(registry, std::cin, "stdin")
+                                           : logs::scan_log_file(registry, f.from_log);
     if (scan.launches.empty())
-      throw InputError(f.from_log, "no SGLang or vLLM start-up lines found");
+      throw InputError(f.from_log, fmt::format("no start-up lines of a known engine ({}) found",
+                                               fmt::join(registry.names(), ", ")));
     if (f.launch < 0 || f.launch > static_cast<int>(scan.launches.size()))
       throw InputError("--launch",
                        "the log has " + std::to_string(scan.launches.size()) + " launches");
     const logs::Launch& launch = f.launch > 0 ? scan.launches[f.launch - 1] : scan.launches.back();
-    plan::LogSetup setup = plan::reconcile_log_flags(launch.memory, options, f.given);
-    prediction = plan::predict_from_log(model, setup);
+    plan::LogSetup setup = plan::reconcile_log_flags(registry, launch.memory, options, f.given);
+    prediction = plan::predict_from_log(registry, model, setup);
     options = setup.options;
   }
-  plan::CapacityPlan capacity = plan::plan_capacity(model, options);
+  plan::CapacityPlan capacity = plan::plan_capacity(registry, model, options);
   report::Report report =
       plan::to_report(model, capacity, prediction ? &*prediction : nullptr, f.explain);
   emit(report, f.output);
@@ -98,7 +101,7 @@ int run_plan(PlanFlags& f) {
 
 }  // namespace
 
-void add_plan_command(CLI::App& app, Runner& run) {
+void add_plan_command(CLI::App& app, Runner& run, EngineData& engines) {
   auto flags = std::make_shared<PlanFlags>();
   CLI::App* cmd = app.add_subcommand("plan",
                                      "KV-cache capacity per dtype as the engine computes it "
@@ -107,8 +110,8 @@ void add_plan_command(CLI::App& app, Runner& run) {
                   "Checkpoint folder, config.json, or a hub repository org/model[@revision]")
       ->required();
   add_checkpoint_source_options(*cmd, flags->source);
-  CLI::Option* engine_opt = cmd->add_option("--engine", flags->engine, "sglang or vllm")
-                                ->check(CLI::IsMember(engines::known_engines()));
+  CLI::Option* engine_opt = cmd->add_option("--engine", flags->engine,
+                                            "The engine: a file of data/engines/ (default sglang)");
   CLI::Option* version_opt =
       cmd->add_option("--engine-version", flags->engine_version,
                       "Engine release whose sizing rules apply (default: the newest known)");
@@ -150,7 +153,7 @@ void add_plan_command(CLI::App& app, Runner& run) {
                   "With --from-log: use launch N (1-based) instead of the latest");
   cmd->add_flag("--explain", flags->explain, "Show each number's derivation");
   add_output_options(*cmd, flags->output);
-  cmd->callback([=, &run] {
+  cmd->callback([=, &run, &engines] {
     // Which flags were given, so --from-log can check them against the log.
     plan::LogFlagOverrides& given = flags->given;
     if (engine_opt->count()) given.engine = flags->engine;
@@ -162,7 +165,7 @@ void add_plan_command(CLI::App& app, Runner& run) {
     if (kv_opt->count() && !split_list(flags->kv_cache_dtypes).empty())
       given.kv_cache_dtype = split_list(flags->kv_cache_dtypes).front();
     if (fraction_opt->count()) given.memory_fraction = flags->mem_fraction;
-    run = [flags] { return run_plan(*flags); };
+    run = [flags, &engines] { return run_plan(engines.registry(), *flags); };
   });
 }
 

@@ -82,7 +82,8 @@ extern "C" void on_interrupt(int) {
   g_interrupted = true;
 }
 
-int run_load_command(const ProbeFlags& flags, const net::ClientOptions& client) {
+int run_load_command(const engines::Registry& registry, const ProbeFlags& flags,
+                     const net::ClientOptions& client) {
   probe::LoadOptions options;
   options.concurrency.clear();
   for (int64_t c : parse_token_counts(flags.load_concurrency, "--load-concurrency", "1,4,16,32"))
@@ -106,7 +107,7 @@ int run_load_command(const ProbeFlags& flags, const net::ClientOptions& client) 
   std::vector<std::string> urls = {flags.url};
   if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
   std::signal(SIGINT, on_interrupt);
-  probe::LoadResult result = probe::run_load(urls, client, options);
+  probe::LoadResult result = probe::run_load(registry, urls, client, options);
   std::signal(SIGINT, SIG_DFL);
   emit(probe::to_report(result, options), flags.output);
   // Failed requests, or a server that stopped answering, fail the command (the report
@@ -116,7 +117,7 @@ int run_load_command(const ProbeFlags& flags, const net::ClientOptions& client) 
   return failures > 0 ? kExitGateFailed : kExitOk;
 }
 
-int run_probe_command(const ProbeFlags& flags) {
+int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags) {
   net::ClientOptions client;
   client.api_key = flags.api_key.empty() ? net::api_key_from_environment() : flags.api_key;
   client.read_timeout = milliseconds(flags.timeout_s, "--timeout");
@@ -127,7 +128,7 @@ int run_probe_command(const ProbeFlags& flags) {
   client.verify_tls = !flags.insecure;
   client.ca_cert_file = flags.ca_cert;
 
-  if (flags.load) return run_load_command(flags, client);
+  if (flags.load) return run_load_command(registry, flags, client);
   probe::ProbeOptions options;
   options.smoke = flags.smoke;
   options.recall = flags.recall;
@@ -150,7 +151,7 @@ int run_probe_command(const ProbeFlags& flags) {
 
   std::vector<std::string> urls = {flags.url};
   if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
-  probe::RunResult result = probe::run_probes(urls, client, options, flags.checkpoint);
+  probe::RunResult result = probe::run_probes(registry, urls, client, options, flags.checkpoint);
   report::Report out = probe::to_report(result, options);
   emit(out, flags.output);
   bool gate = false;
@@ -163,7 +164,7 @@ int run_probe_command(const ProbeFlags& flags) {
 
 }  // namespace
 
-void add_probe_command(CLI::App& app, Runner& run) {
+void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
   auto flags = std::make_shared<ProbeFlags>();
   CLI::App* probe = app.add_subcommand(
       "probe",
@@ -241,7 +242,9 @@ void add_probe_command(CLI::App& app, Runner& run) {
                   "Skip the random-token control runs");
   probe->add_flag("--no-stream", flags->no_stream, "Do not ask for streamed answers (no TTFT/ITL)");
   add_output_options(*probe, flags->output);
-  probe->callback([flags, &run] { run = [flags] { return run_probe_command(*flags); }; });
+  probe->callback([flags, &run, &engines] {
+    run = [flags, &engines] { return run_probe_command(engines.registry(), *flags); };
+  });
 }
 
 }  // namespace kvaudit::cli

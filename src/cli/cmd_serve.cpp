@@ -31,7 +31,7 @@ std::optional<int64_t> token_flag(const std::string& text, const char* flag) {
   return tokens;
 }
 
-int run_serve_command(ServeFlags flags) {
+int run_serve_command(const engines::Registry& registry, ServeFlags flags) {
   flags.options.context_length = token_flag(flags.context_length, "--context-length");
   flags.options.max_total_tokens = token_flag(flags.max_total_tokens, "--max-total-tokens");
 
@@ -44,7 +44,7 @@ int run_serve_command(ServeFlags flags) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto log_mutex = std::make_shared<std::mutex>();
-  serve::Server server(flags.options, [log_mutex](std::string_view line) {
+  serve::Server server(registry, flags.options, [log_mutex](std::string_view line) {
     std::lock_guard<std::mutex> lock(*log_mutex);
     std::fwrite(line.data(), 1, line.size(), stderr);
     std::fputc('\n', stderr);
@@ -70,7 +70,7 @@ int run_serve_command(ServeFlags flags) {
 
 }  // namespace
 
-void add_serve_command(CLI::App& app, Runner& run) {
+void add_serve_command(CLI::App& app, Runner& run, EngineData& engines) {
   auto flags = std::make_shared<ServeFlags>();
   serve::ServeOptions& o = flags->options;
   CLI::App* command = app.add_subcommand(
@@ -123,7 +123,9 @@ void add_serve_command(CLI::App& app, Runner& run) {
   command
       ->add_option("--random-seed", o.random_seed, "Seeds sampling for requests that give no seed")
       ->capture_default_str();
-  command->callback([&run, flags] { run = [flags] { return run_serve_command(*flags); }; });
+  command->callback([&run, flags, &engines] {
+    run = [flags, &engines] { return run_serve_command(engines.registry(), *flags); };
+  });
 }
 
 }  // namespace kvaudit::cli

@@ -62,22 +62,34 @@ struct GpuMemory {
 };
 GpuMemory gpu_memory_from_flags(const std::string& gpu, const std::string& gpu_mem);
 
-// The published-damage table (data/evidence/kv_damage.json), linted.
-audit::PublishedEvidence load_published_damage();
+// The engine data of this run (data/engines/ of the data folder), loaded on first use, so
+// that --help and the commands that name no engine never read it. main() owns the one
+// instance and hands it to every command, which passes the registry down by const reference.
+class EngineData {
+ public:
+  const engines::Registry& registry();
+
+ private:
+  std::optional<engines::Registry> registry_;
+};
+
+// The published-damage table (data/evidence/kv_damage.json), linted against the registry's
+// dtype vocabulary.
+audit::PublishedEvidence load_published_damage(const engines::Registry& registry);
 // K/V maxima measured on a model, from a kvaudit-kv-stats/1 file (InputError naming it).
 audit::MeasuredKvRange measured_range(const std::string& stats_file);
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.
 using Runner = std::function<int()>;
-void add_check_command(CLI::App& app, Runner& run);
-void add_plan_command(CLI::App& app, Runner& run);
-void add_logs_command(CLI::App& app, Runner& run);
+void add_check_command(CLI::App& app, Runner& run, EngineData& engines);
+void add_plan_command(CLI::App& app, Runner& run, EngineData& engines);
+void add_logs_command(CLI::App& app, Runner& run, EngineData& engines);
 void add_quant_command(CLI::App& app, Runner& run);
 void add_tokenize_command(CLI::App& app, Runner& run);
 void add_eval_command(CLI::App& app, Runner& run);
-void add_probe_command(CLI::App& app, Runner& run);
-void add_calibrate_command(CLI::App& app, Runner& run);
-void add_serve_command(CLI::App& app, Runner& run);
+void add_probe_command(CLI::App& app, Runner& run, EngineData& engines);
+void add_calibrate_command(CLI::App& app, Runner& run, EngineData& engines);
+void add_serve_command(CLI::App& app, Runner& run, EngineData& engines);
 
 }  // namespace kvaudit::cli

@@ -9,8 +9,14 @@
 
 namespace kvaudit::cli {
 
-audit::PublishedEvidence load_published_damage() {
-  return audit::load_published_evidence(data_dir() / "evidence" / "kv_damage.json");
+const engines::Registry& EngineData::registry() {
+  if (!registry_) registry_.emplace(engines::Registry::load(data_dir()));
+  return *registry_;
+}
+
+audit::PublishedEvidence load_published_damage(const engines::Registry& registry) {
+  return audit::load_published_evidence(data_dir() / "evidence" / "kv_damage.json",
+                                        registry.dtypes());
 }
 
 audit::MeasuredKvRange measured_range(const std::string& stats_file) {

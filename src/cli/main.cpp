@@ -17,15 +17,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", "kvaudit 0.1.0");
   cli::Runner run;
-  cli::add_check_command(app, run);
-  cli::add_plan_command(app, run);
-  cli::add_logs_command(app, run);
+  cli::EngineData engines;  // read on first use, then shared by the command that runs
+  cli::add_check_command(app, run, engines);
+  cli::add_plan_command(app, run, engines);
+  cli::add_logs_command(app, run, engines);
   cli::add_quant_command(app, run);
   cli::add_tokenize_command(app, run);
   cli::add_eval_command(app, run);
-  cli::add_probe_command(app, run);
-  cli::add_calibrate_command(app, run);
-  cli::add_serve_command(app, run);
+  cli::add_probe_command(app, run, engines);
+  cli::add_calibrate_command(app, run, engines);
+  cli::add_serve_command(app, run, engines);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

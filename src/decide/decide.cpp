@@ -28,6 +28,7 @@ KvOption judged(std::string id, std::string label, std::string change, std::stri
   option.label = std::move(label);
   option.change = std::move(change);
   option.kv_cache_dtype = result.resolved.kv_cache_dtype;
+  option.kv_quantized = result.resolved.quantized;
   option.scale_source = std::string(engines::scale_source_name(result.resolved.scale_source));
   if (!result.resolved.startup_failures.empty()) {
     option.possible = false;
@@ -60,7 +61,8 @@ audit::CheckResult check_with(const audit::CheckInput& base, const std::string& 
 
 // FP8 with calibrated scales: whether a carrier the release loads exists for this checkpoint
 // (calibrate's dry run with stand-in scales), and the audit of the checkpoint as it would look.
-KvOption calibrated_option(const audit::CheckInput& input, const engines::Version& version) {
+KvOption calibrated_option(const engines::Registry& registry, const audit::CheckInput& input,
+                           const engines::Version& version) {
   const engines::EngineModel& engine = *input.engine;
   const std::string fp8 = engines::cli_spelling(engine, version, "fp8_e4m3");
   const std::string change = fmt::format(
@@ -97,7 +99,7 @@ KvOption calibrated_option(const audit::CheckInput& input, const engines::Versio
   request.dry_run = true;
   calibrate::OverlayResult preview;
   try {
-    preview = calibrate::write_overlay(input.model, scales, request);
+    preview = calibrate::write_overlay(registry, input.model, scales, request);
   } catch (const InputError& error) {
     option.possible = false;
     option.why_not = error.problem();
@@ -125,7 +127,8 @@ KvOption calibrated_option(const audit::CheckInput& input, const engines::Versio
 }
 
 // Sizes one option: its pool in tokens and the concurrency at each context.
-void size_option(KvOption& option, const audit::CheckInput& input, const engines::Version& version,
+void size_option(const engines::Registry& registry, KvOption& option,
+                 const audit::CheckInput& input, const engines::Version& version,
                  const std::vector<int64_t>& contexts, const MemorySource& memory,
                  std::vector<std::string>& notes) {
   if (!option.possible || option.kv_cache_dtype.empty()) return;
@@ -157,7 +160,7 @@ void size_option(KvOption& option, const audit::CheckInput& input, const engines
     return;
   }
   try {
-    plan::CapacityPlan plan = plan::plan_capacity(input.model, p);
+    plan::CapacityPlan plan = plan::plan_capacity(registry, input.model, p);
     if (plan.rows.empty()) return;
     const plan::PlanRow& row = plan.rows.front();
     option.tokens = plan::TokenInterval{row.max_total_tokens, row.max_total_tokens};
@@ -168,8 +171,8 @@ void size_option(KvOption& option, const audit::CheckInput& input, const engines
       every.kv_cache_dtypes.clear();
       // Without --engine-version the log's own figures say which release's arithmetic fits.
       if (!input.version_given) every.engine_version.clear();
-      plan::LogPrediction prediction =
-          plan::predict_from_log(input.model, plan::reconcile_log_flags(*memory.logged, every, {}));
+      plan::LogPrediction prediction = plan::predict_from_log(
+          registry, input.model, plan::reconcile_log_flags(registry, *memory.logged, every, {}));
       for (const auto& r : prediction.rows)
         if (r.kv_cache_dtype == option.kv_cache_dtype) {
           option.tokens = r.max_total_tokens;
@@ -193,8 +196,8 @@ void size_option(KvOption& option, const audit::CheckInput& input, const engines
 
 }  // namespace
 
-Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_launched,
-                const DecisionOptions& options) {
+Decision decide(const engines::Registry& registry, const audit::CheckInput& input,
+                const audit::CheckResult& as_launched, const DecisionOptions& options) {
   Decision out;
   const engines::EngineModel& engine = *input.engine;
   const engines::Version version = as_launched.resolved.version;
@@ -209,7 +212,7 @@ Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_lau
 
   // A 16-bit cache in the model's own dtype (a float16 cache on a bf16 model is its own hazard).
   const std::string sixteen =
-      engines::normalise_dtype(input.model.torch_dtype) == "fp16" ? "fp16" : "bf16";
+      engine.dtypes->normalise(input.model.torch_dtype) == "fp16" ? "fp16" : "bf16";
   if (!seen.count(sixteen)) {
     const std::string value = engines::cli_spelling(engine, version, sixteen);
     if (!value.empty()) {
@@ -228,13 +231,13 @@ Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_lau
   const bool calibrated_differs =
       sizable && !(as_launched.resolved.kv_cache_dtype == "fp8_e4m3" &&
                    as_launched.resolved.scale_source == engines::ScaleSource::checkpoint);
-  if (calibrated_differs) out.options.push_back(calibrated_option(input, version));
+  if (calibrated_differs) out.options.push_back(calibrated_option(registry, input, version));
   // Every other dtype this release accepts, as it would run with this checkpoint.
   for (const std::string& value :
        sizable ? engines::kv_cache_dtype_choices(engine, version) : std::vector<std::string>{}) {
     const std::string dtype = engines::cli_dtype(engine, version, value);
     if (dtype.empty() || value == "auto" || seen.count(dtype)) continue;
-    const engines::KvDtype* spec = engines::find_kv_dtype(dtype);
+    const engines::KvDtype* spec = engine.dtypes->find(dtype);
     if (spec && spec->mla_only && !input.model.mla) continue;  // a layout of the MLA latent
     seen.insert(dtype);
     out.options.push_back(
@@ -245,7 +248,7 @@ Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_lau
   if (memory.logged && memory.logged->kv_cache_dtype.empty())
     memory.logged->kv_cache_dtype = as_launched.resolved.kv_cache_dtype;  // the log's own launch
   for (auto& option : out.options)
-    size_option(option, input, version, out.contexts, memory, out.notes);
+    size_option(registry, option, input, version, out.contexts, memory, out.notes);
   if (options.memory.logged && options.memory.logged->total_before_load_gib &&
       options.memory.logged->avail_after_weights_gib)
     out.memory_note = fmt::format(
@@ -283,8 +286,7 @@ Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_lau
 
 std::vector<std::string> expectations_for(const KvOption& option) {
   std::vector<std::string> out = {"kv_cache_dtype=" + option.kv_cache_dtype};
-  const engines::KvDtype* dtype = engines::find_kv_dtype(option.kv_cache_dtype);
-  if (!dtype || !dtype->quantized || option.scale_source == "checkpoint" ||
+  if (!option.kv_quantized || option.scale_source == "checkpoint" ||
       option.scale_source == "quantization_param_path")
     out.push_back("scale_fallback=false");
   if (option.tokens && option.tokens_from_log)

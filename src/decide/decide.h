@@ -42,6 +42,7 @@ struct KvOption {
   bool possible = true;
   std::string why_not;  // when not possible: the engine data's reason
   std::string kv_cache_dtype;
+  bool kv_quantized = false;  // narrower than 16 bits (scales matter)
   std::string scale_source;
   int critical = 0, warning = 0;
   std::vector<std::string> finding_ids;  // critical and warning ones
@@ -64,8 +65,8 @@ struct Decision {
 };
 
 // Judges and sizes every option. `as_launched` is the result check already has.
-Decision decide(const audit::CheckInput& input, const audit::CheckResult& as_launched,
-                const DecisionOptions& options);
+Decision decide(const engines::Registry& registry, const audit::CheckInput& input,
+                const audit::CheckResult& as_launched, const DecisionOptions& options);
 
 // ---------------------------------------------------------------- the fix
 

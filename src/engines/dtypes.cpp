@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <mutex>
 
 #include "engines/internal.h"
 #include "util/json.h"
@@ -126,18 +125,10 @@ std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& file) {
   return out;
 }
 
-const std::vector<KvDtype>* g_dtype_override = nullptr;
-
-const std::vector<KvDtype>& kv_dtypes() {
-  if (g_dtype_override) return *g_dtype_override;
-  static const std::vector<KvDtype> table = load_kv_dtypes(data_dir() / "engines" / "dtypes.json");
-  return table;
-}
-
-const KvDtype* find_kv_dtype(std::string_view spelling) {
+const KvDtype* DtypeVocabulary::find(std::string_view spelling) const {
   const std::string wanted = lower(spelling);
   if (wanted.empty()) return nullptr;
-  for (const KvDtype& dtype : kv_dtypes()) {
+  for (const KvDtype& dtype : dtypes_) {
     if (lower(dtype.name) == wanted) return &dtype;
     for (const std::string& other : dtype.spellings)
       if (lower(other) == wanted) return &dtype;
@@ -145,14 +136,14 @@ const KvDtype* find_kv_dtype(std::string_view spelling) {
   return nullptr;
 }
 
-std::string normalise_dtype(std::string_view spelling) {
+std::string DtypeVocabulary::normalise(std::string_view spelling) const {
   if (lower(spelling) == "auto") return "auto";
-  const KvDtype* dtype = find_kv_dtype(spelling);
+  const KvDtype* dtype = find(spelling);
   return dtype ? dtype->name : "";
 }
 
-bool is_quantized_dtype(std::string_view spelling) {
-  const KvDtype* dtype = find_kv_dtype(spelling);
+bool DtypeVocabulary::is_quantized(std::string_view spelling) const {
+  const KvDtype* dtype = find(spelling);
   return dtype && dtype->quantized;
 }
 

@@ -115,14 +115,23 @@ struct KvDtype {
   std::string reference;  // where its layout was read
 };
 
-// Loaded once from data_dir()/engines/dtypes.json (linted).
-const std::vector<KvDtype>& kv_dtypes();
-// By canonical name or any spelling, case-insensitively, "torch." prefix optional.
-const KvDtype* find_kv_dtype(std::string_view spelling);
-// Canonical name of a spelling; "auto" stays "auto"; "" when unknown.
-std::string normalise_dtype(std::string_view spelling);
-// True for a quantized KV dtype (false for 16/32-bit, "auto" and unknown spellings).
-bool is_quantized_dtype(std::string_view spelling);
+// The vocabulary of data/engines/dtypes.json (linted when loaded): every module that
+// names a dtype asks here, through the registry it was given.
+class DtypeVocabulary {
+ public:
+  DtypeVocabulary() = default;
+  explicit DtypeVocabulary(std::vector<KvDtype> dtypes) : dtypes_(std::move(dtypes)) {}
+  const std::vector<KvDtype>& all() const { return dtypes_; }
+  // By canonical name or any spelling, case-insensitively, "torch." prefix optional.
+  const KvDtype* find(std::string_view spelling) const;
+  // Canonical name of a spelling; "auto" stays "auto"; "" when unknown.
+  std::string normalise(std::string_view spelling) const;
+  // True for a quantized KV dtype (false for 16/32-bit, "auto" and unknown spellings).
+  bool is_quantized(std::string_view spelling) const;
+
+ private:
+  std::vector<KvDtype> dtypes_;
+};
 // Storage bits of one token's K and V for one head: data, block scales and inline
 // per-(token, head) scales. Exact (an integer count of bits).
 int64_t kv_bits_per_head(const KvDtype& dtype, int64_t k_head_dim, int64_t v_head_dim);
@@ -491,6 +500,9 @@ struct ServerInfoSpec {                  // how a live server reports its KV dty
 struct EngineModel {
   std::string engine;
   std::string file;
+  // The registry's dtype vocabulary, which this model's dtypes were linted against (set by
+  // load_engine_model; it outlives the model).
+  const DtypeVocabulary* dtypes = nullptr;
   std::string latest_known_version;
   LaunchSpec launch;
   std::vector<DtypeChoices> dtype_choices;
@@ -524,27 +536,36 @@ struct EngineModel {
   const EngineDefaults& defaults_for(const Version& version) const;
 };
 
-std::vector<std::string> known_engines();
-// The linted model of one engine (loaded once per process; InputError naming the file
-// and key when the data is wrong). Unknown engine: InputError("--engine", ...).
-const EngineModel& engine_model(std::string_view engine);
-// Loads and lints explicit files (tests, and data folders under $KVAUDIT_DATA_DIR).
+// Loads and lints one engine's files against a vocabulary (which must outlive the model).
 EngineModel load_engine_model(const std::filesystem::path& engine_file,
-                              const std::filesystem::path& capacity_file);
+                              const std::filesystem::path& capacity_file,
+                              const DtypeVocabulary& dtypes);
 std::vector<KvDtype> load_kv_dtypes(const std::filesystem::path& dtypes_file);
-// Replaces, while it lives, the vocabulary and engine models that kv_dtypes() and
-// engine_model() return with those loaded (and linted) from another data folder: for
-// tests of what a data change does. Not for concurrent use with those calls.
-class ScopedEngineData {
+
+// The engines kvaudit knows: one per <engine>.json in a data folder's engines/ (with its
+// capacity/<engine>.json), all linted against that folder's dtypes.json. The files present
+// are the engines known; nothing else lists them. The CLI loads one per process and hands
+// it down as a const reference; tests load one from another folder.
+class Registry {
  public:
-  explicit ScopedEngineData(const std::filesystem::path& data_dir);  // data_dir/engines/...
-  ~ScopedEngineData();
-  ScopedEngineData(const ScopedEngineData&) = delete;
-  ScopedEngineData& operator=(const ScopedEngineData&) = delete;
+  // Reads data_dir/engines/. InputError naming the file and key when the data is wrong.
+  static Registry load(const std::filesystem::path& data_dir);
+  Registry(Registry&&) = default;
+  Registry& operator=(Registry&&) = default;
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  const DtypeVocabulary& dtypes() const { return *dtypes_; }
+  const std::vector<std::string>& names() const { return names_; }  // sorted
+  // InputError("--engine", "unknown engine 'x' (known: ...)") when absent.
+  const EngineModel& engine(std::string_view name) const;
+  const EngineModel* find(std::string_view name) const;
 
  private:
-  std::unique_ptr<std::vector<KvDtype>> dtypes_;
-  std::unique_ptr<std::map<std::string, EngineModel>> models_;
+  Registry() = default;
+  std::unique_ptr<DtypeVocabulary> dtypes_;  // on the heap: the models point at it
+  std::map<std::string, EngineModel, std::less<>> models_;
+  std::vector<std::string> names_;
 };
 
 // Every version a rule names as a bound, plus the latest: the points where behaviour
@@ -612,11 +633,12 @@ struct LaunchFlags {
 // wrappers, NAME=VALUE assignments before the program) that starts a known engine. Throws
 // InputError(label, ...) otherwise. `environment` holds variables set elsewhere (a unit's
 // Environment=); assignments on the line win over it, and a flag over both.
-LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label,
+LaunchFlags parse_launch_command(const Registry& registry, std::string_view command_line,
+                                 const std::string& label,
                                  const std::map<std::string, std::string>& environment = {});
 // Reads a systemd unit: [Service] ExecStart= with continuations, Environment=
 // (expanded in ExecStart as systemd does).
-LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file);
+LaunchFlags parse_systemd_unit(const Registry& registry, const std::filesystem::path& unit_file);
 // Splits a command line into words as a POSIX shell would (no expansion).
 std::vector<std::string> split_shell_words(std::string_view command_line, const std::string& label);
 
@@ -721,6 +743,7 @@ LayerScales apply_fallback(const FallbackRule& fallback, std::optional<float> k,
                            std::optional<float> v);
 
 // The model dtype (canonical) an engine serves this checkpoint in under these flags.
-std::string served_model_dtype(const checkpoint::ModelFacts& model, const LaunchFlags& flags);
+std::string served_model_dtype(const DtypeVocabulary& dtypes, const checkpoint::ModelFacts& model,
+                               const LaunchFlags& flags);
 
 }  // namespace kvaudit::engines

@@ -10,8 +10,4 @@ namespace kvaudit::engines {
 // naming what is wrong with the template.
 void compile_log_template(LogTemplate& log);
 
-// The active ScopedEngineData's vocabulary and models (null when none is active).
-extern const std::vector<KvDtype>* g_dtype_override;
-extern const std::map<std::string, EngineModel>* g_model_override;
-
 }  // namespace kvaudit::engines

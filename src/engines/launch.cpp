@@ -42,10 +42,10 @@ std::optional<size_t> match_entry_point(const std::vector<std::string>& words, s
 
 // Finds which engine a word list starts and where its arguments begin.
 std::optional<std::pair<std::string, size_t>> find_entry_point(
-    const std::vector<std::string>& words) {
+    const Registry& registry, const std::vector<std::string>& words) {
   for (size_t i = 0; i < words.size(); ++i)
-    for (const std::string& engine : known_engines())
-      for (const std::string& entry : engine_model(engine).launch.entry_points)
+    for (const std::string& engine : registry.names())
+      for (const std::string& entry : registry.engine(engine).launch.entry_points)
         if (auto next = match_entry_point(words, i, entry)) return std::pair{engine, *next};
   return std::nullopt;
 }
@@ -62,25 +62,26 @@ int to_int(const std::string& flag, const std::string& value, const std::string&
   }
 }
 
-LaunchFlags flags_from_words(const std::vector<std::string>& words, const std::string& label,
+LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::string>& words,
+                             const std::string& label,
                              std::map<std::string, std::string> environment) {
-  auto entry = find_entry_point(words);
+  auto entry = find_entry_point(registry, words);
   if (!entry) {
     // `bash -c '...'` wrappers: look inside the quoted command.
     for (size_t i = 0; i + 2 < words.size(); ++i)
       if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
-        return parse_launch_command(words[i + 2], label, environment);
+        return parse_launch_command(registry, words[i + 2], label, environment);
     std::vector<std::string> known;
-    for (const std::string& engine : known_engines())
+    for (const std::string& engine : registry.names())
       known.push_back(fmt::format("{} ({})", engine,
-                                  fmt::join(engine_model(engine).launch.entry_points, ", ")));
+                                  fmt::join(registry.engine(engine).launch.entry_points, ", ")));
     throw InputError(
         label, fmt::format("launch command starts no known engine: {}", fmt::join(known, "; ")));
   }
   LaunchFlags flags;
   flags.engine = entry->first;
   flags.source = label;
-  const LaunchSpec& launch = engine_model(flags.engine).launch;
+  const LaunchSpec& launch = registry.engine(flags.engine).launch;
   std::map<std::string, std::string> field_by_flag;
   for (const auto& [field, spellings] : launch.flags)
     for (const auto& spelling : spellings) field_by_flag[spelling] = field;
@@ -250,12 +251,13 @@ std::vector<std::string> split_shell_words(std::string_view line, const std::str
   return words;
 }
 
-LaunchFlags parse_launch_command(std::string_view command_line, const std::string& label,
+LaunchFlags parse_launch_command(const Registry& registry, std::string_view command_line,
+                                 const std::string& label,
                                  const std::map<std::string, std::string>& environment) {
-  return flags_from_words(split_shell_words(command_line, label), label, environment);
+  return flags_from_words(registry, split_shell_words(command_line, label), label, environment);
 }
 
-LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
+LaunchFlags parse_systemd_unit(const Registry& registry, const std::filesystem::path& unit_file) {
   const std::string label = unit_file.string();
   std::string text = read_text_file(unit_file, 1 << 20);
   // Join continuation lines first, as systemd does.
@@ -330,7 +332,7 @@ LaunchFlags parse_systemd_unit(const std::filesystem::path& unit_file) {
     i = braced && name_end < exec_start.size() && exec_start[name_end] == '}' ? name_end
                                                                               : name_end - 1;
   }
-  LaunchFlags flags = parse_launch_command(expanded, label, environment);
+  LaunchFlags flags = parse_launch_command(registry, expanded, label, environment);
   flags.source = "unit " + label;
   return flags;
 }

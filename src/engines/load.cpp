@@ -158,9 +158,10 @@ QuantMatch read_match(JsonReader& parent, std::string_view key) {
   return match;
 }
 
-void check_dtype(JsonReader& r, std::string_view key, const std::string& dtype, bool allow_auto) {
+void check_dtype(const EngineModel& model, JsonReader& r, std::string_view key,
+                 const std::string& dtype, bool allow_auto) {
   if (allow_auto && dtype == "auto") return;
-  if (!find_kv_dtype(dtype) || normalise_dtype(dtype) != dtype)
+  if (!model.dtypes->find(dtype) || model.dtypes->normalise(dtype) != dtype)
     r.fail(key, fmt::format("'{}' is not a canonical dtype of data/engines/dtypes.json", dtype));
 }
 
@@ -337,10 +338,6 @@ std::string_view source_kind_name(SourceKind kind) {
   return "?";
 }
 
-std::vector<std::string> known_engines() {
-  return {"sglang", "vllm"};
-}
-
 std::vector<Version> boundary_versions(const EngineModel& model) {
   std::set<std::tuple<int, int, int, bool>> seen;
   std::vector<Version> out;
@@ -430,7 +427,7 @@ void read_dtype_choices(JsonReader& top, EngineModel& model) {
     JsonReader accepted = r.object("accepted");
     for (const std::string& value : accepted.keys()) {
       std::string dtype = accepted.string(value);
-      check_dtype(accepted, value, dtype, true);
+      check_dtype(model, accepted, value, dtype, true);
       choices.accepted.push_back({value, dtype});
     }
     accepted.finish();
@@ -460,7 +457,8 @@ void read_auto_resolution(JsonReader& top, EngineModel& model) {
         AutoApplies::auto_only);
     rule.when = read_match(r, "when");
     rule.resolves_to = r.string("resolves_to");
-    if (rule.resolves_to != "model_dtype") check_dtype(r, "resolves_to", rule.resolves_to, false);
+    if (rule.resolves_to != "model_dtype")
+      check_dtype(model, r, "resolves_to", rule.resolves_to, false);
     rule.reason = r.string("reason");
     rule.log_message = r.string_or("log_message", "");
     rule.provenance = read_provenance(r);
@@ -552,7 +550,7 @@ void read_scale_warnings(JsonReader& top, EngineModel& model) {
     rule.id = r.string("id");
     rule.versions = read_range(r, "versions");
     rule.dtypes = r.strings("dtypes");
-    for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    for (const auto& d : rule.dtypes) check_dtype(model, r, "dtypes", d, false);
     rule.when = read_match(r, "when");
     rule.when_requested_explicitly = r.boolean_or("when_requested_explicitly", false);
     rule.when_no_quantization_param_path = r.boolean_or("when_no_quantization_param_path", false);
@@ -598,7 +596,7 @@ void read_param_path_rules(JsonReader& top, EngineModel& model) {
         {{"not_applied", ParamPathRule::Effect::not_applied},
          {"startup_error_without_loader", ParamPathRule::Effect::startup_error_without_loader}});
     rule.dtypes = r.strings_or_empty("dtypes");
-    for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    for (const auto& d : rule.dtypes) check_dtype(model, r, "dtypes", d, false);
     rule.architectures_with_loader = r.strings_or_empty("architectures_with_loader");
     rule.message = r.string_or("message", "");
     rule.reason = r.string("reason");
@@ -619,7 +617,7 @@ void read_checkpoint_aborts(JsonReader& top, EngineModel& model) {
     rule.id = r.string("id");
     rule.versions = read_range(r, "versions");
     rule.requested = r.strings_or_empty("requested");
-    for (const auto& d : rule.requested) check_dtype(r, "requested", d, false);
+    for (const auto& d : rule.requested) check_dtype(model, r, "requested", d, false);
     rule.requires_scale_tensors = r.boolean_or("requires_scale_tensors", false);
     rule.when = read_match(r, "when");
     rule.message = r.string("message");
@@ -635,7 +633,7 @@ void read_known_bad(JsonReader& top, EngineModel& model) {
     rule.id = r.string("id");
     rule.versions = read_range(r, "versions");
     rule.kv_dtypes = r.strings_or_empty("kv_dtypes");
-    for (const auto& d : rule.kv_dtypes) check_dtype(r, "kv_dtypes", d, false);
+    for (const auto& d : rule.kv_dtypes) check_dtype(model, r, "kv_dtypes", d, false);
     rule.backends = r.strings_or_empty("backends");
     for (auto& b : rule.backends) b = ascii_lower(b);
     rule.gpu_archs = r.strings_or_empty("gpu_archs");
@@ -654,7 +652,7 @@ void read_known_bad(JsonReader& top, EngineModel& model) {
     rule.versions = read_range(r, "versions");
     rule.gpu_archs = r.strings("gpu_archs");
     rule.kv_dtypes = r.strings_or_empty("kv_dtypes");
-    for (const auto& d : rule.kv_dtypes) check_dtype(r, "kv_dtypes", d, false);
+    for (const auto& d : rule.kv_dtypes) check_dtype(model, r, "kv_dtypes", d, false);
     if (r.has("mla")) rule.mla = r.boolean_or("mla", false);
     rule.backend = ascii_lower(r.string("backend"));
     rule.provenance = read_provenance(r);
@@ -673,9 +671,9 @@ void read_platform_substitutions(JsonReader& top, EngineModel& model) {
       r.fail("platform", "expected cuda or rocm");
     rule.gpu_archs = r.strings_or_empty("gpu_archs");
     rule.requested = r.strings("requested");
-    for (const auto& d : rule.requested) check_dtype(r, "requested", d, false);
+    for (const auto& d : rule.requested) check_dtype(model, r, "requested", d, false);
     rule.becomes = r.string("becomes");
-    check_dtype(r, "becomes", rule.becomes, false);
+    check_dtype(model, r, "becomes", rule.becomes, false);
     rule.silent = r.boolean_or("silent", true);
     rule.consequence = r.string("consequence");
     rule.provenance = read_provenance(r);
@@ -695,7 +693,8 @@ void read_state_and_draft(JsonReader& top, EngineModel& model) {
     rule.ssm_fallback = r.string_or("ssm_fallback", "");
     rule.conv_dtype = r.string_or("conv_dtype", "");
     for (const std::string* d : {&rule.ssm_dtype, &rule.conv_dtype, &rule.ssm_fallback})
-      if (!d->empty() && *d != "from_model_config" && *d != "model_dtype" && !find_kv_dtype(*d))
+      if (!d->empty() && *d != "from_model_config" && *d != "model_dtype" &&
+          !model.dtypes->find(*d))
         r.fail("ssm_dtype", fmt::format("'{}' is not a dtype", *d));
     rule.provenance = read_provenance(r);
     r.finish();
@@ -720,9 +719,9 @@ void read_dtype_hazards(JsonReader& top, EngineModel& model) {
     rule.id = r.string("id");
     rule.versions = read_range(r, "versions");
     rule.dtypes = r.strings("dtypes");
-    for (const auto& d : rule.dtypes) check_dtype(r, "dtypes", d, false);
+    for (const auto& d : rule.dtypes) check_dtype(model, r, "dtypes", d, false);
     rule.model_dtypes = r.strings("model_dtypes");
-    for (const auto& d : rule.model_dtypes) check_dtype(r, "model_dtypes", d, false);
+    for (const auto& d : rule.model_dtypes) check_dtype(model, r, "model_dtypes", d, false);
     rule.consequence = r.string("consequence");
     rule.provenance = read_provenance(r);
     r.finish();
@@ -749,10 +748,10 @@ void read_defaults(JsonReader& top, EngineModel& model) {
     d.provenance = read_provenance(r);
     r.finish();
     for (const std::string* dtype : {&d.mamba_ssm_dtype_fallback, &d.mamba_conv_dtype})
-      if (!find_kv_dtype(*dtype) && *dtype != "model_dtype")
+      if (!model.dtypes->find(*dtype) && *dtype != "model_dtype")
         r.fail("mamba_conv_dtype", fmt::format("unknown dtype '{}'", *dtype));
     if (d.mamba_ssm_dtype != "from_model_config" && d.mamba_ssm_dtype != "auto" &&
-        d.mamba_ssm_dtype != "model_dtype" && !find_kv_dtype(d.mamba_ssm_dtype))
+        d.mamba_ssm_dtype != "model_dtype" && !model.dtypes->find(d.mamba_ssm_dtype))
       r.fail("mamba_ssm_dtype", fmt::format("unknown dtype '{}'", d.mamba_ssm_dtype));
     model.defaults.push_back(std::move(d));
   }
@@ -909,7 +908,7 @@ void lint_model(EngineModel& model) {
     }
   }
   for (const auto& d : model.capacity.plan_default_dtypes)
-    if (!find_kv_dtype(d))
+    if (!model.dtypes->find(d))
       throw InputError(model.capacity.file,
                        fmt::format("plan_default_dtypes: '{}' is not a dtype", d));
 }
@@ -969,9 +968,11 @@ void read_capacity(const std::filesystem::path& file, EngineModel& model) {
 }  // namespace
 
 EngineModel load_engine_model(const std::filesystem::path& engine_file,
-                              const std::filesystem::path& capacity_file) {
+                              const std::filesystem::path& capacity_file,
+                              const DtypeVocabulary& dtypes) {
   EngineModel model;
   model.file = display_path(engine_file);
+  model.dtypes = &dtypes;
   json document = read_json_file(engine_file, 4 << 20);
   JsonReader top(document, model.file);
   model.engine = top.string("engine");
@@ -986,51 +987,47 @@ EngineModel load_engine_model(const std::filesystem::path& engine_file,
   return model;
 }
 
-const std::map<std::string, EngineModel>* g_model_override = nullptr;
-
-ScopedEngineData::ScopedEngineData(const std::filesystem::path& data_dir) {
-  const std::filesystem::path dir = data_dir / "engines";
-  dtypes_ = std::make_unique<std::vector<KvDtype>>(load_kv_dtypes(dir / "dtypes.json"));
-  const auto* previous = g_dtype_override;
-  g_dtype_override = dtypes_.get();  // the models' lint reads this vocabulary
-  try {
-    models_ = std::make_unique<std::map<std::string, EngineModel>>();
-    for (const std::string& engine : known_engines())
-      models_->emplace(engine, load_engine_model(dir / (engine + ".json"),
-                                                 dir / "capacity" / (engine + ".json")));
-  } catch (...) {
-    g_dtype_override = previous;
-    throw;
+Registry Registry::load(const std::filesystem::path& data_dir) {
+  namespace fs = std::filesystem;
+  const fs::path dir = data_dir / "engines";
+  Registry registry;
+  registry.dtypes_ = std::make_unique<DtypeVocabulary>(load_kv_dtypes(dir / "dtypes.json"));
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) throw InputError(display_path(dir), "cannot list the engine data: " + ec.message());
+  std::vector<fs::path> files;
+  for (; it != end; it.increment(ec)) {
+    if (ec) throw InputError(display_path(dir), "cannot list the engine data: " + ec.message());
+    const fs::path& path = it->path();
+    if (path.extension() == ".json" && path.filename() != "dtypes.json" && it->is_regular_file(ec))
+      files.push_back(path);
   }
-  g_model_override = models_.get();
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    const std::string name = file.stem().string();
+    EngineModel model =
+        load_engine_model(file, dir / "capacity" / (name + ".json"), *registry.dtypes_);
+    if (model.engine != name)
+      throw InputError(model.file, fmt::format("says engine \"{}\"; the file of engine \"{}\" "
+                                               "is named {}.json",
+                                               model.engine, model.engine, model.engine));
+    registry.names_.push_back(name);
+    registry.models_.emplace(name, std::move(model));
+  }
+  if (registry.names_.empty())
+    throw InputError(display_path(dir), "holds no engine data (<engine>.json)");
+  return registry;
 }
 
-ScopedEngineData::~ScopedEngineData() {
-  g_model_override = nullptr;
-  g_dtype_override = nullptr;
+const EngineModel* Registry::find(std::string_view name) const {
+  auto it = models_.find(name);
+  return it == models_.end() ? nullptr : &it->second;
 }
 
-const EngineModel& engine_model(std::string_view engine) {
-  if (g_model_override) {
-    auto it = g_model_override->find(std::string(engine));
-    if (it != g_model_override->end()) return it->second;
-  }
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<EngineModel>> loaded;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto engines = known_engines();
-  if (std::find(engines.begin(), engines.end(), engine) == engines.end())
-    throw InputError("--engine", fmt::format("unknown engine '{}' (known: {})", engine,
-                                             fmt::join(engines, ", ")));
-  auto& slot = loaded[std::string(engine)];
-  if (!slot) {
-    const std::filesystem::path dir = data_dir() / "engines";
-    slot = std::make_unique<EngineModel>(load_engine_model(
-        dir / (std::string(engine) + ".json"), dir / "capacity" / (std::string(engine) + ".json")));
-    if (slot->engine != engine)
-      throw InputError(slot->file, fmt::format("says engine \"{}\"", slot->engine));
-  }
-  return *slot;
+const EngineModel& Registry::engine(std::string_view name) const {
+  if (const EngineModel* model = find(name)) return *model;
+  throw InputError("--engine",
+                   fmt::format("unknown engine '{}' (known: {})", name, fmt::join(names_, ", ")));
 }
 
 const MemFractionTable* CapacityData::mem_fraction_for(const Version& version) const {

@@ -48,7 +48,7 @@ RequestedDtype read_request(const EngineModel& engine, const Version& version,
   out.accepted = false;
   if (choices)
     if (auto it = choices->aborts.find(value); it != choices->aborts.end()) out.abort = &it->second;
-  std::string canonical = normalise_dtype(value);
+  std::string canonical = engine.dtypes->normalise(value);
   out.dtype = canonical.empty() ? value : canonical;
   return out;
 }
@@ -333,9 +333,10 @@ std::string_view scale_source_name(ScaleSource source) {
   return "?";
 }
 
-std::string served_model_dtype(const ModelFacts& model, const LaunchFlags& flags) {
+std::string served_model_dtype(const DtypeVocabulary& dtypes, const ModelFacts& model,
+                               const LaunchFlags& flags) {
   const bool automatic = flags.dtype.empty() || flags.dtype == "auto";
-  std::string dtype = normalise_dtype(automatic ? model.torch_dtype : flags.dtype);
+  std::string dtype = dtypes.normalise(automatic ? model.torch_dtype : flags.dtype);
   // Both engines serve float32 checkpoints in bfloat16 under --dtype auto, and a
   // config without a dtype in bfloat16.
   if (dtype.empty() || dtype == "auto") return "bf16";
@@ -382,7 +383,7 @@ void resolve_allocated_dtype(const EngineModel& engine, const Version& version,
     resolved.rule_id = "explicit";
     resolved.reason = fmt::format("--kv-cache-dtype {} was given explicitly", flags.kv_cache_dtype);
   }
-  resolved.dtype = find_kv_dtype(resolved.kv_cache_dtype);
+  resolved.dtype = engine.dtypes->find(resolved.kv_cache_dtype);
   resolved.quantized = resolved.dtype && resolved.dtype->quantized;
   if (resolved.quantized)
     resolved.skipped_layers = skipped_layers(model, flags.kv_cache_dtype_skip_layers);
@@ -532,7 +533,7 @@ void substitute_for_platform(const EngineModel& engine, const Version& version,
     resolved.substituted_from = resolved.kv_cache_dtype;
     resolved.substitution = &rule;
     resolved.kv_cache_dtype = rule.becomes;
-    resolved.dtype = find_kv_dtype(rule.becomes);
+    resolved.dtype = engine.dtypes->find(rule.becomes);
     resolved.quantized = resolved.dtype && resolved.dtype->quantized;
     return;
   }
@@ -614,7 +615,7 @@ void resolve_draft(const EngineModel& engine, const Version& version, const Laun
     if (!rule.versions.contains(version)) continue;
     resolved.draft_rule = &rule;
     if (!rule.override_flag.empty() && !flags.speculative_draft_kv_cache_dtype.empty()) {
-      const std::string own = normalise_dtype(flags.speculative_draft_kv_cache_dtype);
+      const std::string own = engine.dtypes->normalise(flags.speculative_draft_kv_cache_dtype);
       resolved.draft_kv_cache_dtype = own.empty() ? flags.speculative_draft_kv_cache_dtype : own;
     } else if (rule.follows_target) {
       resolved.draft_kv_cache_dtype = resolved.kv_cache_dtype;
@@ -635,7 +636,7 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
                      fmt::format("cannot read version '{}'", flags.engine_version));
   resolved.version = *version;
   resolved.version_newer_than_known = newer_than_known(engine, *version);
-  resolved.model_dtype = served_model_dtype(model, flags);
+  resolved.model_dtype = served_model_dtype(*engine.dtypes, model, flags);
 
   // 1. The request, as this version's argument parser reads it.
   const RequestedDtype request = record_request(engine, *version, flags, resolved);
@@ -705,7 +706,7 @@ StateDtypes resolve_state_dtypes(const EngineModel& engine, const Version& versi
   }
   const std::string conv =
       rule && !rule->conv_dtype.empty() ? rule->conv_dtype : defaults.mamba_conv_dtype;
-  out.conv_dtype = normalise_dtype(concrete(conv, defaults.mamba_ssm_dtype_fallback));
+  out.conv_dtype = engine.dtypes->normalise(concrete(conv, defaults.mamba_ssm_dtype_fallback));
   return out;
 }
 

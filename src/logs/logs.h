@@ -139,13 +139,17 @@ struct ScanOptions {
 
 // Streams a log from `in` with memory bounded by the options, whatever its size.
 // Throws InputError for input that is not a text log (NUL bytes in the first block).
-LogScan scan_log(std::istream& in, const std::string& label, const ScanOptions& options = {});
-LogScan scan_log_file(const std::filesystem::path& path, const ScanOptions& options = {});
-LogScan scan_log_text(std::string_view text, const std::string& label = "log");
+// `registry` gives the engines whose lines are read (their log templates and vocabulary).
+LogScan scan_log(const engines::Registry& registry, std::istream& in, const std::string& label,
+                 const ScanOptions& options = {});
+LogScan scan_log_file(const engines::Registry& registry, const std::filesystem::path& path,
+                      const ScanOptions& options = {});
+LogScan scan_log_text(const engines::Registry& registry, std::string_view text,
+                      const std::string& label = "log");
 
 // The literal patterns the scanner looks for; a line matching none is skipped.
 // (The benchmark hands the same list to grep -c -E.)
-std::vector<std::string> scan_patterns();
+std::vector<std::string> scan_patterns(const engines::Registry& registry);
 
 // ---------------------------------------------------------------- verification
 
@@ -161,17 +165,19 @@ struct ExpectationResult {
   std::string actual;  // "" when the log does not say
   bool met = false;
 };
-std::vector<ExpectationResult> check_expectations(const Launch& launch,
+std::vector<ExpectationResult> check_expectations(const engines::Registry& registry,
+                                                  const Launch& launch,
                                                   const std::vector<Expectation>& expectations);
 
 // With the checkpoint the launch served: decides the scale fallback the log alone
 // cannot (no k/v scales in the checkpoint and no --quantization-param-path under an
 // FP8 cache means SGLang uses 1.0), and compares the printed capacity with plan's.
 // Recomputes the launch's findings.
-void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model, bool is_latest);
+void cross_check_checkpoint(const engines::Registry& registry, Launch& launch,
+                            const checkpoint::ModelFacts& model, bool is_latest);
 
 // Adds the per-launch findings (silent FP8, unit scales, failures, not ready).
-void add_findings(Launch& launch, bool is_latest);
+void add_findings(const engines::Registry& registry, Launch& launch, bool is_latest);
 
 report::Report to_report(const LogScan& scan, bool all_launches,
                          const std::vector<ExpectationResult>& expectations);

@@ -120,10 +120,11 @@ struct TemplateHit {
 namespace {
 
 // Every engine's log templates (engine models live for the process).
-std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> all_templates() {
+std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> all_templates(
+    const engines::Registry& registry) {
   std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> out;
-  for (const std::string& name : engines::known_engines()) {
-    const engines::EngineModel& engine = engines::engine_model(name);
+  for (const std::string& name : registry.names()) {
+    const engines::EngineModel& engine = registry.engine(name);
     for (const auto& log : engine.log_templates) out.push_back({&engine, &log});
   }
   return out;
@@ -137,9 +138,9 @@ bool is_marker(LogKind kind) {
 }  // namespace
 
 // The literal runs the scanner looks for: every template's anchor plus the generic lines.
-std::vector<std::string> scan_patterns() {
+std::vector<std::string> scan_patterns(const engines::Registry& registry) {
   std::vector<std::string> out;
-  for (const auto& [engine, log] : all_templates())
+  for (const auto& [engine, log] : all_templates(registry))
     if (std::find(out.begin(), out.end(), log->anchor) == out.end()) out.push_back(log->anchor);
   for (const char* generic :
        {"Traceback (most recent call last)", "CUDA out of memory", "OutOfMemoryError",
@@ -150,8 +151,10 @@ std::vector<std::string> scan_patterns() {
   return out;
 }
 
-LaunchBuilder::LaunchBuilder(size_t max_launches, audit::KvPolicy kv_policy)
-    : templates_(all_templates()),
+LaunchBuilder::LaunchBuilder(const engines::Registry& registry, size_t max_launches,
+                             audit::KvPolicy kv_policy)
+    : registry_(registry),
+      templates_(all_templates(registry)),
       max_launches_(std::max<size_t>(1, max_launches)),
       kv_policy_(kv_policy) {}
 
@@ -244,7 +247,7 @@ void LaunchBuilder::apply_server_args(Launch& launch, const ReprResult& parsed, 
     launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
   if (auto ctx = num("context_length")) launch.context_length = static_cast<int64_t>(*ctx);
   std::string dtype = str("dtype");
-  if (!dtype.empty() && dtype != "auto") launch.model_dtype = engines::normalise_dtype(dtype);
+  if (!dtype.empty() && dtype != "auto") launch.model_dtype = registry_.dtypes().normalise(dtype);
 }
 
 void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, bool complete,
@@ -277,7 +280,7 @@ void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, 
   if (args.contains("max_model_len") && args["max_model_len"].is_number())
     launch.context_length = args["max_model_len"].get<int64_t>();
   if (args.contains("dtype") && args["dtype"].is_string()) {
-    std::string d = engines::normalise_dtype(args["dtype"].get<std::string>());
+    std::string d = registry_.dtypes().normalise(args["dtype"].get<std::string>());
     if (!d.empty() && d != "auto") launch.model_dtype = d;
   }
 }
@@ -292,7 +295,7 @@ void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view co
   if (!model.empty() && launch.model_path.empty()) launch.model_path = model;
   std::string dtype = word_after(config, " dtype=");
   if (!dtype.empty()) {
-    std::string d = engines::normalise_dtype(dtype);
+    std::string d = registry_.dtypes().normalise(dtype);
     if (!d.empty()) launch.model_dtype = d;
   }
   if (std::string q = word_after(config, "quantization="); !q.empty() && q != "None")
@@ -379,7 +382,7 @@ void apply_weights_fact(Launch& launch, const TemplateHit& hit) {
       const std::string details = hit.text("load_details").value_or("");
       std::string dtype = word_after(details, "dtype=");
       if (!dtype.empty() && launch.model_dtype.empty())
-        launch.model_dtype = engines::normalise_dtype(dtype);
+        launch.model_dtype = hit.engine->dtypes->normalise(dtype);
       if (std::string q = word_after(details, "quant="); !q.empty()) launch.quantization = q;
       break;
     }
@@ -397,7 +400,7 @@ void apply_weights_fact(Launch& launch, const TemplateHit& hit) {
 void apply_kv_dtype_used(Launch& launch, const TemplateHit& hit, int64_t line_no,
                          const std::string& message) {
   std::string raw = hit.text("kv_dtype").value_or("");
-  std::string d = engines::normalise_dtype(raw);
+  std::string d = hit.engine->dtypes->normalise(raw);
   if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || raw != "fp8")) {
     launch.kv_cache_dtype_resolved = d;
     launch.resolved_evidence = fact_evidence(line_no, message);
@@ -416,7 +419,7 @@ void apply_pool_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
       if (auto k = hit.number("k_gib")) memory.k_gib = k;
       if (auto v = hit.number("v_gib")) memory.v_gib = v;
       if (auto kv = hit.number("kv_gib")) memory.kv_gib = kv;
-      std::string d = engines::normalise_dtype(hit.text("kv_dtype").value_or(""));
+      std::string d = hit.engine->dtypes->normalise(hit.text("kv_dtype").value_or(""));
       if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic)) {
         launch.kv_cache_dtype_resolved = d;
         launch.resolved_evidence = fact_evidence(line_no, message);
@@ -651,10 +654,11 @@ void LaunchBuilder::finish(LogScan& out) {
     launch.memory.tp_source = launch.tp_source;
     // Resolved dtype when no line said it (or only a bare "fp8" did): an explicit request
     // is what the engine allocates; vLLM's auto follows the model dtype.
-    std::string requested = engines::normalise_dtype(launch.kv_cache_dtype_requested);
+    const engines::DtypeVocabulary& dtypes = registry_.dtypes();
+    std::string requested = dtypes.normalise(launch.kv_cache_dtype_requested);
     if ((launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic) && !requested.empty() &&
         requested != "auto" &&
-        (launch.kv_cache_dtype_resolved.empty() || engines::is_quantized_dtype(requested))) {
+        (launch.kv_cache_dtype_resolved.empty() || dtypes.is_quantized(requested))) {
       launch.kv_cache_dtype_resolved = requested;
       launch.resolved_evidence = "requested --kv-cache-dtype " + launch.kv_cache_dtype_requested;
     }
@@ -665,7 +669,7 @@ void LaunchBuilder::finish(LogScan& out) {
              msg.message_kind != LogKind::scale_unit_fallback) ||
             msg.engine.empty())
           continue;
-        for (const auto& rule : engines::engine_model(msg.engine).scale_warnings)
+        for (const auto& rule : registry_.engine(msg.engine).scale_warnings)
           if (rule.log_message == msg.template_id && rule.dtypes.size() == 1) {
             launch.kv_cache_dtype_resolved = rule.dtypes[0];
             launch.resolved_evidence =
@@ -702,19 +706,19 @@ void LaunchBuilder::finish(LogScan& out) {
     if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
       launch.max_total_tokens =
           *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
-    decide_scale_fallback(launch);
+    decide_scale_fallback(registry_, launch);
   }
   for (size_t i = 0; i < launches_.size(); ++i)
-    add_findings(launches_[i], i + 1 == launches_.size());
+    add_findings(registry_, launches_[i], i + 1 == launches_.size());
   out.launches.assign(std::make_move_iterator(launches_.begin()),
                       std::make_move_iterator(launches_.end()));
 }
 
 // Scale fallback from the log alone: only the engine's own check of the loaded values
 // (vLLM's "Using KV cache scaling factor 1.0") or a logged drop proves it.
-void decide_scale_fallback(Launch& launch) {
+void decide_scale_fallback(const engines::Registry& registry, Launch& launch) {
   const std::string& dtype = launch.kv_cache_dtype_resolved;
-  const engines::KvDtype* kv = engines::find_kv_dtype(dtype);
+  const engines::KvDtype* kv = registry.dtypes().find(dtype);
   const LogEvent* unit = nullptr;
   const LogEvent* dropped = nullptr;
   const LogEvent* warning = nullptr;
@@ -749,7 +753,7 @@ void decide_scale_fallback(Launch& launch) {
   } else if (warning) {
     std::string meaning;
     if (const engines::EngineModel* engine =
-            launch.engine.empty() ? nullptr : &engines::engine_model(warning->engine))
+            launch.engine.empty() ? nullptr : registry.find(warning->engine))
       for (const auto& rule : engine->scale_warnings)
         if (rule.log_message == warning->template_id) meaning = rule.meaning;
     launch.scale_fallback_reason = fmt::format(

@@ -12,11 +12,11 @@ struct TemplateHit;
 
 // Decides from a launch's scale messages whether it ran at scale 1.0 (null when the log
 // cannot tell).
-void decide_scale_fallback(Launch& launch);
+void decide_scale_fallback(const engines::Registry& registry, Launch& launch);
 
 class LaunchBuilder {
  public:
-  LaunchBuilder(size_t max_launches, audit::KvPolicy kv_policy);
+  LaunchBuilder(const engines::Registry& registry, size_t max_launches, audit::KvPolicy kv_policy);
 
   // One line that matched a scan pattern (raw, with its prefixes), 1-based number.
   void handle(std::string_view raw_line, int64_t line_no);
@@ -37,6 +37,7 @@ class LaunchBuilder {
   void apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
                   const std::string& message);
 
+  const engines::Registry& registry_;
   std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> templates_;
   std::deque<Launch> launches_;
   size_t max_launches_;

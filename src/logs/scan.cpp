@@ -35,7 +35,8 @@ uint32_t hash16(uint32_t w) {
 
 class PatternFilter {
  public:
-  PatternFilter() : patterns_(scan_patterns()), bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
+  explicit PatternFilter(const engines::Registry& registry)
+      : patterns_(scan_patterns(registry)), bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
     const auto& patterns = patterns_;
     std::vector<std::vector<Entry>> buckets(1 << 16);
     for (size_t p = 0; p < patterns.size(); ++p) {
@@ -94,7 +95,8 @@ class PatternFilter {
 // Scans complete lines in [data, data + size) (size ends after a '\n' or at EOF).
 class BlockScanner {
  public:
-  explicit BlockScanner(LaunchBuilder& builder) : builder_(builder) {}
+  BlockScanner(const engines::Registry& registry, LaunchBuilder& builder)
+      : builder_(builder), filter_(registry) {}
 
   void scan(const char* data, size_t size) {
     const PatternFilter& f = filter_;
@@ -140,9 +142,10 @@ class BlockScanner {
 
 using ReadFn = std::function<size_t(char*, size_t)>;
 
-LogScan scan_stream(const ReadFn& read, const std::string& label, const ScanOptions& options) {
-  LaunchBuilder builder(options.max_launches, options.kv_policy);
-  BlockScanner scanner(builder);
+LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const std::string& label,
+                    const ScanOptions& options) {
+  LaunchBuilder builder(registry, options.max_launches, options.kv_policy);
+  BlockScanner scanner(registry, builder);
   LogScan result;
   result.source = label;
   const size_t cap = std::max<size_t>(options.max_line_bytes, 4096);
@@ -209,8 +212,10 @@ LogScan scan_stream(const ReadFn& read, const std::string& label, const ScanOpti
 
 }  // namespace
 
-LogScan scan_log(std::istream& in, const std::string& label, const ScanOptions& options) {
+LogScan scan_log(const engines::Registry& registry, std::istream& in, const std::string& label,
+                 const ScanOptions& options) {
   return scan_stream(
+      registry,
       [&](char* out, size_t n) {
         in.read(out, static_cast<std::streamsize>(n));
         return static_cast<size_t>(in.gcount());
@@ -218,7 +223,8 @@ LogScan scan_log(std::istream& in, const std::string& label, const ScanOptions& 
       label, options);
 }
 
-LogScan scan_log_file(const std::filesystem::path& path, const ScanOptions& options) {
+LogScan scan_log_file(const engines::Registry& registry, const std::filesystem::path& path,
+                      const ScanOptions& options) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw InputError(path.string(), "no such file");
   if (std::filesystem::is_directory(path, ec))
@@ -229,13 +235,16 @@ LogScan scan_log_file(const std::filesystem::path& path, const ScanOptions& opti
     std::FILE* f;
     ~Closer() { std::fclose(f); }
   } closer{file};
-  return scan_stream([&](char* out, size_t n) { return std::fread(out, 1, n, file); },
-                     path.string(), options);
+  return scan_stream(
+      registry, [&](char* out, size_t n) { return std::fread(out, 1, n, file); }, path.string(),
+      options);
 }
 
-LogScan scan_log_text(std::string_view text, const std::string& label) {
+LogScan scan_log_text(const engines::Registry& registry, std::string_view text,
+                      const std::string& label) {
   size_t offset = 0;
   return scan_stream(
+      registry,
       [&](char* out, size_t n) {
         size_t take = std::min(n, text.size() - offset);
         std::memcpy(out, text.data() + offset, take);

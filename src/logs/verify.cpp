@@ -21,10 +21,6 @@ using report::Evidence;
 using report::Finding;
 using report::Severity;
 
-bool quantized(const std::string& dtype) {
-  return engines::is_quantized_dtype(dtype);
-}
-
 std::string line_ref(int64_t line) {
   return fmt::format("log:{}", line);
 }
@@ -77,8 +73,9 @@ void add_failure_findings(Launch& launch, const std::string& who, bool is_latest
 }
 
 // What the KV cache resolved to and whether its scales fell back to 1.0.
-void add_kv_findings(Launch& launch, const std::string& who) {
-  std::string requested = engines::normalise_dtype(launch.kv_cache_dtype_requested);
+void add_kv_findings(const engines::Registry& registry, Launch& launch, const std::string& who) {
+  auto quantized = [&](const std::string& dtype) { return registry.dtypes().is_quantized(dtype); };
+  std::string requested = registry.dtypes().normalise(launch.kv_cache_dtype_requested);
   if ((requested.empty() || requested == "auto") && quantized(launch.kv_cache_dtype_resolved)) {
     launch.findings.push_back(
         {"kv-auto-quantized",
@@ -115,9 +112,8 @@ void add_kv_findings(Launch& launch, const std::string& who) {
         "serve with --kv-cache-dtype bf16, or ship calibrated k_scale/v_scale (kvaudit "
         "calibrate) that this engine version loads",
         ""};
-    const auto known = engines::known_engines();
-    if (std::find(known.begin(), known.end(), launch.engine) != known.end()) {
-      const engines::EngineModel& engine = engines::engine_model(launch.engine);
+    if (const engines::EngineModel* known = registry.find(launch.engine)) {
+      const engines::EngineModel& engine = *known;
       const auto printed = engines::parse_version(launch.engine_version);
       const auto version = printed && !launch.engine_version.empty()
                                ? printed
@@ -219,13 +215,13 @@ void add_reading_findings(Launch& launch, const std::string& who) {
 
 }  // namespace
 
-void add_findings(Launch& launch, bool is_latest) {
+void add_findings(const engines::Registry& registry, Launch& launch, bool is_latest) {
   launch.findings.clear();
   const std::string who =
       fmt::format("launch {} ({})", launch.index + 1,
                   launch.start_time.empty() ? "no timestamp" : launch.start_time);
   add_failure_findings(launch, who, is_latest);
-  add_kv_findings(launch, who);
+  add_kv_findings(registry, launch, who);
   add_reading_findings(launch, who);
 }
 
@@ -245,18 +241,19 @@ Expectation parse_expectation(std::string_view text) {
   return e;
 }
 
-std::vector<ExpectationResult> check_expectations(const Launch& launch,
+std::vector<ExpectationResult> check_expectations(const engines::Registry& registry,
+                                                  const Launch& launch,
                                                   const std::vector<Expectation>& expectations) {
   std::vector<ExpectationResult> results;
   for (const auto& e : expectations) {
     ExpectationResult r{e, "", false};
     if (e.key == "kv_cache_dtype") {
       r.actual = launch.kv_cache_dtype_resolved;
-      r.met = !r.actual.empty() && engines::normalise_dtype(e.value) == r.actual;
+      r.met = !r.actual.empty() && registry.dtypes().normalise(e.value) == r.actual;
     } else if (e.key == "kv_cache_dtype_requested") {
       r.actual = launch.kv_cache_dtype_requested;
       r.met = !r.actual.empty() &&
-              engines::normalise_dtype(e.value) == engines::normalise_dtype(r.actual);
+              registry.dtypes().normalise(e.value) == registry.dtypes().normalise(r.actual);
     } else if (e.key == "scale_fallback") {
       r.actual = launch.scale_fallback ? (*launch.scale_fallback ? "true" : "false") : "null";
       r.met = r.actual == e.value;
@@ -348,8 +345,8 @@ std::vector<engines::Version> candidate_versions(const engines::EngineModel& eng
 }
 
 // An inferred dtype (auto, no line naming the cache) decided with the checkpoint.
-void resolve_inferred_dtype(Launch& launch, const checkpoint::ModelFacts& model) {
-  const engines::EngineModel& engine = engines::engine_model(launch.engine);
+void resolve_inferred_dtype(const engines::EngineModel& engine, Launch& launch,
+                            const checkpoint::ModelFacts& model) {
   std::map<std::string, std::vector<std::string>> by_dtype;  // dtype -> releases
   std::string reason;
   for (const auto& version : candidate_versions(engine, launch)) {
@@ -361,7 +358,7 @@ void resolve_inferred_dtype(Launch& launch, const checkpoint::ModelFacts& model)
     engines::ResolvedKv resolved = engines::resolve_kv(model, flags, engine);
     std::string dtype = resolved.kv_cache_dtype;
     // auto follows the dtype the launch printed for its weights, not the config's.
-    if (!engines::is_quantized_dtype(dtype)) dtype = launch.model_dtype;
+    if (!engine.dtypes->is_quantized(dtype)) dtype = launch.model_dtype;
     if (by_dtype.empty()) reason = resolved.reason;
     by_dtype[dtype].push_back(engines::version_text(version));
   }
@@ -382,19 +379,19 @@ void resolve_inferred_dtype(Launch& launch, const checkpoint::ModelFacts& model)
       fmt::format("kv_cache_dtype auto with the checkpoint {}: {}", model.dir.string(), reason);
 }
 
-void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model, bool is_latest) {
-  const auto engines_known = engines::known_engines();
-  const bool known_engine =
-      std::find(engines_known.begin(), engines_known.end(), launch.engine) != engines_known.end();
+void cross_check_checkpoint(const engines::Registry& registry, Launch& launch,
+                            const checkpoint::ModelFacts& model, bool is_latest) {
+  const engines::EngineModel* known_engine = registry.find(launch.engine);
   if ((launch.resolved_inferred || launch.resolved_auto_pending) && known_engine) {
-    resolve_inferred_dtype(launch, model);
-    decide_scale_fallback(launch);
+    resolve_inferred_dtype(*known_engine, launch, model);
+    decide_scale_fallback(registry, launch);
   }
   const std::string& dtype = launch.kv_cache_dtype_resolved;
-  if (quantized(dtype) && model.has_weights && launch.scale_fallback != true && known_engine) {
+  if (registry.dtypes().is_quantized(dtype) && model.has_weights && launch.scale_fallback != true &&
+      known_engine) {
     // The log's version when it printed one, else every release the data distinguishes:
     // the verdict stands only when they all agree.
-    const engines::EngineModel& engine = engines::engine_model(launch.engine);
+    const engines::EngineModel& engine = *known_engine;
     const std::vector<engines::Version> versions = candidate_versions(engine, launch);
     std::map<std::string, std::vector<std::string>> verdicts;  // reason -> versions
     for (const auto& version : versions)
@@ -425,14 +422,14 @@ void cross_check_checkpoint(Launch& launch, const checkpoint::ModelFacts& model,
           launch.engine, fmt::join(parts, "; "));
     }
   }
-  add_findings(launch, is_latest);
+  add_findings(registry, launch, is_latest);
   // Capacity: the printed count against plan's prediction from the printed memory.
   if (!launch.engine.empty() && !dtype.empty()) {
     try {
       plan::PlanOptions options;
       options.engine = launch.engine;
-      plan::LogPrediction prediction =
-          plan::predict_from_log(model, plan::reconcile_log_flags(launch.memory, options, {}));
+      plan::LogPrediction prediction = plan::predict_from_log(
+          registry, model, plan::reconcile_log_flags(registry, launch.memory, options, {}));
       for (const auto& finding : prediction.findings) launch.findings.push_back(finding);
       for (const auto& check : prediction.checks) {
         double mid = (check.predicted.lo + check.predicted.hi) / 2.0;

@@ -152,14 +152,21 @@ SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::Eng
   rules.speculative_draft_layers = options.speculative_draft_layers.value_or(0);
   // The recurrent state dtypes: the launch flag, else the release's rule for this model
   // family, else its default (the model dtype, or "read it from the model config").
-  std::string model_dtype = engines::normalise_dtype(model.torch_dtype);
+  const engines::DtypeVocabulary& vocabulary = *engine.dtypes;
+  std::string model_dtype = vocabulary.normalise(model.torch_dtype);
   if (model_dtype.empty() || model_dtype == "fp32") model_dtype = "bf16";
   const engines::StateDtypes states =
       engines::resolve_state_dtypes(engine, version, model, options.mamba_ssm_dtype, model_dtype);
   rules.conv_dtype = states.conv_dtype.empty() ? "bf16" : states.conv_dtype;
   const std::string& ssm = states.ssm.dtype;
   rules.ssm_dtype_origin = states.ssm.origin;
-  rules.ssm_dtype = engines::normalise_dtype(ssm).empty() ? "fp32" : engines::normalise_dtype(ssm);
+  rules.ssm_dtype = vocabulary.normalise(ssm).empty() ? "fp32" : vocabulary.normalise(ssm);
+  auto bytes_of = [&](const std::string& dtype) {
+    const engines::KvDtype* d = vocabulary.find(dtype);
+    return d ? std::max(1, d->key_bits / 8) : 4;
+  };
+  rules.conv_bytes = bytes_of(rules.conv_dtype);
+  rules.ssm_bytes = bytes_of(rules.ssm_dtype);
   if (model.multimodal)
     rules.mm_reservation_bytes = static_cast<int64_t>(defaults.mm_reservation_mib * kMiB);
   return rules;
@@ -185,13 +192,12 @@ std::vector<const engines::KvDtype*> planned_dtypes(const checkpoint::ModelFacts
   }
   if (dtypes.empty()) {
     // The model dtype first, then every dtype this release accepts (as the data spells them).
-    const engines::KvDtype* model_dtype =
-        engines::find_kv_dtype(engines::served_model_dtype(model, engines::LaunchFlags{}));
+    const engines::KvDtype* model_dtype = engine.dtypes->find(
+        engines::served_model_dtype(*engine.dtypes, model, engines::LaunchFlags{}));
     if (model_dtype) dtypes.push_back(model_dtype);
     std::vector<const engines::KvDtype*> others;
     for (const auto& cli : engines::kv_cache_dtype_choices(engine, version)) {
-      const engines::KvDtype* dtype =
-          engines::find_kv_dtype(engines::cli_dtype(engine, version, cli));
+      const engines::KvDtype* dtype = engine.dtypes->find(engines::cli_dtype(engine, version, cli));
       if (dtype && (!dtype->mla_only || model.mla) &&
           std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end() &&
           std::find(others.begin(), others.end(), dtype) == others.end())
@@ -341,8 +347,9 @@ PlanRow plan_row(const checkpoint::ModelFacts& model, const engines::KvDtype* dt
 }  // namespace
 
 // The passes: the dtypes, the weights, the budget, then a row per dtype.
-CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOptions& options) {
-  const engines::EngineModel& engine = engines::engine_model(options.engine);
+CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::ModelFacts& model,
+                           const PlanOptions& options) {
+  const engines::EngineModel& engine = registry.engine(options.engine);
   auto parsed_version = engines::parse_version(options.engine_version);
   if (!parsed_version)
     throw InputError("--engine-version", "cannot read version '" + options.engine_version + "'");
@@ -356,6 +363,8 @@ CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOption
       options.engine_version.empty() ? engine.latest_known_version : options.engine_version;
   plan.parallel = options.parallel;
   plan.gpu_name = options.gpu_name;
+  plan.sources = engine.capacity.references;
+  plan.budget_label = token_pool ? "Rest memory (KV + state)" : "Available KV memory";
   if (options.parallel.tp < 1 || options.parallel.pp < 1 || options.parallel.dp < 1 ||
       options.parallel.dcp < 1)
     throw InputError("--tp/--pp/--dp", "must be at least 1");

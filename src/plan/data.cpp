@@ -24,17 +24,17 @@ nlohmann::json read_json(const std::filesystem::path& path) {
 
 const engines::KvDtype& plan_dtype(const engines::EngineModel& engine,
                                    const engines::Version& version, std::string_view name) {
-  const std::string canonical = engines::normalise_dtype(name);
+  const std::string canonical = engine.dtypes->normalise(name);
   std::vector<std::string> accepted;
   if (const engines::DtypeChoices* choices = engine.choices_for(version))
     for (const auto& choice : choices->accepted) {
       if (choice.dtype == "auto") continue;
-      if (choice.dtype == canonical) return *engines::find_kv_dtype(canonical);
+      if (choice.dtype == canonical) return *engine.dtypes->find(canonical);
       if (std::find(accepted.begin(), accepted.end(), choice.dtype) == accepted.end())
         accepted.push_back(choice.dtype);
     }
   // The model dtype under auto (fp16 on vLLM releases without a float16 choice, say).
-  if (canonical == "bf16" || canonical == "fp16") return *engines::find_kv_dtype(canonical);
+  if (canonical == "bf16" || canonical == "fp16") return *engine.dtypes->find(canonical);
   throw InputError(
       "--kv-cache-dtype",
       fmt::format("'{}' is not a KV dtype {} {} accepts (it accepts: {})", name, engine.engine,

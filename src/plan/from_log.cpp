@@ -92,8 +92,7 @@ std::vector<const engines::KvDtype*> comparable_dtypes(const engines::EngineMode
                                                        const engines::KvDtype& launch_dtype) {
   std::vector<const engines::KvDtype*> out = {&launch_dtype};
   for (const auto& cli : engines::kv_cache_dtype_choices(engine, version)) {
-    const engines::KvDtype* dtype =
-        engines::find_kv_dtype(engines::cli_dtype(engine, version, cli));
+    const engines::KvDtype* dtype = engine.dtypes->find(engines::cli_dtype(engine, version, cli));
     if (!dtype || std::find(out.begin(), out.end(), dtype) != out.end()) continue;
     if (dtype->name == "fp16" && launch_dtype.name != "fp16") continue;
     out.push_back(dtype);
@@ -409,20 +408,19 @@ void reconcile_pp_dp(const LoggedMemory& logged, const LogFlagOverrides& given, 
 }
 
 // The KV dtype the launch used and its Mamba state dtype: printed, else the flags.
-void reconcile_dtypes(const LoggedMemory& logged, const PlanOptions& base,
-                      const LogFlagOverrides& given, LogSetup& out) {
+void reconcile_dtypes(const engines::DtypeVocabulary& dtypes, const LoggedMemory& logged,
+                      const PlanOptions& base, const LogFlagOverrides& given, LogSetup& out) {
   if (!logged.kv_cache_dtype.empty()) {
-    if (given.kv_cache_dtype &&
-        engines::normalise_dtype(*given.kv_cache_dtype) != logged.kv_cache_dtype)
+    if (given.kv_cache_dtype && dtypes.normalise(*given.kv_cache_dtype) != logged.kv_cache_dtype)
       log_flag_conflict(out, "--kv-cache-dtype", *given.kv_cache_dtype, "kv_cache_dtype",
                         logged.kv_cache_dtype, "");
   } else if (given.kv_cache_dtype) {
-    out.memory.kv_cache_dtype = engines::normalise_dtype(*given.kv_cache_dtype);
+    out.memory.kv_cache_dtype = dtypes.normalise(*given.kv_cache_dtype);
     note_from_flag(out, "the KV dtype", "--kv-cache-dtype", *given.kv_cache_dtype);
   }
   if (!logged.mamba_ssm_dtype.empty()) {
-    if (!base.mamba_ssm_dtype.empty() && engines::normalise_dtype(base.mamba_ssm_dtype) !=
-                                             engines::normalise_dtype(logged.mamba_ssm_dtype))
+    if (!base.mamba_ssm_dtype.empty() &&
+        dtypes.normalise(base.mamba_ssm_dtype) != dtypes.normalise(logged.mamba_ssm_dtype))
       log_flag_conflict(out, "--mamba-ssm-dtype", base.mamba_ssm_dtype, "mamba_ssm_dtype",
                         logged.mamba_ssm_dtype, "");
     out.options.mamba_ssm_dtype = logged.mamba_ssm_dtype;
@@ -431,8 +429,8 @@ void reconcile_dtypes(const LoggedMemory& logged, const PlanOptions& base,
 
 // The memory fraction: printed, else the flag, else the engine's default for the GPU (which
 // depends on the parallelism reconciled before).
-void reconcile_memory_fraction(const LoggedMemory& logged, const LogFlagOverrides& given,
-                               LogSetup& out) {
+void reconcile_memory_fraction(const engines::Registry& registry, const LoggedMemory& logged,
+                               const LogFlagOverrides& given, LogSetup& out) {
   if (logged.mem_fraction_static) {
     if (given.memory_fraction &&
         std::abs(*given.memory_fraction - *logged.mem_fraction_static) > 1e-9)
@@ -442,8 +440,8 @@ void reconcile_memory_fraction(const LoggedMemory& logged, const LogFlagOverride
     out.options.memory_fraction = given.memory_fraction;
     note_from_flag(out, "mem_fraction_static", "--mem-fraction",
                    fmt::format("{}", *given.memory_fraction));
-  } else if (out.options.gpu_memory_bytes && !out.options.engine.empty()) {
-    const engines::EngineModel& engine = engines::engine_model(out.options.engine);
+  } else if (out.options.gpu_memory_bytes && registry.find(out.options.engine)) {
+    const engines::EngineModel& engine = registry.engine(out.options.engine);
     auto version = engines::parse_version(out.options.engine_version);
     const engines::MemFractionTable* table =
         version ? engine.capacity.mem_fraction_for(*version) : nullptr;
@@ -460,41 +458,42 @@ void reconcile_memory_fraction(const LoggedMemory& logged, const LogFlagOverride
 
 }  // namespace
 
-LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base,
-                             const LogFlagOverrides& given) {
+LogSetup reconcile_log_flags(const engines::Registry& registry, const LoggedMemory& logged,
+                             const PlanOptions& base, const LogFlagOverrides& given) {
   LogSetup out;
   out.memory = logged;
   out.options = base;
   reconcile_engine(logged, given, out);
   reconcile_tp(logged, given, out);
   reconcile_pp_dp(logged, given, out);
-  reconcile_dtypes(logged, base, given, out);
-  reconcile_memory_fraction(logged, given, out);
+  reconcile_dtypes(registry.dtypes(), logged, base, given, out);
+  reconcile_memory_fraction(registry, logged, given, out);
   return out;
 }
 
-LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LogSetup& setup) {
-  LogPrediction out = predict_from_log(model, setup.memory, setup.options);
+LogPrediction predict_from_log(const engines::Registry& registry,
+                               const checkpoint::ModelFacts& model, const LogSetup& setup) {
+  LogPrediction out = predict_from_log(registry, model, setup.memory, setup.options);
   out.findings.insert(out.findings.begin(), setup.findings.begin(), setup.findings.end());
   out.notes.insert(out.notes.begin(), setup.notes.begin(), setup.notes.end());
   return out;
 }
 
-LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+LogPrediction predict_from_log(const engines::Registry& registry,
+                               const checkpoint::ModelFacts& model, const LoggedMemory& logged,
                                const PlanOptions& options) {
-  const auto known = engines::known_engines();
-  if (std::find(known.begin(), known.end(), logged.engine) == known.end())
+  if (!registry.find(logged.engine))
     throw InputError("--from-log",
                      fmt::format("the log is not a start-up log of a known engine ({})",
-                                 fmt::join(known, ", ")));
+                                 fmt::join(registry.names(), ", ")));
   LoggedMemory filled = logged;
   if (filled.kv_cache_dtype.empty() && !options.kv_cache_dtypes.empty())
-    filled.kv_cache_dtype = engines::normalise_dtype(options.kv_cache_dtypes.front());
+    filled.kv_cache_dtype = registry.dtypes().normalise(options.kv_cache_dtypes.front());
   if (filled.kv_cache_dtype.empty())
     throw InputError(
         "--from-log",
         "the log does not say which KV cache dtype the launch used (pass --kv-cache-dtype)");
-  const engines::EngineModel& engine = engines::engine_model(filled.engine);
+  const engines::EngineModel& engine = registry.engine(filled.engine);
   auto run = [&](const engines::Version& version) {
     LogPrediction prediction;
     if (engine.capacity.model == engines::CapacityModel::sglang_token_pool)

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -74,6 +75,8 @@ struct SizingRules {
   int speculative_draft_layers = 0;    // EAGLE/MTP draft layers sharing the pool
   std::string ssm_dtype = "fp32";      // recurrent state (canonical dtype)
   std::string conv_dtype = "bf16";
+  int ssm_bytes = 4;  // bytes per element of each (from the dtype vocabulary)
+  int conv_bytes = 2;
   std::string ssm_dtype_origin;      // "model config", "engine default", "--mamba-ssm-dtype"
   int64_t mm_reservation_bytes = 0;  // SGLang multimodal reservation
 };
@@ -171,12 +174,15 @@ struct CapacityPlan {
   std::string memory_fraction_source;  // "--mem-fraction", "SGLang default for ...", ...
   int64_t weight_bytes_per_gpu = 0;
   int64_t budget_bytes = 0;  // SGLang rest memory / vLLM available KV memory
+  std::string budget_label;  // what the budget is, in the engine's terms ("Rest memory ...")
+  std::map<std::string, std::string> sources;  // the capacity data's references
   std::vector<PlanRow> rows;
   std::vector<std::string> derivation;  // shared steps (memory budget)
   std::vector<std::string> notes;       // assumptions
 };
 
-CapacityPlan plan_capacity(const checkpoint::ModelFacts& model, const PlanOptions& options);
+CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::ModelFacts& model,
+                           const PlanOptions& options);
 
 // SGLang: from the rest memory (bytes left for KV + Mamba after the fraction is
 // applied) to the pools. Mamba slots are set aside first (mamba_full_memory_ratio),
@@ -286,16 +292,18 @@ struct LogSetup {
   std::vector<report::Finding> findings;
   std::vector<std::string> notes;  // where each value not printed in the log came from
 };
-LogSetup reconcile_log_flags(const LoggedMemory& logged, const PlanOptions& base,
-                             const LogFlagOverrides& given);
+LogSetup reconcile_log_flags(const engines::Registry& registry, const LoggedMemory& logged,
+                             const PlanOptions& base, const LogFlagOverrides& given);
 
 // Reproduces the engine's token count from the printed memory figures, checks the
 // printed per-token sizes exactly, and predicts the other dtypes. Throws InputError
 // when the log has no memory figures plan can use.
-LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+LogPrediction predict_from_log(const engines::Registry& registry,
+                               const checkpoint::ModelFacts& model, const LoggedMemory& logged,
                                const PlanOptions& options);
 // The same, on a reconciled launch: its findings and notes come first.
-LogPrediction predict_from_log(const checkpoint::ModelFacts& model, const LogSetup& setup);
+LogPrediction predict_from_log(const engines::Registry& registry,
+                               const checkpoint::ModelFacts& model, const LogSetup& setup);
 
 // ---------------------------------------------------------------- report
 

@@ -120,12 +120,7 @@ void add_plan_facts(const checkpoint::ModelFacts& model, const CapacityPlan& pla
                          Value{plan.memory_fraction}, ""});
     out.facts.push_back(
         {"weight_bytes_per_gpu", "Weights per GPU", Value{plan.weight_bytes_per_gpu}, "B"});
-    out.facts.push_back({"budget_bytes",
-                         engines::engine_model(plan.engine).capacity.model ==
-                                 engines::CapacityModel::sglang_token_pool
-                             ? "Rest memory (KV + state)"
-                             : "Available KV memory",
-                         Value{plan.budget_bytes}, "B"});
+    out.facts.push_back({"budget_bytes", plan.budget_label, Value{plan.budget_bytes}, "B"});
   }
 }
 
@@ -255,7 +250,7 @@ void set_plan_payload(const CapacityPlan& plan, bool explain, report::Report& ou
   for (const auto& row : plan.rows) rows_json.push_back(row_json(row, explain));
   out.payload["engine"] = plan.engine;
   out.payload["engine_version"] = plan.engine_version;
-  out.payload["sources"] = engines::engine_model(plan.engine).capacity.references;
+  out.payload["sources"] = plan.sources;
   out.payload["tp"] = plan.parallel.tp;
   out.payload["budget"] = {{"gpu_memory_bytes", plan.gpu_memory_bytes},
                            {"memory_fraction", plan.memory_fraction},

@@ -282,12 +282,8 @@ std::optional<MambaState> sglang_mamba_state(const ModelFacts& model, const Para
   const int64_t conv_dim =
       static_cast<int64_t>(la.num_value_heads) * la.value_head_dim + 2 * n_groups * la.key_head_dim;
   const int64_t conv_elems = conv_dim / tp * (la.conv_kernel - 1);
-  auto bytes_of = [](const std::string& dtype) {
-    const engines::KvDtype* d = engines::find_kv_dtype(dtype);
-    return d ? std::max<int64_t>(1, d->key_bits / 8) : int64_t{4};
-  };
-  const int64_t conv_bytes = bytes_of(rules.conv_dtype);
-  const int64_t ssm_bytes = bytes_of(rules.ssm_dtype);
+  const int64_t conv_bytes = rules.conv_bytes;
+  const int64_t ssm_bytes = rules.ssm_bytes;
   const int64_t ssm_elems =
       static_cast<int64_t>(la.num_value_heads) / tp * la.value_head_dim * la.key_head_dim;
   state.conv_bytes_per_layer = conv_elems * conv_bytes;

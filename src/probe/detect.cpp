@@ -177,7 +177,7 @@ bool read_tgi_info(const json& info, ServerFacts& facts) {
   return true;
 }
 
-ServerFacts detect_server(net::Client& client) {
+ServerFacts detect_server(const engines::Registry& registry, net::Client& client) {
   ServerFacts facts;
   facts.url = client.url().text();
   auto json_of = [](const net::HttpResponse& response) {
@@ -201,9 +201,9 @@ ServerFacts detect_server(net::Client& client) {
   // while); the engine data lists them newest first.
   json info;
   std::string info_path;
-  const auto& sglang = engines::engine_model("sglang");
-  for (const std::string& path :
-       sglang.server_info ? sglang.server_info->endpoints : std::vector<std::string>{}) {
+  const engines::EngineModel* sglang = registry.find("sglang");
+  for (const std::string& path : sglang && sglang->server_info ? sglang->server_info->endpoints
+                                                               : std::vector<std::string>{}) {
     info = json_of(optional_get(path.c_str()));
     if (info.is_object() && (info.contains("model_path") || info.contains("kv_cache_dtype"))) {
       info_path = path;
@@ -278,7 +278,8 @@ ServerFacts detect_server(net::Client& client) {
   return facts;
 }
 
-std::vector<report::Finding> server_findings(const ServerFacts& facts,
+std::vector<report::Finding> server_findings(const engines::Registry& registry,
+                                             const ServerFacts& facts,
                                              const checkpoint::ModelFacts* model,
                                              const Deployment& deployment) {
   std::vector<report::Finding> findings;
@@ -319,8 +320,8 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
   }
   if (facts.engine == "generic") {
     std::vector<std::string> asked;  // the endpoints each engine's data says report the KV dtype
-    for (const std::string& name : engines::known_engines())
-      if (const auto& info = engines::engine_model(name).server_info)
+    for (const std::string& name : registry.names())
+      if (const auto& info = registry.engine(name).server_info)
         asked.push_back(fmt::format("{} ({})", name, fmt::join(info->endpoints, ", ")));
     findings.push_back(
         {"probe-engine-unknown",
@@ -334,7 +335,7 @@ std::vector<report::Finding> server_findings(const ServerFacts& facts,
          ""});
     return findings;
   }
-  const engines::EngineModel& engine = engines::engine_model(facts.engine);
+  const engines::EngineModel& engine = registry.engine(facts.engine);
   std::string version = facts.engine_version;
   if (!version.empty() && !engines::parse_version(version)) version.clear();
 

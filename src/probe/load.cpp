@@ -682,8 +682,8 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
 
 // ---------------------------------------------------------------- the run
 
-LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptions& client_options,
-                    const LoadOptions& options) {
+LoadResult run_load(const engines::Registry& registry, const std::vector<std::string>& urls,
+                    const net::ClientOptions& client_options, const LoadOptions& options) {
   if (urls.empty() || urls.size() > 2) throw InputError("probe --load", "give one or two URLs");
   if (options.concurrency.empty())
     throw InputError("--load-concurrency", "give at least one level");
@@ -703,7 +703,7 @@ LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptio
     const int widest = *std::max_element(options.concurrency.begin(), options.concurrency.end());
     per_server.max_concurrency = std::max(per_server.max_concurrency, widest);
     clients.push_back(std::make_unique<net::Client>(net::parse_url(url), per_server));
-    result.servers.push_back(detect_server(*clients.back()));
+    result.servers.push_back(detect_server(registry, *clients.back()));
     std::string model = options.model.empty() ? result.servers.back().model_id : options.model;
     if (model.empty()) throw InputError(url, "reports no model (/v1/models); pass --model");
     models.push_back(model);

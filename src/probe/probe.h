@@ -69,7 +69,7 @@ bool read_tgi_info(const nlohmann::json& info, ServerFacts& facts);
 // Asks the server: /server_info or /get_server_info, /metrics (+ /version), /props,
 // /v1/models, /tokenize (+ /detokenize to check the round trip).
 // Transport failures propagate as net::RequestError; missing endpoints do not.
-ServerFacts detect_server(net::Client& client);
+ServerFacts detect_server(const engines::Registry& registry, net::Client& client);
 
 // The `check` findings that apply. With the checkpoint's facts (a local copy, or the
 // server's model_path when readable here) the full audit runs on flags taken from the
@@ -80,7 +80,8 @@ struct Deployment {
   audit::KvPolicy policy = audit::KvPolicy::evidence;
   std::string gpu_name, gpu_arch, platform;
 };
-std::vector<report::Finding> server_findings(const ServerFacts& facts,
+std::vector<report::Finding> server_findings(const engines::Registry& registry,
+                                             const ServerFacts& facts,
                                              const checkpoint::ModelFacts* model,
                                              const Deployment& deployment = {});
 
@@ -209,8 +210,9 @@ struct RunResult {
 // sides). A server that becomes unreachable, answers garbage or refuses auth stops the
 // run: InputError naming it and how many probes finished (kept in the results file).
 // `checkpoint_dir`: optional local copy of the served checkpoint for the findings.
-RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client,
-                     const ProbeOptions& options, const std::string& checkpoint_dir = "");
+RunResult run_probes(const engines::Registry& registry, const std::vector<std::string>& urls,
+                     const net::ClientOptions& client, const ProbeOptions& options,
+                     const std::string& checkpoint_dir = "");
 
 report::Report to_report(const RunResult& result, const ProbeOptions& options);
 
@@ -303,8 +305,8 @@ struct LoadResult {
   std::vector<std::string> notes;
 };
 
-LoadResult run_load(const std::vector<std::string>& urls, const net::ClientOptions& client,
-                    const LoadOptions& options);
+LoadResult run_load(const engines::Registry& registry, const std::vector<std::string>& urls,
+                    const net::ClientOptions& client, const LoadOptions& options);
 report::Report to_report(const LoadResult& result, const LoadOptions& options);
 // One level as a results-file line and back (resume).
 nlohmann::json to_json(const LoadLevel& level);

@@ -411,7 +411,8 @@ struct RunControl {
 
 // A client per server URL and what each serves (detect_server), with the findings on it
 // (from the local checkpoint when one is given or found beside the server).
-std::vector<std::unique_ptr<net::Client>> open_servers(const std::vector<std::string>& urls,
+std::vector<std::unique_ptr<net::Client>> open_servers(const engines::Registry& registry,
+                                                       const std::vector<std::string>& urls,
                                                        const net::ClientOptions& client_options,
                                                        const std::string& checkpoint_dir,
                                                        const Deployment& deployment,
@@ -420,9 +421,9 @@ std::vector<std::unique_ptr<net::Client>> open_servers(const std::vector<std::st
   for (const std::string& url : urls) {
     clients.push_back(std::make_unique<net::Client>(net::parse_url(url), client_options));
     ServerRun run;
-    run.facts = detect_server(*clients.back());
+    run.facts = detect_server(registry, *clients.back());
     auto model = local_checkpoint(checkpoint_dir, run.facts, result.notes);
-    run.findings = server_findings(run.facts, model ? &*model : nullptr, deployment);
+    run.findings = server_findings(registry, run.facts, model ? &*model : nullptr, deployment);
     result.servers.push_back(std::move(run));
   }
   if (urls.size() == 2 && result.servers[0].facts.url == result.servers[1].facts.url)
@@ -572,13 +573,14 @@ int64_t run_pending(const PendingRun& run, const ProbeOptions& options, std::ofs
 
 }  // namespace
 
-RunResult run_probes(const std::vector<std::string>& urls, const net::ClientOptions& client_options,
-                     const ProbeOptions& options, const std::string& checkpoint_dir) {
+RunResult run_probes(const engines::Registry& registry, const std::vector<std::string>& urls,
+                     const net::ClientOptions& client_options, const ProbeOptions& options,
+                     const std::string& checkpoint_dir) {
   if (urls.empty() || urls.size() > 2)
     throw InputError("probe", "give one server URL, or two with --compare");
   RunResult result;
   std::vector<std::unique_ptr<net::Client>> clients =
-      open_servers(urls, client_options, checkpoint_dir, options.deployment, result);
+      open_servers(registry, urls, client_options, checkpoint_dir, options.deployment, result);
   if (!options.smoke && !options.recall) return result;
 
   std::vector<std::string> models;

@@ -197,11 +197,12 @@ void extension_scales(const checkpoint::ModelFacts& facts, KvSetup& kv) {
 
 }  // namespace
 
-KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions& options) {
+KvSetup resolve_kv_setup(const engines::Registry& registry, const checkpoint::ModelFacts& facts,
+                         const ServeOptions& options) {
   KvSetup kv;
   kv.requested = options.kv_cache_dtype;
   // serve emulates SGLang: its start-up lines, /server_info and KV set-up are SGLang's.
-  const engines::EngineModel& engine = engines::engine_model(kEmulatedEngine);
+  const engines::EngineModel& engine = registry.engine(kEmulatedEngine);
   kv.engine_version =
       options.engine_version.empty() ? engine.latest_known_version : options.engine_version;
   auto version = engines::parse_version(kv.engine_version);
@@ -227,7 +228,7 @@ KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions
 
   if (kv.sglang_spelling) {
     kv.kv_cache_dtype = kv.resolved.kv_cache_dtype;
-    const engines::KvDtype* dtype = engines::find_kv_dtype(kv.kv_cache_dtype);
+    const engines::KvDtype* dtype = engine.dtypes->find(kv.kv_cache_dtype);
     const std::optional<std::string> codec = serve_codec(dtype);
     if (!codec)
       throw InputError("--kv-cache-dtype",

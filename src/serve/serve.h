@@ -90,7 +90,9 @@ struct KvSetup {
 // Resolves --kv-cache-dtype (and --quantization-param-path) against the checkpoint.
 // Throws InputError for unknown dtypes, dtypes this engine cannot store, and checkpoint scales
 // SGLang refuses at load time (per-head vectors under an SGLang spelling).
-KvSetup resolve_kv_setup(const checkpoint::ModelFacts& facts, const ServeOptions& options);
+// `registry` gives the emulated engine's model (kEmulatedEngine).
+KvSetup resolve_kv_setup(const engines::Registry& registry, const checkpoint::ModelFacts& facts,
+                         const ServeOptions& options);
 
 // Reads SGLang's --quantization-param-path JSON for TP rank 0 as SGLang's
 // kv_cache_scales_loader validates it; on any problem returns nullopt and appends SGLang's
@@ -128,7 +130,7 @@ class Server {
   // Loads the model and tokenizer, resolves the KV setup and writes the start-up log lines
   // (through `log`, one call per line) up to "max_total_num_tokens=...". Throws InputError
   // for bad options or an unreadable model.
-  Server(const ServeOptions& options, LogSink log);
+  Server(const engines::Registry& registry, const ServeOptions& options, LogSink log);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

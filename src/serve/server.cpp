@@ -128,6 +128,7 @@ json detokenize_response(const json& body, tokenizer::Tokenizer& tokenizer,
 }  // namespace
 
 struct Server::Impl {
+  const engines::Registry* registry = nullptr;
   ServeOptions options;
   LogSink log;
   checkpoint::ModelFacts facts;
@@ -230,7 +231,7 @@ void Server::Impl::start_up() {
     throw InputError("--max-queued-requests", "must be at least 1");
   if (options.max_body_bytes < 1024) throw InputError("--max-body-bytes", "must be >= 1024");
   if (options.max_tokens_limit < 1) throw InputError("--max-tokens-limit", "must be >= 1");
-  kv = resolve_kv_setup(facts, options);
+  kv = resolve_kv_setup(*registry, facts, options);
   const numerics::KvLayout layout = [&] {
     numerics::KvLayout l{facts.num_kv_heads, facts.head_dim};
     return l;
@@ -578,7 +579,9 @@ void Server::Impl::add_routes() {
   add_access_handlers();
 }
 
-Server::Server(const ServeOptions& options, LogSink log) : impl_(std::make_unique<Impl>()) {
+Server::Server(const engines::Registry& registry, const ServeOptions& options, LogSink log)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->registry = &registry;
   impl_->options = options;
   impl_->log = log ? std::move(log) : [](std::string_view) {};
   impl_->start_up();

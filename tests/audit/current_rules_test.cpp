@@ -7,6 +7,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 
 namespace kvaudit::audit {
 namespace {
@@ -47,7 +48,7 @@ Audited check(const checkpoint::ModelFacts& model, const std::string& engine, co
   flags.kv_cache_dtype_flag = kv == "auto" ? "" : "--kv-cache-dtype";
   flags.engine_version = version;
   input.flags = flags;
-  input.engine = &engines::engine_model(engine);
+  input.engine = &kvaudit::testing::engine(engine);
   input.version_given = !version.empty();
   return Audited{run_check(input)};
 }

@@ -9,6 +9,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -26,8 +27,8 @@ fs::path trained_qwen3() {
 }
 
 const PublishedEvidence& published() {
-  static const PublishedEvidence table =
-      load_published_evidence(data_dir() / "evidence" / "kv_damage.json");
+  static const PublishedEvidence table = load_published_evidence(
+      data_dir() / "evidence" / "kv_damage.json", kvaudit::testing::registry().dtypes());
   return table;
 }
 
@@ -41,7 +42,7 @@ CheckResult check_model(const checkpoint::ModelFacts& model, const std::string& 
   input.flags.engine_version = version;
   input.flags.kv_cache_dtype = kv;
   input.flags.kv_cache_dtype_flag = kv == "auto" ? "" : "--kv-cache-dtype";
-  input.engine = &engines::engine_model(engine);
+  input.engine = &kvaudit::testing::engine(engine);
   input.version_given = true;
   input.policy = policy;
   input.published = &published();
@@ -167,8 +168,8 @@ TEST(Measured, MaximaDecideTheSeverity) {
   EXPECT_EQ(find(clips, "fp8-unit-scale")->basis, "measured");
   EXPECT_EQ(find(clips, "fp8-unit-scale")->severity, Severity::critical);
   EXPECT_NE(find(clips, "fp8-unit-scale")->judged_on.find("exceed"), std::string::npos);
-  const CheckResult permissive = check_model(model, "vllm", "fp8", "0.22.0",
-                                            KvPolicy::permissive, measured_from_training(50));
+  const CheckResult permissive =
+      check_model(model, "vllm", "fp8", "0.22.0", KvPolicy::permissive, measured_from_training(50));
   ASSERT_NE(find(permissive, "fp8-unit-scale"), nullptr);
   EXPECT_EQ(find(permissive, "fp8-unit-scale")->severity, Severity::warning);
   // A statistics file that misses layers settles nothing for them.
@@ -251,7 +252,7 @@ TEST(Published, TableIsLinted) {
   auto refused = [&](const nlohmann::json& d, const std::string& needle) {
     std::ofstream(bad) << d.dump();
     try {
-      load_published_evidence(bad);
+      load_published_evidence(bad, kvaudit::testing::registry().dtypes());
     } catch (const InputError& error) {
       return std::string(error.what()).find(needle) != std::string::npos;
     }

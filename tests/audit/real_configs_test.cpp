@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "audit/audit.h"
+#include "common/registry.h"
 
 namespace kvaudit::audit {
 namespace {
@@ -21,7 +22,7 @@ CheckResult check_real(const std::string& name, const std::string& engine, const
   input.flags.engine = engine;
   input.flags.engine_version = version;
   input.flags.kv_cache_dtype = kv;
-  input.engine = &engines::engine_model(engine);
+  input.engine = &kvaudit::testing::engine(engine);
   input.version_given = true;
   return run_check(input);
 }

@@ -7,6 +7,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 
 namespace kvaudit::audit {
 namespace {
@@ -45,7 +46,7 @@ CheckRun check(const fs::path& checkpoint, const std::string& engine,
   flags.kv_cache_dtype = kv;
   flags.engine_version = version;
   input.flags = flags;
-  input.engine = &engines::engine_model(engine);
+  input.engine = &kvaudit::testing::engine(engine);
   input.version_given = !version.empty();
   return CheckRun{run_check(input)};
 }
@@ -192,14 +193,14 @@ TEST(Rules, PerHeadScales) {
   for (auto& scale : input.model.kv_scales) scale.values.assign(8, 0.05f);
   input.flags.engine = "sglang";
   input.flags.kv_cache_dtype = "fp8_e4m3";
-  input.engine = &engines::engine_model("sglang");
+  input.engine = &kvaudit::testing::engine("sglang");
   CheckRun modelopt{run_check(input)};
   ASSERT_TRUE(modelopt.has("scale-per-head-unsupported"));
   EXPECT_NE(modelopt.find("scale-per-head-unsupported")->consequence.find("per-tensor"),
             std::string::npos);
   input.flags.engine = "vllm";
   input.flags.kv_cache_dtype = "fp8";
-  input.engine = &engines::engine_model("vllm");
+  input.engine = &kvaudit::testing::engine("vllm");
   EXPECT_TRUE(CheckRun{run_check(input)}.has("scale-per-head-unsupported"));  // not CT attn_head
 
   CheckRun ct_old = check(fixture_checkpoint("llama-ct-fp8-per-head"), "sglang", "fp8_e4m3");

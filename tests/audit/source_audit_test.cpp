@@ -8,6 +8,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 
 namespace kvaudit::audit {
 namespace source_audit {
@@ -35,7 +36,7 @@ CheckResult run(const ModelFacts& model, const Launch& launch) {
   input.flags.platform = launch.platform;
   input.flags.speculative_algorithm = launch.speculative;
   input.flags.speculative_draft_kv_cache_dtype = launch.draft_kv;
-  input.engine = &engines::engine_model(launch.engine);
+  input.engine = &kvaudit::testing::engine(launch.engine);
   input.version_given = true;
   return run_check(input);
 }
@@ -145,7 +146,7 @@ TEST(SourceAudit, KnownBadCombinationsAreReported) {
 TEST(SourceAudit, VllmHybridStateDtypesArePerModel) {
   const ModelFacts next = read("qwen3-next-80b");
   ASSERT_EQ(next.linear_attention->ssm_dtype, "float32");
-  const engines::EngineModel& vllm = engines::engine_model("vllm");
+  const engines::EngineModel& vllm = kvaudit::testing::engine("vllm");
   const auto v22 = *engines::parse_version("0.22.0");
   const engines::StateDtypes next_states =
       engines::resolve_state_dtypes(vllm, v22, next, "", "bf16");
@@ -167,7 +168,7 @@ TEST(SourceAudit, VllmHybridStateDtypesArePerModel) {
           .ssm.dtype,
       "float16");
   // SGLang: the config's float32 for Qwen3-Next.
-  EXPECT_EQ(engines::resolve_state_dtypes(engines::engine_model("sglang"),
+  EXPECT_EQ(engines::resolve_state_dtypes(kvaudit::testing::engine("sglang"),
                                           *engines::parse_version("0.5.19"), next, "", "bf16")
                 .ssm.dtype,
             "float32");
@@ -178,8 +179,8 @@ TEST(SourceAudit, VllmHybridStateDtypesArePerModel) {
 // kv_cache_dtype.py, both heads of unmerged PR branches (10a75eae carries the int8_g64 /
 // int4_g32 dtypes of the open PR #37798 series), and none on an open PR (the lint refuses).
 TEST(SourceAudit, NoRuleRestsOnAnUnmergedBranchHead) {
-  for (const auto& engine : engines::known_engines()) {
-    const engines::EngineModel& model = engines::engine_model(engine);
+  for (const auto& engine : kvaudit::testing::registry().names()) {
+    const engines::EngineModel& model = kvaudit::testing::engine(engine);
     std::vector<const engines::Provenance*> all;
     for (const auto& c : model.dtype_choices) {
       all.push_back(&c.provenance);
@@ -298,7 +299,7 @@ TEST(Scenario, SkippedLayersAreRecordedPerLayer) {
   input.flags.engine_version = "0.22.0";
   input.flags.kv_cache_dtype = "fp8";
   input.flags.kv_cache_dtype_skip_layers = "sliding_window";
-  input.engine = &engines::engine_model("vllm");
+  input.engine = &kvaudit::testing::engine("vllm");
   input.version_given = true;
   const CheckResult result = run_check(input);
   ASSERT_FALSE(result.resolved.layer_dtypes.empty());

@@ -9,6 +9,7 @@
 #include "audit/audit.h"
 #include "calibrate/calibrate.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "eval/eval.h"
 #include "tokenizer/tokenizer.h"
 #include "util/util.h"
@@ -202,7 +203,7 @@ TEST_F(FixtureModel, VllmOverlayLoadsAndRoundTripsBitForBit) {
   checkpoint::ModelFacts facts = checkpoint::read_checkpoint(kFixtureModel);
   OverlayRequest request{kFixtureModel,      fresh_dir("vllm-overlay"), "vllm", "", 1,
                          Granularity::tensor};
-  OverlayResult result = write_overlay(facts, scales, request);
+  OverlayResult result = write_overlay(kvaudit::testing::registry(), facts, scales, request);
   EXPECT_EQ(result.carrier, Carrier::kv_only_compressed_tensors);
   EXPECT_EQ(engines::scale_source_name(result.resolved.scale_source), "checkpoint");
   EXPECT_EQ(result.tensor_names.size(), 2u * size_t(facts.num_layers));
@@ -235,7 +236,7 @@ TEST_F(FixtureModel, VllmOverlayLoadsAndRoundTripsBitForBit) {
     input.flags.engine = "vllm";
     input.flags.engine_version = version;
     input.flags.kv_cache_dtype = "fp8";
-    input.engine = &engines::engine_model("vllm");
+    input.engine = &kvaudit::testing::engine("vllm");
     audit::CheckResult check = audit::run_check(input);
     for (const auto& finding : check.findings)
       EXPECT_NE(finding.severity, report::Severity::critical) << version << ": " << finding.id;
@@ -249,7 +250,7 @@ TEST_F(FixtureModel, VllmOverlayLoadsAndRoundTripsBitForBit) {
   input.flags.engine = "sglang";
   input.flags.engine_version = "0.5.15";
   input.flags.kv_cache_dtype = "fp8_e4m3";
-  input.engine = &engines::engine_model("sglang");
+  input.engine = &kvaudit::testing::engine("sglang");
   audit::CheckResult sglang = audit::run_check(input);
   ASSERT_FALSE(sglang.resolved.dropped.empty());
   EXPECT_EQ(sglang.resolved.dropped[0].rule_id, "sglang-35455-compressed-tensors");
@@ -267,7 +268,7 @@ TEST_F(FixtureModel, SglangFallsBackToTheParamPathJson) {
   checkpoint::ModelFacts facts = checkpoint::read_checkpoint(kFixtureModel);
   OverlayRequest request{kFixtureModel,      fresh_dir("sglang-overlay"), "sglang", "0.5.9", 2,
                          Granularity::tensor};  // before PR #35455
-  OverlayResult result = write_overlay(facts, scales, request);
+  OverlayResult result = write_overlay(kvaudit::testing::registry(), facts, scales, request);
   ASSERT_EQ(result.attempts.size(), 2u);
   EXPECT_FALSE(result.attempts[0].works);  // compressed-tensors scales are dropped (#35455)
   EXPECT_NE(result.attempts[0].why.find("sglang-35455"), std::string::npos);
@@ -286,7 +287,7 @@ TEST_F(FixtureModel, SglangFallsBackToTheParamPathJson) {
   input.flags.engine_version = "0.5.9";
   input.flags.kv_cache_dtype = "fp8_e4m3";
   input.flags.quantization_param_path = json_file.string();
-  input.engine = &engines::engine_model("sglang");
+  input.engine = &kvaudit::testing::engine("sglang");
   audit::CheckResult check = audit::run_check(input);
   EXPECT_EQ(engines::scale_source_name(check.resolved.scale_source), "quantization_param_path");
   EXPECT_FALSE(audit::fails_gate(check.findings, audit::FailOn::critical));
@@ -299,22 +300,25 @@ TEST_F(FixtureModel, RefusesWhatNoEngineVersionLoads) {
   ScaleOptions head;
   head.granularity = Granularity::head;
   OverlayRequest request{kFixtureModel, fresh_dir("head"), "sglang", "", 1, Granularity::head};
-  EXPECT_THROW(write_overlay(facts, compute_scales(stats_, head), request), InputError);
+  EXPECT_THROW(
+      write_overlay(kvaudit::testing::registry(), facts, compute_scales(stats_, head), request),
+      InputError);
   EXPECT_FALSE(fs::exists(request.out_dir));
   // vLLM takes them (compressed-tensors attn_head).
   request.engine = "vllm";
-  OverlayResult per_head = write_overlay(facts, compute_scales(stats_, head), request);
+  OverlayResult per_head =
+      write_overlay(kvaudit::testing::registry(), facts, compute_scales(stats_, head), request);
   EXPECT_EQ(engines::scale_source_name(per_head.resolved.scale_source), "checkpoint");
   EXPECT_EQ(load_scales(request.out_dir, facts.num_layers, facts.num_kv_heads)[0].k_scale.size(),
             size_t(facts.num_kv_heads));
   // Never into the checkpoint itself, never over someone else's files.
   request = {kFixtureModel, kFixtureModel, "vllm", "", 1, Granularity::tensor};
-  EXPECT_THROW(write_overlay(facts, scales, request), InputError);
+  EXPECT_THROW(write_overlay(kvaudit::testing::registry(), facts, scales, request), InputError);
   fs::path busy = fresh_dir("busy");
   fs::create_directories(busy);
   std::ofstream(busy / "notes.txt") << "mine";
   request.out_dir = busy;
-  EXPECT_THROW(write_overlay(facts, scales, request), InputError);
+  EXPECT_THROW(write_overlay(kvaudit::testing::registry(), facts, scales, request), InputError);
 }
 
 TEST_F(FixtureModel, CalibratedScalesBeatScaleOneInEval) {
@@ -350,7 +354,7 @@ TEST(Refusal, VllmDropsQwen3MoeScalesAndCalibrateSaysWhy) {
   // vLLM before PR #35656 (0.19 assumed) drops Qwen3-MoE scales.
   OverlayRequest request{facts.dir, fresh_dir("moe"), "vllm", "0.17.0", 1, Granularity::tensor};
   try {
-    write_overlay(facts, scales, request);
+    write_overlay(kvaudit::testing::registry(), facts, scales, request);
     FAIL() << "expected a refusal";
   } catch (const InputError& error) {
     EXPECT_NE(std::string(error.problem()).find("vllm-35656"), std::string::npos)
@@ -363,7 +367,7 @@ TEST(Refusal, VllmDropsQwen3MoeScalesAndCalibrateSaysWhy) {
   request.engine = "sglang";
   request.engine_version = "";
   try {
-    write_overlay(facts, scales, request);
+    write_overlay(kvaudit::testing::registry(), facts, scales, request);
     FAIL() << "expected a refusal";
   } catch (const InputError& error) {
     EXPECT_NE(std::string(error.problem()).find("sglang-39942"), std::string::npos)
@@ -387,7 +391,8 @@ TEST(Refusal, ModelOptOverlayAddsScalesToTheIndex) {
   for (int layer = 0; layer < facts.num_layers; ++layer)
     stats.layers.push_back({layer, {20.0f}, {4.0f}, {}, {}});
   OverlayRequest request{facts.dir, fresh_dir("modelopt"), "sglang", "", 1, Granularity::tensor};
-  OverlayResult result = write_overlay(facts, compute_scales(stats, {}), request);
+  OverlayResult result =
+      write_overlay(kvaudit::testing::registry(), facts, compute_scales(stats, {}), request);
   EXPECT_EQ(result.carrier, Carrier::modelopt);
   EXPECT_EQ(engines::scale_source_name(result.resolved.scale_source), "checkpoint");
   fs::path merged = deploy(facts.dir, request.out_dir, "modelopt-merged");
@@ -410,7 +415,7 @@ TEST(Refusal, ModelOptOverlayAddsScalesToTheIndex) {
       checkpoint::read_checkpoint(fixture_checkpoint("llama-modelopt-unit-scales"));
   request = {unit.dir, fresh_dir("unit"), "vllm", "", 1, Granularity::tensor};
   try {
-    write_overlay(unit, compute_scales(stats, {}), request);
+    write_overlay(kvaudit::testing::registry(), unit, compute_scales(stats, {}), request);
     FAIL() << "expected a refusal";
   } catch (const InputError& error) {
     EXPECT_NE(error.problem().find("already holds"), std::string::npos) << error.problem();
@@ -461,7 +466,7 @@ TEST(Hybrid, CalibratesOnlyTheAttentionLayers) {
   // to write scales no vLLM release would load, and says why.
   OverlayRequest vllm{dir, fresh_dir("hybrid-vllm"), "vllm", "", 1, Granularity::tensor};
   try {
-    write_overlay(facts, scales, vllm);
+    write_overlay(kvaudit::testing::registry(), facts, scales, vllm);
     FAIL() << "expected a refusal";
   } catch (const InputError& error) {
     EXPECT_NE(error.problem().find("vllm-54623-qwen3.5"), std::string::npos) << error.problem();
@@ -469,7 +474,7 @@ TEST(Hybrid, CalibratesOnlyTheAttentionLayers) {
   // SGLang loads them from 0.5.18 on (PR #31220).
   OverlayRequest request{dir, fresh_dir("hybrid-overlay"), "sglang", "0.5.23",
                          1,   Granularity::tensor};
-  OverlayResult result = write_overlay(facts, scales, request);
+  OverlayResult result = write_overlay(kvaudit::testing::registry(), facts, scales, request);
   ASSERT_EQ(result.tensor_names.size(), 2u);
   for (const std::string& name : result.tensor_names)
     EXPECT_TRUE(name.starts_with("model.layers.3.self_attn.")) << name;
@@ -494,7 +499,7 @@ TEST(Hybrid, CalibratesOnlyTheAttentionLayers) {
   input.flags.engine = "sglang";
   input.flags.engine_version = "0.5.23";
   input.flags.kv_cache_dtype = "fp8_e4m3";
-  input.engine = &engines::engine_model("sglang");
+  input.engine = &kvaudit::testing::engine("sglang");
   audit::CheckResult check = audit::run_check(input);
   EXPECT_EQ(engines::scale_source_name(check.resolved.scale_source), "checkpoint");
   EXPECT_TRUE(check.resolved.dropped.empty());

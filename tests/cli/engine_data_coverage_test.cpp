@@ -16,6 +16,7 @@
 #include "../plan/plan_models.h"
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "decide/decide.h"
 #include "engines/engines.h"
 #include "logs/logs.h"
@@ -44,7 +45,7 @@ fs::path source_engines() {
 Docs read_docs() {
   Docs docs;
   docs.dtypes = read_json_file(source_engines() / "dtypes.json");
-  for (const auto& e : engines::known_engines()) {
+  for (const auto& e : kvaudit::testing::registry().names()) {
     docs.engine[e] = read_json_file(source_engines() / (e + ".json"));
     docs.capacity[e] = read_json_file(source_engines() / "capacity" / (e + ".json"));
   }
@@ -307,8 +308,8 @@ Battery build_battery() {
   });
   for (size_t i = 0; i < b.models.size(); ++i)
     if (where_keys.count(dedupe_key(b.models[i]))) b.where_models.insert(i);
-  for (const auto& e : engines::known_engines()) {
-    const auto& engine = engines::engine_model(e);
+  for (const auto& e : kvaudit::testing::registry().names()) {
+    const auto& engine = kvaudit::testing::engine(e);
     b.versions[e] = representatives(engine);
     for (const auto& v : b.versions[e]) {
       auto version = *engines::parse_version(v);
@@ -370,7 +371,7 @@ Battery build_battery() {
 // The battery as probes: each runs one input through one command and returns what it
 // printed. Probes reference the battery (which outlives them) and look the engine model up
 // when run, so each sees the data set in force.
-using Probe = std::function<std::string()>;
+using Probe = std::function<std::string(const engines::Registry&)>;
 
 // Each probe with the engine whose data it reads ("" for every engine's: log and launch
 // readers try all of them), so a mutation of one engine's file runs only what can see it.
@@ -386,16 +387,16 @@ struct TaggedProbes {
 TaggedProbes battery_probes(const Battery& b) {
   TaggedProbes out;
   auto guarded = [](auto body) {
-    return [body]() -> std::string {
+    return [body](const engines::Registry& registry) -> std::string {
       try {
-        return body();
+        return body(registry);
       } catch (const InputError& error) {
         return std::string("error ") + error.what();
       }
     };
   };
   // check
-  for (const auto& e : engines::known_engines())
+  for (const auto& e : kvaudit::testing::registry().names())
     for (const auto& v : b.versions.at(e))
       for (const auto& request : b.requests.at(e).at(v))
         for (size_t m = 0; m < b.models.size(); ++m)
@@ -406,13 +407,14 @@ TaggedProbes battery_probes(const Battery& b) {
               continue;
             if (variant >= 6) {
               if (!b.where_models.count(m)) continue;
-              const std::string canonical = engines::normalise_dtype(request);
+              const std::string canonical =
+                  kvaudit::testing::registry().dtypes().normalise(request);
               if (canonical != "auto" && canonical != "fp8_e4m3" && canonical != "fp8_e5m2" &&
                   canonical != "nvfp4" && canonical != "bf16")
                 continue;
             }
             out.push_back(
-                guarded([&b, e, v, request, m, variant] {
+                guarded([&b, e, v, request, m, variant](const engines::Registry& registry) {
                   audit::CheckInput input;
                   input.model = b.models[m];
                   input.flags.engine = e;
@@ -435,7 +437,7 @@ TaggedProbes battery_probes(const Battery& b) {
                   if (variant == 11) input.flags.attention_backend = "trtllm_mla";
                   if (variant >= 10) input.flags.speculative_algorithm = "EAGLE";
                   if (variant == 11) input.flags.speculative_draft_kv_cache_dtype = "bf16";
-                  input.engine = &engines::engine_model(e);
+                  input.engine = &registry.engine(e);
                   input.version_given = !v.empty();
                   audit::CheckResult result = audit::run_check(input);
                   return fmt::format("{}\n{}", fingerprint(result),
@@ -445,19 +447,19 @@ TaggedProbes battery_probes(const Battery& b) {
           }
   // logs
   for (const auto& text : b.log_texts)
-    out.push_back(guarded([&text] {
-      logs::LogScan scan = logs::scan_log_text(text, "log");
+    out.push_back(guarded([&text](const engines::Registry& registry) {
+      logs::LogScan scan = logs::scan_log_text(registry, text, "log");
       std::string printed = logs::to_report(scan, true, {}).payload.dump();
       for (const auto& launch : scan.launches)
         for (const auto& f : launch.findings) printed += fmt::format("\n{}", text_of(f));
       return printed;
     }));
   // plan (an H100's driver-reported memory, so fractions do not come out round)
-  for (const auto& e : engines::known_engines())
+  for (const auto& e : kvaudit::testing::registry().names())
     for (const auto& v : b.versions.at(e))
       for (const auto& model : b.plan_models)
         for (int layout = 0; layout < 3; ++layout)
-          out.push_back(guarded([e, v, &model, layout] {
+          out.push_back(guarded([e, v, &model, layout](const engines::Registry& registry) {
                           plan::PlanOptions options;
                           options.engine = e;
                           options.engine_version = v;
@@ -466,20 +468,22 @@ TaggedProbes battery_probes(const Battery& b) {
                           options.parallel.dp_attention = layout == 2;
                           options.gpu_memory_bytes = int64_t{81559} << 20;
                           options.weight_bytes_per_gpu = int64_t{20} << 30;
-                          plan::CapacityPlan capacity = plan::plan_capacity(model, options);
+                          plan::CapacityPlan capacity =
+                              plan::plan_capacity(registry, model, options);
                           return plan::to_report(model, capacity, nullptr, true).payload.dump();
                         }),
                         e);
   // plan --from-log on the real logs whose model is known
   for (const auto& from_log : b.from_logs)  // named: clang 14 cannot capture bindings
-    out.push_back(guarded([&file = from_log.first, &model = from_log.second] {
+    out.push_back(guarded([&file = from_log.first,
+                           &model = from_log.second](const engines::Registry& registry) {
       std::string printed;
-      logs::LogScan scan = logs::scan_log_text(file, "log");
+      logs::LogScan scan = logs::scan_log_text(registry, file, "log");
       for (const auto& launch : scan.launches) {
         plan::PlanOptions options;
         options.memory_fraction = 0.851;  // the L40S default of sglang_llama8b_single_gpu.log
         try {
-          plan::LogPrediction p = plan::predict_from_log(model, launch.memory, options);
+          plan::LogPrediction p = plan::predict_from_log(registry, model, launch.memory, options);
           for (const auto& c : p.checks)
             printed += fmt::format("\n{} {} {} {} {}", c.id, c.printed, c.predicted.lo,
                                    c.predicted.hi, c.derivation);
@@ -493,8 +497,8 @@ TaggedProbes battery_probes(const Battery& b) {
   // launch commands
   for (const auto& [e, commands] : b.launches)
     for (const auto& command : commands)
-      out.push_back(guarded([&command] {
-        engines::LaunchFlags f = engines::parse_launch_command(command, "--launch");
+      out.push_back(guarded([&command](const engines::Registry& registry) {
+        engines::LaunchFlags f = engines::parse_launch_command(registry, command, "--launch");
         return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", f.host,
                            f.port.value_or(-1), f.engine, f.kv_cache_dtype, f.model_path, f.tp,
                            f.pp, f.dp, f.dcp, f.dp_attention, f.quantization_param_path,
@@ -506,31 +510,30 @@ TaggedProbes battery_probes(const Battery& b) {
   // where check's verification commands reach the restarted server
   for (const auto& [e, commands] : b.launches)
     for (const auto& command : commands)
-      out.push_back(guarded([&command] {
-        engines::LaunchFlags f = engines::parse_launch_command(command, "--launch");
-        const decide::ServerAddress address =
-            decide::server_address(f, engines::engine_model(f.engine));
+      out.push_back(guarded([&command](const engines::Registry& registry) {
+        engines::LaunchFlags f = engines::parse_launch_command(registry, command, "--launch");
+        const decide::ServerAddress address = decide::server_address(f, registry.engine(f.engine));
         return address.url + " " + address.port_source;
       }));
   // probe: what a live server's report means
-  out.push_back([] {
+  out.push_back([](const engines::Registry& registry) {
     probe::ServerFacts generic;
     generic.url = "http://s";
     std::string printed;
-    for (const auto& f : probe::server_findings(generic, nullptr))
+    for (const auto& f : probe::server_findings(registry, generic, nullptr))
       printed += fmt::format("\n{}", text_of(f));
     return printed;
   });
-  for (const auto& e : engines::known_engines())
+  for (const auto& e : kvaudit::testing::registry().names())
     for (const char* reported : {"auto", "fp8_e4m3", "fp8", "bf16", ""})
       out.push_back(
-          [e, reported] {
+          [e, reported](const engines::Registry& registry) {
             probe::ServerFacts facts;
             facts.url = "http://s";
             facts.engine = e;
             facts.kv_cache_dtype = reported;
             std::string printed;
-            for (const auto& f : probe::server_findings(facts, nullptr))
+            for (const auto& f : probe::server_findings(registry, facts, nullptr))
               printed += fmt::format("\n{}", text_of(f));
             return printed;
           },
@@ -672,8 +675,8 @@ TEST(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
   std::vector<std::string> baseline;
   {
     write_docs(docs, dir);
-    engines::ScopedEngineData data(dir);
-    for (const auto& probe : probes) baseline.push_back(probe());
+    const engines::Registry registry = engines::Registry::load(dir);
+    for (const auto& probe : probes) baseline.push_back(probe(registry));
   }
   ASSERT_GT(baseline.size(), 10000u);
   std::cout << "  [coverage] battery of " << baseline.size() << " probes" << std::endl;
@@ -697,22 +700,21 @@ TEST(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
     mutations[i].apply(mutated);
     write_docs(mutated, dir);
     try {
-      engines::ScopedEngineData data(dir);
+      const engines::Registry registry = engines::Registry::load(dir);
       // A key of one engine's file can only change what reads that engine's data.
       const std::string& label = mutations[i].label;
-      const std::string engine =
-          label.rfind("sglang.json", 0) == 0 || label.rfind("capacity/sglang.json", 0) == 0
-              ? "sglang"
-          : label.rfind("vllm.json", 0) == 0 || label.rfind("capacity/vllm.json", 0) == 0 ? "vllm"
-                                                                                          : "";
+      std::string engine;  // the engine whose file (or capacity file) the mutation changed
+      for (const auto& e : registry.names())
+        if (label.rfind(e + ".json", 0) == 0 || label.rfind("capacity/" + e + ".json", 0) == 0)
+          engine = e;
       auto sees = [&](size_t p) {
         return engine.empty() || tagged.engine[p].empty() || tagged.engine[p] == engine;
       };
       bool differs = false;
       for (size_t d = 0; d < detectors.size() && !differs; ++d)
-        differs = sees(detectors[d]) && probes[detectors[d]]() != baseline[detectors[d]];
+        differs = sees(detectors[d]) && probes[detectors[d]](registry) != baseline[detectors[d]];
       for (size_t p = 0; p < probes.size() && !differs; ++p)
-        if (sees(p) && probes[p]() != baseline[p]) differs = true, detectors.push_back(p);
+        if (sees(p) && probes[p](registry) != baseline[p]) differs = true, detectors.push_back(p);
       if (differs)
         ++changed;
       else
@@ -738,7 +740,7 @@ TEST(EngineDataCoverage, EveryFindingIdIsInTheCatalogue) {
   const Battery battery = build_battery();
   std::set<std::string> emitted;
   g_finding_ids = &emitted;
-  for (const auto& probe : battery_probes(battery).probes) probe();
+  for (const auto& probe : battery_probes(battery).probes) probe(kvaudit::testing::registry());
   g_finding_ids = nullptr;
   ASSERT_GT(emitted.size(), 20u);
   // | `id` | severity | command | meaning |

@@ -11,6 +11,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "common/schema_doc.h"
 #include "decide/decide.h"
 #include "engines/engines.h"
@@ -35,14 +36,15 @@ json check_payload(const std::string& fixture, const std::string& engine, const 
   flags.kv_cache_dtype_flag = kv == "auto" ? "" : "--kv-cache-dtype";
   flags.engine_version = version;
   input.flags = flags;
-  input.engine = &engines::engine_model(engine);
+  input.engine = &kvaudit::testing::engine(engine);
   input.version_given = !version.empty();
   audit::CheckResult result = audit::run_check(input);
   report::Report report = audit::to_report(input, result);
   decide::DecisionOptions options;
   options.memory.gpu_memory_bytes = int64_t{80} << 30;  // sized: token ranges and concurrency
   options.memory.gpu_name = "80 GiB";
-  const decide::Decision decision = decide::decide(input, result, options);
+  const decide::Decision decision =
+      decide::decide(kvaudit::testing::registry(), input, result, options);
   decide::add_to_report(decision, {"- old", "+ new"}, {"kvaudit probe URL --smoke"}, report);
   return report.payload;
 }

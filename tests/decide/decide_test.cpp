@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "decide/decide.h"
 #include "engines/engines.h"
 #include "logs/logs.h"
@@ -39,12 +40,13 @@ audit::CheckInput unit_input(const std::string& kv_override = "",
                              audit::KvPolicy policy = audit::KvPolicy::lossless) {
   audit::CheckInput input;
   input.policy = policy;
-  input.flags = engines::parse_systemd_unit((kExample / "sglang.service").string());
+  input.flags = engines::parse_systemd_unit(kvaudit::testing::registry(),
+                                            (kExample / "sglang.service").string());
   if (!kv_override.empty()) {
     input.flags.kv_cache_dtype = kv_override;
     input.flags.kv_cache_dtype_flag = "--kv-cache-dtype";
   }
-  input.engine = &engines::engine_model(input.flags.engine);
+  input.engine = &kvaudit::testing::engine(input.flags.engine);
   input.model = demo_model();
   return input;
 }
@@ -56,7 +58,7 @@ const KvOption& option(const Decision& decision, const std::string& id) {
 }
 
 logs::LogScan journal() {
-  return logs::scan_log_file(kJournal.string());
+  return logs::scan_log_file(kvaudit::testing::registry(), kJournal.string());
 }
 
 TEST(Decision, MotivatingDeploymentSizedFromItsJournal) {
@@ -65,7 +67,7 @@ TEST(Decision, MotivatingDeploymentSizedFromItsJournal) {
   DecisionOptions request;
   request.memory.logged = journal().launches.back().memory;
   request.memory.log_label = "the journal";
-  const Decision decision = decide(input, launched, request);
+  const Decision decision = decide(kvaudit::testing::registry(), input, launched, request);
 
   ASSERT_FALSE(decision.options.empty());
   EXPECT_EQ(decision.options.front().id, "as-launched");
@@ -115,7 +117,8 @@ TEST(Decision, UnderTheEvidencePolicyTheMotivatingLaunchWarns) {
   const audit::CheckInput input = unit_input("", audit::KvPolicy::evidence);
   DecisionOptions request;
   request.memory.logged = journal().launches.back().memory;
-  const Decision decision = decide(input, audit::run_check(input), request);
+  const Decision decision =
+      decide(kvaudit::testing::registry(), input, audit::run_check(input), request);
   EXPECT_EQ(decision.options.front().critical, 0);
   EXPECT_GE(decision.options.front().warning, 1);
   EXPECT_EQ(decision.recommended, "");
@@ -129,24 +132,28 @@ TEST(Decision, ExpectationsFromTheTablePassOnTheFixedLaunchAndFailOnTheOldOne) {
   const logs::LogScan scan = journal();
   ASSERT_EQ(scan.launches.size(), 2u);
   request.memory.logged = scan.launches.back().memory;
-  const Decision decision = decide(input, audit::run_check(input), request);
+  const Decision decision =
+      decide(kvaudit::testing::registry(), input, audit::run_check(input), request);
   std::vector<logs::Expectation> expectations;
   for (const auto& text : expectations_for(option(decision, decision.recommended)))
     expectations.push_back(logs::parse_expectation(text));
   ASSERT_EQ(expectations.size(), 3u);  // dtype, scale fallback, capacity range
   EXPECT_EQ(expectations[2].key, "max_total_tokens");
-  for (const auto& r : logs::check_expectations(scan.launches[1], expectations))
+  for (const auto& r :
+       logs::check_expectations(kvaudit::testing::registry(), scan.launches[1], expectations))
     EXPECT_TRUE(r.met) << r.expected.key << " expected " << r.expected.value << ", log "
                        << r.actual;
   int unmet = 0;
-  for (const auto& r : logs::check_expectations(scan.launches[0], expectations))
+  for (const auto& r :
+       logs::check_expectations(kvaudit::testing::registry(), scan.launches[0], expectations))
     unmet += r.met ? 0 : 1;
   EXPECT_EQ(unmet, 3);  // fp8_e4m3, scale 1.0 fallback, 3,147,708 tokens
 }
 
 TEST(Decision, WithoutMemoryTheTableSaysWhichFlagSizesIt) {
   const audit::CheckInput input = unit_input();
-  const Decision decision = decide(input, audit::run_check(input), {});
+  const Decision decision =
+      decide(kvaudit::testing::registry(), input, audit::run_check(input), {});
   for (const auto& o : decision.options) EXPECT_FALSE(o.tokens) << o.id;
   EXPECT_NE(decision.memory_note.find("--gpu"), std::string::npos) << decision.memory_note;
   EXPECT_NE(decision.memory_note.find("--from-log"), std::string::npos);
@@ -157,7 +164,7 @@ TEST(Decision, ACleanLaunchHasNothingToFix) {
   const audit::CheckResult result = audit::run_check(input);
   DecisionOptions request;
   request.memory.gpu_memory_bytes = int64_t{97887} << 20;
-  const Decision decision = decide(input, result, request);
+  const Decision decision = decide(kvaudit::testing::registry(), input, result, request);
   EXPECT_EQ(decision.options.front().kv_cache_dtype, "bf16");
   EXPECT_EQ(decision.options.front().critical, 0);
   EXPECT_EQ(decision.recommended, "");
@@ -169,7 +176,7 @@ TEST(Decision, ACleanLaunchHasNothingToFix) {
 // Removing the one inserted flag gives back the original, byte for byte.
 TEST(Fix, WrittenUnitDiffersOnlyByTheDtypeFlag) {
   const std::string original = read_text_file(kExample / "sglang.service");
-  const engines::EngineModel& sglang = engines::engine_model("sglang");
+  const engines::EngineModel& sglang = kvaudit::testing::engine("sglang");
   const std::string fixed = fix_unit(original, sglang, "bf16", "sglang.service");
   ASSERT_NE(fixed, original);
   const std::string inserted = " --kv-cache-dtype bf16";
@@ -179,8 +186,10 @@ TEST(Fix, WrittenUnitDiffersOnlyByTheDtypeFlag) {
   // The corrected unit parses to the same launch with the new dtype.
   const fs::path tmp = fs::temp_directory_path() / ("kvaudit-fixed-" + std::to_string(::getpid()));
   write_file_atomically(tmp, fixed);
-  engines::LaunchFlags before = engines::parse_systemd_unit((kExample / "sglang.service").string());
-  engines::LaunchFlags after = engines::parse_systemd_unit(tmp.string());
+  engines::LaunchFlags before = engines::parse_systemd_unit(kvaudit::testing::registry(),
+                                                            (kExample / "sglang.service").string());
+  engines::LaunchFlags after =
+      engines::parse_systemd_unit(kvaudit::testing::registry(), tmp.string());
   fs::remove(tmp);
   EXPECT_EQ(after.kv_cache_dtype, "bf16");
   EXPECT_EQ(after.tp, before.tp);
@@ -190,7 +199,7 @@ TEST(Fix, WrittenUnitDiffersOnlyByTheDtypeFlag) {
 }
 
 TEST(Fix, AnExistingFlagIsReplacedInPlaceInEitherForm) {
-  const engines::EngineModel& sglang = engines::engine_model("sglang");
+  const engines::EngineModel& sglang = kvaudit::testing::engine("sglang");
   const std::string unit =
       "[Service]\nExecStart=/bin/python -m sglang.launch_server --kv-cache-dtype auto \\\n"
       "    --tp 8\nRestart=always\n";
@@ -202,7 +211,7 @@ TEST(Fix, AnExistingFlagIsReplacedInPlaceInEitherForm) {
             "python -m sglang.launch_server --kv-cache-dtype=bf16 --tp 8");
   // A longer flag that starts the same is not the dtype flag.
   EXPECT_EQ(fix_command("vllm serve m --kv-cache-dtype-skip-layers 0",
-                        engines::engine_model("vllm"), "bfloat16"),
+                        kvaudit::testing::engine("vllm"), "bfloat16"),
             "vllm serve m --kv-cache-dtype-skip-layers 0 --kv-cache-dtype bfloat16");
   EXPECT_EQ(fix_command("python -m sglang.launch_server --tp 8\n", sglang, "bf16"),
             "python -m sglang.launch_server --tp 8 --kv-cache-dtype bf16\n");
@@ -213,7 +222,8 @@ TEST(Verify, CommandsNameTheUnitTheUrlAndTheExpectations) {
   const audit::CheckInput input = unit_input();
   DecisionOptions request;
   request.memory.logged = journal().launches.back().memory;
-  const Decision decision = decide(input, audit::run_check(input), request);
+  const Decision decision =
+      decide(kvaudit::testing::registry(), input, audit::run_check(input), request);
   const auto lines = verification_commands(decision, option(decision, "bf16"),
                                            {"sglang", "http://127.0.0.1:30000", ""});
   ASSERT_GE(lines.size(), 3u);

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "engines/engines.h"
 #include "util/util.h"
 
@@ -31,6 +32,7 @@ TEST(Versions, ParseAndCompare) {
 
 TEST(Launch, SglangCommandWithEqualsAndContinuations) {
   LaunchFlags flags = parse_launch_command(
+      kvaudit::testing::registry(),
       "python3 -m sglang.launch_server \\\n --model-path /models/q --tp=8 --kv-cache-dtype "
       "fp8_e4m3 "
       "--enable-dp-attention --dp 2 --context-length 128k --mem-fraction-static 0.85 "
@@ -51,6 +53,7 @@ TEST(Launch, SglangCommandWithEqualsAndContinuations) {
 
 TEST(Launch, VllmServePositionalModel) {
   LaunchFlags flags = parse_launch_command(
+      kvaudit::testing::registry(),
       "vllm serve meta-llama/Llama-3.1-8B -tp 4 --kv-cache-dtype fp8 --calculate-kv-scales "
       "--max-model-len 32768",
       "--launch");
@@ -64,12 +67,14 @@ TEST(Launch, VllmServePositionalModel) {
 
 TEST(Launch, BashWrapperAndDocker) {
   LaunchFlags wrapped = parse_launch_command(
+      kvaudit::testing::registry(),
       "bash -c 'source /venv/bin/activate && python -m sglang.launch_server --model-path /m --tp "
       "2'",
       "x");
   EXPECT_EQ(wrapped.engine, "sglang");
   EXPECT_EQ(wrapped.tp, 2);
   LaunchFlags docker = parse_launch_command(
+      kvaudit::testing::registry(),
       "docker run --gpus all -p 8000:8000 vllm/vllm-openai:v0.11.0 vllm serve /m "
       "--tensor-parallel-size 8",
       "x");
@@ -78,16 +83,22 @@ TEST(Launch, BashWrapperAndDocker) {
 }
 
 TEST(Launch, Rejections) {
-  EXPECT_THROW(parse_launch_command("python app.py --port 80", "x"), InputError);
-  EXPECT_THROW(parse_launch_command("vllm serve /m --kv-cache-dtype 'fp8", "x"), InputError);
-  EXPECT_THROW(parse_launch_command("vllm serve /m -tp eight", "x"), InputError);
-  EXPECT_THROW(parse_launch_command("python -m sglang.launch_server --tp 0", "x"), InputError);
+  EXPECT_THROW(parse_launch_command(kvaudit::testing::registry(), "python app.py --port 80", "x"),
+               InputError);
+  EXPECT_THROW(parse_launch_command(kvaudit::testing::registry(),
+                                    "vllm serve /m --kv-cache-dtype 'fp8", "x"),
+               InputError);
+  EXPECT_THROW(parse_launch_command(kvaudit::testing::registry(), "vllm serve /m -tp eight", "x"),
+               InputError);
+  EXPECT_THROW(parse_launch_command(kvaudit::testing::registry(),
+                                    "python -m sglang.launch_server --tp 0", "x"),
+               InputError);
 }
 
 TEST(Launch, SystemdUnitWithEnvironment) {
   fs::path unit =
       fs::path(KVAUDIT_TEST_DIR) / ".." / "examples" / "qwen3.5-397b-a17b-nvfp4" / "sglang.service";
-  LaunchFlags flags = parse_systemd_unit(unit);
+  LaunchFlags flags = parse_systemd_unit(kvaudit::testing::registry(), unit);
   EXPECT_EQ(flags.engine, "sglang");
   EXPECT_EQ(flags.model_path, "/models/Qwen3.5-397B-A17B-NVFP4");
   EXPECT_EQ(flags.tp, 8);
@@ -100,22 +111,22 @@ TEST(Launch, UnitWithoutExecStart) {
   fs::path unit =
       fs::temp_directory_path() / ("kvaudit-unit-" + std::to_string(::getpid()) + ".service");
   std::ofstream(unit) << "[Service]\nEnvironment=A=B\n";
-  EXPECT_THROW(parse_systemd_unit(unit), InputError);
+  EXPECT_THROW(parse_systemd_unit(kvaudit::testing::registry(), unit), InputError);
   fs::remove(unit);
 }
 
 TEST(EngineData, ChoicesAndAliasesPerVersion) {
-  const EngineModel& sglang = engine_model("sglang");
+  const EngineModel& sglang = kvaudit::testing::engine("sglang");
   auto old_choices = kv_cache_dtype_choices(sglang, *parse_version("0.5.9"));
   EXPECT_EQ(std::count(old_choices.begin(), old_choices.end(), "nvfp4"), 0);
   auto new_choices = kv_cache_dtype_choices(sglang, *parse_version("latest"));
   EXPECT_EQ(std::count(new_choices.begin(), new_choices.end(), "nvfp4"), 1);
-  EXPECT_EQ(normalise_dtype("bfloat16"), "bf16");
-  const EngineModel& vllm = engine_model("vllm");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("bfloat16"), "bf16");
+  const EngineModel& vllm = kvaudit::testing::engine("vllm");
   EXPECT_EQ(cli_dtype(vllm, *parse_version("0.11.0"), "fp8"), "fp8_e4m3");
   EXPECT_EQ(cli_dtype(sglang, *parse_version("0.5.9"), "fp8"), "");  // not an SGLang choice
-  EXPECT_EQ(normalise_dtype("fp8"), "fp8_e4m3");
-  EXPECT_THROW(engine_model("tgi"), InputError);
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("fp8"), "fp8_e4m3");
+  EXPECT_THROW(kvaudit::testing::engine("tgi"), InputError);
 }
 
 LaunchFlags flags_for(const std::string& engine, const std::string& kv = "auto",
@@ -130,12 +141,13 @@ LaunchFlags flags_for(const std::string& engine, const std::string& kv = "auto",
 TEST(Resolve, SglangAutoEnablesFp8ForModelOptDeclaration) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(
       fs::path(KVAUDIT_TEST_DIR) / ".." / "examples" / "qwen3.5-397b-a17b-nvfp4" / "config.json");
-  ResolvedKv resolved = resolve_kv(model, flags_for("sglang"), engine_model("sglang"));
+  ResolvedKv resolved = resolve_kv(model, flags_for("sglang"), kvaudit::testing::engine("sglang"));
   EXPECT_EQ(resolved.kv_cache_dtype, "fp8_e4m3");
   EXPECT_EQ(resolved.rule_id, "sglang-auto-modelopt-fp8");
   EXPECT_EQ(engines::scale_source_name(resolved.scale_source), "unit_default");
   EXPECT_TRUE(resolved.scale_warning_text.has_value());
-  ResolvedKv bf16 = resolve_kv(model, flags_for("sglang", "bf16"), engine_model("sglang"));
+  ResolvedKv bf16 =
+      resolve_kv(model, flags_for("sglang", "bf16"), kvaudit::testing::engine("sglang"));
   EXPECT_EQ(bf16.kv_cache_dtype, "bf16");
   EXPECT_EQ(engines::scale_source_name(bf16.scale_source), "not_applicable");
 }
@@ -143,7 +155,7 @@ TEST(Resolve, SglangAutoEnablesFp8ForModelOptDeclaration) {
 TEST(Resolve, VllmVersionDecidesModelOptAuto) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(
       fs::path(KVAUDIT_TEST_DIR) / ".." / "examples" / "qwen3.5-397b-a17b-nvfp4" / "config.json");
-  const EngineModel& vllm = engine_model("vllm");
+  const EngineModel& vllm = kvaudit::testing::engine("vllm");
   EXPECT_EQ(resolve_kv(model, flags_for("vllm", "auto", "0.11.0"), vllm).kv_cache_dtype, "bf16");
   EXPECT_EQ(resolve_kv(model, flags_for("vllm", "auto", "0.15.0"), vllm).kv_cache_dtype,
             "fp8_e4m3");
@@ -154,27 +166,29 @@ TEST(Resolve, VllmVersionDecidesModelOptAuto) {
 TEST(Resolve, VllmCompressedTensorsOverridesCli) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("llama-ct-fp8-kv"));
   ResolvedKv resolved =
-      resolve_kv(model, flags_for("vllm", "bfloat16", "0.16.0"), engine_model("vllm"));
+      resolve_kv(model, flags_for("vllm", "bfloat16", "0.16.0"), kvaudit::testing::engine("vllm"));
   EXPECT_EQ(resolved.kv_cache_dtype, "fp8_e4m3");
   EXPECT_EQ(engines::scale_source_name(resolved.scale_source), "checkpoint");
   EXPECT_EQ(resolved.loaded_scale_names.size(), 8u);
   EXPECT_TRUE(resolved.dropped.empty());
-  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "bfloat16", "0.11.0"), engine_model("vllm"))
+  EXPECT_EQ(
+      resolve_kv(model, flags_for("vllm", "bfloat16", "0.11.0"), kvaudit::testing::engine("vllm"))
+          .kv_cache_dtype,
+      "bf16");
+  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "auto", "0.11.0"), kvaudit::testing::engine("vllm"))
                 .kv_cache_dtype,
             "bf16");
   EXPECT_EQ(
-      resolve_kv(model, flags_for("vllm", "auto", "0.11.0"), engine_model("vllm")).kv_cache_dtype,
+      resolve_kv(model, flags_for("vllm", "bfloat16", "0.22.0"), kvaudit::testing::engine("vllm"))
+          .kv_cache_dtype,
       "bf16");
-  EXPECT_EQ(resolve_kv(model, flags_for("vllm", "bfloat16", "0.22.0"), engine_model("vllm"))
-                .kv_cache_dtype,
-            "bf16");
 }
 
 TEST(Resolve, SglangDropsQwen3MoeScales) {
   checkpoint::ModelFacts model =
       checkpoint::read_checkpoint(fixture_checkpoint("qwen3-moe-modelopt-fp8"));
   ResolvedKv resolved =
-      resolve_kv(model, flags_for("sglang", "auto", "0.5.9"), engine_model("sglang"));
+      resolve_kv(model, flags_for("sglang", "auto", "0.5.9"), kvaudit::testing::engine("sglang"));
   EXPECT_EQ(resolved.kv_cache_dtype, "fp8_e4m3");
   ASSERT_EQ(resolved.dropped.size(), 1u);
   EXPECT_EQ(resolved.dropped[0].rule_id, "sglang-39942-qwen-mixtral");
@@ -189,7 +203,7 @@ TEST(Resolve, ScalesWithoutAKvQuantMethodAreSkipped) {
   model.quant.reset();
   for (const char* engine : {"sglang", "vllm"}) {
     ResolvedKv resolved =
-        resolve_kv(model, flags_for(engine, "fp8_e4m3", ""), engine_model(engine));
+        resolve_kv(model, flags_for(engine, "fp8_e4m3", ""), kvaudit::testing::engine(engine));
     EXPECT_EQ(engines::scale_source_name(resolved.scale_source), "unit_default") << engine;
     ASSERT_EQ(resolved.dropped.size(), 1u) << engine;
     EXPECT_NE(resolved.dropped[0].rule_id.find("no-kv-cache-method"), std::string::npos) << engine;
@@ -199,15 +213,15 @@ TEST(Resolve, ScalesWithoutAKvQuantMethodAreSkipped) {
   // A weight-only method (GPTQ) creates no KV-cache method either.
   model.quant = checkpoint::QuantFacts{};
   model.quant->method = "gptq";
-  EXPECT_EQ(
-      engines::scale_source_name(
-          resolve_kv(model, flags_for("vllm", "fp8_e4m3", ""), engine_model("vllm")).scale_source),
-      "unit_default");
+  EXPECT_EQ(engines::scale_source_name(resolve_kv(model, flags_for("vllm", "fp8_e4m3", ""),
+                                                  kvaudit::testing::engine("vllm"))
+                                           .scale_source),
+            "unit_default");
 }
 
 TEST(Resolve, VllmMlaScalesDroppedOnlyBeforeFix) {
   checkpoint::ModelFacts model = checkpoint::read_checkpoint(fixture_checkpoint("deepseek-v3-mla"));
-  const EngineModel& vllm = engine_model("vllm");
+  const EngineModel& vllm = kvaudit::testing::engine("vllm");
   ResolvedKv old_version = resolve_kv(model, flags_for("vllm", "fp8", "0.10.2"), vllm);
   ASSERT_EQ(old_version.dropped.size(), 1u);
   EXPECT_EQ(old_version.dropped[0].rule_id, "vllm-25968-mla");
@@ -217,7 +231,7 @@ TEST(Resolve, VllmMlaScalesDroppedOnlyBeforeFix) {
 }
 
 TEST(Resolve, CalculatedScalesExceptHybridOnceGuarded) {
-  const EngineModel& vllm = engine_model("vllm");
+  const EngineModel& vllm = kvaudit::testing::engine("vllm");
   LaunchFlags flags = flags_for("vllm", "fp8", "0.20.0");
   flags.calculate_kv_scales = true;
   checkpoint::ModelFacts llama =

@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "common/registry.h"
 #include "engines/engines.h"
 #include "util/json.h"
 #include "util/util.h"
@@ -27,7 +28,8 @@ std::string load_error(const std::string& engine, const json& document) {
   const fs::path file = dir / (engine + ".json");
   std::ofstream(file) << document.dump(1);
   try {
-    load_engine_model(file, data_file("capacity/" + engine + ".json"));
+    load_engine_model(file, data_file("capacity/" + engine + ".json"),
+                      kvaudit::testing::registry().dtypes());
   } catch (const InputError& error) {
     fs::remove_all(dir);
     return error.what();
@@ -46,15 +48,76 @@ json& rule(json& doc, const std::string& list, const std::string& id) {
   throw std::runtime_error("no rule " + id);
 }
 
+// The engines known are the files present: a data folder with a third engine file knows
+// three engines, one whose file names another engine or lacks its capacity file is refused,
+// and an unknown engine's error lists the known ones.
+TEST(Registry, TheFilesPresentAreTheEnginesKnown) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("kvaudit-registry-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "engines" / "capacity");
+  fs::copy_file(data_file("dtypes.json"), dir / "engines" / "dtypes.json");
+  for (const char* e : {"sglang", "vllm"}) {
+    fs::copy_file(data_file(std::string(e) + ".json"),
+                  dir / "engines" / (std::string(e) + ".json"));
+    fs::copy_file(data_file("capacity/" + std::string(e) + ".json"),
+                  dir / "engines" / "capacity" / (std::string(e) + ".json"));
+  }
+  EXPECT_EQ(Registry::load(dir).names(), (std::vector<std::string>{"sglang", "vllm"}));
+  // A copy of vLLM's data under another name is another engine once it says so.
+  json other = shipped("vllm");
+  other["engine"] = "other";
+  std::ofstream(dir / "engines" / "other.json") << other.dump();
+  fs::copy_file(data_file("capacity/vllm.json"), dir / "engines" / "capacity" / "other.json");
+  json capacity = read_json_file(dir / "engines" / "capacity" / "other.json");
+  capacity["engine"] = "other";
+  std::ofstream(dir / "engines" / "capacity" / "other.json") << capacity.dump();
+  const Registry three = Registry::load(dir);
+  EXPECT_EQ(three.names(), (std::vector<std::string>{"other", "sglang", "vllm"}));
+  EXPECT_EQ(three.engine("other").engine, "other");
+  EXPECT_EQ(three.engine("other").dtypes, &three.dtypes());
+  try {
+    three.engine("tgi");
+    ADD_FAILURE() << "an unknown engine loads";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("known: other, sglang, vllm"), std::string::npos)
+        << error.what();
+  }
+  // The file's name and the engine it declares must agree.
+  other["engine"] = "vllm";
+  std::ofstream(dir / "engines" / "other.json") << other.dump();
+  try {
+    Registry::load(dir);
+    ADD_FAILURE() << "other.json that says vllm loads";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("other.json"), std::string::npos) << error.what();
+  }
+  // An engine without its capacity file is refused, naming the missing file.
+  fs::remove(dir / "engines" / "other.json");
+  std::ofstream(dir / "engines" / "lonely.json") << shipped("sglang").dump();
+  try {
+    Registry::load(dir);
+    ADD_FAILURE() << "an engine without capacity data loads";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("lonely.json"), std::string::npos) << error.what();
+  }
+  // No engine file at all is an error, not an empty registry.
+  fs::remove_all(dir / "engines" / "capacity");
+  for (const char* e : {"sglang", "vllm", "lonely"})
+    fs::remove(dir / "engines" / (std::string(e) + ".json"));
+  EXPECT_THROW(Registry::load(dir), InputError);
+  fs::remove_all(dir);
+}
+
 TEST(EngineModelLint, ShippedDataLoadsClean) {
-  for (const auto& engine : known_engines()) {
+  for (const auto& engine : kvaudit::testing::registry().names()) {
     EXPECT_EQ(load_error(engine, shipped(engine)), "") << engine;
-    const EngineModel& model = engine_model(engine);
+    const EngineModel& model = kvaudit::testing::engine(engine);
     EXPECT_FALSE(model.log_templates.empty()) << engine;
     EXPECT_FALSE(model.auto_rules.empty()) << engine;
   }
-  EXPECT_EQ(engine_model("sglang").latest_known_version, "0.5.23");
-  EXPECT_EQ(engine_model("vllm").latest_known_version, "0.33.0");
+  EXPECT_EQ(kvaudit::testing::engine("sglang").latest_known_version, "0.5.23");
+  EXPECT_EQ(kvaudit::testing::engine("vllm").latest_known_version, "0.33.0");
 }
 
 TEST(EngineModelLint, UnknownKeyIsRefusedWithItsPath) {
@@ -176,8 +239,8 @@ TEST(EngineModelLint, EveryRuleCarriesItsAudit) {
   for (auto& log : log_without["log_messages"]) log.erase("audit");
   EXPECT_NE(load_error("vllm", log_without).find("log_messages[0].audit"), std::string::npos);
   // Every rule of the shipped data was re-read on or after the audit of 2026-12-01.
-  for (const auto& engine : known_engines()) {
-    const EngineModel& model = engine_model(engine);
+  for (const auto& engine : kvaudit::testing::registry().names()) {
+    const EngineModel& model = kvaudit::testing::engine(engine);
     auto checked = [&](const Provenance& p, const std::string& what) {
       EXPECT_GE(p.audit.checked, "2026-12-01") << engine << " " << what;
     };
@@ -215,23 +278,28 @@ TEST(DtypeVocabulary, LintAndQueries) {
   EXPECT_NE(error_of(element).find("unknown element type 'fp6_e3m2'"), std::string::npos);
   fs::remove_all(dir);
 
-  EXPECT_EQ(normalise_dtype("torch.float8_e4m3fn"), "fp8_e4m3");
-  EXPECT_EQ(normalise_dtype("FP8"), "fp8_e4m3");
-  EXPECT_EQ(normalise_dtype("BF16"), "bf16");
-  EXPECT_EQ(normalise_dtype("NVFP4"), "nvfp4");
-  EXPECT_EQ(normalise_dtype("torch.float4_e2m1fn_x2"), "fp4_e2m1");
-  EXPECT_EQ(normalise_dtype("auto"), "auto");
-  EXPECT_EQ(normalise_dtype("int3"), "");
-  EXPECT_TRUE(is_quantized_dtype("int8_per_token_head"));
-  EXPECT_TRUE(is_quantized_dtype("turboquant_3bit_nc"));
-  EXPECT_FALSE(is_quantized_dtype("bfloat16"));
-  EXPECT_FALSE(is_quantized_dtype("auto"));
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("torch.float8_e4m3fn"), "fp8_e4m3");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("FP8"), "fp8_e4m3");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("BF16"), "bf16");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("NVFP4"), "nvfp4");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("torch.float4_e2m1fn_x2"), "fp4_e2m1");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("auto"), "auto");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("int3"), "");
+  EXPECT_TRUE(kvaudit::testing::registry().dtypes().is_quantized("int8_per_token_head"));
+  EXPECT_TRUE(kvaudit::testing::registry().dtypes().is_quantized("turboquant_3bit_nc"));
+  EXPECT_FALSE(kvaudit::testing::registry().dtypes().is_quantized("bfloat16"));
+  EXPECT_FALSE(kvaudit::testing::registry().dtypes().is_quantized("auto"));
   // Exact storage: NVFP4 head_size/2 + head_size/16 bytes per side (vLLM
   // nvfp4_kv_cache_full_dim); per-token-head INT8 one FP32 scale per side.
-  EXPECT_EQ(kv_bits_per_head(*find_kv_dtype("nvfp4"), 128, 128), 8 * 2 * (64 + 8));
-  EXPECT_EQ(kv_bits_per_head(*find_kv_dtype("int8_per_token_head"), 128, 128), 8 * 2 * (128 + 4));
-  EXPECT_EQ(kv_bits_per_head(*find_kv_dtype("mxfp8"), 128, 128), 8 * 2 * (128 + 4));
-  EXPECT_EQ(kv_bits_per_head(*find_kv_dtype("bf16"), 128, 128), 16 * 256);
+  EXPECT_EQ(kv_bits_per_head(*kvaudit::testing::registry().dtypes().find("nvfp4"), 128, 128),
+            8 * 2 * (64 + 8));
+  EXPECT_EQ(kv_bits_per_head(*kvaudit::testing::registry().dtypes().find("int8_per_token_head"),
+                             128, 128),
+            8 * 2 * (128 + 4));
+  EXPECT_EQ(kv_bits_per_head(*kvaudit::testing::registry().dtypes().find("mxfp8"), 128, 128),
+            8 * 2 * (128 + 4));
+  EXPECT_EQ(kv_bits_per_head(*kvaudit::testing::registry().dtypes().find("bf16"), 128, 128),
+            16 * 256);
 }
 
 TEST(Versions, RangesAndBoundaries) {
@@ -243,10 +311,10 @@ TEST(Versions, RangesAndBoundaries) {
   EXPECT_TRUE(parse_version_range("*")->contains(*parse_version("latest")));
   EXPECT_FALSE(parse_version_range("<0.5.x"));
   EXPECT_FALSE(parse_version_range(">= 0.5.10"));
-  EXPECT_TRUE(newer_than_known(engine_model("vllm"), *parse_version("0.34.0")));
-  EXPECT_FALSE(newer_than_known(engine_model("vllm"), *parse_version("0.33.0")));
-  EXPECT_FALSE(newer_than_known(engine_model("vllm"), *parse_version("")));
-  auto bounds = boundary_versions(engine_model("sglang"));
+  EXPECT_TRUE(newer_than_known(kvaudit::testing::engine("vllm"), *parse_version("0.34.0")));
+  EXPECT_FALSE(newer_than_known(kvaudit::testing::engine("vllm"), *parse_version("0.33.0")));
+  EXPECT_FALSE(newer_than_known(kvaudit::testing::engine("vllm"), *parse_version("")));
+  auto bounds = boundary_versions(kvaudit::testing::engine("sglang"));
   auto has = [&](const char* v) {
     return std::any_of(bounds.begin(), bounds.end(),
                        [&](const Version& b) { return version_text(b) == v; });
@@ -257,7 +325,7 @@ TEST(Versions, RangesAndBoundaries) {
 }
 
 TEST(LogTemplates, MatchTheEnginesOwnLines) {
-  const EngineModel& sglang = engine_model("sglang");
+  const EngineModel& sglang = kvaudit::testing::engine("sglang");
   const LogTemplate* pool = sglang.log_template("sglang_kv_pool");
   ASSERT_TRUE(pool);
   auto got = match_log_template(*pool,
@@ -272,7 +340,7 @@ TEST(LogTemplates, MatchTheEnginesOwnLines) {
   EXPECT_TRUE(match_log_template(*old_pool,
                                  "KV Cache is allocated. #tokens: 183133, K size: "
                                  "11.18 GB, V size: 11.18 GB"));
-  const EngineModel& vllm = engine_model("vllm");
+  const EngineModel& vllm = kvaudit::testing::engine("vllm");
   const LogTemplate* size = vllm.log_template("vllm_kv_cache_size");
   const LogTemplate* concurrency = vllm.log_template("vllm_max_concurrency");
   // The newer one-line report matches both templates; commas stay in the capture.
@@ -291,7 +359,8 @@ TEST(LogTemplates, MatchTheEnginesOwnLines) {
   EXPECT_EQ(v0->back(), "-1.05");
   // Log lines are bytes, not validated UTF-8: a bad byte is just a byte (in a text field;
   // a count field matches numbers only).
-  const LogTemplate* dtype_line = engine_model("sglang").log_template("sglang_kv_dtype_line");
+  const LogTemplate* dtype_line =
+      kvaudit::testing::engine("sglang").log_template("sglang_kv_dtype_line");
   auto bad = match_log_template(*dtype_line, std::string("Using KV cache dtype: \xff\xfe"));
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->at(0), "\xff\xfe");

@@ -10,6 +10,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "engines/engines.h"
 #include "fake_hub.h"
 #include "hub/hub.h"
@@ -58,7 +59,7 @@ audit::CheckResult check(const checkpoint::ModelFacts& model, const std::string&
   input.flags.engine_version = version;
   input.flags.kv_cache_dtype = "auto";
   input.flags.tp = 8;
-  input.engine = &engines::engine_model(engine);
+  input.engine = &kvaudit::testing::engine(engine);
   input.version_given = true;
   return audit::run_check(input);
 }
@@ -98,8 +99,8 @@ void expect_same_audit(const checkpoint::ModelFacts& local, const checkpoint::Mo
     options.engine = engine;
     options.parallel.tp = 8;
     options.gpu_memory_bytes = int64_t{97871} << 20;
-    plan::CapacityPlan pa = plan::plan_capacity(local, options),
-                       pb = plan::plan_capacity(remote, options);
+    plan::CapacityPlan pa = plan::plan_capacity(kvaudit::testing::registry(), local, options),
+                       pb = plan::plan_capacity(kvaudit::testing::registry(), remote, options);
     ASSERT_EQ(pb.rows.size(), pa.rows.size());
     for (size_t i = 0; i < pa.rows.size(); ++i) {
       EXPECT_EQ(pb.rows[i].cell_bytes_per_token_per_gpu, pa.rows[i].cell_bytes_per_token_per_gpu);

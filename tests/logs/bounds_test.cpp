@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "common/registry.h"
 #include "logs/logs.h"
 #include "util/util.h"
 
@@ -18,7 +19,7 @@ TEST(Bounds, OverLongLineIsReadInPart) {
   std::istringstream in(text);
   ScanOptions options;
   options.max_line_bytes = 1 << 20;
-  LogScan scan = scan_log(in, "long", options);
+  LogScan scan = scan_log(kvaudit::testing::registry(), in, "long", options);
   EXPECT_EQ(scan.truncated_lines, 1);
   ASSERT_EQ(scan.launches.size(), 1u);
   EXPECT_FALSE(scan.launches[0].server_args_complete);
@@ -36,7 +37,7 @@ TEST(Bounds, OldLaunchesAreDroppedBeyondTheWindow) {
   std::istringstream in(text);
   ScanOptions options;
   options.max_launches = 4;
-  LogScan scan = scan_log(in, "many", options);
+  LogScan scan = scan_log(kvaudit::testing::registry(), in, "many", options);
   EXPECT_EQ(scan.launches.size(), 4u);
   EXPECT_EQ(scan.launches_dropped, 6);
   EXPECT_EQ(scan.launches.back().tp, 10);
@@ -44,14 +45,14 @@ TEST(Bounds, OldLaunchesAreDroppedBeyondTheWindow) {
 
 TEST(Bounds, BadInputFailsClearly) {
   std::istringstream empty("");
-  EXPECT_THROW(scan_log(empty, "empty"), InputError);
+  EXPECT_THROW(scan_log(kvaudit::testing::registry(), empty, "empty"), InputError);
   std::string binary(
       "\x7f"
       "ELF\x02\x01\x01\x00\x00\x00",
       10);
   std::istringstream bin(binary);
-  EXPECT_THROW(scan_log(bin, "binary"), InputError);
-  EXPECT_THROW(scan_log_file("/nonexistent/kvaudit.log"), InputError);
+  EXPECT_THROW(scan_log(kvaudit::testing::registry(), bin, "binary"), InputError);
+  EXPECT_THROW(scan_log_file(kvaudit::testing::registry(), "/nonexistent/kvaudit.log"), InputError);
   EXPECT_THROW(parse_expectation("kv_cache_dtype"), InputError);
   EXPECT_THROW(parse_expectation("colour=blue"), InputError);
 }
@@ -63,7 +64,7 @@ TEST(Bounds, LinesSplitAcrossReadBlocksAreWhole) {
   std::string text = filler +
                      "[2026-03-07 14:05:46 TP0] KV Cache is allocated. #tokens: 183133, K size: "
                      "11.18 GB, V size: 11.18 GB\n";
-  LogScan scan = scan_log_text(text);
+  LogScan scan = scan_log_text(kvaudit::testing::registry(), text);
   ASSERT_EQ(scan.launches.size(), 1u);
   EXPECT_EQ(*scan.launches[0].memory.pool_tokens, 183133);
   EXPECT_DOUBLE_EQ(*scan.launches[0].memory.k_gib, 11.18);
@@ -78,6 +79,7 @@ namespace {
 // Message texts as ENGINE-FACTS §3 quotes them from vLLM's source.
 TEST(ScaleMessages, VllmUnitScaleIsProofOfFallback) {
   LogScan scan = scan_log_text(
+      kvaudit::testing::registry(),
       "INFO 03-07 14:02:11 [api_server.py:1] vLLM API server version 0.11.0\n"
       "INFO 03-07 14:02:12 [api_server.py:2] non-default args: {'model': '/m', 'kv_cache_dtype': "
       "'fp8', "
@@ -96,6 +98,7 @@ TEST(ScaleMessages, VllmUnitScaleIsProofOfFallback) {
 
 TEST(ScaleMessages, VllmDroppedScaleNameIsProofOfFallback) {
   LogScan scan = scan_log_text(
+      kvaudit::testing::registry(),
       "INFO 03-07 14:02:12 [api_server.py:2] non-default args: {'model': '/m', 'kv_cache_dtype': "
       "'fp8_e4m3'}\n"
       "WARNING 03-07 14:03:12 [weight_utils.py:9] Found kv_scale in the checkpoint (e.g. "
@@ -107,6 +110,7 @@ TEST(ScaleMessages, VllmDroppedScaleNameIsProofOfFallback) {
 
 TEST(ScaleMessages, SglangDtypeOnThePoolLineAndE5m2) {
   LogScan scan = scan_log_text(
+      kvaudit::testing::registry(),
       "[2026-03-07 14:02:19] server_args=ServerArgs(kv_cache_dtype='fp8_e5m2', tp_size=1)\n"
       "[2026-03-07 14:05:46] KV Cache is allocated. dtype: torch.float8_e5m2, #tokens: 1000, K "
       "size: 0.01 GB, "

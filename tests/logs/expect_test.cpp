@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "common/registry.h"
 #include "logs/logs.h"
 #include "util/util.h"
 
@@ -11,13 +12,15 @@ namespace kvaudit::logs {
 namespace {
 
 bool met(const Launch& launch, const std::string& text) {
-  return check_expectations(launch, {parse_expectation(text)}).front().met;
+  return check_expectations(kvaudit::testing::registry(), launch, {parse_expectation(text)})
+      .front()
+      .met;
 }
 
 TEST(Expect, MaxTotalTokensExactAtLeastAndRange) {
   const auto journal = std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" /
                        "journal_qwen35_fp8_then_bf16.log";
-  const LogScan scan = scan_log_file(journal.string());
+  const LogScan scan = scan_log_file(kvaudit::testing::registry(), journal.string());
   ASSERT_EQ(scan.launches.size(), 2u);
   const Launch& bf16 = scan.launches[1];  // printed 1,573,854
   EXPECT_TRUE(met(bf16, "max_total_tokens=1573854"));

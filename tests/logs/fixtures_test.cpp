@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "../plan/plan_models.h"
+#include "common/registry.h"
 #include "logs/logs.h"
 #include "util/util.h"
 
@@ -23,7 +24,7 @@ std::string fixture(const char* name) {
 }
 
 LogScan scan(const char* name) {
-  return scan_log_file(fixture(name));
+  return scan_log_file(kvaudit::testing::registry(), fixture(name));
 }
 
 // Every check of a prediction lands inside; returns how many checks ran.
@@ -55,9 +56,11 @@ TEST(Journal, SplitsTwoLaunchesAndReportsTheBf16One) {
   EXPECT_TRUE(bf16.ready);
   EXPECT_EQ(bf16.model_path, "/models/Qwen3.5-397B-A17B-NVFP4");
   // The BF16 launch passes --expect kv_cache_dtype=bf16, the FP8 one does not.
-  auto ok = check_expectations(bf16, {parse_expectation("kv_cache_dtype=bf16")});
+  auto ok = check_expectations(kvaudit::testing::registry(), bf16,
+                               {parse_expectation("kv_cache_dtype=bf16")});
   EXPECT_TRUE(ok[0].met);
-  auto bad = check_expectations(fp8, {parse_expectation("kv_cache_dtype=bfloat16")});
+  auto bad = check_expectations(kvaudit::testing::registry(), fp8,
+                                {parse_expectation("kv_cache_dtype=bfloat16")});
   EXPECT_FALSE(bad[0].met);
   EXPECT_EQ(bad[0].actual, "fp8_e4m3");
   auto report = to_report(s, false, ok);
@@ -82,7 +85,7 @@ TEST(Journal, Fp8LaunchWarningAloneIsNotProofButTheCheckpointIs) {
   model.has_weights = true;
   model.tensor_count = 1234;
   Launch lossless = fp8;
-  cross_check_checkpoint(fp8, model, false);
+  cross_check_checkpoint(kvaudit::testing::registry(), fp8, model, false);
   ASSERT_TRUE(fp8.scale_fallback.has_value());
   EXPECT_TRUE(*fp8.scale_fallback);
   bool warning = false, capacity = false;
@@ -92,7 +95,7 @@ TEST(Journal, Fp8LaunchWarningAloneIsNotProofButTheCheckpointIs) {
   }
   EXPECT_TRUE(warning);
   lossless.kv_policy = audit::KvPolicy::lossless;
-  cross_check_checkpoint(lossless, model, false);
+  cross_check_checkpoint(kvaudit::testing::registry(), lossless, model, false);
   bool critical = false;
   for (const auto& f : lossless.findings)
     critical |= f.id == "fp8-unit-scale" && f.severity == report::Severity::critical;
@@ -108,7 +111,7 @@ TEST(Journal, Fp8LaunchWarningAloneIsNotProofButTheCheckpointIs) {
   model.kv_scales.push_back(k);
   model.quant = checkpoint::QuantFacts{};
   model.quant->method = "modelopt";
-  cross_check_checkpoint(partial, model, false);
+  cross_check_checkpoint(kvaudit::testing::registry(), partial, model, false);
   ASSERT_TRUE(partial.scale_fallback.has_value());
   EXPECT_TRUE(*partial.scale_fallback);
   EXPECT_NE(partial.scale_fallback_reason.find("14 of 15"), std::string::npos)
@@ -130,18 +133,18 @@ TEST(Journal, Fp8LaunchWarningAloneIsNotProofButTheCheckpointIs) {
     }
   }
   Launch versioned = s.launches[0];
-  cross_check_checkpoint(versioned, model, false);
+  cross_check_checkpoint(kvaudit::testing::registry(), versioned, model, false);
   EXPECT_FALSE(versioned.scale_fallback.has_value()) << versioned.scale_fallback_reason;
   EXPECT_NE(versioned.scale_fallback_reason.find("sglang-31220-qwen3.5"), std::string::npos)
       << versioned.scale_fallback_reason;
   // With the version printed, it can.
   Launch fixed = s.launches[0];
   fixed.engine_version = "0.5.23";
-  cross_check_checkpoint(fixed, model, false);
+  cross_check_checkpoint(kvaudit::testing::registry(), fixed, model, false);
   EXPECT_EQ(fixed.scale_fallback, false) << fixed.scale_fallback_reason;
   Launch broken = s.launches[0];
   broken.engine_version = "0.5.15";
-  cross_check_checkpoint(broken, model, false);
+  cross_check_checkpoint(kvaudit::testing::registry(), broken, model, false);
   EXPECT_EQ(broken.scale_fallback, true) << broken.scale_fallback_reason;
 }
 
@@ -149,7 +152,7 @@ TEST(Journal, FromLogPredictsBothLaunchesAndTheOtherDtype) {
   auto s = scan("journal_qwen35_fp8_then_bf16.log");
   plan::PlanOptions options;
   for (const Launch& l : s.launches) {
-    auto p = plan::predict_from_log(qwen35_397b(), l.memory, options);
+    auto p = plan::predict_from_log(kvaudit::testing::registry(), qwen35_397b(), l.memory, options);
     EXPECT_GE(expect_all_inside(p), 2u);
     for (const auto& row : p.rows) {
       if (row.kv_cache_dtype == "bf16") {
@@ -172,12 +175,12 @@ TEST(RealLogs, SglangLlama8bTokenCountFromMemoryFigures) {
   EXPECT_DOUBLE_EQ(*l.memory.avail_after_weights_gib, 28.91);
   // No server_args in the excerpt: SGLang's default for the 46,068-MiB GPU.
   const auto& table =
-      *engines::engine_model("sglang").capacity.mem_fraction_for(*engines::parse_version(""));
+      *kvaudit::testing::engine("sglang").capacity.mem_fraction_for(*engines::parse_version(""));
   plan::PlanOptions options;
   options.memory_fraction =
       plan::sglang_default_mem_fraction(table, plan::find_gpu("L40S").memory_mib, 1, 1, false, 1)
           .mem_fraction_static;
-  auto p = plan::predict_from_log(llama31_8b(), l.memory, options);
+  auto p = plan::predict_from_log(kvaudit::testing::registry(), llama31_8b(), l.memory, options);
   EXPECT_EQ(expect_all_inside(p), 2u);
   const auto& tokens = p.checks[0];
   EXPECT_EQ(tokens.id, "sglang_max_total_num_tokens");
@@ -195,8 +198,9 @@ TEST(RealLogs, SglangQwen35Tp2PoolAndMambaSizes) {
   EXPECT_EQ(l.tp_at_least, 2);  // but TP0 and TP1 printed lines
   EXPECT_EQ(*l.memory.mamba_slots, 82);
   EXPECT_EQ(*l.max_total_tokens, 580364);
-  auto p = plan::predict_from_log(qwen35_397b(),
-                                  plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, {}));
+  auto p = plan::predict_from_log(
+      kvaudit::testing::registry(), qwen35_397b(),
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, {}));
   ASSERT_FALSE(p.findings.empty());
   EXPECT_EQ(p.findings[0].id, "log-tp-from-ranks");
   EXPECT_EQ(expect_all_inside(p), 2u);
@@ -229,7 +233,7 @@ TEST(RealLogs, VllmV0Qwen3BlocksAndConcurrency) {
   plan::PlanOptions options;
   options.engine = "vllm";
   options.kv_cache_dtypes = {"bf16"};  // V0 default: the model dtype
-  auto p = plan::predict_from_log(qwen3_0_6b(), l.memory, options);
+  auto p = plan::predict_from_log(kvaudit::testing::registry(), qwen3_0_6b(), l.memory, options);
   EXPECT_EQ(expect_all_inside(p), 2u);
   // 0.01 GiB over a 1,835,008-B block (16 x 114,688): at most 6 blocks of slack.
   EXPECT_LE(p.checks[0].predicted.hi - p.checks[0].predicted.lo, 6);
@@ -250,7 +254,8 @@ TEST(RealLogs, VllmV0FailedLaunchWithNoKvMemory) {
   plan::PlanOptions options;
   options.engine = "vllm";
   options.kv_cache_dtypes = {"bf16"};
-  auto p = plan::predict_from_log(dense("qwen2", 28, 4, 128), l.memory, options);
+  auto p = plan::predict_from_log(kvaudit::testing::registry(), dense("qwen2", 28, 4, 128),
+                                  l.memory, options);
   EXPECT_EQ(expect_all_inside(p), 2u);
 }
 
@@ -262,7 +267,8 @@ TEST(RealLogs, VllmV1EarlyConcurrencyFromBlocks) {
   plan::PlanOptions options;
   options.engine = "vllm";
   options.kv_cache_dtypes = {"bf16"};
-  auto p = plan::predict_from_log(dense("llama", 80, 8, 128), l.memory, options);
+  auto p = plan::predict_from_log(kvaudit::testing::registry(), dense("llama", 80, 8, 128),
+                                  l.memory, options);
   EXPECT_EQ(expect_all_inside(p), 1u);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../plan/plan_models.h"
+#include "common/registry.h"
 #include "logs/logs.h"
 
 namespace kvaudit::logs {
@@ -14,7 +15,7 @@ std::string real_log(const char* name) {
 }
 
 const Launch last_launch(const std::string& path) {
-  LogScan scan = scan_log_file(path);
+  LogScan scan = scan_log_file(kvaudit::testing::registry(), path);
   EXPECT_FALSE(scan.launches.empty()) << path;
   return scan.launches.back();
 }
@@ -38,17 +39,20 @@ TEST(FromLogFlags, TpFlagFillsALogThatDoesNotPrintIt) {
   ASSERT_EQ(l.tp_at_least, 8);
   plan::LogFlagOverrides given;
   given.tp = 8;
-  plan::LogSetup setup = plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, given);
+  plan::LogSetup setup =
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, given);
   EXPECT_EQ(setup.options.parallel.tp, 8);
   EXPECT_TRUE(setup.findings.empty());
   EXPECT_NE(joined_notes(setup).find("--tp 8 from the command line"), std::string::npos);
   // A flag below the ranks seen contradicts the log.
   given.tp = 4;
-  setup = plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, given);
+  setup =
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, given);
   EXPECT_TRUE(has(setup, "log-flag-conflict"));
   EXPECT_EQ(setup.options.parallel.tp, 8);
   // No flag: the ranks seen, said so.
-  setup = plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, {});
+  setup =
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, {});
   EXPECT_EQ(setup.options.parallel.tp, 8);
   EXPECT_TRUE(has(setup, "log-tp-from-ranks"));
 }
@@ -58,32 +62,39 @@ TEST(FromLogFlags, Tp0AloneSaysNothingAndAFlagDecides) {
       last_launch(real_log("sglang/qwen2.5-7b-rtx5090-blackwell-crash-2025-04-13.log"));
   EXPECT_EQ(l.tp, 0);
   EXPECT_EQ(l.tp_at_least, 0);  // only TP0 printed
-  plan::LogSetup alone = plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, {});
+  plan::LogSetup alone =
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, {});
   EXPECT_EQ(alone.options.parallel.tp, 1);
   EXPECT_NE(joined_notes(alone).find("no rank beyond TP0"), std::string::npos);
   plan::LogFlagOverrides given;
   given.tp = 2;
-  EXPECT_EQ(plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, given).options.parallel.tp, 2);
+  EXPECT_EQ(
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, given)
+          .options.parallel.tp,
+      2);
 }
 
 TEST(FromLogFlags, APrintedValueWinsOverAFlagThatDisagrees) {
   // The journal's server_args print tp_size=8, mem_fraction_static=0.8, kv_cache_dtype auto
   // (resolved bf16 in the second launch).
-  LogScan scan = scan_log_file(std::string(KVAUDIT_TEST_DIR) +
-                               "/fixtures/logs/journal_qwen35_fp8_then_bf16.log");
+  LogScan scan = scan_log_file(
+      kvaudit::testing::registry(),
+      std::string(KVAUDIT_TEST_DIR) + "/fixtures/logs/journal_qwen35_fp8_then_bf16.log");
   const Launch& l = scan.launches.back();
   plan::LogFlagOverrides given;
   given.tp = 4;
   given.memory_fraction = 0.9;
   given.kv_cache_dtype = "fp8_e4m3";
-  plan::LogSetup setup = plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, given);
+  plan::LogSetup setup =
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, given);
   int conflicts = 0;
   for (const auto& f : setup.findings) conflicts += f.id == "log-flag-conflict";
   EXPECT_EQ(conflicts, 3);
   EXPECT_EQ(setup.options.parallel.tp, 8);
   EXPECT_EQ(setup.memory.kv_cache_dtype, "bf16");
   // The prediction runs on the log's values and carries the conflicts.
-  plan::LogPrediction p = plan::predict_from_log(plan::test_models::qwen35_397b(), setup);
+  plan::LogPrediction p =
+      plan::predict_from_log(kvaudit::testing::registry(), plan::test_models::qwen35_397b(), setup);
   EXPECT_EQ(p.findings.size(), setup.findings.size());
   for (const auto& c : p.checks) EXPECT_TRUE(c.inside) << c.id << " " << c.derivation;
 }
@@ -94,7 +105,8 @@ TEST(FromLogFlags, DpAttentionFlagsCompleteALogWithoutServerArgs) {
   EXPECT_EQ(l.tp_at_least, 8);
   plan::LogFlagOverrides given;
   given.tp = 8, given.dp = 8, given.dp_attention = true;
-  plan::LogSetup setup = plan::reconcile_log_flags(l.memory, plan::PlanOptions{}, given);
+  plan::LogSetup setup =
+      plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, given);
   EXPECT_TRUE(setup.findings.empty());
   EXPECT_EQ(setup.options.parallel.tp, 8);
   EXPECT_EQ(setup.options.parallel.dp, 8);

@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 
+#include "common/registry.h"
 #include "logs/logs.h"
 #include "util/json.h"
 #include "util/util.h"
@@ -83,8 +84,8 @@ bool same_fact(const std::string& key, const json& expected, const json& actual)
   if ((key == "kv_cache_dtype_resolved" || key == "kv_cache_dtype_requested" ||
        key == "model_dtype") &&
       expected.is_string() && actual.is_string())
-    return engines::normalise_dtype(expected.get<std::string>()) ==
-           engines::normalise_dtype(actual.get<std::string>());
+    return kvaudit::testing::registry().dtypes().normalise(expected.get<std::string>()) ==
+           kvaudit::testing::registry().dtypes().normalise(actual.get<std::string>());
   return expected == actual;
 }
 
@@ -124,7 +125,8 @@ std::map<std::string, std::string> known_gaps() {  // "engine/file key" -> why
 std::map<std::string, std::string> mismatches(const CorpusEntry& c) {
   std::map<std::string, std::string> out;
   const json& entry = c.entry;
-  LogScan scan = scan_log_file(corpus_dir() / c.engine / entry.at("file").get<std::string>());
+  LogScan scan = scan_log_file(kvaudit::testing::registry(),
+                               corpus_dir() / c.engine / entry.at("file").get<std::string>());
   if (entry.contains("launches") && scan.launches.size() != entry["launches"].get<size_t>())
     out["launches"] =
         fmt::format("launches expected {} got {}", entry["launches"].dump(), scan.launches.size());

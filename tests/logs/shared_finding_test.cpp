@@ -8,6 +8,7 @@
 
 #include "audit/audit.h"
 #include "common/fixtures.h"
+#include "common/registry.h"
 #include "engines/engines.h"
 #include "logs/logs.h"
 
@@ -23,7 +24,7 @@ const report::Finding* find(const std::vector<report::Finding>& findings, const 
 TEST(SharedFinding, UnitScaleReadsTheSameInCheckAndLogs) {
   const auto log = std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" / "real" / "vllm" /
                    "llama4-maverick-fp8-workers-0.9.0.log";
-  const LogScan scan = scan_log_file(log.string());
+  const LogScan scan = scan_log_file(kvaudit::testing::registry(), log.string());
   ASSERT_FALSE(scan.launches.empty());
   const Launch& launch = scan.launches.back();
   const report::Finding* from_log = find(launch.findings, "fp8-unit-scale");
@@ -36,7 +37,7 @@ TEST(SharedFinding, UnitScaleReadsTheSameInCheckAndLogs) {
   input.flags.engine_version = "0.9.0";
   input.flags.kv_cache_dtype = "fp8";
   input.flags.kv_cache_dtype_flag = "--kv-cache-dtype";
-  input.engine = &engines::engine_model("vllm");
+  input.engine = &kvaudit::testing::engine("vllm");
   input.version_given = true;
   const audit::CheckResult result = audit::run_check(input);
   const report::Finding* from_check = find(result.findings, "fp8-unit-scale");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/registry.h"
 #include "engines/engines.h"
 #include "plan/plan.h"
 #include "plan_models.h"
@@ -22,14 +23,14 @@ using test_models::llama31_8b;
 using test_models::qwen35_397b;
 
 const engines::KvDtype& sglang_dtype(const char* name) {
-  return *engines::find_kv_dtype(name);
+  return *kvaudit::testing::registry().dtypes().find(name);
 }
 
 // SGLang's sizing rules of a release (default: the newest known).
 SizingRules rules_of(const checkpoint::ModelFacts& model, const std::string& version = "") {
   PlanOptions options;
   options.engine_version = version;
-  return sizing_rules(model, engines::engine_model("sglang"), *engines::parse_version(version),
+  return sizing_rules(model, kvaudit::testing::engine("sglang"), *engines::parse_version(version),
                       options);
 }
 
@@ -117,7 +118,7 @@ TEST(PlanMamba, Qwen35StateMatchesTheRealLogAtTp2) {
 
 TEST(PlanDefaults, SglangMemFractionForL40sReproducesTheLoggedPool) {
   const auto& table =
-      *engines::engine_model("sglang").capacity.mem_fraction_for(*engines::parse_version(""));
+      *kvaudit::testing::engine("sglang").capacity.mem_fraction_for(*engines::parse_version(""));
   auto d = sglang_default_mem_fraction(table, 46068, 1, 1, false, 1);
   EXPECT_DOUBLE_EQ(d.mem_fraction_static, 0.851);
   auto h100 = sglang_default_mem_fraction(table, 81559, 8, 1, false, 1);
@@ -129,10 +130,10 @@ TEST(PlanDefaults, GpuPresetsAndDtypeNames) {
   EXPECT_EQ(find_gpu("h200").memory_mib, 143771);
   EXPECT_EQ(find_gpu("RTX PRO 6000 Blackwell 96GB").memory_gb, 96);
   EXPECT_THROW(find_gpu("tpu-v5"), InputError);
-  EXPECT_EQ(engines::normalise_dtype("torch.float8_e4m3fn"), "fp8_e4m3");
-  EXPECT_EQ(engines::normalise_dtype("bfloat16"), "bf16");
-  EXPECT_EQ(engines::normalise_dtype("fp8"), "fp8_e4m3");
-  EXPECT_EQ(engines::normalise_dtype("banana"), "");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("torch.float8_e4m3fn"), "fp8_e4m3");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("bfloat16"), "bf16");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("fp8"), "fp8_e4m3");
+  EXPECT_EQ(kvaudit::testing::registry().dtypes().normalise("banana"), "");
 }
 
 TEST(PlanCapacity, RowsForEveryDefaultDtypeWithConcurrency) {
@@ -142,7 +143,7 @@ TEST(PlanCapacity, RowsForEveryDefaultDtypeWithConcurrency) {
   options.gpu_memory_bytes = find_gpu("rtx-pro-6000").memory_mib * kMiB;
   options.weight_bytes_per_gpu = int64_t{30} << 30;
   options.contexts = {8192, 131072};
-  auto plan = plan_capacity(model, options);
+  auto plan = plan_capacity(kvaudit::testing::registry(), model, options);
   // The model dtype first, then every dtype SGLang's newest release accepts.
   std::vector<std::string> names;
   for (const auto& row : plan.rows) names.push_back(row.kv_cache_dtype);
@@ -177,7 +178,7 @@ TEST(PlanCapacity, VllmUsesBlocksOfSixteen) {
   options.kv_cache_dtypes = {"bf16", "fp8"};
   options.gpu_memory_bytes = int64_t{80} << 30;
   options.weight_bytes_per_gpu = int64_t{16} << 30;
-  auto plan = plan_capacity(model, options);
+  auto plan = plan_capacity(kvaudit::testing::registry(), model, options);
   ASSERT_EQ(plan.rows.size(), 2u);
   EXPECT_EQ(plan.rows[0].cell_bytes_per_token_per_gpu, 131072);
   EXPECT_EQ(plan.rows[0].max_total_tokens % 16, 0);
@@ -215,9 +216,9 @@ TEST(PlanMamba, SsmDtypeFromTheModelConfigOnNewerSglang) {
   PlanOptions flag;
   flag.engine_version = "0.5.9";
   flag.mamba_ssm_dtype = "bfloat16";
-  auto flagged = sglang_mamba_state(
-      model, Parallelism{8, 1, 1, false},
-      sizing_rules(model, engines::engine_model("sglang"), *engines::parse_version("0.5.9"), flag));
+  auto flagged = sglang_mamba_state(model, Parallelism{8, 1, 1, false},
+                                    sizing_rules(model, kvaudit::testing::engine("sglang"),
+                                                 *engines::parse_version("0.5.9"), flag));
   EXPECT_EQ(flagged->ssm_bytes_per_layer, newer->ssm_bytes_per_layer);
 }
 
@@ -229,13 +230,15 @@ TEST(PlanCapacity, VllmDefaultUtilisationPerRelease) {
   options.gpu_memory_bytes = int64_t{80} << 30;
   options.weight_bytes_per_gpu = int64_t{16} << 30;
   options.engine_version = "0.33.0";
-  EXPECT_DOUBLE_EQ(plan_capacity(model, options).memory_fraction, 0.92);
+  EXPECT_DOUBLE_EQ(plan_capacity(kvaudit::testing::registry(), model, options).memory_fraction,
+                   0.92);
   options.engine_version = "0.15.0";
-  EXPECT_DOUBLE_EQ(plan_capacity(model, options).memory_fraction, 0.9);
+  EXPECT_DOUBLE_EQ(plan_capacity(kvaudit::testing::registry(), model, options).memory_fraction,
+                   0.9);
   // Per-token-head INT8 pages carry an FP32 scale per token per head for K and V.
   options.engine_version = "0.33.0";
   options.kv_cache_dtypes = {"int8_per_token_head", "nvfp4"};
-  auto plan = plan_capacity(model, options);
+  auto plan = plan_capacity(kvaudit::testing::registry(), model, options);
   EXPECT_EQ(plan.rows[0].cell_bytes_per_token_per_gpu, 32 * 8 * (2 * 128 + 2 * 4));
   EXPECT_EQ(plan.rows[1].cell_bytes_per_token_per_gpu, 32 * 8 * 2 * (64 + 8));
 }
@@ -243,7 +246,7 @@ TEST(PlanCapacity, VllmDefaultUtilisationPerRelease) {
 TEST(PlanCapacity, RejectsUnknownDtype) {
   PlanOptions options;
   options.kv_cache_dtypes = {"int3"};
-  EXPECT_THROW(plan_capacity(llama31_8b(), options), InputError);
+  EXPECT_THROW(plan_capacity(kvaudit::testing::registry(), llama31_8b(), options), InputError);
 }
 
 }  // namespace

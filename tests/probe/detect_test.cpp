@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "common/registry.h"
 #include "probe/fake_server.h"
 #include "probe/probe.h"
 
@@ -72,13 +73,13 @@ TEST(ProbeDetect, VllmCacheConfigInfo) {
 TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
   FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
   net::Client client(net::parse_url(server.url()), fast_client_options());
-  ServerFacts facts = detect_server(client);
+  ServerFacts facts = detect_server(kvaudit::testing::registry(), client);
   EXPECT_EQ(facts.engine, "sglang");
   EXPECT_EQ(facts.detected_by, "/get_server_info");
   EXPECT_EQ(facts.model_id, "fake-model");
   EXPECT_EQ(facts.capacity_tokens, 1573854);
   EXPECT_TRUE(facts.has_tokenize);
-  auto findings = server_findings(facts, nullptr);
+  auto findings = server_findings(kvaudit::testing::registry(), facts, nullptr);
   ASSERT_TRUE(has_finding(findings, "kv-scales-unverified"));
   EXPECT_EQ(findings[0].severity, report::Severity::warning);
 
@@ -88,28 +89,32 @@ TEST(ProbeDetect, LiveSglangShapeAndItsFindings) {
                           .quantization_param_path = "/scales.json"});
   net::Client client2(net::parse_url(with_scales.url()), fast_client_options());
   EXPECT_FALSE(
-      has_finding(server_findings(detect_server(client2), nullptr), "kv-scales-unverified"));
+      has_finding(server_findings(kvaudit::testing::registry(),
+                                  detect_server(kvaudit::testing::registry(), client2), nullptr),
+                  "kv-scales-unverified"));
 }
 
 TEST(ProbeDetect, LiveVllmShape) {
   FakeServer server({.engine = "vllm", .kv_cache_dtype = "fp8_e4m3"});
   net::Client client(net::parse_url(server.url()), fast_client_options());
-  ServerFacts facts = detect_server(client);
+  ServerFacts facts = detect_server(kvaudit::testing::registry(), client);
   EXPECT_EQ(facts.engine, "vllm");
   EXPECT_EQ(facts.engine_version, "0.11.0");
   EXPECT_EQ(facts.capacity_tokens, 16000);
   EXPECT_EQ(facts.context_length, 16384);  // /v1/models max_model_len
-  EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "kv-scales-unverified"));
+  EXPECT_TRUE(has_finding(server_findings(kvaudit::testing::registry(), facts, nullptr),
+                          "kv-scales-unverified"));
 }
 
 TEST(ProbeDetect, GenericServer) {
   FakeServer server({.engine = "generic", .tokenize = false});
   net::Client client(net::parse_url(server.url()), fast_client_options());
-  ServerFacts facts = detect_server(client);
+  ServerFacts facts = detect_server(kvaudit::testing::registry(), client);
   EXPECT_EQ(facts.engine, "generic");
   EXPECT_EQ(facts.detected_by, "/v1/models");
   EXPECT_FALSE(facts.has_tokenize);
-  EXPECT_TRUE(has_finding(server_findings(facts, nullptr), "probe-engine-unknown"));
+  EXPECT_TRUE(has_finding(server_findings(kvaudit::testing::registry(), facts, nullptr),
+                          "probe-engine-unknown"));
 }
 
 // With the served checkpoint at hand the full check runs on the server's own flags: a
@@ -117,10 +122,10 @@ TEST(ProbeDetect, GenericServer) {
 TEST(ProbeDetect, CheckpointGivesTheFullAudit) {
   FakeServer server({.engine = "sglang", .kv_cache_dtype = "fp8_e4m3"});
   net::Client client(net::parse_url(server.url()), fast_client_options());
-  ServerFacts facts = detect_server(client);
+  ServerFacts facts = detect_server(kvaudit::testing::registry(), client);
   auto model = checkpoint::read_checkpoint(std::string(KVAUDIT_TEST_DIR) +
                                            "/fixtures/checkpoints/llama-bf16-plain");
-  auto findings = server_findings(facts, &model);
+  auto findings = server_findings(kvaudit::testing::registry(), facts, &model);
   ASSERT_TRUE(has_finding(findings, "fp8-unit-scale"));
   EXPECT_EQ(findings[0].severity, report::Severity::critical);
   EXPECT_FALSE(has_finding(findings, "kv-scales-unverified"));
@@ -141,13 +146,13 @@ TEST(ProbeDetect, KnownBadCombinationsFromTheServersReport) {
   b200.gpu_name = "B200";
   b200.gpu_arch = "sm100";
   b200.platform = "cuda";
-  auto on_b200 = server_findings(facts, &model, b200);
+  auto on_b200 = server_findings(kvaudit::testing::registry(), facts, &model, b200);
   const report::Finding* hit = nullptr;
   for (const auto& f : on_b200)
     if (f.id == "known-bad-combination") hit = &f;
   ASSERT_NE(hit, nullptr);
   EXPECT_EQ(hit->severity, report::Severity::critical);
-  auto unknown_gpu = server_findings(facts, &model);
+  auto unknown_gpu = server_findings(kvaudit::testing::registry(), facts, &model);
   for (const auto& f : unknown_gpu) {
     if (f.id == "known-bad-combination") {
       EXPECT_EQ(f.severity, report::Severity::info);

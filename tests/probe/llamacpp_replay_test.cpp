@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/registry.h"
 #include "net/net.h"
 #include "probe/probe.h"
 #include "util/json.h"
@@ -96,7 +97,7 @@ TEST(LlamaServerReplay, DetectedByPropsWithContextSlotsAndNoKvType) {
   ServerFacts facts;
   {
     net::Client client(net::parse_url(replay.url()), quick());
-    facts = detect_server(client);
+    facts = detect_server(kvaudit::testing::registry(), client);
   }
   EXPECT_EQ(facts.engine, "llama.cpp");
   EXPECT_EQ(facts.detected_by, "/props");
@@ -105,7 +106,7 @@ TEST(LlamaServerReplay, DetectedByPropsWithContextSlotsAndNoKvType) {
   EXPECT_EQ(facts.engine_version, "b0-unknown");
   EXPECT_EQ(facts.model_id, "/work/peer/models/qwen3-pystd-f32.gguf");
   EXPECT_TRUE(facts.kv_cache_dtype.empty());
-  auto findings = server_findings(facts, nullptr);
+  auto findings = server_findings(kvaudit::testing::registry(), facts, nullptr);
   ASSERT_EQ(findings.size(), 1u);
   EXPECT_EQ(findings[0].id, "probe-kv-type-unreported");
 }

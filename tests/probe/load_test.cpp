@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/registry.h"
 #include "common/schema_doc.h"
 #include "probe/probe.h"
 #include "report/report.h"
@@ -255,7 +256,8 @@ double seconds_since(Clock::time_point start) {
 
 TEST(Load, StreamedLadderCountsWhatTheServerCounts) {
   LoadFake fake({});
-  LoadResult result = run_load({fake.url()}, quick_client(), small_ladder());
+  LoadResult result =
+      run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), small_ladder());
   EXPECT_TRUE(result.stopped.empty()) << result.stopped;
   ASSERT_EQ(result.levels.size(), 4u);  // {1, 2} x {real, random}
   for (const LoadLevel& level : result.levels) {
@@ -286,7 +288,7 @@ TEST(Load, RequestsAreCutToTheServersContext) {
   options.concurrency = {1};
   options.prompt_tokens = {100, 400};
   options.output_tokens = {8, 64};
-  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   ASSERT_EQ(result.levels.size(), 2u);
   for (const LoadLevel& level : result.levels) {
     EXPECT_EQ(level.failures, 0) << (level.errors.empty() ? "" : level.errors[0]);
@@ -309,7 +311,8 @@ TEST(Load, RequestsAreCutToTheServersContext) {
 TEST(Load, JsonPayloadMatchesTheDocument) {
   LoadFake a({}), b({.spec = true});
   LoadOptions options = small_ladder();
-  LoadResult result = run_load({a.url(), b.url()}, quick_client(), options);
+  LoadResult result =
+      run_load(kvaudit::testing::registry(), {a.url(), b.url()}, quick_client(), options);
   ASSERT_EQ(result.levels.size(), 8u);
   const report::Report load_report = to_report(result, options);
   // The curves of the HTML: tokens/s, TTFT and ITL per concurrency, for both servers and
@@ -337,7 +340,7 @@ TEST(Load, JsonPayloadMatchesTheDocument) {
   ASSERT_EQ(payload["load"]["ratios"].size(), 2u);
   EXPECT_TRUE(payload["load"]["ratios"][0]["b_over_a_real"].is_number());
   // One server: the B columns are there, null.
-  LoadResult single = run_load({a.url()}, quick_client(), options);
+  LoadResult single = run_load(kvaudit::testing::registry(), {a.url()}, quick_client(), options);
   const json one = report::render_json(to_report(single, options));
   kvaudit::testing::SchemaValidator again(
       kvaudit::testing::load_schema_tables("## Payload object: "));
@@ -359,7 +362,8 @@ TEST(Load, SessionsResendTheirGrowingContext) {
   options.random_control = false;
   auto later_over_first = [&](bool cache) {
     LoadFake fake({.prefill_us_per_token = 400, .prefix_cache = cache});
-    LoadResult result = run_load({fake.url()}, quick_client(), options);
+    LoadResult result =
+        run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
     EXPECT_EQ(fake.completions(), 8);
     if (cache) {
       EXPECT_EQ(fake.extended(), 6);  // 2 sessions x 3 later turns
@@ -395,11 +399,11 @@ TEST(Load, LevelsGetPromptsOfTheirOwnAndAWarmCacheIsCalledOut) {
   LoadOptions options = small_ladder();
   options.concurrency = {1, 2, 4};
   options.prompt_tokens = {200};
-  LoadResult first = run_load({fake.url()}, quick_client(), options);
+  LoadResult first = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   EXPECT_EQ(fake.extended(), 0) << "a prompt began with an earlier one";
   for (const LoadLevel& level : first.levels) EXPECT_EQ(level.cached_prompt_tokens, 0);
   EXPECT_EQ(to_report(first, options).verdict_severity, report::Severity::info);
-  LoadResult again = run_load({fake.url()}, quick_client(), options);
+  LoadResult again = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   for (const LoadLevel& level : again.levels)
     EXPECT_EQ(level.cached_prompt_tokens, level.prompt_tokens);
   const report::Report report = to_report(again, options);
@@ -418,7 +422,8 @@ TEST(Load, SglangSpeculativeCountsFromMetaInfoElseItsGauges) {
   options.random_control = false;
   {
     LoadFake fake({.stream = false, .sglang = true});
-    LoadResult result = run_load({fake.url()}, quick_client(), options);
+    LoadResult result =
+        run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
     ASSERT_EQ(result.servers.at(0).engine, "sglang");
     const LoadLevel& level = result.levels.at(0);
     EXPECT_EQ(level.spec_source, "responses");
@@ -433,7 +438,8 @@ TEST(Load, SglangSpeculativeCountsFromMetaInfoElseItsGauges) {
   }
   {
     LoadFake fake({.sglang = true});
-    LoadResult result = run_load({fake.url()}, quick_client(), options);
+    LoadResult result =
+        run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
     const LoadLevel& level = result.levels.at(0);
     EXPECT_EQ(level.spec_source, "/metrics gauges");
     EXPECT_EQ(level.draft_tokens, -1);
@@ -458,7 +464,7 @@ TEST(Load, MisreportedMetricsAreLeftOut) {
   LoadOptions options = small_ladder();
   options.concurrency = {1};
   options.random_control = false;
-  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   const LoadLevel& level = result.levels.at(0);
   EXPECT_EQ(level.failures, 0);
   EXPECT_EQ(level.spec_source, "");
@@ -471,7 +477,8 @@ TEST(Load, MisreportedMetricsAreLeftOut) {
 
 TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
   LoadFake fake({.stream = false});
-  LoadResult result = run_load({fake.url()}, quick_client(), small_ladder());
+  LoadResult result =
+      run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), small_ladder());
   ASSERT_FALSE(result.levels.empty());
   for (const LoadLevel& level : result.levels) {
     EXPECT_FALSE(level.streamed);
@@ -482,7 +489,8 @@ TEST(Load, OnePieceAnswersHaveNoFirstTokenTime) {
 
 TEST(Load, ServerThatRefusesStreamingIsMeasuredInOnePiece) {
   LoadFake fake({.refuse_stream = true});
-  LoadResult result = run_load({fake.url()}, quick_client(), small_ladder());
+  LoadResult result =
+      run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), small_ladder());
   ASSERT_EQ(result.levels.size(), 4u);
   for (const LoadLevel& level : result.levels) {
     EXPECT_EQ(level.failures, 0);
@@ -503,7 +511,7 @@ TEST(Load, ServerThatSlowsDownUnderLoad) {
   options.concurrency = {1, 4};
   options.requests_per_level = 8;
   options.random_control = false;
-  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   ASSERT_EQ(result.levels.size(), 2u);
   // Four at once take about four times as long per token: no throughput gained, and the
   // gaps between tokens grow with the load.
@@ -517,7 +525,7 @@ TEST(Load, ServerThatStartsFailingStopsTheRunWithWhatItMeasured) {
   net::ClientOptions client = quick_client();
   client.max_retries = 0;
   const auto started = Clock::now();
-  LoadResult result = run_load({fake.url()}, client, small_ladder());
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, client, small_ladder());
   EXPECT_LT(seconds_since(started), 10.0);
   EXPECT_FALSE(result.stopped.empty());
   int64_t failures = 0;
@@ -537,7 +545,7 @@ TEST(Load, RateLimitedRequestsAreRetriedAfterRetryAfter) {
   LoadOptions options = small_ladder();
   options.concurrency = {1};
   options.random_control = false;
-  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   ASSERT_EQ(result.levels.size(), 1u);
   EXPECT_EQ(result.levels[0].failures, 0);
   EXPECT_EQ(fake.completions(), 4 + 2);
@@ -548,7 +556,7 @@ TEST(Load, StallMidStreamEndsAtTheReadTimeout) {
   net::ClientOptions client = quick_client();
   client.read_timeout = std::chrono::milliseconds(300);
   const auto started = Clock::now();
-  LoadResult result = run_load({fake.url()}, client, small_ladder());
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, client, small_ladder());
   EXPECT_LT(seconds_since(started), 8.0);
   ASSERT_FALSE(result.levels.empty());
   EXPECT_GT(result.levels[0].failures, 0);
@@ -560,14 +568,15 @@ TEST(Load, TimeLimitAndInterruptEndTheRun) {
   LoadOptions options = small_ladder();
   options.max_seconds = 1.0;
   auto started = Clock::now();
-  LoadResult timed = run_load({fake.url()}, quick_client(), options);
+  LoadResult timed = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   EXPECT_LT(seconds_since(started), 4.0);
   EXPECT_NE(timed.stopped.find("time limit"), std::string::npos) << timed.stopped;
 
   std::atomic<int> asked{0};
   options = small_ladder();
   options.interrupted = [&] { return ++asked > 12; };
-  LoadResult interrupted = run_load({fake.url()}, quick_client(), options);
+  LoadResult interrupted =
+      run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   EXPECT_EQ(interrupted.stopped, "interrupted");
   EXPECT_LT(interrupted.levels.size(), 4u);
 }
@@ -579,7 +588,7 @@ TEST(Load, TimeLimitStopsOnePieceAnswersToo) {
   LoadOptions options = small_ladder();
   options.max_seconds = 1.0;
   const auto started = Clock::now();
-  LoadResult result = run_load({fake.url()}, quick_client(), options);
+  LoadResult result = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   EXPECT_LT(seconds_since(started), 3.0);
   EXPECT_NE(result.stopped.find("time limit"), std::string::npos) << result.stopped;
 }
@@ -590,10 +599,10 @@ TEST(Load, ResultsFileResumesFinishedLevels) {
   std::filesystem::remove(file);
   LoadOptions options = small_ladder();
   options.results_path = file.string();
-  LoadResult first = run_load({fake.url()}, quick_client(), options);
+  LoadResult first = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   ASSERT_EQ(first.levels.size(), 4u);
   const int sent = fake.completions();
-  LoadResult again = run_load({fake.url()}, quick_client(), options);
+  LoadResult again = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   ASSERT_EQ(again.levels.size(), 4u);
   EXPECT_EQ(fake.completions(), sent);  // nothing re-run
   for (const LoadLevel& level : again.levels) EXPECT_TRUE(level.resumed);
@@ -604,7 +613,8 @@ TEST(Load, ResultsFileResumesFinishedLevels) {
     out << R"({"kind":"load_level","server":"x"})"
         << "\n";
   }
-  EXPECT_THROW(run_load({fake.url()}, quick_client(), options), InputError);
+  EXPECT_THROW(run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options),
+               InputError);
   std::filesystem::remove(file);
 }
 
@@ -612,7 +622,8 @@ TEST(Load, SpeculativeAcceptanceRealAgainstRandom) {
   LoadFake plain({}), spec({.spec = true});
   LoadOptions options = small_ladder();
   options.concurrency = {1};
-  LoadResult result = run_load({plain.url(), spec.url()}, quick_client(), options);
+  LoadResult result =
+      run_load(kvaudit::testing::registry(), {plain.url(), spec.url()}, quick_client(), options);
   ASSERT_EQ(result.levels.size(), 4u);  // real A, real B, random A, random B
   const LoadLevel& real_b = result.levels[1];
   const LoadLevel& random_b = result.levels[3];
@@ -630,11 +641,16 @@ TEST(Load, SpeculativeAcceptanceRealAgainstRandom) {
 TEST(Load, RefusesBadOptions) {
   LoadOptions options = small_ladder();
   options.concurrency = {};
-  EXPECT_THROW(run_load({"http://127.0.0.1:1"}, quick_client(), options), InputError);
+  EXPECT_THROW(
+      run_load(kvaudit::testing::registry(), {"http://127.0.0.1:1"}, quick_client(), options),
+      InputError);
   options = small_ladder();
   options.concurrency = {0};
-  EXPECT_THROW(run_load({"http://127.0.0.1:1"}, quick_client(), options), InputError);
-  EXPECT_THROW(run_load({}, quick_client(), small_ladder()), InputError);
+  EXPECT_THROW(
+      run_load(kvaudit::testing::registry(), {"http://127.0.0.1:1"}, quick_client(), options),
+      InputError);
+  EXPECT_THROW(run_load(kvaudit::testing::registry(), {}, quick_client(), small_ladder()),
+               InputError);
 }
 
 TEST(Load, LatencyPercentilesAreNearestRank) {

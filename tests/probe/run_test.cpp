@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/registry.h"
 #include "probe/fake_server.h"
 #include "probe/probe.h"
 
@@ -40,7 +41,8 @@ TEST(ProbeRun, SmokePassesOnASaneServer) {
   FakeServer server({});
   ProbeOptions options;
   options.smoke = true;
-  RunResult result = run_probes({server.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
   ASSERT_EQ(result.servers.size(), 1u);
   const auto& records = result.servers[0].records;
   ASSERT_EQ(records.size(), 3u);
@@ -60,7 +62,8 @@ TEST(ProbeRun, SmokeFailureIsReported) {
   FakeServer server({.wrong_recall = false});
   ProbeOptions options;
   options.smoke = true;
-  RunResult result = run_probes({server.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
   // Break the arithmetic answer after the fact: the gate reads records.
   result.servers[0].records[1].passed = false;
   EXPECT_TRUE(probe_failed(result));
@@ -70,7 +73,8 @@ TEST(ProbeRun, SmokeFailureIsReported) {
 TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
   FakeServer good({});
   ProbeOptions options = small_recall();
-  RunResult result = run_probes({good.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {good.url()}, fast_client_options(), options);
   const auto& records = result.servers[0].records;
   ASSERT_EQ(records.size(), 6u);  // (1000,200) (2000,200) (2000,1200) x 2 cases
   for (const auto& record : records) {
@@ -87,7 +91,8 @@ TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
   EXPECT_THAT(result.token_counting, HasSubstr("/tokenize"));
 
   FakeServer bad({.wrong_recall = true, .tokenize = false});
-  RunResult poor = run_probes({bad.url()}, fast_client_options(), options);
+  RunResult poor =
+      run_probes(kvaudit::testing::registry(), {bad.url()}, fast_client_options(), options);
   for (const auto& record : poor.servers[0].records) EXPECT_FALSE(record.passed);
   EXPECT_THAT(poor.token_counting, HasSubstr("approximation"));
 }
@@ -96,7 +101,8 @@ TEST(ProbeRun, CompareIdenticalServersIsSame) {
   FakeServer a({}), b({});
   ProbeOptions options = small_recall();
   options.smoke = true;
-  RunResult result = run_probes({a.url(), b.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "same") << result.compare->reason;
   EXPECT_EQ(result.compare->diverged, 0);
@@ -110,7 +116,8 @@ TEST(ProbeRun, CompareIdenticalServersIsSame) {
 
 TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
   FakeServer a({}), b({.confidence = 0.6});
-  RunResult result = run_probes({a.url(), b.url()}, fast_client_options(), small_recall());
+  RunResult result = run_probes(kvaudit::testing::registry(), {a.url(), b.url()},
+                                fast_client_options(), small_recall());
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "different") << result.compare->reason;
   EXPECT_EQ(result.compare->diverged, 0);  // same greedy tokens, different distributions
@@ -140,7 +147,8 @@ TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
 
 TEST(ProbeRun, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
   FakeServer a({.wrong_recall = true}), b({});
-  RunResult result = run_probes({a.url(), b.url()}, fast_client_options(), small_recall());
+  RunResult result = run_probes(kvaudit::testing::registry(), {a.url(), b.url()},
+                                fast_client_options(), small_recall());
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "different");
   EXPECT_EQ(result.compare->recall_exact_a, 0.0);
@@ -161,7 +169,7 @@ TEST(ProbeFaults, KilledMidRunResumesOnlyTheRest) {
     FakeServer dying({.stop_after = 5});  // 2 requests per recall probe: dies in the third
     port = dying.port();
     try {
-      run_probes({dying.url()}, fast_client_options(), options);
+      run_probes(kvaudit::testing::registry(), {dying.url()}, fast_client_options(), options);
       FAIL() << "expected the run to stop";
     } catch (const InputError& error) {
       EXPECT_THAT(error.what(), HasSubstr("stopped after 2 of 6 probes"));
@@ -172,14 +180,16 @@ TEST(ProbeFaults, KilledMidRunResumesOnlyTheRest) {
   }
   FakeServer revived({}, port);
   ASSERT_EQ(revived.port(), port);
-  RunResult result = run_probes({revived.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {revived.url()}, fast_client_options(), options);
   EXPECT_EQ(result.servers[0].resumed, finished);
   EXPECT_EQ(result.servers[0].records.size(), 6u);
   EXPECT_EQ(revived.greedy_requests(), 6 - finished);  // only the remaining probes ran
   EXPECT_EQ(load_results(results).records.size(), 6u);
   // A third run has nothing left to do.
   FakeServer idle({}, port);
-  RunResult again = run_probes({idle.url()}, fast_client_options(), options);
+  RunResult again =
+      run_probes(kvaudit::testing::registry(), {idle.url()}, fast_client_options(), options);
   EXPECT_EQ(again.servers[0].resumed, 6);
   EXPECT_EQ(idle.greedy_requests(), 0);
   std::filesystem::remove(results);
@@ -191,12 +201,13 @@ TEST(ProbeFaults, TornLastLineIsSkipped) {
   ProbeOptions options;
   options.smoke = true;
   options.results_path = results;
-  run_probes({server.url()}, fast_client_options(), options);
+  run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
   { std::ofstream(results, std::ios::app) << R"({"key": "x", "record": {"serv)"; }
   ResultsFile file = load_results(results);
   EXPECT_EQ(file.records.size(), 3u);
   EXPECT_EQ(file.skipped_lines, 1);
-  RunResult result = run_probes({server.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
   EXPECT_EQ(result.servers[0].resumed, 3);
   std::filesystem::remove(results);
 }
@@ -210,7 +221,7 @@ TEST(ProbeFaults, StallEndsInATimeoutMessage) {
   options.smoke = true;
   auto start = std::chrono::steady_clock::now();
   try {
-    run_probes({server.url()}, client, options);
+    run_probes(kvaudit::testing::registry(), {server.url()}, client, options);
     FAIL();
   } catch (const InputError& error) {
     EXPECT_THAT(error.what(), HasSubstr("no answer within 0.3 s"));
@@ -225,7 +236,7 @@ TEST(ProbeFaults, GarbageIsAClearMessage) {
   ProbeOptions options;
   options.smoke = true;
   try {
-    run_probes({server.url()}, fast_client_options(), options);
+    run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
     FAIL();
   } catch (const InputError& error) {
     EXPECT_THAT(error.what(), HasSubstr("/v1/completions: malformed answer: not JSON"));
@@ -237,7 +248,8 @@ TEST(ProbeFaults, ServerErrorsThenRecovery) {
   ProbeOptions options;
   options.smoke = true;
   options.concurrency = 1;
-  RunResult result = run_probes({server.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
   ASSERT_EQ(result.servers[0].records.size(), 3u);
   for (const auto& record : result.servers[0].records) EXPECT_TRUE(record.passed) << record.id;
   EXPECT_GE(result.servers[0].client_stats.retries, 3);
@@ -248,7 +260,7 @@ TEST(ProbeFaults, RefusedServerFailsBeforeProbing) {
   std::string url = server.url();
   server.stop();
   try {
-    run_probes({url}, fast_client_options(), ProbeOptions{});
+    run_probes(kvaudit::testing::registry(), {url}, fast_client_options(), ProbeOptions{});
     FAIL();
   } catch (const net::RequestError& error) {
     EXPECT_EQ(error.kind(), net::FailureKind::refused);
@@ -261,7 +273,7 @@ TEST(ProbeFaults, AuthenticationFailureSaysHowToFixIt) {
   ProbeOptions options;
   options.smoke = true;
   try {
-    run_probes({server.url()}, fast_client_options(), options);
+    run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
     FAIL();
   } catch (const net::RequestError& error) {
     EXPECT_EQ(error.status(), 401);
@@ -269,7 +281,7 @@ TEST(ProbeFaults, AuthenticationFailureSaysHowToFixIt) {
   }
   net::ClientOptions client = fast_client_options();
   client.api_key = "sk-right";
-  RunResult result = run_probes({server.url()}, client, options);
+  RunResult result = run_probes(kvaudit::testing::registry(), {server.url()}, client, options);
   EXPECT_EQ(result.servers[0].records.size(), 3u);
 }
 
@@ -281,7 +293,7 @@ void expect_run_stops(const std::string& url, const ProbeOptions& options,
                       std::initializer_list<const char*> needles) {
   const auto start = std::chrono::steady_clock::now();
   try {
-    run_probes({url}, fast_client_options(), options);
+    run_probes(kvaudit::testing::registry(), {url}, fast_client_options(), options);
     FAIL() << "expected the run to stop";
   } catch (const InputError& error) {
     for (const char* needle : needles) EXPECT_THAT(error.what(), HasSubstr(needle));
@@ -319,7 +331,8 @@ TEST(ProbeFaults, TokenizerThatStopsAnsweringTokensStopsTheRun) {
 TEST(ProbeFaults, TokenizerWithNoTokensFromTheStartIsNotUsed) {
   FakeServer server({.tokenize_empty_after = 0});
   ProbeOptions options = small_recall();
-  RunResult result = run_probes({server.url()}, fast_client_options(), options);
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(), options);
   EXPECT_FALSE(result.servers[0].facts.has_tokenize);
   EXPECT_THAT(fmt::format("{}", fmt::join(result.servers[0].facts.notes, "\n")),
               HasSubstr("no progress"));
@@ -330,7 +343,8 @@ TEST(ProbeFaults, TokenizerWithNoTokensFromTheStartIsNotUsed) {
 // Keep-alive: a run reuses its connections instead of opening one per request.
 TEST(ProbeRun, ConnectionsAreReused) {
   FakeServer server({});
-  RunResult result = run_probes({server.url()}, fast_client_options(), small_recall());
+  RunResult result = run_probes(kvaudit::testing::registry(), {server.url()}, fast_client_options(),
+                                small_recall());
   const net::ClientStats& stats = result.servers[0].client_stats;
   EXPECT_GT(stats.requests, 20);
   EXPECT_LE(stats.connections, 2);  // --concurrency 2

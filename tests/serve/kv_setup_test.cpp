@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "checkpoint/checkpoint.h"
+#include "common/registry.h"
 #include "engines/engines.h"
 #include "serve_test_util.h"
 #include "util/util.h"
@@ -36,24 +37,25 @@ bool logged(const KvSetup& kv, const std::string& text) {
 
 TEST(ServeKvSetup, AutoOnPlainCheckpointIsModelDtypeLikeCheck) {
   auto facts = checkpoint::read_checkpoint(testing::fixture_model());
-  KvSetup kv = resolve_kv_setup(facts, options_for(testing::fixture_model()));
+  KvSetup kv =
+      resolve_kv_setup(kvaudit::testing::registry(), facts, options_for(testing::fixture_model()));
   EXPECT_EQ(kv.kv_cache_dtype, "bf16");
   EXPECT_EQ(kv.format.spec, "bf16");
   EXPECT_EQ(engines::scale_source_name(kv.scale_source), "not_applicable");
   EXPECT_EQ(kv.torch_dtype, "torch.bfloat16");
   EXPECT_TRUE(kv.load_messages.empty());
-  EXPECT_EQ(kv.engine_version, engines::engine_model("sglang").latest_known_version);
+  EXPECT_EQ(kv.engine_version, kvaudit::testing::engine("sglang").latest_known_version);
 }
 
 TEST(ServeKvSetup, AutoWithDeclaredFp8AndNoScalesIsUnitScaleWithSglangWarning) {
   TempModel model;
   model.declare_fp8_kv();
   auto facts = checkpoint::read_checkpoint(model.dir());
-  KvSetup kv = resolve_kv_setup(facts, options_for(model.dir()));
+  KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts, options_for(model.dir()));
   // What `kvaudit check --engine sglang` predicts for the same checkpoint and flags.
   engines::LaunchFlags flags;
   flags.engine = "sglang";
-  auto predicted = engines::resolve_kv(facts, flags, engines::engine_model("sglang"));
+  auto predicted = engines::resolve_kv(facts, flags, kvaudit::testing::engine("sglang"));
   EXPECT_EQ(predicted.kv_cache_dtype, "fp8_e4m3");
   EXPECT_EQ(kv.kv_cache_dtype, predicted.kv_cache_dtype);
   EXPECT_EQ(kv.scale_source, predicted.scale_source);
@@ -67,10 +69,12 @@ TEST(ServeKvSetup, ExplicitE5m2LogsNoWarningAndBf16OverridesDeclaredFp8) {
   TempModel model;
   model.declare_fp8_kv();
   auto facts = checkpoint::read_checkpoint(model.dir());
-  KvSetup e5m2 = resolve_kv_setup(facts, options_for(model.dir(), "fp8_e5m2"));
+  KvSetup e5m2 =
+      resolve_kv_setup(kvaudit::testing::registry(), facts, options_for(model.dir(), "fp8_e5m2"));
   EXPECT_EQ(e5m2.format.spec, "fp8_e5m2:none+nan");
   EXPECT_FALSE(logged(e5m2, kWarning));
-  KvSetup bf16 = resolve_kv_setup(facts, options_for(model.dir(), "bfloat16"));
+  KvSetup bf16 =
+      resolve_kv_setup(kvaudit::testing::registry(), facts, options_for(model.dir(), "bfloat16"));
   EXPECT_EQ(bf16.kv_cache_dtype, "bf16");
   EXPECT_EQ(bf16.format.spec, "bf16");
 }
@@ -91,7 +95,7 @@ TEST(ServeKvSetup, CheckpointScalesReachTheCacheBitForBitWithSglangFallbacks) {
   });
   auto facts = checkpoint::read_checkpoint(model.dir());
   ASSERT_EQ(facts.kv_scales.size(), 5u);
-  KvSetup kv = resolve_kv_setup(facts, options_for(model.dir()));
+  KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts, options_for(model.dir()));
   EXPECT_EQ(engines::scale_source_name(kv.scale_source), "checkpoint");
   EXPECT_EQ(kv.format.spec, "fp8_e4m3:tensor+nan");
   ASSERT_EQ(kv.scales.size(), 4u);
@@ -122,13 +126,14 @@ TEST(ServeKvSetup, PerHeadScalesAreRefusedLikeSglangButServedAsAnExtension) {
   model.write_scales(scales);
   auto facts = checkpoint::read_checkpoint(model.dir());
   try {
-    resolve_kv_setup(facts, options_for(model.dir()));
+    resolve_kv_setup(kvaudit::testing::registry(), facts, options_for(model.dir()));
     FAIL() << "per-head scales under an SGLang dtype must be refused";
   } catch (const InputError& error) {
     EXPECT_NE(std::string(error.what()).find("Only support per-tensor scaling factor"),
               std::string::npos);
   }
-  KvSetup kv = resolve_kv_setup(facts, options_for(model.dir(), "fp8_e4m3:head"));
+  KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts,
+                                options_for(model.dir(), "fp8_e4m3:head"));
   EXPECT_FALSE(kv.sglang_spelling);
   EXPECT_EQ(engines::scale_source_name(kv.scale_source), "checkpoint");
   ASSERT_EQ(kv.scales.size(), 4u);
@@ -138,10 +143,12 @@ TEST(ServeKvSetup, PerHeadScalesAreRefusedLikeSglangButServedAsAnExtension) {
 
 TEST(ServeKvSetup, UnknownDtypeIsAnInputError) {
   auto facts = checkpoint::read_checkpoint(testing::fixture_model());
-  EXPECT_THROW(resolve_kv_setup(facts, options_for(testing::fixture_model(), "fp7")), InputError);
+  EXPECT_THROW(resolve_kv_setup(kvaudit::testing::registry(), facts,
+                                options_for(testing::fixture_model(), "fp7")),
+               InputError);
   auto options = options_for(testing::fixture_model());
   options.engine_version = "not-a-version";
-  EXPECT_THROW(resolve_kv_setup(facts, options), InputError);
+  EXPECT_THROW(resolve_kv_setup(kvaudit::testing::registry(), facts, options), InputError);
 }
 
 TEST(ServeKvSetup, QuantizationParamPathOverridesScalesForE4m3) {
@@ -152,7 +159,7 @@ TEST(ServeKvSetup, QuantizationParamPathOverridesScalesForE4m3) {
   auto facts = checkpoint::read_checkpoint(model.dir());
   auto options = options_for(model.dir(), "fp8_e4m3");
   options.quantization_param_path = path.string();
-  KvSetup kv = resolve_kv_setup(facts, options);
+  KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts, options);
   EXPECT_EQ(engines::scale_source_name(kv.scale_source), "quantization_param_path");
   EXPECT_EQ(kv.k_scales, (std::vector<float>{0.5f, 0.25f, 2.0f, 0.03125f}));
   EXPECT_EQ(kv.v_scales, kv.k_scales);  // one scale per layer for K and V
@@ -161,7 +168,7 @@ TEST(ServeKvSetup, QuantizationParamPathOverridesScalesForE4m3) {
   EXPECT_FALSE(logged(kv, kWarning));
   // fp8_e5m2: SGLang does not read the file at all.
   options.kv_cache_dtype = "fp8_e5m2";
-  KvSetup e5m2 = resolve_kv_setup(facts, options);
+  KvSetup e5m2 = resolve_kv_setup(kvaudit::testing::registry(), facts, options);
   EXPECT_EQ(e5m2.format.spec, "fp8_e5m2:none+nan");
   EXPECT_TRUE(e5m2.load_messages.empty());
 }
@@ -218,7 +225,7 @@ TEST(ServeKvSetup, PoolFromBudgetMatchesSglangArithmeticOnTheVirtualDevice) {
   for (const char* dtype : {"bf16", "fp8_e4m3"}) {
     SCOPED_TRACE(dtype);
     auto options = options_for(testing::fixture_model(), dtype);
-    KvSetup kv = resolve_kv_setup(facts, options);
+    KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts, options);
     PoolPlan pool = plan_pool(kv, 4, 2, 32, 2'000'000, 4096, options);
     const int64_t bytes = std::string(dtype) == "bf16" ? 2 : 1;
     // 4 layers x 2 KV heads x 32 x bytes, for K and for V.
@@ -235,7 +242,7 @@ TEST(ServeKvSetup, PoolFromBudgetMatchesSglangArithmeticOnTheVirtualDevice) {
   auto options = options_for(testing::fixture_model(), "bf16");
   options.max_total_tokens = 5000;
   options.context_length = 2048;
-  KvSetup kv = resolve_kv_setup(facts, options);
+  KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts, options);
   PoolPlan pool = plan_pool(kv, 4, 2, 32, 0, 4096, options);
   EXPECT_EQ(pool.max_total_num_tokens, 5000);
   EXPECT_EQ(pool.max_req_input_len, 2047);
@@ -250,18 +257,19 @@ TEST(ServeKvSetup, HybridStateDtypeFromFlagOrConfig) {
       std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" / "model" / "qwen35-pystd";
   auto facts = checkpoint::read_checkpoint(hybrid);
   ServeOptions options = options_for(hybrid);
-  KvSetup kv = resolve_kv_setup(facts, options);
+  KvSetup kv = resolve_kv_setup(kvaudit::testing::registry(), facts, options);
   EXPECT_EQ(kv.state.spec, "fp32");  // config.json: "mamba_ssm_dtype": "float32"
   EXPECT_EQ(kv.state.store_every_tokens, 0);
   options.mamba_ssm_dtype = "bfloat16";
-  EXPECT_EQ(resolve_kv_setup(facts, options).state.dtype, model::StateDtype::bf16);
+  EXPECT_EQ(resolve_kv_setup(kvaudit::testing::registry(), facts, options).state.dtype,
+            model::StateDtype::bf16);
   options.mamba_ssm_dtype = "fp8";
-  EXPECT_THROW(resolve_kv_setup(facts, options), InputError);
+  EXPECT_THROW(resolve_kv_setup(kvaudit::testing::registry(), facts, options), InputError);
   // A model without linear attention has no state to set.
   auto dense = checkpoint::read_checkpoint(testing::fixture_model());
   ServeOptions dense_options = options_for(testing::fixture_model());
   dense_options.mamba_ssm_dtype = "bfloat16";
-  EXPECT_THROW(resolve_kv_setup(dense, dense_options), InputError);
+  EXPECT_THROW(resolve_kv_setup(kvaudit::testing::registry(), dense, dense_options), InputError);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/registry.h"
 #include "serve/serve.h"
 
 namespace kvaudit::serve::testing {
@@ -94,10 +95,11 @@ class RunningServer {
   explicit RunningServer(ServeOptions options) {
     options.port = 0;
     options.host = "127.0.0.1";
-    server_ = std::make_unique<Server>(options, [this](std::string_view line) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      log_.emplace_back(line);
-    });
+    server_ = std::make_unique<Server>(kvaudit::testing::registry(), options,
+                                       [this](std::string_view line) {
+                                         std::lock_guard<std::mutex> lock(mutex_);
+                                         log_.emplace_back(line);
+                                       });
     port_ = server_->bind();
     thread_ = std::thread([this] { server_->run(); });
   }
