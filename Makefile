@@ -2,7 +2,7 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 15
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
 .PHONY: all deps deps-full build asan fuzz check test test-release test-asan test-fuzz demo demo-live bench format format-check clean
