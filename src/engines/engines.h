@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,11 +26,14 @@ namespace kvaudit::engines {
 // ---------------------------------------------------------------- versions
 
 struct Version {
+  static constexpr int kFinal = 1 << 20;  // `pre` of a final release: after its candidates
   int major = 0, minor = 0, patch = 0;
   bool latest = false;  // "latest" / unspecified: newer than every known release
+  int pre = kFinal;     // release candidate N ("1.3.0rc7": 7), which sorts before 1.3.0
   auto operator<=>(const Version&) const = default;
 };
-// "0.5.9", "v0.5.9", "0.5.9.post1", "0.5" and "0.5.x" (= highest 0.5), "latest" or "".
+// "0.5.9", "v0.5.9", "0.5.9.post1", "1.3.0rc7", "0.5" and "0.5.x" (= highest 0.5), "latest"
+// or "".
 std::optional<Version> parse_version(std::string_view text);
 std::string version_text(const Version& version);
 
@@ -195,6 +199,9 @@ struct ScaleNameRule {
   std::vector<std::string> conventions;
   bool loaded = true;
   QuantMatch when;  // narrows to some checkpoints (architectures, methods)
+  // Only for these resolved KV dtypes (empty: any): TensorRT-LLM's PyTorch backend loads
+  // ModelOpt scales for NVFP4 and leaves FP8 layers at 1.0.
+  std::vector<std::string> dtypes;
   std::string reason;
   std::string log_message;  // template id the engine logs when it drops them
   Provenance provenance;
@@ -415,6 +422,9 @@ enum class LogKind {
   // A start-up line that marks progress (CUDA graph capture, distributed init): it shows
   // which ranks are alive and may name a launch setting (fields named like the setting).
   startup_progress,
+  // The KV dtype the launch asked for, named by the engine (TensorRT-LLM "Validating KV
+  // Cache config against kv_cache_dtype=...": it never names the resolved one).
+  kv_dtype_requested,
 };
 std::string_view log_kind_name(LogKind kind);
 
@@ -428,6 +438,9 @@ struct LogTemplate {
   std::string text;
   std::vector<std::string> fields;  // one per placeholder, in order ("" to ignore one)
   Provenance provenance;
+  // The engine prints this line more than once per launch and the last one holds
+  // (TensorRT-LLM allocates a small estimation cache, profiles, then the real one).
+  bool last_wins = false;
   std::string anchor;  // longest literal run, for the line pre-filter
   std::shared_ptr<const struct CompiledTemplate> compiled;
 };
@@ -440,9 +453,6 @@ const std::vector<std::string>& log_field_names();
 bool is_numeric_log_field(std::string_view field);
 
 // ---------------------------------------------------------------- capacity
-
-// Which sizing arithmetic plan applies (a key, not an engine name).
-enum class CapacityModel { sglang_token_pool, vllm_block_pool };
 
 // SGLang's default --mem-fraction-static (server_args.py _handle_gpu_memory_settings).
 struct MemFractionTier {
@@ -468,7 +478,9 @@ struct MemFractionTable {
 };
 
 struct CapacityData {
-  CapacityModel model = CapacityModel::sglang_token_pool;
+  // Which pool model plan applies (a name of plan's pool-model table, checked there:
+  // "sglang_token_pool", "vllm_block_pool", "trtllm_fraction_pool"), not an engine name.
+  std::string model;
   std::string file;
   std::vector<std::string> plan_default_dtypes;
   std::vector<MemFractionTable> mem_fraction_tables;
@@ -489,11 +501,44 @@ struct LaunchSpec {
   std::vector<std::string> boolean_flags;
   int default_port = 0;             // the server's port when --port is not given
   std::string default_port_source;  // where in the engine's source that default is
+  // A YAML file named by a flag that sets launch fields (TensorRT-LLM --config /
+  // --extra_llm_api_options): field -> dotted keys, first present wins.
+  std::vector<std::string> config_file_flags;
+  std::map<std::string, std::vector<std::string>> config_keys;
+  bool config_overrides_flags = false;  // the file's values win over the command line's
+  std::string config_source;            // where the engine reads and merges it
+  // Top-level keys the engine refuses in that file (extra="forbid"), with the error.
+  std::map<std::string, std::string> config_rejected_keys;
 };
 
-struct ServerInfoSpec {                  // how a live server reports its KV dtype
-  std::vector<std::string> endpoints;    // "/server_info", "/get_server_info"
+// How a launch sets the KV dtype, and what a 16-bit cache takes, for fixes.
+struct KvDtypeSetting {
+  // The flag and the releases that have it ("" none; the config key then).
+  std::string flag;
+  VersionRange flag_versions;
+  std::string config_key;  // "kv_cache_config.dtype" in the config file ("" none)
+  // A 16-bit cache where no value of the setting gives one: a checkpoint-config overlay that
+  // removes the checkpoint's KV quantization (the engine's auto then stays 16-bit).
+  struct Overlay {
+    std::string file;        // "hf_quant_config.json"
+    std::string key;         // "quantization.kv_cache_quant_algo"
+    std::string inline_key;  // the same in config.json ("quantization_config.kv_cache_quant_algo")
+    std::string reason;
+  };
+  std::optional<Overlay> sixteen_bit_overlay;
+  Provenance provenance;
+};
+
+struct ServerInfoSpec {                  // how a live server reports itself
+  std::vector<std::string> endpoints;    // "/server_info", "/get_server_info", "/metrics"
   bool reports_requested_dtype = false;  // true: "auto" may stand for a resolved FP8
+  std::string version_endpoint;          // GET answering {"version": ...} ("" none)
+  std::string owned_by;                  // the /v1/models owned_by that names this engine ("" none)
+  std::string stats_endpoint;            // a JSON array of iteration stats ("" none)
+  bool stats_drain_on_read = false;  // reading the stats consumes them (other readers miss them)
+  // Fields a completion request adds to get the engine's per-request counters (SGLang's
+  // speculative counts come in meta_info only with return_meta_info): a JSON object.
+  std::string completion_extra_json = "{}";
   Provenance provenance;
 };
 
@@ -505,6 +550,7 @@ struct EngineModel {
   const DtypeVocabulary* dtypes = nullptr;
   std::string latest_known_version;
   LaunchSpec launch;
+  KvDtypeSetting kv_dtype_setting;
   std::vector<DtypeChoices> dtype_choices;
   std::vector<AutoRule> auto_rules;  // first match wins
   std::vector<KvMethodRule> kv_method_rules;
@@ -627,6 +673,10 @@ struct LaunchFlags {
   std::string gpu_arch, platform;
   std::string speculative_draft_kv_cache_dtype;  // SGLang --speculative-draft-kv-cache-dtype
   std::vector<std::string> ignored_arguments;
+  // The config file the launch names (TensorRT-LLM --config), and what it set.
+  std::string config_file, config_file_flag;
+  std::set<std::string> fields_from_flags, fields_from_config;
+  std::vector<std::string> config_errors;  // keys the engine refuses: it will not start
 };
 
 // Parses a shell command line (quotes, backslash-newlines, `bash -c '...'`, docker
@@ -726,6 +776,26 @@ struct ResolvedKv {
 // Whether the launch sets the field that `flag` (a spelling in the engine's launch data)
 // belongs to.
 bool flag_given(const EngineModel& engine, const LaunchFlags& flags, std::string_view flag);
+
+// How to run a KV dtype on this release, in the engine's own terms: its flag, the key of
+// its config file, or (a 16-bit cache where no value gives one) a checkpoint-config overlay.
+struct KvDtypeFix {
+  std::string text;       // "launch with --kv-cache-dtype bf16"
+  std::string setting;    // "--kv-cache-dtype", "kv_cache_config.dtype", or the overlay's key
+  std::string value;      // "bf16"; "null" for an overlay
+  bool overlay = false;   // a copy of the checkpoint's config files, not a launch value
+  std::string reference;  // where the setting (or the overlay's reason) was read
+};
+KvDtypeFix kv_dtype_fix(const EngineModel& engine, const Version& version,
+                        const std::string& dtype);
+// The name a report gives the KV dtype setting of a release ("--kv-cache-dtype", or
+// "kv_cache_config.dtype" where the release has no flag).
+std::string kv_dtype_setting_name(const EngineModel& engine, const Version& version);
+// The rule by which this release never uses a checkpoint's KV scales for `dtype` (null when
+// they can load): calibrating scales is then no fix.
+const ScaleNameRule* scales_ignored_for(const EngineModel& engine, const Version& version,
+                                        const checkpoint::ModelFacts& model,
+                                        const std::string& dtype);
 
 ResolvedKv resolve_kv(const checkpoint::ModelFacts& model, const LaunchFlags& flags,
                       const EngineModel& engine);

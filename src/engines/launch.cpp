@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+#include <yaml-cpp/yaml.h>
+
 #include "engines/engines.h"
 #include "util/util.h"
 
@@ -60,6 +62,128 @@ int to_int(const std::string& flag, const std::string& value, const std::string&
     throw InputError(label,
                      fmt::format("{} expects a non-negative integer, got '{}'", flag, value));
   }
+}
+
+// Sets one launch field from its text, as a flag (`word`) or a config key gave it.
+void set_launch_field(LaunchFlags& flags, const std::string& field, const std::string& value,
+                      const std::string& word, bool on, const std::string& label) {
+  if (field == "kv_cache_dtype") {
+    if (value.empty()) throw InputError(label, word + " needs a value");
+    flags.kv_cache_dtype = value;
+    flags.kv_cache_dtype_flag = word;
+  } else if (field == "model_path") {
+    flags.model_path = value;
+  } else if (field == "tp") {
+    flags.tp = to_int(word, value, label);
+  } else if (field == "pp") {
+    flags.pp = to_int(word, value, label);
+  } else if (field == "dp") {
+    flags.dp = to_int(word, value, label);
+  } else if (field == "dcp") {
+    flags.dcp = to_int(word, value, label);
+  } else if (field == "kv_cache_dtype_skip_layers") {
+    flags.kv_cache_dtype_skip_layers = value;
+  } else if (field == "speculative_algorithm") {
+    flags.speculative_algorithm = value;
+  } else if (field == "speculative_draft_layers") {
+    flags.speculative_draft_layers = to_int(word, value, label);
+  } else if (field == "dp_attention") {
+    flags.dp_attention = on;
+  } else if (field == "quantization_param_path") {
+    flags.quantization_param_path = value;
+  } else if (field == "quantization") {
+    flags.quantization = value;
+  } else if (field == "dtype") {
+    flags.dtype = value;
+  } else if (field == "context_length") {
+    auto tokens = parse_token_count(value);
+    if (!tokens)
+      throw InputError(label, fmt::format("{} expects a token count, got '{}'", word, value));
+    flags.context_length = *tokens;
+  } else if (field == "memory_fraction") {
+    try {
+      flags.memory_fraction = std::stod(value);
+    } catch (const std::exception&) {
+      throw InputError(label, fmt::format("{} expects a fraction, got '{}'", word, value));
+    }
+  } else if (field == "mamba_ssm_dtype") {
+    flags.mamba_ssm_dtype = value;
+  } else if (field == "calculate_kv_scales") {
+    flags.calculate_kv_scales = on;
+  } else if (field == "max_total_tokens") {
+    flags.max_total_tokens = to_int(word, value, label);
+  } else if (field == "page_size") {
+    flags.page_size = to_int(word, value, label);
+  } else if (field == "host") {
+    flags.host = value;
+  } else if (field == "port") {
+    flags.port = to_int(word, value, label);
+  } else if (field == "attention_backend") {
+    flags.attention_backend = ascii_lower(value);
+  } else if (field == "speculative_draft_kv_cache_dtype") {
+    flags.speculative_draft_kv_cache_dtype = value;
+  }
+}
+
+// The YAML file a launch names (TensorRT-LLM --config / --extra_llm_api_options): each
+// launch field's keys as the engine data lists them. The file is read where the command
+// names it (relative paths from the current folder); a launch whose file cannot be read
+// is refused, since the KV dtype may be set there.
+void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::string& label) {
+  const std::string& path = flags.config_file;
+  const std::string where =
+      fmt::format("{} (named by {} in {})", path, flags.config_file_flag, label);
+  std::string text;
+  try {
+    text = read_text_file(path, 1 << 20);
+  } catch (const InputError& error) {
+    throw InputError(where, fmt::format("{}; kvaudit needs it: the KV cache dtype and the "
+                                        "memory fraction may be set there (copy it here)",
+                                        error.what()));
+  }
+  // yaml-cpp recurses per nesting level: refuse pathological nesting before parsing.
+  int depth = 0, deepest = 0;
+  for (char c : text) {
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  if (deepest > 64) throw InputError(where, "nested more than 64 levels deep");
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& error) {
+    throw InputError(where, fmt::format("not YAML: {}", error.what()));
+  }
+  if (root.IsNull()) return;  // an empty file sets nothing
+  if (!root.IsMap()) throw InputError(where, "not a YAML mapping of settings");
+  auto lookup = [&](const std::string& dotted) -> std::optional<YAML::Node> {
+    YAML::Node node = root;
+    for (const std::string& key : split_list(dotted, '.')) {
+      if (!node.IsMap()) return std::nullopt;
+      YAML::Node next = node[key];
+      if (!next.IsDefined()) return std::nullopt;
+      node.reset(next);
+    }
+    return node;
+  };
+  for (const auto& [field, keys] : launch.config_keys) {
+    if (!launch.config_overrides_flags && flags.fields_from_flags.count(field)) continue;
+    for (const std::string& key : keys) {
+      auto node = lookup(key);
+      if (!node || node->IsNull()) continue;
+      if (!node->IsScalar())
+        throw InputError(where, fmt::format("{} should be a single value", key));
+      const std::string value = node->Scalar();
+      const std::string setting = fmt::format("{} in {}", key, path);
+      const bool on = value == "true" || value == "True" || value == "1";
+      set_launch_field(flags, field, value, setting, on, where);
+      flags.fields_from_config.insert(field);
+      break;
+    }
+  }
+  for (const auto& [key, error] : launch.config_rejected_keys)
+    if (root[key].IsDefined())
+      flags.config_errors.push_back(fmt::format("{}: top-level {}: {}", path, key, error));
 }
 
 LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::string>& words,
@@ -128,6 +252,13 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
     if (!has_inline_value && !boolean) {
       if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) value = words[++i];
     }
+    if (std::find(launch.config_file_flags.begin(), launch.config_file_flags.end(), word) !=
+        launch.config_file_flags.end()) {
+      if (value.empty()) throw InputError(label, word + " needs a file");
+      flags.config_file = value;
+      flags.config_file_flag = word;
+      continue;
+    }
     if (field_it == field_by_flag.end()) {
       flags.ignored_arguments.push_back(has_inline_value || !value.empty() ? word + "=" + value
                                                                            : word);
@@ -135,63 +266,10 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
     }
     const std::string& field = field_it->second;
     bool on = !has_inline_value || (value != "false" && value != "False" && value != "0");
-    if (field == "kv_cache_dtype") {
-      if (value.empty()) throw InputError(label, word + " needs a value");
-      flags.kv_cache_dtype = value;
-      flags.kv_cache_dtype_flag = word;
-    } else if (field == "model_path") {
-      flags.model_path = value;
-    } else if (field == "tp") {
-      flags.tp = to_int(word, value, label);
-    } else if (field == "pp") {
-      flags.pp = to_int(word, value, label);
-    } else if (field == "dp") {
-      flags.dp = to_int(word, value, label);
-    } else if (field == "dcp") {
-      flags.dcp = to_int(word, value, label);
-    } else if (field == "kv_cache_dtype_skip_layers") {
-      flags.kv_cache_dtype_skip_layers = value;
-    } else if (field == "speculative_algorithm") {
-      flags.speculative_algorithm = value;
-    } else if (field == "speculative_draft_layers") {
-      flags.speculative_draft_layers = to_int(word, value, label);
-    } else if (field == "dp_attention") {
-      flags.dp_attention = on;
-    } else if (field == "quantization_param_path") {
-      flags.quantization_param_path = value;
-    } else if (field == "quantization") {
-      flags.quantization = value;
-    } else if (field == "dtype") {
-      flags.dtype = value;
-    } else if (field == "context_length") {
-      auto tokens = parse_token_count(value);
-      if (!tokens)
-        throw InputError(label, fmt::format("{} expects a token count, got '{}'", word, value));
-      flags.context_length = *tokens;
-    } else if (field == "memory_fraction") {
-      try {
-        flags.memory_fraction = std::stod(value);
-      } catch (const std::exception&) {
-        throw InputError(label, fmt::format("{} expects a fraction, got '{}'", word, value));
-      }
-    } else if (field == "mamba_ssm_dtype") {
-      flags.mamba_ssm_dtype = value;
-    } else if (field == "calculate_kv_scales") {
-      flags.calculate_kv_scales = on;
-    } else if (field == "max_total_tokens") {
-      flags.max_total_tokens = to_int(word, value, label);
-    } else if (field == "page_size") {
-      flags.page_size = to_int(word, value, label);
-    } else if (field == "host") {
-      flags.host = value;
-    } else if (field == "port") {
-      flags.port = to_int(word, value, label);
-    } else if (field == "attention_backend") {
-      flags.attention_backend = ascii_lower(value);
-    } else if (field == "speculative_draft_kv_cache_dtype") {
-      flags.speculative_draft_kv_cache_dtype = value;
-    }
+    set_launch_field(flags, field, value, word, on, label);
+    flags.fields_from_flags.insert(field);
   }
+  if (!flags.config_file.empty()) apply_config_file(launch, flags, label);
   if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0 || flags.dcp == 0)
     throw InputError(label, "parallel sizes must be at least 1");
   return flags;

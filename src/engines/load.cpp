@@ -167,7 +167,7 @@ void check_dtype(const EngineModel& model, JsonReader& r, std::string_view key,
 
 LogKind read_log_kind(JsonReader& r) {
   std::string text = r.string("kind");
-  for (int k = 0; k <= static_cast<int>(LogKind::startup_progress); ++k)
+  for (int k = 0; k <= static_cast<int>(LogKind::kv_dtype_requested); ++k)
     if (log_kind_name(static_cast<LogKind>(k)) == text) return static_cast<LogKind>(k);
   r.fail("kind", fmt::format("unknown log message kind '{}'", text));
 }
@@ -230,6 +230,8 @@ std::string_view log_kind_name(LogKind kind) {
       return "dtype_fallback";
     case LogKind::startup_progress:
       return "startup_progress";
+    case LogKind::kv_dtype_requested:
+      return "kv_dtype_requested";
   }
   return "?";
 }
@@ -287,6 +289,12 @@ constexpr LogField kLogFields[] = {
     {"block_size", true},
     {"dp_size", true},
     {"quantization", false},
+    {"peak_gib", true},            // TensorRT-LLM profile: peak memory while profiling
+    {"total_gpu_gib", true},       // the device's total memory
+    {"tmp_kv_gib", true},          // the estimation cache held during profiling
+    {"memory_fraction", true},     // free_gpu_memory_fraction as the engine holds it
+    {"kv_bytes_per_token", true},  // "kv size is N" / "kv size per token is N"
+    {"max_tokens_arg", true},      // a token cap the launch set
 };
 
 }  // namespace
@@ -339,15 +347,22 @@ std::string_view source_kind_name(SourceKind kind) {
 }
 
 std::vector<Version> boundary_versions(const EngineModel& model) {
-  std::set<std::tuple<int, int, int, bool>> seen;
+  std::set<std::tuple<int, int, int, bool, int>> seen;
   std::vector<Version> out;
   auto add = [&](Version v) {
-    if (seen.insert({v.major, v.minor, v.patch, v.latest}).second) out.push_back(v);
+    if (seen.insert({v.major, v.minor, v.patch, v.latest, v.pre}).second) out.push_back(v);
   };
   auto add_range = [&](const VersionRange& range) {
     for (const auto& clause : range.clauses) {
       Version b = clause.bound;
       add(b);
+      if (b.pre < Version::kFinal) {  // a release candidate: the candidates beside it
+        Version before = b, after = b;
+        if (before.pre > 0) --before.pre, add(before);
+        ++after.pre;
+        add(after);
+        continue;
+      }
       Version below = b;  // the release just before b (its series' top when patch is 0)
       if (below.patch > 0) {
         --below.patch;
@@ -416,8 +431,63 @@ void read_launch(JsonReader& top, EngineModel& model) {
   if (model.launch.default_port <= 0 || model.launch.default_port > 65535)
     launch.fail("default_port", "not a TCP port");
   model.launch.default_port_source = launch.string("default_port_source");
+  if (auto config = launch.optional_object("config_file")) {
+    model.launch.config_file_flags = config->strings("flags");
+    JsonReader keys = config->object("keys");
+    for (const std::string& field : keys.keys()) {
+      if (std::find(launch_fields().begin(), launch_fields().end(), field) == launch_fields().end())
+        keys.fail(field, "not a launch field kvaudit reads");
+      model.launch.config_keys[field] = keys.strings(field);
+    }
+    keys.finish();
+    if (auto rejected = config->optional_object("rejected_keys")) {
+      for (const std::string& key : rejected->keys())
+        model.launch.config_rejected_keys[key] = rejected->string(key);
+      rejected->finish();
+    }
+    model.launch.config_overrides_flags = config->boolean_or("overrides_flags", false);
+    model.launch.config_source = config->string("reference");
+    config->finish();
+  }
   launch.finish();
   if (model.launch.entry_points.empty()) launch.fail("entry_points", "empty");
+}
+
+// "kv_dtype_setting": how a launch sets the KV dtype (default: the launch's kv_cache_dtype
+// flag in every release), and the 16-bit overlay where no value gives a 16-bit cache.
+void read_kv_dtype_setting(JsonReader& top, EngineModel& model) {
+  KvDtypeSetting& setting = model.kv_dtype_setting;
+  auto flags = model.launch.flags.find("kv_cache_dtype");
+  auto r = top.optional_object("kv_dtype_setting");
+  if (!r) {
+    if (flags == model.launch.flags.end() || flags->second.empty())
+      top.fail("kv_dtype_setting", "needed when launch.flags has no kv_cache_dtype");
+    setting.flag = flags->second.front();
+    setting.flag_versions = *parse_version_range("*");
+    return;
+  }
+  setting.flag = r->string_or("flag", "");
+  setting.flag_versions =
+      r->has("flag_versions") ? read_range(*r, "flag_versions") : *parse_version_range("*");
+  setting.config_key = r->string_or("config_key", "");
+  if (setting.flag.empty() && setting.config_key.empty())
+    r->fail("flag", "name the flag or the config key that sets the KV dtype");
+  if (!setting.flag.empty() &&
+      (flags == model.launch.flags.end() ||
+       std::find(flags->second.begin(), flags->second.end(), setting.flag) == flags->second.end()))
+    r->fail("flag",
+            fmt::format("'{}' is not a spelling of launch.flags.kv_cache_dtype", setting.flag));
+  if (auto overlay = r->optional_object("sixteen_bit_overlay")) {
+    KvDtypeSetting::Overlay o;
+    o.file = overlay->string("file");
+    o.key = overlay->string("key");
+    o.inline_key = overlay->string_or("inline_key", "");
+    o.reason = overlay->string("reason");
+    overlay->finish();
+    setting.sixteen_bit_overlay = o;
+  }
+  setting.provenance = read_provenance(*r);
+  r->finish();
 }
 
 void read_dtype_choices(JsonReader& top, EngineModel& model) {
@@ -486,6 +556,8 @@ void read_scale_name_rules(JsonReader& top, EngineModel& model) {
       rule.conventions = r.strings("conventions");
       rule.loaded = drops ? false : r.boolean_or("loaded", true);
       rule.when = read_match(r, "when");
+      rule.dtypes = r.strings_or_empty("dtypes");
+      for (const std::string& dtype : rule.dtypes) check_dtype(model, r, "dtypes", dtype, false);
       rule.reason = r.string("reason");
       rule.log_message = r.string_or("log_message", "");
       rule.provenance = read_provenance(r);
@@ -765,6 +837,7 @@ void read_log_templates(JsonReader& top, EngineModel& model) {
     log.kind = read_log_kind(r);
     log.text = r.string("text");
     log.fields = r.strings_or_empty("fields");
+    log.last_wins = r.boolean_or("last_wins", false);
     log.provenance = read_provenance(r);
     r.finish();
     for (const std::string& field : log.fields)
@@ -785,6 +858,15 @@ void read_server_info(JsonReader& top, EngineModel& model) {
     ServerInfoSpec spec;
     spec.endpoints = info->strings("endpoints");
     spec.reports_requested_dtype = info->boolean_or("reports_requested_dtype", false);
+    spec.version_endpoint = info->string_or("version_endpoint", "");
+    spec.owned_by = info->string_or("owned_by", "");
+    spec.stats_endpoint = info->string_or("stats_endpoint", "");
+    spec.stats_drain_on_read = info->boolean_or("stats_drain_on_read", false);
+    if (info->has("completion_extra")) {
+      const json& extra = info->raw("completion_extra");
+      if (!extra.is_object()) info->fail("completion_extra", "expected an object");
+      spec.completion_extra_json = extra.dump();
+    }
     spec.provenance = read_provenance(*info);
     info->finish();
     model.server_info = spec;
@@ -793,6 +875,7 @@ void read_server_info(JsonReader& top, EngineModel& model) {
 
 // Every rule section of an engine file, in file order.
 void read_rules(JsonReader& top, EngineModel& model) {
+  read_kv_dtype_setting(top, model);
   read_dtype_choices(top, model);
   read_auto_resolution(top, model);
   read_kv_method_rules(top, model);
@@ -921,10 +1004,7 @@ void read_capacity(const std::filesystem::path& file, EngineModel& model) {
   if (top.string("engine") != model.engine)
     top.fail("engine", fmt::format("expected \"{}\"", model.engine));
   if (top.integer("schema_version") != 2) top.fail("schema_version", "expected 2");
-  model.capacity.model =
-      read_enum<CapacityModel>(top, "capacity_model",
-                               {{"sglang_token_pool", CapacityModel::sglang_token_pool},
-                                {"vllm_block_pool", CapacityModel::vllm_block_pool}});
+  model.capacity.model = top.string("capacity_model");  // plan checks it names a pool model
   model.capacity.plan_default_dtypes = top.strings("plan_default_dtypes");
   for (JsonReader& r : top.objects_or_empty("mem_fraction_static_default")) {
     MemFractionTable t;

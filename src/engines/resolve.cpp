@@ -136,6 +136,9 @@ std::vector<const ScaleTensor*> loaded_scales(const EngineModel& engine, const V
   // Per-architecture and per-method loader gaps.
   for (const ScaleNameRule& rule : engine.scale_drop_rules) {
     if (!rule.versions.contains(version) || !rule.when.matches(model)) continue;
+    if (!rule.dtypes.empty() && std::find(rule.dtypes.begin(), rule.dtypes.end(),
+                                          resolved.kv_cache_dtype) == rule.dtypes.end())
+      continue;
     std::vector<const ScaleTensor*> still;
     for (const ScaleTensor* scale : kept) {
       bool hit = std::find(rule.conventions.begin(), rule.conventions.end(), "*") !=
@@ -708,6 +711,68 @@ StateDtypes resolve_state_dtypes(const EngineModel& engine, const Version& versi
       rule && !rule->conv_dtype.empty() ? rule->conv_dtype : defaults.mamba_conv_dtype;
   out.conv_dtype = engine.dtypes->normalise(concrete(conv, defaults.mamba_ssm_dtype_fallback));
   return out;
+}
+
+std::string kv_dtype_setting_name(const EngineModel& engine, const Version& version) {
+  const KvDtypeSetting& setting = engine.kv_dtype_setting;
+  if (!setting.flag.empty() && setting.flag_versions.contains(version)) return setting.flag;
+  return setting.config_key.empty() ? setting.flag : setting.config_key;
+}
+
+KvDtypeFix kv_dtype_fix(const EngineModel& engine, const Version& version,
+                        const std::string& dtype) {
+  const KvDtypeSetting& setting = engine.kv_dtype_setting;
+  KvDtypeFix fix;
+  const std::string spelling = cli_spelling(engine, version, dtype);
+  const KvDtype* kv = engine.dtypes->find(dtype);
+  if (spelling.empty() && kv && !kv->quantized && setting.sixteen_bit_overlay) {
+    const auto& overlay = *setting.sixteen_bit_overlay;
+    fix.overlay = true;
+    fix.setting = overlay.file + " " + overlay.key;
+    fix.value = "null";
+    fix.text = fmt::format(
+        "serve a checkpoint overlay whose {} sets {} to null{} (kvaudit check --write-overlay "
+        "DIR writes it: config files copied, weights linked, the original untouched), with {} "
+        "auto. Why an overlay: {}",
+        overlay.file, overlay.key,
+        overlay.inline_key.empty() ? "" : fmt::format(" (and config.json {})", overlay.inline_key),
+        kv_dtype_setting_name(engine, version), overlay.reason);
+    fix.reference = setting.provenance.reference;
+    return fix;
+  }
+  fix.value = spelling.empty() ? dtype : spelling;
+  fix.reference = setting.provenance.reference;
+  if (!setting.flag.empty() && setting.flag_versions.contains(version)) {
+    fix.setting = setting.flag;
+    fix.text = fmt::format("launch with {} {}", setting.flag, fix.value);
+  } else if (!setting.config_key.empty()) {
+    fix.setting = setting.config_key;
+    const std::string file_flags =
+        fmt::format("{}", fmt::join(engine.launch.config_file_flags, " / "));
+    fix.text = fmt::format("set {}: {} in the launch's config file{}", setting.config_key,
+                           fix.value, file_flags.empty() ? "" : " (" + file_flags + ")");
+    if (!setting.flag.empty())
+      fix.text +=
+          fmt::format(" (from {} also {} {})", setting.flag_versions.text, setting.flag, fix.value);
+  } else {
+    fix.setting = setting.flag;
+    fix.text = fmt::format("launch with {} {}", setting.flag, fix.value);
+  }
+  return fix;
+}
+
+const ScaleNameRule* scales_ignored_for(const EngineModel& engine, const Version& version,
+                                        const checkpoint::ModelFacts& model,
+                                        const std::string& dtype) {
+  for (const ScaleNameRule& rule : engine.scale_drop_rules) {
+    if (rule.dtypes.empty() || !rule.versions.contains(version) || !rule.when.matches(model))
+      continue;
+    const bool every_name =
+        std::find(rule.conventions.begin(), rule.conventions.end(), "*") != rule.conventions.end();
+    if (every_name && std::find(rule.dtypes.begin(), rule.dtypes.end(), dtype) != rule.dtypes.end())
+      return &rule;
+  }
+  return nullptr;
 }
 
 }  // namespace kvaudit::engines

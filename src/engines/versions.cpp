@@ -40,6 +40,14 @@ std::optional<Version> parse_version(std::string_view text) {
   version.major = parts[0];
   version.minor = parts[1];
   version.patch = parts[2];
+  // A release candidate ("1.3.0rc7", TensorRT-LLM's numbering) comes before its release.
+  if (count == 3 && text.size() > 2 && (text.substr(0, 2) == "rc" || text.substr(0, 2) == "RC")) {
+    int candidate = 0;
+    auto [end, error] = std::from_chars(text.data() + 2, text.data() + text.size(), candidate);
+    if (error == std::errc() && end != text.data() + 2 && candidate >= 0 &&
+        candidate < Version::kFinal)
+      version.pre = candidate;
+  }
   // "0.5" or "0.5.x" mean the newest 0.5 release: compare as the top of that series.
   if (wildcard || count < 3) {
     if (count < 2) version.minor = 1 << 20;
@@ -53,7 +61,10 @@ std::string version_text(const Version& version) {
   auto part = [](int value) {
     return value >= (1 << 20) ? std::string("x") : std::to_string(value);
   };
-  return fmt::format("{}.{}.{}", version.major, part(version.minor), part(version.patch));
+  std::string text =
+      fmt::format("{}.{}.{}", version.major, part(version.minor), part(version.patch));
+  if (version.pre < Version::kFinal) text += fmt::format("rc{}", version.pre);
+  return text;
 }
 
 namespace {
@@ -61,7 +72,7 @@ namespace {
 // "latest" stands above every numbered release.
 bool less(const Version& a, const Version& b) {
   if (a.latest != b.latest) return b.latest;
-  return std::tie(a.major, a.minor, a.patch) < std::tie(b.major, b.minor, b.patch);
+  return std::tie(a.major, a.minor, a.patch, a.pre) < std::tie(b.major, b.minor, b.patch, b.pre);
 }
 
 }  // namespace
@@ -95,8 +106,9 @@ std::optional<VersionRange> parse_version_range(std::string_view text) {
     // Bounds are exact releases: "0.5.x" or "0.5" as a bound would silently mean
     // "the top of the series", which nobody writing a range intends.
     std::string_view bound = std::string_view(clause).substr(digits);
-    if (std::count(bound.begin(), bound.end(), '.') != 2 ||
-        bound.find_first_not_of("0123456789.") != std::string_view::npos)
+    std::string_view numbers = bound.substr(0, bound.find("rc"));  // "1.3.0rc7": a candidate
+    if (std::count(numbers.begin(), numbers.end(), '.') != 2 ||
+        numbers.find_first_not_of("0123456789.") != std::string_view::npos)
       return std::nullopt;
     auto version = parse_version(bound);
     if (!version || version->latest || version_text(*version) != bound) return std::nullopt;

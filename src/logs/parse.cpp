@@ -208,7 +208,6 @@ void LaunchBuilder::record_failure(Launch& launch, const std::string& kind,
 
 void LaunchBuilder::apply_server_args(Launch& launch, const ReprResult& parsed, int64_t line_no) {
   const nlohmann::json& args = parsed.value;
-  launch.engine = "sglang";
   launch.server_args = args;
   launch.server_args_complete = parsed.complete;
   launch.server_args_cuts = parsed.cuts;
@@ -252,7 +251,6 @@ void LaunchBuilder::apply_server_args(Launch& launch, const ReprResult& parsed, 
 
 void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, bool complete,
                                     int64_t line_no) {
-  launch.engine = "vllm";
   if (launch.server_args.is_null()) launch.server_args = args;
   if (!args.is_object()) return;
   for (const char* key : {"model", "model_tag"})
@@ -288,7 +286,6 @@ void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, 
 // vLLM's "with config: model='...', ..., dtype=torch.bfloat16, ... kv_cache_dtype=fp8, ...".
 void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view config,
                                              int64_t line_no) {
-  launch.engine = "vllm";
   std::string model = word_after(config, "model=");
   if (model.size() >= 2 && (model.front() == '\'' || model.front() == '"'))
     model = model.substr(1, model.size() - 2);
@@ -316,6 +313,15 @@ void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view co
 void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& ts) {
   const LogKind kind = hit.log->kind;
   if (kind == LogKind::engine_version) {
+    // Every process of one launch may print it (TensorRT-LLM's MPI workers import the
+    // package again): the same version again before anything loaded is the same launch.
+    const std::string version = word_after(hit.text("engine_version").value_or(""), "");
+    if (!launches_.empty()) {
+      const Launch& last = launches_.back();
+      if (last.engine == hit.engine->engine && last.engine_version == version &&
+          last.stage < kLoading && last.failures.empty())
+        return;
+    }
     Launch& launch = start_marker(kVersion, line_no, ts);
     launch.engine = hit.engine->engine;
     launch.engine_version = word_after(hit.text("engine_version").value_or(""), "");
@@ -366,6 +372,7 @@ void apply_named_settings(Launch& launch, const TemplateHit& hit) {
   if (auto dp = hit.count("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16 && launch.dp == 0)
     launch.dp = static_cast<int>(*dp), memory.dp = launch.dp;
   if (auto q = hit.text("quantization"); q && !q->empty()) launch.quantization = *q;
+  if (auto f = hit.number("memory_fraction"); f && *f > 0 && *f <= 1) memory.printed_fraction = f;
 }
 
 // The weights' load (load_begin, load_end, weights_loaded): free memory before and after,
@@ -425,7 +432,10 @@ void apply_pool_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
         launch.resolved_evidence = fact_evidence(line_no, message);
         launch.resolved_generic = false;
       }
-      if (!launch.max_total_tokens) launch.max_total_tokens = memory.pool_tokens;
+      // An engine that allocates twice (a profiling cache, then the real one) prints the
+      // one in effect last.
+      if (!launch.max_total_tokens || hit.log->last_wins)
+        launch.max_total_tokens = memory.pool_tokens;
       break;
     }
     case LogKind::state_pool_allocated:
@@ -460,6 +470,11 @@ void apply_profile_fact(Launch& launch, const TemplateHit& hit) {
         gib = parse_number(size.substr(0, size.find("GiB")));
       }
       keep_min(memory.available_kv_gib, gib);
+      // TensorRT-LLM's profile line carries the terms of its own arithmetic.
+      if (auto peak = hit.number("peak_gib")) memory.peak_gib = peak;
+      if (auto total = hit.number("total_gpu_gib")) memory.total_gpu_gib = total;
+      if (auto tmp = hit.number("tmp_kv_gib")) memory.tmp_kv_gib = tmp;
+      if (auto bytes = hit.count("kv_bytes_per_token")) memory.kv_bytes_per_token = bytes;
       // V0 profiles print the weights on the same line (V1 logs them separately).
       if (hit.text("weights_gib") || hit.text("load_details")) {
         memory.vllm_v0 = true;
@@ -536,6 +551,11 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
     case LogKind::memory_pool_end:
     case LogKind::startup_progress:
       mark_loading(launch);
+      break;
+    case LogKind::kv_dtype_requested:
+      // No stage: the engine validates the request before it loads anything.
+      if (auto requested = hit.text("kv_dtype"); requested && !requested->empty())
+        launch.kv_cache_dtype_requested = *requested;
       break;
     case LogKind::scale_unit_fallback:
     case LogKind::scale_warning:
@@ -702,6 +722,7 @@ void LaunchBuilder::finish(LogScan& out) {
       }
     }
     launch.memory.engine = launch.engine;
+    launch.memory.engine_version = launch.engine_version;
     launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
     if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
       launch.max_total_tokens =

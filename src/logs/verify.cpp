@@ -30,7 +30,8 @@ std::string line_ref(int64_t line) {
 namespace {
 
 // Crashes, out-of-memory, errors after ready, a launch that never became ready.
-void add_failure_findings(Launch& launch, const std::string& who, bool is_latest) {
+void add_failure_findings(Launch& launch, const std::string& who, bool is_latest,
+                          const std::string& ready_advice) {
   std::vector<Evidence> crash, oom, runtime;
   for (const auto& f : launch.failures) {
     Evidence e{line_ref(f.line), f.kind, f.text};
@@ -66,8 +67,7 @@ void add_failure_findings(Launch& launch, const std::string& who, bool is_latest
                    : who + " was replaced before it printed its ready line",
          "a launch that never became ready served nothing",
          {{line_ref(launch.last_line), "last recognised line", ""}},
-         "wait for 'The server is fired up and ready to roll!' (SGLang) or 'Application startup "
-         "complete.' (vLLM), or look for the error that stopped it",
+         ready_advice,
          ""});
   }
 }
@@ -220,7 +220,22 @@ void add_findings(const engines::Registry& registry, Launch& launch, bool is_lat
   const std::string who =
       fmt::format("launch {} ({})", launch.index + 1,
                   launch.start_time.empty() ? "no timestamp" : launch.start_time);
-  add_failure_findings(launch, who, is_latest);
+  // The ready line of the launch's engine (of every engine when it is unknown), from the data.
+  std::vector<std::string> ready_lines;
+  for (const std::string& name : registry.names()) {
+    if (!launch.engine.empty() && name != launch.engine) continue;
+    for (const auto& log : registry.engine(name).log_templates)
+      if (log.kind == engines::LogKind::ready) {
+        const std::string line = fmt::format("'{}' ({})", log.text, name);
+        if (std::find(ready_lines.begin(), ready_lines.end(), line) == ready_lines.end())
+          ready_lines.push_back(line);
+      }
+  }
+  const std::string ready_advice =
+      ready_lines.empty() ? "look for the error that stopped it"
+                          : fmt::format("wait for {}, or look for the error that stopped it",
+                                        fmt::join(ready_lines, " or "));
+  add_failure_findings(launch, who, is_latest, ready_advice);
   add_kv_findings(registry, launch, who);
   add_reading_findings(launch, who);
 }

@@ -8,6 +8,7 @@
 
 #include "engines/engines.h"
 #include "plan/plan.h"
+#include "plan/pools.h"
 #include "util/util.h"
 
 namespace kvaudit::plan {
@@ -234,117 +235,136 @@ void set_weights(const checkpoint::ModelFacts& model, const PlanOptions& options
   }
 }
 
-// The KV budget per GPU as the engine computes it: SGLang's profile with
-// mem_fraction_static (given or its default table), vLLM's gpu_memory_utilization.
-void set_budget(const engines::EngineModel& engine, const engines::Version& version,
-                const engines::EngineDefaults& defaults, const SizingRules& rules,
-                const PlanOptions& options, bool token_pool, CapacityPlan& plan) {
-  if (plan.gpu_memory_bytes > 0) {
-    if (token_pool) {
-      if (options.memory_fraction) {
-        plan.memory_fraction = *options.memory_fraction;
-        plan.memory_fraction_source = "--mem-fraction-static";
-      } else if (const engines::MemFractionTable* table =
-                     engine.capacity.mem_fraction_for(version)) {
-        auto d = sglang_default_mem_fraction(*table, plan.gpu_memory_bytes / kMiB,
-                                             options.parallel.tp, options.parallel.pp,
-                                             options.parallel.dp_attention, options.parallel.dp);
-        plan.memory_fraction = d.mem_fraction_static;
-        plan.memory_fraction_source = "SGLang default";
-        plan.derivation.push_back(d.derivation + " [" + table->provenance.reference + "]");
-        if (!table->caveats.empty()) plan.notes.push_back(table->caveats);
-      } else {
-        throw InputError(engine.capacity.file,
-                         "no mem_fraction_static_default covers " + engines::version_text(version));
-      }
-      const int64_t reserved =
-          static_cast<int64_t>(std::llround(plan.gpu_memory_bytes * (1.0 - plan.memory_fraction)));
-      plan.budget_bytes =
-          plan.gpu_memory_bytes - plan.weight_bytes_per_gpu - reserved - rules.mm_reservation_bytes;
-      plan.derivation.push_back(fmt::format(
-          "rest = avail after weights ({} - {}) - total {} x (1 - {:.3f}){} = {} (SGLang "
-          "profile; min over ranks)",
-          gib(plan.gpu_memory_bytes), gib(plan.weight_bytes_per_gpu), gib(plan.gpu_memory_bytes),
-          plan.memory_fraction,
-          rules.mm_reservation_bytes > 0
-              ? fmt::format(" - multimodal reservation {}", gib(rules.mm_reservation_bytes))
-              : std::string(),
-          gib(plan.budget_bytes)));
-      plan.notes.push_back(
-          "free memory before loading is taken as the whole GPU; the CUDA context and NCCL "
-          "buffers (typically 0.5-2 GiB) lower the real figure. plan --from-log uses the printed "
-          "figures instead.");
-    } else {
-      plan.memory_fraction =
-          options.memory_fraction.value_or(defaults.memory_fraction.value_or(0.9));
-      plan.memory_fraction_source =
-          options.memory_fraction ? "--gpu-memory-utilization"
-                                  : fmt::format("vLLM {} default", engines::version_text(version));
-      plan.budget_bytes =
-          static_cast<int64_t>(std::floor(plan.gpu_memory_bytes * plan.memory_fraction)) -
-          plan.weight_bytes_per_gpu;
-      plan.derivation.push_back(fmt::format(
-          "available KV memory = {} x {:.2f} - weights {} = {} (upper bound: vLLM also subtracts "
-          "peak activations and non-torch memory it measures at start-up)",
-          gib(plan.gpu_memory_bytes), plan.memory_fraction, gib(plan.weight_bytes_per_gpu),
-          gib(plan.budget_bytes)));
-    }
-  } else {
+}  // namespace
+
+// The KV budget per GPU as SGLang computes it: its profile with mem_fraction_static (given
+// or its default table).
+void sglang_budget(const PoolContext& context, CapacityPlan& plan) {
+  const engines::EngineModel& engine = context.engine;
+  const engines::Version& version = context.version;
+  const PlanOptions& options = context.options;
+  const SizingRules& rules = context.rules;
+  if (plan.gpu_memory_bytes <= 0) {
     plan.notes.push_back("no GPU memory given (--gpu or --gpu-mem): bytes per token only");
+    return;
   }
+  if (options.memory_fraction) {
+    plan.memory_fraction = *options.memory_fraction;
+    plan.memory_fraction_source = "--mem-fraction-static";
+  } else if (const engines::MemFractionTable* table = engine.capacity.mem_fraction_for(version)) {
+    auto d = sglang_default_mem_fraction(*table, plan.gpu_memory_bytes / kMiB, options.parallel.tp,
+                                         options.parallel.pp, options.parallel.dp_attention,
+                                         options.parallel.dp);
+    plan.memory_fraction = d.mem_fraction_static;
+    plan.memory_fraction_source = "SGLang default";
+    plan.derivation.push_back(d.derivation + " [" + table->provenance.reference + "]");
+    if (!table->caveats.empty()) plan.notes.push_back(table->caveats);
+  } else {
+    throw InputError(engine.capacity.file,
+                     "no mem_fraction_static_default covers " + engines::version_text(version));
+  }
+  const int64_t reserved =
+      static_cast<int64_t>(std::llround(plan.gpu_memory_bytes * (1.0 - plan.memory_fraction)));
+  plan.budget_bytes =
+      plan.gpu_memory_bytes - plan.weight_bytes_per_gpu - reserved - rules.mm_reservation_bytes;
+  plan.derivation.push_back(
+      fmt::format("rest = avail after weights ({} - {}) - total {} x (1 - {:.3f}){} = {} (SGLang "
+                  "profile; min over ranks)",
+                  gib(plan.gpu_memory_bytes), gib(plan.weight_bytes_per_gpu),
+                  gib(plan.gpu_memory_bytes), plan.memory_fraction,
+                  rules.mm_reservation_bytes > 0
+                      ? fmt::format(" - multimodal reservation {}", gib(rules.mm_reservation_bytes))
+                      : std::string(),
+                  gib(plan.budget_bytes)));
+  plan.notes.push_back(
+      "free memory before loading is taken as the whole GPU; the CUDA context and NCCL "
+      "buffers (typically 0.5-2 GiB) lower the real figure. plan --from-log uses the printed "
+      "figures instead.");
 }
 
-// One dtype's row: bytes per token per GPU, pool, tokens and concurrency.
-PlanRow plan_row(const checkpoint::ModelFacts& model, const engines::KvDtype* dtype,
-                 const PlanOptions& options, const SizingRules& rules, bool token_pool,
-                 const CapacityPlan& plan, double mamba_ratio, double swa_ratio,
-                 int mamba_request_ratio, int page) {
+// vLLM's available KV memory: gpu_memory_utilization x total - weights (- what it measures).
+void vllm_budget(const PoolContext& context, CapacityPlan& plan) {
+  const PlanOptions& options = context.options;
+  if (context.model.linear_attention)
+    plan.notes.push_back(
+        "vLLM hybrid GDN/Mamba layouts (attention pages padded to the Mamba state page) are not "
+        "modelled: the vLLM figures count attention layers only and overstate capacity");
+  if (plan.gpu_memory_bytes <= 0) {
+    plan.notes.push_back("no GPU memory given (--gpu or --gpu-mem): bytes per token only");
+    return;
+  }
+  plan.memory_fraction =
+      options.memory_fraction.value_or(context.defaults.memory_fraction.value_or(0.9));
+  plan.memory_fraction_source =
+      options.memory_fraction
+          ? "--gpu-memory-utilization"
+          : fmt::format("vLLM {} default", engines::version_text(context.version));
+  plan.budget_bytes =
+      static_cast<int64_t>(std::floor(plan.gpu_memory_bytes * plan.memory_fraction)) -
+      plan.weight_bytes_per_gpu;
+  plan.derivation.push_back(fmt::format(
+      "available KV memory = {} x {:.2f} - weights {} = {} (upper bound: vLLM also subtracts "
+      "peak activations and non-torch memory it measures at start-up)",
+      gib(plan.gpu_memory_bytes), plan.memory_fraction, gib(plan.weight_bytes_per_gpu),
+      gib(plan.budget_bytes)));
+}
+
+// SGLang's row: the cell, the Mamba state, the pools and the concurrency.
+PlanRow sglang_row(const PoolContext& context, const engines::KvDtype& dtype,
+                   const CapacityPlan& plan) {
+  const checkpoint::ModelFacts& model = context.model;
+  const PlanOptions& options = context.options;
+  const SizingRules& rules = context.rules;
   PlanRow row;
-  row.kv_cache_dtype = dtype->name;
-  if (token_pool) {
-    CellSize cell = sglang_cell_size(model, *dtype, options.parallel, rules);
-    auto mamba = sglang_mamba_state(model, options.parallel, rules);
-    row.cell_bytes_per_token_per_gpu = cell.bytes_per_token;
-    row.derivation = cell.derivation;
-    if (mamba) {
-      row.mamba_state_bytes_per_request = mamba->bytes_per_request;
-      for (const auto& line : mamba->derivation) row.derivation.push_back(line);
+  row.kv_cache_dtype = dtype.name;
+  CellSize cell = sglang_cell_size(model, dtype, options.parallel, rules);
+  auto mamba = sglang_mamba_state(model, options.parallel, rules);
+  row.cell_bytes_per_token_per_gpu = cell.bytes_per_token;
+  row.derivation = cell.derivation;
+  if (mamba) {
+    row.mamba_state_bytes_per_request = mamba->bytes_per_request;
+    for (const auto& line : mamba->derivation) row.derivation.push_back(line);
+  }
+  if (plan.gpu_memory_bytes > 0) {
+    SglangPools pools =
+        sglang_pools(plan.budget_bytes, cell, mamba, context.mamba_ratio, context.page,
+                     options.max_total_tokens, std::nullopt, context.swa_ratio);
+    if (options.parallel.dcp > 1) {
+      pools.max_total_tokens *= options.parallel.dcp;
+      pools.derivation.push_back(
+          fmt::format("x DCP {} = {} tokens", options.parallel.dcp, pools.max_total_tokens));
     }
-    if (plan.gpu_memory_bytes > 0) {
-      SglangPools pools = sglang_pools(plan.budget_bytes, cell, mamba, mamba_ratio, page,
-                                       options.max_total_tokens, std::nullopt, swa_ratio);
-      if (options.parallel.dcp > 1) {
-        pools.max_total_tokens *= options.parallel.dcp;
-        pools.derivation.push_back(
-            fmt::format("x DCP {} = {} tokens", options.parallel.dcp, pools.max_total_tokens));
-      }
-      row.kv_pool_bytes = pools.kv_budget_bytes;
-      row.max_total_tokens = pools.max_total_tokens;
-      row.swa_tokens = pools.swa_tokens;
-      row.mamba_slots = pools.mamba_slots;
-      row.mamba_pool_bytes = pools.mamba_pool_bytes;
-      for (const auto& line : pools.derivation) row.derivation.push_back(line);
-      row.concurrency = sglang_concurrency(pools, cell, options, mamba_request_ratio);
-    }
-  } else {
-    VllmLayout layout = vllm_layout(model, *dtype, options.parallel, page);
-    row.cell_bytes_per_token_per_gpu = layout.bytes_per_token;
-    row.derivation = layout.derivation;
-    if (plan.gpu_memory_bytes > 0 && plan.budget_bytes > 0) {
-      row.num_blocks = plan.budget_bytes / layout.page_bytes_per_layer / layout.group_size;
-      row.kv_pool_bytes = row.num_blocks * layout.page_bytes_per_layer * layout.group_size;
-      row.max_total_tokens = row.num_blocks / layout.num_groups * layout.block_size;
-      row.derivation.push_back(fmt::format(
-          "num_blocks = {} B // {} B // {} layers = {}; tokens = {} // {} group(s) x {} = {}",
-          plan.budget_bytes, layout.page_bytes_per_layer, layout.group_size, row.num_blocks,
-          row.num_blocks, layout.num_groups, layout.block_size, row.max_total_tokens));
-      row.concurrency = vllm_concurrency(row.num_blocks, layout, options);
-    }
+    row.kv_pool_bytes = pools.kv_budget_bytes;
+    row.max_total_tokens = pools.max_total_tokens;
+    row.swa_tokens = pools.swa_tokens;
+    row.mamba_slots = pools.mamba_slots;
+    row.mamba_pool_bytes = pools.mamba_pool_bytes;
+    for (const auto& line : pools.derivation) row.derivation.push_back(line);
+    row.concurrency = sglang_concurrency(pools, cell, options, context.mamba_request_ratio);
   }
   return row;
 }
 
-}  // namespace
+// vLLM's row: the block layout, the blocks and the concurrency.
+PlanRow vllm_row(const PoolContext& context, const engines::KvDtype& dtype,
+                 const CapacityPlan& plan) {
+  PlanRow row;
+  row.kv_cache_dtype = dtype.name;
+  VllmLayout layout = vllm_layout(context.model, dtype, context.options.parallel, context.page);
+  row.cell_bytes_per_token_per_gpu = layout.bytes_per_token;
+  row.derivation = layout.derivation;
+  if (plan.gpu_memory_bytes > 0 && plan.budget_bytes > 0) {
+    row.num_blocks = plan.budget_bytes / layout.page_bytes_per_layer / layout.group_size;
+    row.kv_pool_bytes = row.num_blocks * layout.page_bytes_per_layer * layout.group_size;
+    row.max_total_tokens = row.num_blocks / layout.num_groups * layout.block_size;
+    row.derivation.push_back(fmt::format(
+        "num_blocks = {} B // {} B // {} layers = {}; tokens = {} // {} group(s) x {} = {}",
+        plan.budget_bytes, layout.page_bytes_per_layer, layout.group_size, row.num_blocks,
+        row.num_blocks, layout.num_groups, layout.block_size, row.max_total_tokens));
+    row.concurrency = vllm_concurrency(row.num_blocks, layout, context.options);
+  }
+  return row;
+}
 
 // The passes: the dtypes, the weights, the budget, then a row per dtype.
 CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::ModelFacts& model,
@@ -356,7 +376,7 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
   const engines::Version version = *parsed_version;
   const engines::EngineDefaults& defaults = engine.defaults_for(version);
   const SizingRules rules = sizing_rules(model, engine, version, options);
-  const bool token_pool = engine.capacity.model == engines::CapacityModel::sglang_token_pool;
+  const PoolModel& pool = pool_model(engine);
   CapacityPlan plan;
   plan.engine = options.engine;
   plan.engine_version =
@@ -364,7 +384,7 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
   plan.parallel = options.parallel;
   plan.gpu_name = options.gpu_name;
   plan.sources = engine.capacity.references;
-  plan.budget_label = token_pool ? "Rest memory (KV + state)" : "Available KV memory";
+  plan.budget_label = std::string(pool.budget_label);
   if (options.parallel.tp < 1 || options.parallel.pp < 1 || options.parallel.dp < 1 ||
       options.parallel.dcp < 1)
     throw InputError("--tp/--pp/--dp", "must be at least 1");
@@ -374,17 +394,14 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
   const std::vector<const engines::KvDtype*> dtypes =
       planned_dtypes(model, engine, version, options);
   set_weights(model, options, plan);
-  const double mamba_ratio =
+  PoolContext context{model, engine, version, defaults, rules, options};
+  context.mamba_ratio =
       options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9));
-  const double swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
-  const int mamba_request_ratio = defaults.mamba_requests_per_slot.value_or(1);
-  const int page = options.page_size.value_or(defaults.page_size.value_or(token_pool ? 1 : 16));
+  context.swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
+  context.mamba_request_ratio = defaults.mamba_requests_per_slot.value_or(1);
+  context.page = options.page_size.value_or(defaults.page_size.value_or(pool.default_page_size));
 
-  set_budget(engine, version, defaults, rules, options, token_pool, plan);
-  if (!token_pool && model.linear_attention)
-    plan.notes.push_back(
-        "vLLM hybrid GDN/Mamba layouts (attention pages padded to the Mamba state page) are not "
-        "modelled: the vLLM figures count attention layers only and overstate capacity");
+  pool.set_budget(context, plan);
   if (options.parallel.dcp > 1)
     plan.notes.push_back(fmt::format(
         "DCP {}: each rank holds the heads of attention TP / DCP and 1/{} of the tokens; the "
@@ -392,10 +409,29 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
         "read from SGLang's test stub of get_num_kv_heads, not confirmed in a release)",
         options.parallel.dcp, options.parallel.dcp));
 
-  for (const engines::KvDtype* dtype : dtypes)
-    plan.rows.push_back(plan_row(model, dtype, options, rules, token_pool, plan, mamba_ratio,
-                                 swa_ratio, mamba_request_ratio, page));
+  for (const engines::KvDtype* dtype : dtypes) plan.rows.push_back(pool.row(context, *dtype, plan));
   return plan;
+}
+
+const std::vector<PoolModel>& pool_models() {
+  static const std::vector<PoolModel> models = {
+      {"sglang_token_pool", "Rest memory (KV + state)", 1, sglang_budget, sglang_row,
+       predict_sglang, nullptr},
+      {"vllm_block_pool", "Available KV memory", 16, vllm_budget, vllm_row, predict_vllm, nullptr},
+      {"trtllm_fraction_pool", "KV memory ((total - peak) x fraction)", 32, trtllm_budget,
+       trtllm_row, predict_trtllm, trtllm_dtype_from_log},
+  };
+  return models;
+}
+
+const PoolModel& pool_model(const engines::EngineModel& engine) {
+  for (const PoolModel& model : pool_models())
+    if (model.name == engine.capacity.model) return model;
+  std::vector<std::string_view> known;
+  for (const PoolModel& model : pool_models()) known.push_back(model.name);
+  throw InputError(engine.capacity.file,
+                   fmt::format("capacity_model '{}' is not a pool model plan knows ({})",
+                               engine.capacity.model, fmt::join(known, ", ")));
 }
 
 }  // namespace kvaudit::plan

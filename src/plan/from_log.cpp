@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "plan/plan.h"
+#include "plan/pools.h"
 #include "util/util.h"
 
 namespace kvaudit::plan {
@@ -63,6 +64,8 @@ TokenInterval sglang_interval(long double lo, long double hi, const SglangSetup&
   if (out.lo > out.hi) std::swap(out.lo, out.hi);
   return out;
 }
+
+}  // namespace
 
 // Token counts whose printed GiB size rounds to `printed` (two decimals), given
 // bytes_per_token and the engine's `padding_tokens` extra rows.
@@ -289,6 +292,8 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
     out.notes.push_back("the log prints the KV memory but no block or token count to compare");
 }
 
+namespace {
+
 // A flag that disagrees with the log: the log wins (it is what the engine ran), with a
 // warning that names both.
 void log_flag_conflict(LogSetup& out, const std::string& flag, const std::string& flag_value,
@@ -487,19 +492,26 @@ LogPrediction predict_from_log(const engines::Registry& registry,
                      fmt::format("the log is not a start-up log of a known engine ({})",
                                  fmt::join(registry.names(), ", ")));
   LoggedMemory filled = logged;
+  const engines::EngineModel& engine = registry.engine(filled.engine);
+  const PoolModel& pool = pool_model(engine);
   if (filled.kv_cache_dtype.empty() && !options.kv_cache_dtypes.empty())
     filled.kv_cache_dtype = registry.dtypes().normalise(options.kv_cache_dtypes.front());
+  std::string dtype_evidence;
+  if (filled.kv_cache_dtype.empty() && pool.dtype_from_log) {
+    auto version = engines::parse_version(!filled.engine_version.empty() ? filled.engine_version
+                                                                         : options.engine_version);
+    filled.kv_cache_dtype =
+        pool.dtype_from_log(model, filled, options, engine,
+                            version ? *version : engines::Version{0, 0, 0, true}, dtype_evidence);
+  }
   if (filled.kv_cache_dtype.empty())
     throw InputError(
         "--from-log",
         "the log does not say which KV cache dtype the launch used (pass --kv-cache-dtype)");
-  const engines::EngineModel& engine = registry.engine(filled.engine);
   auto run = [&](const engines::Version& version) {
     LogPrediction prediction;
-    if (engine.capacity.model == engines::CapacityModel::sglang_token_pool)
-      predict_sglang(model, filled, options, engine, version, prediction);
-    else
-      predict_vllm(model, filled, options, engine, version, prediction);
+    pool.predict_from_log(model, filled, options, engine, version, prediction);
+    if (!dtype_evidence.empty()) prediction.notes.insert(prediction.notes.begin(), dtype_evidence);
     return prediction;
   };
   auto all_inside = [](const LogPrediction& p) {

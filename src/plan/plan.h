@@ -120,6 +120,17 @@ struct VllmLayout {
 VllmLayout vllm_layout(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
                        const Parallelism& parallel, int block_size);
 
+// TensorRT-LLM's KV bytes per token on one GPU (get_cache_size_per_token).
+struct TrtllmCell {
+  int64_t elements = 0;  // K and V elements per token on the rank
+  int64_t bytes_per_token = 0;
+  int attention_layers = 0;
+  bool mla = false;
+  std::vector<std::string> derivation;
+};
+TrtllmCell trtllm_cell(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
+                       const Parallelism& parallel);
+
 // ---------------------------------------------------------------- plan
 
 struct PlanOptions {
@@ -239,6 +250,11 @@ struct LoggedMemory {
   std::optional<int> block_size;
   std::optional<int64_t> concurrency_context;  // "Maximum concurrency for L tokens ..."
   std::optional<double> concurrency_x;
+  // TensorRT-LLM's profile line ("Peak memory during memory usage profiling ...") and its
+  // final allocation (pool_tokens, kv_gib: the last "Allocated X GiB ... (N)").
+  std::optional<double> peak_gib, total_gpu_gib, tmp_kv_gib;
+  std::optional<double> printed_fraction;     // "fraction is set F"
+  std::optional<int64_t> kv_bytes_per_token;  // "kv size is N" / "kv size per token is N"
 };
 
 struct TokenInterval {
