@@ -113,8 +113,11 @@ struct UnitScaleText {
   std::string fix;
   std::string reference;
 };
+// The fix text reads the model when given (an engine that never uses checkpoint scales for
+// this dtype gets no "calibrate" advice).
 UnitScaleText unit_scale_text(const engines::EngineModel& engine, const engines::Version& version,
-                              const std::string& kv_cache_dtype);
+                              const std::string& kv_cache_dtype,
+                              const checkpoint::ModelFacts* model = nullptr);
 
 enum class FailOn { critical, warning, never };
 // True when some finding is at or above the gate.

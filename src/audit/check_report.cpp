@@ -95,7 +95,8 @@ void add_check_facts(const CheckInput& input, const CheckResult& result, report:
                   input.flags.source.empty() ? "flags" : input.flags.source),
       ""});
   out.facts.push_back(Fact{
-      "kv_cache_dtype_requested", "Requested --kv-cache-dtype",
+      "kv_cache_dtype_requested",
+      "Requested " + engines::kv_dtype_setting_name(*input.engine, result.resolved.version),
       input.flags.kv_cache_dtype_flag.empty() ? "auto (default)" : input.flags.kv_cache_dtype, ""});
   out.facts.push_back(
       Fact{"kv_cache_dtype", "Resolved KV cache dtype", resolved.kv_cache_dtype, ""});

@@ -46,6 +46,10 @@ struct Context {
   std::string launch_label() const { return flags().source.empty() ? "launch" : flags().source; }
   // "launch with --kv-cache-dtype X", spelled as this version's CLI spells the dtype.
   std::string fix_flag(const std::string& dtype) const;
+  // "keep X only with calibrated scales", or why calibrating is no fix on this release.
+  std::string keep_quantized_text(const std::string& dtype) const;
+  // The release's KV dtype setting: "--kv-cache-dtype", or a config key where it has no flag.
+  std::string setting_name() const;
 };
 
 // What a format does to values at scale 1.0: thresholds in real units.

@@ -27,8 +27,21 @@ std::string Context::engine_label() const {
 }
 
 std::string Context::fix_flag(const std::string& dtype) const {
-  std::string spelling = engines::cli_spelling(engine(), resolved.version, dtype);
-  return fmt::format("launch with --kv-cache-dtype {}", spelling.empty() ? dtype : spelling);
+  return engines::kv_dtype_fix(engine(), resolved.version, dtype).text;
+}
+
+std::string Context::keep_quantized_text(const std::string& dtype) const {
+  if (const engines::ScaleNameRule* rule =
+          engines::scales_ignored_for(engine(), resolved.version, input.model, dtype))
+    return fmt::format(
+        "keeping {} runs it at scale 1.0 whatever scales the checkpoint ships, so "
+        "calibrating is no fix on {} ({}: {})",
+        dtype, engine_label(), rule->id, rule->reason);
+  return fmt::format("keep {} only with calibrated scales (kvaudit calibrate)", dtype);
+}
+
+std::string Context::setting_name() const {
+  return engines::kv_dtype_setting_name(engine(), resolved.version);
 }
 
 std::optional<FormatLimits> limits_of(const engines::KvDtype* dtype) {
@@ -123,7 +136,7 @@ void rule_auto_quantized(Context& ctx) {
                           r.kv_cache_dtype != r.model_dtype;
   std::vector<Evidence> evidence = {
       {model.quant->source_file, key, declared},
-      {ctx.launch_label(), "--kv-cache-dtype",
+      {ctx.launch_label(), ctx.setting_name(),
        ctx.flags().kv_cache_dtype_flag.empty() ? "auto (default)" : ctx.flags().kv_cache_dtype},
       {ctx.data_file(), "auto_resolution." + r.rule_id, r.reason}};
   add_provenance(ctx, r.rule_provenance, evidence);
@@ -134,18 +147,18 @@ void rule_auto_quantized(Context& ctx) {
         overrides_cli ? "kv-quant-overrides-cli" : "kv-auto-quantized",
         overrides_cli ? Severity::critical : Severity::warning,
         overrides_cli
-            ? fmt::format("{} ignores --kv-cache-dtype {} and stores the KV cache as {}",
-                          ctx.engine_label(), ctx.flags().kv_cache_dtype, r.kv_cache_dtype)
+            ? fmt::format("{} ignores {} {} and stores the KV cache as {}", ctx.engine_label(),
+                          ctx.setting_name(), ctx.flags().kv_cache_dtype, r.kv_cache_dtype)
             : fmt::format("The checkpoint declares a {} KV cache; {} enables it under "
-                          "--kv-cache-dtype auto ({})",
-                          declared, ctx.engine_label(), r.kv_cache_dtype),
+                          "{} auto ({})",
+                          declared, ctx.engine_label(), ctx.setting_name(), r.kv_cache_dtype),
         fmt::format("The KV cache is quantized to {} without anyone asking for it; accuracy then "
                     "depends entirely on the KV scales (see the scale findings).",
                     r.kv_cache_dtype),
         evidence,
-        fmt::format("decide explicitly: {} for full precision, or keep {} only with calibrated "
-                    "scales (kvaudit calibrate)",
-                    ctx.fix_flag(r.model_dtype == "fp16" ? "fp16" : "bf16"), r.kv_cache_dtype),
+        fmt::format("decide explicitly: {} for full precision; or {}",
+                    ctx.fix_flag(r.model_dtype == "fp16" ? "fp16" : "bf16"),
+                    ctx.keep_quantized_text(r.kv_cache_dtype)),
         reference_text(r.rule_provenance)};
     if (overrides_cli) {
       // What was asked is not what runs: a substituted format, whatever its range.
@@ -361,7 +374,13 @@ void rule_hybrid_state(Context& ctx) {
       "The recurrent state accumulates over the whole context; rounding it every token compounds "
       "into drift on long inputs (sglang#10258: GSM8K 0.955 -> 0.945 for fp32 -> bf16 state).",
       evidence,
-      fmt::format("launch with {} {}", flag, linear->ssm_dtype),
+      flag.empty()
+          ? fmt::format("{} has no launch setting kvaudit knows for the state dtype: confirm "
+                        "what it runs ({}), or serve the model on an engine that keeps {}",
+                        ctx.engine().engine,
+                        provenance.verified ? "see the reference" : provenance.bound,
+                        linear->ssm_dtype)
+          : fmt::format("launch with {} {}", flag, linear->ssm_dtype),
       reference_text(provenance)};
   finding.basis = "engine";
   finding.judged_on = engine_basis_text(provenance);
@@ -505,8 +524,25 @@ struct NamedRule {
   const char* id;
   Rule rule;
 };
+// A key the engine refuses in the launch's config file (TensorRT-LLM's BaseLlmArgs forbids
+// unknown keys): the server does not start, and the setting the user meant never applies.
+void rule_config_refused(Context& ctx) {
+  for (const std::string& error : ctx.flags().config_errors)
+    ctx.findings.push_back(
+        Finding{"launch-config-refused",
+                Severity::critical,
+                fmt::format("{} refuses a key of the launch's config file", ctx.engine().engine),
+                "The server does not start with this file; the setting the key meant (often the KV "
+                "dtype) never takes effect.",
+                {{ctx.flags().config_file, "refused key", error}},
+                fmt::format("move the setting to the key the engine reads ({})",
+                            engines::kv_dtype_setting_name(ctx.engine(), ctx.resolved.version)),
+                ctx.engine().launch.config_source});
+}
+
 const NamedRule kRules[] = {
     {"startup-failures", rule_startup_failures},
+    {"launch-config-refused", rule_config_refused},
     {"kv-auto-quantized", rule_auto_quantized},
     {"quant-configs-disagree", rule_quant_configs_disagree},
     {"kv-skip-layers", rule_skip_layers},

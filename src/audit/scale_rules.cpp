@@ -128,8 +128,8 @@ void rule_unit_scale(Context& ctx) {
       evidence.push_back({ctx.launch_label(), "--kv-cache-dtype-skip-layers",
                           fmt::format("{} layer(s) stay in {}", ctx.resolved.skipped_layers.size(),
                                       ctx.resolved.model_dtype)});
-    const UnitScaleText text =
-        unit_scale_text(ctx.engine(), ctx.resolved.version, ctx.resolved.kv_cache_dtype);
+    const UnitScaleText text = unit_scale_text(ctx.engine(), ctx.resolved.version,
+                                               ctx.resolved.kv_cache_dtype, &ctx.input.model);
     Finding finding{"fp8-unit-scale",
                     Severity::critical,
                     fmt::format("{} KV cache with no usable scales: {} uses scale 1.0 for {}",
@@ -429,17 +429,30 @@ void rule_misleading_warning(Context& ctx) {
 }
 
 UnitScaleText unit_scale_text(const engines::EngineModel& engine, const engines::Version& version,
-                              const std::string& kv_cache_dtype) {
-  const std::string bf16 = engines::cli_spelling(engine, version, "bf16");
+                              const std::string& kv_cache_dtype,
+                              const checkpoint::ModelFacts* model) {
   UnitScaleText out;
   out.consequence = fmt::format("Silent precision loss that grows with context: {}.",
                                 numeric_meaning(engine.dtypes->find(kv_cache_dtype)));
-  out.fix = fmt::format(
-      "launch with --kv-cache-dtype {} (twice the KV bytes per token: the decision table, with "
-      "--gpu or --from-log, gives the tokens and concurrency left), or calibrate scales the "
-      "engine loads: kvaudit calibrate --model DIR --engine {} --format {}",
-      bf16.empty() ? "bf16" : bf16, engine.engine, kv_cache_dtype);
+  const engines::ScaleNameRule* ignored =
+      model ? engines::scales_ignored_for(engine, version, *model, kv_cache_dtype) : nullptr;
+  const engines::KvDtypeFix sixteen_fix = engines::kv_dtype_fix(engine, version, "bf16");
+  const std::string& sixteen = sixteen_fix.text;
+  out.fix = ignored
+                ? fmt::format(
+                      "{} (twice the KV bytes per token: the decision table, with --gpu or "
+                      "--from-log, gives the tokens and concurrency left). Calibrating is no "
+                      "fix here: {} never uses checkpoint scales for {} ({})",
+                      sixteen, engine.engine, kv_cache_dtype, ignored->id)
+                : fmt::format(
+                      "{} (twice the KV bytes per token: the decision table, with --gpu or "
+                      "--from-log, gives the tokens and concurrency left), or calibrate scales the "
+                      "engine loads: kvaudit calibrate --model DIR --engine {} --format {}",
+                      sixteen, engine.engine, kv_cache_dtype);
   out.reference = reference_text(engine.fallback_for(version).provenance);
+  if (sixteen_fix.overlay && !sixteen_fix.reference.empty())
+    out.reference += "; the 16-bit overlay: " + sixteen_fix.reference;
+  if (ignored) out.reference += "; " + reference_text(ignored->provenance);
   return out;
 }
 

@@ -166,6 +166,29 @@ struct OverlayResult {
 OverlayResult write_overlay(const engines::Registry& registry, const checkpoint::ModelFacts& model,
                             const std::vector<LayerScales>& scales, const OverlayRequest& request);
 
+// ---------------------------------------------------------------- 16-bit overlay
+
+// The checkpoint as an engine sees it through its 16-bit overlay (engine data
+// kv_dtype_setting.sixteen_bit_overlay): the KV quantization removed, everything else kept.
+checkpoint::ModelFacts without_kv_quantization(const checkpoint::ModelFacts& model);
+
+struct SixteenBitOverlayResult {
+  std::filesystem::path out_dir;
+  std::vector<std::string> edited;  // config files rewritten ("hf_quant_config.json: ...")
+  std::vector<std::string> linked;  // entries linked to the original checkpoint
+  engines::ResolvedKv resolved;     // the engine's view of the overlay under auto
+};
+// Writes out_dir: every entry of the checkpoint folder as a symlink to the original, and
+// the config files that declare the KV quantization rewritten with it set to null, so the
+// engine's auto keeps the model dtype; the original is never touched. Verified by reading
+// the written folder back and resolving it under auto. InputError when the engine has no
+// such overlay (its flag gives a 16-bit cache), out_dir is the checkpoint or a non-empty
+// folder this did not write, or the result would still quantize the cache.
+SixteenBitOverlayResult write_sixteen_bit_overlay(const engines::EngineModel& engine,
+                                                  const engines::LaunchFlags& flags,
+                                                  const checkpoint::ModelFacts& model,
+                                                  const std::filesystem::path& out_dir);
+
 // ---------------------------------------------------------------- report
 
 struct CalibrationSummary {

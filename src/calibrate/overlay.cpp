@@ -459,4 +459,108 @@ OverlayResult write_overlay(const engines::Registry& registry, const checkpoint:
                                engine_label, model.architecture, reasons));
 }
 
+checkpoint::ModelFacts without_kv_quantization(const checkpoint::ModelFacts& model) {
+  checkpoint::ModelFacts out = model;
+  if (out.quant) {
+    out.quant->kv_cache_quant_algo.clear();
+    out.quant->has_kv_cache_scheme = false;
+    out.quant->kv_cache_scheme = nullptr;
+  }
+  return out;
+}
+
+namespace {
+
+constexpr const char* kSixteenBitMarker = "kvaudit-16bit-overlay.json";
+
+// Sets the dotted key to null where its parent object exists; true when it changed.
+bool null_key(json& document, const std::string& dotted) {
+  json* node = &document;
+  std::vector<std::string> parts = split_list(dotted, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!node->is_object() || !node->contains(parts[i])) return false;
+    node = &(*node)[parts[i]];
+  }
+  if (!node->is_object() || !node->contains(parts.back()) || (*node)[parts.back()].is_null())
+    return false;
+  (*node)[parts.back()] = nullptr;
+  return true;
+}
+
+}  // namespace
+
+SixteenBitOverlayResult write_sixteen_bit_overlay(const engines::EngineModel& engine,
+                                                  const engines::LaunchFlags& flags,
+                                                  const checkpoint::ModelFacts& model,
+                                                  const fs::path& out_dir) {
+  const std::string where = out_dir.string();
+  const auto& setting = engine.kv_dtype_setting.sixteen_bit_overlay;
+  if (!setting)
+    throw InputError("--write-overlay",
+                     fmt::format("{} runs a 16-bit KV cache from its {} setting: no overlay is "
+                                 "needed",
+                                 engine.engine, engine.kv_dtype_setting.flag));
+  if (model.dir.empty() || !fs::is_directory(model.dir))
+    throw InputError("--write-overlay", "needs the checkpoint folder (not a bare config.json)");
+  std::error_code ec;
+  const fs::path model_dir = fs::canonical(model.dir, ec);
+  if (fs::exists(out_dir, ec) && fs::canonical(out_dir, ec) == model_dir)
+    throw InputError(where,
+                     "is the checkpoint folder; the original is never modified: name a "
+                     "new folder");
+  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+    throw InputError(where, "exists and is not a folder");
+  if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec) &&
+      !fs::exists(out_dir / kSixteenBitMarker, ec))
+    throw InputError(where,
+                     "is not empty and holds no earlier overlay of kvaudit; refusing to "
+                     "overwrite it");
+  // The config files that declare the KV quantization, rewritten.
+  std::map<std::string, std::string> files;
+  SixteenBitOverlayResult result;
+  for (const auto& [file, key] : std::vector<std::pair<std::string, std::string>>{
+           {setting->file, setting->key}, {"config.json", setting->inline_key}}) {
+    if (key.empty() || !fs::exists(model_dir / file, ec)) continue;
+    json document = read_json_object(model_dir / file);
+    if (null_key(document, key)) {
+      files[file] = document.dump(2) + "\n";
+      result.edited.push_back(fmt::format("{}: {} = null", file, key));
+    }
+  }
+  if (files.empty())
+    throw InputError(where, fmt::format("the checkpoint declares no KV quantization at {} or "
+                                        "config.json {}: {} already keeps the model dtype",
+                                        setting->key, setting->inline_key, engine.engine));
+  files[kSixteenBitMarker] = json{{"kvaudit", "16-bit KV overlay"},
+                                  {"engine", engine.engine},
+                                  {"original", model_dir.string()},
+                                  {"edited", result.edited},
+                                  {"why", setting->reason}}
+                                 .dump(2) +
+                             "\n";
+  // Staged beside the destination, checked, then renamed into place (atomic for readers).
+  const fs::path parent = fs::absolute(out_dir).parent_path();
+  fs::create_directories(parent);
+  ScratchFolder staging{scratch_name(parent, "16bit")};
+  merged_view(model_dir, files, staging.path);
+  for (const auto& entry : fs::directory_iterator(model_dir))
+    if (!files.count(entry.path().filename().string()))
+      result.linked.push_back(entry.path().filename().string());
+  checkpoint::ReadOptions read;
+  read.read_safetensors = false;  // the weights are the original's, linked
+  checkpoint::ModelFacts view = checkpoint::read_checkpoint(staging.path, read);
+  engines::LaunchFlags as_served = flags;
+  as_served.kv_cache_dtype = "auto";
+  as_served.kv_cache_dtype_flag.clear();
+  result.resolved = engines::resolve_kv(view, as_served, engine);
+  if (result.resolved.quantized)
+    throw InputError(where, fmt::format("the overlay would still run a {} cache ({}); not written",
+                                        result.resolved.kv_cache_dtype, result.resolved.reason));
+  if (fs::exists(out_dir, ec)) fs::remove_all(out_dir);
+  fs::rename(staging.path, out_dir);
+  staging.path.clear();
+  result.out_dir = out_dir;
+  return result;
+}
+
 }  // namespace kvaudit::calibrate

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "audit/audit.h"
+#include "calibrate/calibrate.h"
 #include "cli/commands.h"
 #include "decide/decide.h"
 #include "logs/logs.h"
@@ -42,6 +43,7 @@ struct CheckOptions {
   std::string from_log;
   std::string contexts;
   std::string write_unit;
+  std::string write_overlay;
   CheckpointSource source;
   OutputOptions output;
 };
@@ -122,7 +124,33 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
   const decide::ServerAddress address = decide::server_address(input.flags, *input.engine);
   where.url = address.url;
   where.port_source = address.port_source;
-  if (fixed) {
+  // --write-overlay asks for the 16-bit option whatever the verdict: the user's own policy.
+  const decide::KvOption* overlay_option = nullptr;
+  for (const auto& option : decision.options)
+    if (option.overlay) overlay_option = &option;
+  if (!options.write_overlay.empty() && overlay_option && (!fixed || !fixed->overlay))
+    fixed = overlay_option;
+  if (fixed && fixed->overlay) {
+    // No launch value gives this option: a copy of the checkpoint's config files does.
+    fix_lines.push_back(fixed->change);
+    if (!options.write_overlay.empty()) {
+      const calibrate::SixteenBitOverlayResult written = calibrate::write_sixteen_bit_overlay(
+          *input.engine, input.flags, input.model, options.write_overlay);
+      fix_lines.push_back(fmt::format(
+          "wrote {}: {} ({} entries linked to the original); {} "
+          "resolves it to {} under auto",
+          written.out_dir.string(), fmt::join(written.edited, "; "), written.linked.size(),
+          input.engine->engine, written.resolved.kv_cache_dtype));
+      fix_lines.push_back(fmt::format("serve {} in place of {} (the model path of the launch)",
+                                      written.out_dir.string(), input.model.dir.string()));
+    }
+  } else if (!options.write_overlay.empty()) {
+    throw InputError("--write-overlay",
+                     fixed ? fmt::format("{} gives this fix with a launch value ({}): no overlay "
+                                         "is needed",
+                                         input.engine->engine, fixed->change)
+                           : "nothing to correct: the launch has no critical finding");
+  } else if (fixed) {
     const std::string change = "--kv-cache-dtype " + fixed->flag_value;
     if (!options.unit.empty()) {
       const std::string original = read_text_file(options.unit);
@@ -280,6 +308,9 @@ void add_check_command(CLI::App& app, Runner& run, EngineData& engines) {
   check->add_option("--context", options->contexts,
                     "Context lengths for the concurrency columns (default 32k,128k and the "
                     "launch's context length)");
+  check->add_option("--write-overlay", options->write_overlay,
+                    "Write the checkpoint-config overlay the fix needs where the engine has no "
+                    "16-bit KV value (TensorRT-LLM): a new folder, the original untouched");
   check->add_option("--write-unit", options->write_unit,
                     "Write the corrected --unit here (atomically; the original stays untouched)");
   check->add_option("--fail-on", options->fail_on, "Exit 1 when a finding is at least this severe")

@@ -214,10 +214,18 @@ Decision decide(const engines::Registry& registry, const audit::CheckInput& inpu
   const std::string sixteen =
       engine.dtypes->normalise(input.model.torch_dtype) == "fp16" ? "fp16" : "bf16";
   if (!seen.count(sixteen)) {
-    const std::string value = engines::cli_spelling(engine, version, sixteen);
-    if (!value.empty()) {
-      out.options.push_back(judged(sixteen, "16-bit KV cache", "--kv-cache-dtype " + value, value,
-                                   check_with(input, value)));
+    const engines::KvDtypeFix fix = engines::kv_dtype_fix(engine, version, sixteen);
+    if (fix.overlay) {
+      // No value gives a 16-bit cache: the checkpoint seen through its config overlay, auto.
+      const checkpoint::ModelFacts overlaid = calibrate::without_kv_quantization(input.model);
+      KvOption option = judged(sixteen, "16-bit KV cache", fix.text, "auto",
+                               check_with(input, "auto", &overlaid));
+      option.overlay = true;
+      out.options.push_back(std::move(option));
+      seen.insert(sixteen);
+    } else if (!engines::cli_spelling(engine, version, sixteen).empty()) {
+      out.options.push_back(judged(sixteen, "16-bit KV cache", fix.setting + " " + fix.value,
+                                   fix.value, check_with(input, fix.value)));
       seen.insert(sixteen);
     }
   }

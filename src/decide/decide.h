@@ -38,7 +38,10 @@ struct KvOption {
   std::string label;       // "as launched", "16-bit KV cache", ...
   std::string change;      // what to do: "--kv-cache-dtype bf16", "kvaudit calibrate ...", ""
   std::string flag_value;  // the --kv-cache-dtype value this option launches with
-  std::string how;         // the full commands, where `change` is a summary
+  // The engine has no value for this option: it runs a checkpoint-config overlay (TensorRT-LLM's
+  // 16-bit cache), under flag_value (auto).
+  bool overlay = false;
+  std::string how;  // the full commands, where `change` is a summary
   bool possible = true;
   std::string why_not;  // when not possible: the engine data's reason
   std::string kv_cache_dtype;

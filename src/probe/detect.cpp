@@ -1,4 +1,7 @@
-// Engine detection (what the server says about itself) and the findings that apply.
+// Engine detection (what the server says about itself, read by one adapter per server) and
+// the findings that apply. TensorRT-LLM: /v1/models owned_by "tensorrt_llm", /version, and
+// /metrics as a JSON array of iteration stats (tensorrt_llm/serve/openai_server.py); no
+// route reports its KV dtype.
 // SGLang: GET /server_info (older: /get_server_info) returns its ServerArgs flattened plus
 // scheduler info (max_total_num_tokens) and internal_states[] (python/sglang/srt/entrypoints/
 // http_server.py). vLLM: /metrics carries vllm:cache_config_info, an info gauge whose
@@ -177,14 +180,177 @@ bool read_tgi_info(const json& info, ServerFacts& facts) {
   return true;
 }
 
+bool read_trtllm_iteration_stats(const json& stats, ServerFacts& facts, const std::string& where) {
+  if (!stats.is_array()) return false;
+  // The newest entry that carries the cache's counters (entries are oldest first).
+  for (auto it = stats.rbegin(); it != stats.rend(); ++it) {
+    if (!it->is_object() || !it->contains("kvCacheStats") || !(*it)["kvCacheStats"].is_object())
+      continue;
+    const json& kv = (*it)["kvCacheStats"];
+    const std::optional<int64_t> read_blocks =
+        kv.contains("maxNumBlocks") ? integer_of(kv["maxNumBlocks"]) : std::nullopt;
+    const std::optional<int64_t> read_per_block =
+        kv.contains("tokensPerBlock") ? integer_of(kv["tokensPerBlock"]) : std::nullopt;
+    const int64_t blocks = read_blocks.value_or(-1), per_block = read_per_block.value_or(0);
+    if (blocks < 0 || per_block <= 0 || blocks > (int64_t{1} << 40) || per_block > (1 << 20))
+      continue;
+    facts.page_size = per_block;
+    facts.capacity_tokens = blocks * per_block;
+    facts.capacity_source = where + " kvCacheStats.maxNumBlocks x tokensPerBlock";
+    facts.evidence.push_back({where, "kvCacheStats.maxNumBlocks x tokensPerBlock",
+                              fmt::format("{} x {} = {}", with_thousands(blocks), per_block,
+                                          with_thousands(blocks * per_block))});
+    return true;
+  }
+  return false;
+}
+
+std::optional<json> ServerAnswers::get_json(const std::string& path) {
+  auto body = get(path);
+  if (!body) return std::nullopt;
+  auto doc = json::parse(*body, nullptr, false);
+  if (doc.is_discarded()) return std::nullopt;
+  return doc;
+}
+
+namespace {
+
+// SGLang: GET /server_info (older: /get_server_info; the data lists them newest first).
+bool sglang_adapter(const engines::EngineModel* engine, ServerAnswers& answers,
+                    ServerFacts& facts) {
+  if (!engine || !engine->server_info) return false;
+  for (const std::string& path : engine->server_info->endpoints) {
+    auto info = answers.get_json(path);
+    if (info && info->is_object() &&
+        (info->contains("model_path") || info->contains("kv_cache_dtype"))) {
+      read_sglang_server_info(*info, facts, path);
+      facts.engine = engine->engine;
+      return true;
+    }
+  }
+  return false;
+}
+
+// vLLM: the vllm:cache_config_info gauge of /metrics (Prometheus text), and its version
+// endpoint.
+bool vllm_adapter(const engines::EngineModel* engine, ServerAnswers& answers, ServerFacts& facts) {
+  if (!engine || !engine->server_info) return false;
+  for (const std::string& path : engine->server_info->endpoints) {
+    auto body = answers.get(path);
+    if (!body) continue;
+    std::vector<net::MetricSample> samples;
+    try {
+      samples = net::parse_prometheus(*body, answers.where(path));
+    } catch (const InputError& error) {
+      if (!json::accept(*body))  // a JSON answer is another server's, not a broken one
+        facts.notes.push_back(fmt::format("{} is not Prometheus text: {}", path, error.what()));
+      continue;
+    }
+    if (!read_vllm_metrics(samples, facts)) continue;
+    facts.engine = engine->engine;
+    if (!engine->server_info->version_endpoint.empty())
+      if (auto version = answers.get_json(engine->server_info->version_endpoint);
+          version && version->is_object() && version->contains("version"))
+        facts.engine_version = text_of((*version)["version"]);
+    return true;
+  }
+  return false;
+}
+
+// TensorRT-LLM: no route reports the KV dtype. /v1/models names it (owned_by), /version its
+// release, and /metrics (iteration stats, when enabled) its pool.
+bool trtllm_adapter(const engines::EngineModel* engine, ServerAnswers& answers,
+                    ServerFacts& facts) {
+  if (!engine || !engine->server_info || engine->server_info->owned_by.empty()) return false;
+  const engines::ServerInfoSpec& info = *engine->server_info;
+  auto models = answers.get_json("/v1/models");
+  if (!models || !models->is_object() || !models->contains("data") || !(*models)["data"].is_array())
+    return false;
+  bool owned = false;
+  for (const auto& card : (*models)["data"])
+    owned |= card.is_object() && card.contains("owned_by") && card["owned_by"] == info.owned_by;
+  if (!owned) return false;
+  facts.engine = engine->engine;
+  facts.detected_by = "/v1/models owned_by " + info.owned_by;
+  facts.evidence.push_back({answers.where("/v1/models"), "owned_by", info.owned_by});
+  if (!info.version_endpoint.empty())
+    if (auto version = answers.get_json(info.version_endpoint);
+        version && version->is_object() && version->contains("version")) {
+      facts.engine_version = text_of((*version)["version"]);
+      facts.evidence.push_back(
+          {answers.where(info.version_endpoint), "version", facts.engine_version});
+    }
+  if (!info.stats_endpoint.empty()) {
+    auto stats = answers.get_json(info.stats_endpoint);
+    if (!stats || !read_trtllm_iteration_stats(*stats, facts, answers.where(info.stats_endpoint)))
+      facts.notes.push_back(fmt::format(
+          "{} gave no KV cache counters ({}){}", info.stats_endpoint,
+          !stats ? "no JSON answer: iteration stats are off unless the launch's config sets "
+                   "enable_iter_perf_stats"
+                 : "an empty list: nothing ran since the last read",
+          info.stats_drain_on_read ? "; each read drains the stats, so kvaudit read it once and "
+                                     "another reader (a dashboard) may have taken them"
+                                   : ""));
+  }
+  return true;
+}
+
+bool llamacpp_adapter(const engines::EngineModel*, ServerAnswers& answers, ServerFacts& facts) {
+  auto props = answers.get_json("/props");
+  return props && read_llamacpp_props(*props, facts);
+}
+
+bool tgi_adapter(const engines::EngineModel*, ServerAnswers& answers, ServerFacts& facts) {
+  auto info = answers.get_json("/info");
+  return info && read_tgi_info(*info, facts);
+}
+
+// probe over HTTP: each path once; a persistent 5xx on an optional endpoint is a note.
+class HttpAnswers : public ServerAnswers {
+ public:
+  HttpAnswers(net::Client& client, std::vector<std::string>& notes)
+      : client_(client), notes_(notes) {}
+  std::string where(const std::string& path) const override { return client_.where(path); }
+  std::optional<std::string> get(const std::string& path) override {
+    auto cached = bodies_.find(path);
+    if (cached != bodies_.end()) return cached->second;
+    std::optional<std::string> body;
+    try {
+      net::HttpResponse response = client_.get(path.c_str());
+      if (response.status == 200) body = response.body;
+    } catch (const net::RequestError& error) {
+      if (error.kind() != net::FailureKind::http) throw;
+      notes_.push_back(error.what());
+    }
+    bodies_[path] = body;
+    return body;
+  }
+
+ private:
+  net::Client& client_;
+  std::vector<std::string>& notes_;
+  std::map<std::string, std::optional<std::string>> bodies_;
+};
+
+}  // namespace
+
+const std::vector<ServerAdapter>& server_adapters() {
+  static const std::vector<ServerAdapter> adapters = {
+      {"sglang", sglang_adapter},      {"trtllm", trtllm_adapter}, {"vllm", vllm_adapter},
+      {"llama.cpp", llamacpp_adapter}, {"tgi", tgi_adapter},
+  };
+  return adapters;
+}
+
+void identify_server(const engines::Registry& registry, ServerAnswers& answers,
+                     ServerFacts& facts) {
+  for (const ServerAdapter& adapter : server_adapters())
+    if (adapter.read(registry.find(adapter.engine), answers, facts)) return;
+}
+
 ServerFacts detect_server(const engines::Registry& registry, net::Client& client) {
   ServerFacts facts;
   facts.url = client.url().text();
-  auto json_of = [](const net::HttpResponse& response) {
-    if (response.status != 200) return json();
-    auto doc = json::parse(response.body, nullptr, false);
-    return doc.is_discarded() ? json() : doc;
-  };
   // Optional endpoints: a persistent 5xx there is a note, not a failure of the probe.
   auto optional_get = [&](const char* path) {
     try {
@@ -197,38 +363,8 @@ ServerFacts detect_server(const engines::Registry& registry, net::Client& client
       return failed;
     }
   };
-  // SGLang answers /server_info (newer) or /get_server_info (older, kept as an alias for a
-  // while); the engine data lists them newest first.
-  json info;
-  std::string info_path;
-  const engines::EngineModel* sglang = registry.find("sglang");
-  for (const std::string& path : sglang && sglang->server_info ? sglang->server_info->endpoints
-                                                               : std::vector<std::string>{}) {
-    info = json_of(optional_get(path.c_str()));
-    if (info.is_object() && (info.contains("model_path") || info.contains("kv_cache_dtype"))) {
-      info_path = path;
-      break;
-    }
-  }
-  if (!info_path.empty()) {
-    read_sglang_server_info(info, facts, info_path);
-  } else {
-    net::HttpResponse metrics = optional_get("/metrics");
-    if (metrics.status == 200) {
-      try {
-        if (read_vllm_metrics(net::parse_prometheus(metrics.body, client.where("/metrics")),
-                              facts)) {
-          json version = json_of(optional_get("/version"));
-          if (version.is_object() && version.contains("version"))
-            facts.engine_version = text_of(version["version"]);
-        }
-      } catch (const InputError& error) {
-        facts.notes.push_back(fmt::format("/metrics is not Prometheus text: {}", error.what()));
-      }
-    }
-  }
-  if (facts.engine == "generic") read_llamacpp_props(json_of(optional_get("/props")), facts);
-  if (facts.engine == "generic") read_tgi_info(json_of(optional_get("/info")), facts);
+  HttpAnswers answers(client, facts.notes);
+  identify_server(registry, answers, facts);
   net::HttpResponse models = optional_get("/v1/models");
   if (models.status == 200) {
     try {
@@ -345,7 +481,8 @@ std::vector<report::Finding> server_findings(const engines::Registry& registry,
   flags.engine = facts.engine;
   flags.engine_version = version;
   flags.kv_cache_dtype = facts.kv_cache_dtype.empty() ? "auto" : facts.kv_cache_dtype;
-  flags.kv_cache_dtype_flag = "--kv-cache-dtype";
+  flags.kv_cache_dtype_flag =
+      engines::kv_dtype_setting_name(engine, engines::Version{0, 0, 0, true});
   flags.model_path = facts.model_path;
   flags.tp = facts.tp;
   flags.quantization_param_path = facts.quantization_param_path;
@@ -405,14 +542,21 @@ std::vector<report::Finding> server_findings(const engines::Registry& registry,
          }(),
          "rerun with --checkpoint DIR, or read the start-up log with kvaudit logs",
          engine.server_info ? engine.server_info->provenance.reference : ""});
-  if (facts.kv_cache_dtype.empty())
-    findings.push_back({"probe-kv-dtype-unknown",
-                        report::Severity::info,
+  if (facts.kv_cache_dtype.empty()) {
+    // Where the engine data says the server reports itself (TensorRT-LLM: no route names the
+    // KV dtype at all).
+    std::vector<report::Evidence> evidence = {{where, "detected by", facts.detected_by}};
+    if (engine.server_info && !engine.server_info->provenance.verified)
+      evidence.push_back({engine.file, "server_info (not confirmed in a release)",
+                          engine.server_info->provenance.bound});
+    findings.push_back({"probe-kv-dtype-unknown", report::Severity::info,
                         fmt::format("{} did not report its KV cache dtype", facts.engine),
-                        "Only the behavioural probes can judge the KV precision.",
-                        {{where, "detected by", facts.detected_by}},
-                        "read the start-up log with kvaudit logs",
-                        ""});
+                        "Only the behavioural probes, the start-up log or the checkpoint (pass "
+                        "--checkpoint DIR: the engine data's auto rules then resolve it) can tell.",
+                        evidence,
+                        "read the start-up log with kvaudit logs, or rerun with --checkpoint DIR",
+                        engine.server_info ? engine.server_info->provenance.reference : ""});
+  }
   return findings;
 }
 

@@ -682,6 +682,12 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
 
 // ---------------------------------------------------------------- the run
 
+json completion_extra_fields(const engines::Registry& registry, const std::string& engine) {
+  const engines::EngineModel* served = registry.find(engine);
+  if (!served || !served->server_info) return json::object();
+  return json::parse(served->server_info->completion_extra_json);
+}
+
 LoadResult run_load(const engines::Registry& registry, const std::vector<std::string>& urls,
                     const net::ClientOptions& client_options, const LoadOptions& options) {
   if (urls.empty() || urls.size() > 2) throw InputError("probe --load", "give one or two URLs");
@@ -795,9 +801,9 @@ LoadResult run_load(const engines::Registry& registry, const std::vector<std::st
             result.stopped = fmt::format("request budget of {} spent", options.max_requests);
             break;
           }
-          // SGLang puts per-request speculative counts in meta_info only when asked.
-          const json extra = result.servers[s].engine == "sglang" ? json{{"return_meta_info", true}}
-                                                                  : json::object();
+          // Per-request counters some engines add only when asked (engine data:
+          // server_info.completion_extra; SGLang's speculative counts in meta_info).
+          const json extra = completion_extra_fields(registry, result.servers[s].engine);
           LoadLevel level = run_level(*clients[s], models[s], level_prompts, concurrency,
                                       *streams[s], budget, failing, extra);
           level.server = urls[s];

@@ -66,7 +66,43 @@ bool read_llamacpp_props(const nlohmann::json& props, ServerFacts& facts);
 // request, max_batch_total_tokens); false when the answer is not TGI's.
 bool read_tgi_info(const nlohmann::json& info, ServerFacts& facts);
 
-// Asks the server: /server_info or /get_server_info, /metrics (+ /version), /props,
+// TensorRT-LLM's /metrics: a JSON array of iteration stats, drained by each read (an idle
+// server answers []). The newest entry's kvCacheStats gives the pool: maxNumBlocks x
+// tokensPerBlock tokens. False when no entry carries them.
+bool read_trtllm_iteration_stats(const nlohmann::json& stats, ServerFacts& facts,
+                                 const std::string& where);
+
+// A server's answers to GET requests, each path fetched once (a second read of TensorRT-LLM's
+// /metrics would find it drained). probe reads them over HTTP; tests from recorded answers.
+class ServerAnswers {
+ public:
+  virtual ~ServerAnswers() = default;
+  virtual std::string where(const std::string& path) const = 0;  // URL, for evidence
+  // The body when the server answered 200, else nullopt.
+  virtual std::optional<std::string> get(const std::string& path) = 0;
+  std::optional<nlohmann::json> get_json(const std::string& path);  // nullopt: absent or not JSON
+};
+
+// One server's grammar that cannot be data: which answer names it, how its reports and
+// counters read. One per engine of the registry (tests check every engine has one), plus the
+// servers kvaudit recognises without engine data (llama.cpp, TGI). `engine` is the registry's
+// model of it (null for those); true when the answers are this server's.
+struct ServerAdapter {
+  std::string_view engine;
+  bool (*read)(const engines::EngineModel* engine, ServerAnswers& answers, ServerFacts& facts);
+};
+// In the order probe asks them: the ones whose own endpoints name them first.
+const std::vector<ServerAdapter>& server_adapters();
+// Runs the adapters in order until one recognises the server (facts.engine stays "generic"
+// when none does).
+void identify_server(const engines::Registry& registry, ServerAnswers& answers, ServerFacts& facts);
+
+// The fields a completion request to this engine adds for its per-request counters (engine
+// data server_info.completion_extra; {} for engines without).
+nlohmann::json completion_extra_fields(const engines::Registry& registry,
+                                       const std::string& engine);
+
+// Asks the server: each adapter's endpoints (/server_info, /metrics, /version, /props, /info),
 // /v1/models, /tokenize (+ /detokenize to check the round trip).
 // Transport failures propagate as net::RequestError; missing endpoints do not.
 ServerFacts detect_server(const engines::Registry& registry, net::Client& client);
