@@ -1,5 +1,6 @@
-// Fuzzes the launch-command and systemd-unit parsers: the input is a command line (first
-// byte even) or a unit file (odd). Bad input must be an InputError, never a crash or hang.
+// Fuzzes the launch-command, systemd-unit and launch-config parsers: the input is a command
+// line (first byte 0 mod 4, or 2), a unit file (odd), or a TensorRT-LLM --config YAML file
+// (first byte 2 mod 4, e.g. 0x02). Bad input must be an InputError, never a crash or hang.
 #include <unistd.h>
 
 #include <cstddef>
@@ -20,7 +21,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const kvaudit::engines::Registry registry =
       kvaudit::engines::Registry::load(kvaudit::data_dir());
   try {
-    if (data[0] & 1) {
+    if ((data[0] & 3) == 2) {
+      static const fs::path yaml =
+          fs::temp_directory_path() / ("kvaudit-fuzz-config-" + std::to_string(::getpid()));
+      std::ofstream(yaml, std::ios::binary | std::ios::trunc) << text;
+      kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_launch_command(
+          registry, "trtllm-serve /m --config " + yaml.string(), "fuzz");
+      if (flags.engine != "trtllm") __builtin_trap();
+    } else if (data[0] & 1) {
       static const fs::path unit =
           fs::temp_directory_path() / ("kvaudit-fuzz-unit-" + std::to_string(::getpid()));
       std::ofstream(unit, std::ios::binary | std::ios::trunc) << text;

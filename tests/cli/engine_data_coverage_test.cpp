@@ -344,6 +344,29 @@ Battery build_battery() {
         }
       }
       b.launches[e].push_back(all);
+      // Flags that take no value: the word after one is an argument of its own.
+      for (const auto& flag : engine.launch.boolean_flags)
+        b.launches[e].push_back(prefix + " " + flag + " trailing");
+      // A config file that sets every field its keys name, and a key the engine refuses;
+      // beside a flag for the same field (which one wins is data).
+      if (!engine.launch.config_file_flags.empty()) {
+        const fs::path yaml = fs::temp_directory_path() / ("kvaudit-coverage-" + e + ".yaml");
+        std::ofstream out(yaml);
+        for (const auto& [field, keys] : engine.launch.config_keys) {
+          const std::vector<std::string> parts = split_list(keys.front(), '.');
+          const std::string value = field == "kv_cache_dtype"      ? "nvfp4"
+                                    : field == "memory_fraction"   ? "0.7"
+                                    : field == "attention_backend" ? "FLASHINFER"
+                                                                   : "3";
+          for (size_t i = 0; i < parts.size(); ++i)
+            out << std::string(2 * i, ' ') << parts[i] << ":"
+                << (i + 1 == parts.size() ? " " + value : "") << "\n";
+        }
+        for (const auto& [key, error] : engine.launch.config_rejected_keys) out << key << ": x\n";
+        out.close();
+        for (const auto& flag : engine.launch.config_file_flags)
+          b.launches[e].push_back(all + " " + flag + " " + yaml.string());
+      }
       // Fields the engine reads from its environment (a NAME=VALUE word before the program).
       for (const auto& [field, names] : engine.launch.environment)
         for (const auto& name : names) b.launches[e].push_back(name + "=FLASHINFER " + prefix);
@@ -351,6 +374,8 @@ Battery build_battery() {
   }
   for (const auto& entry : fs::directory_iterator(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs"))
     if (entry.path().extension() == ".log") b.log_texts.push_back(read_text_file(entry.path()));
+  b.log_texts.push_back(read_text_file(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" / "real" /
+                                       "trtllm" / "gpt-oss-120b-tp1-dgxspark-1.1.0rc3.log"));
   const fs::path logs_dir = fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs";
   b.from_logs = {{read_text_file(logs_dir / "journal_qwen35_fp8_then_bf16.log"),
                   plan::test_models::qwen35_397b()},
@@ -497,11 +522,21 @@ TaggedProbes battery_probes(const Battery& b) {
   // launch commands
   for (const auto& [e, commands] : b.launches)
     for (const auto& command : commands)
-      out.push_back(guarded([&command](const engines::Registry& registry) {
+      out.push_back(guarded([&command, &b](const engines::Registry& registry) {
         engines::LaunchFlags f = engines::parse_launch_command(registry, command, "--launch");
-        return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", f.host,
-                           f.port.value_or(-1), f.engine, f.kv_cache_dtype, f.model_path, f.tp,
-                           f.pp, f.dp, f.dcp, f.dp_attention, f.quantization_param_path,
+        std::string refused;  // what check says of a config file the engine refuses
+        if (!f.config_errors.empty()) {
+          audit::CheckInput input;
+          input.model = b.models[0];
+          input.flags = f;
+          input.engine = &registry.engine(f.engine);
+          refused = fingerprint(audit::run_check(input));
+        }
+        return refused +
+               fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+                           fmt::join(f.config_errors, ";"), fmt::join(f.fields_from_config, ","),
+                           f.host, f.port.value_or(-1), f.engine, f.kv_cache_dtype, f.model_path,
+                           f.tp, f.pp, f.dp, f.dcp, f.dp_attention, f.quantization_param_path,
                            f.quantization, f.dtype, f.context_length.value_or(-1),
                            f.memory_fraction.value_or(-1), f.mamba_ssm_dtype, f.calculate_kv_scales,
                            f.kv_cache_dtype_skip_layers, f.attention_backend,
@@ -515,6 +550,47 @@ TaggedProbes battery_probes(const Battery& b) {
         const decide::ServerAddress address = decide::server_address(f, registry.engine(f.engine));
         return address.url + " " + address.port_source;
       }));
+  // probe: which server answers are whose (the adapters read the engine data's endpoints,
+  // owned_by, version and stats endpoints)
+  struct Answers : probe::ServerAnswers {
+    std::map<std::string, std::string> bodies;
+    std::string where(const std::string& path) const override { return "http://s" + path; }
+    std::optional<std::string> get(const std::string& path) override {
+      auto it = bodies.find(path);
+      return it == bodies.end() ? std::nullopt : std::optional<std::string>(it->second);
+    }
+  };
+  const std::vector<std::map<std::string, std::string>> servers = {
+      {{"/v1/models", R"({"data":[{"id":"m","owned_by":"tensorrt_llm"}]})"},
+       {"/version", R"({"version":"1.2.0"})"},
+       {"/metrics", R"([{"kvCacheStats":{"maxNumBlocks":10,"tokensPerBlock":32}}])"}},
+      {{"/v1/models", R"({"data":[{"id":"m","owned_by":"tensorrt_llm"}]})"}, {"/metrics", "[]"}},
+      {{"/metrics", "vllm:cache_config_info{cache_dtype=\"fp8\",block_size=\"16\"} 1\n"},
+       {"/version", R"({"version":"0.9.0"})"}},
+      {{"/server_info", R"({"model_path":"/m","kv_cache_dtype":"auto","version":"0.5.9"})"},
+       {"/get_server_info", R"({"model_path":"/old","kv_cache_dtype":"fp8_e4m3"})"}}};
+  for (const auto& bodies : servers)
+    out.push_back([bodies](const engines::Registry& registry) {
+      Answers answers;
+      answers.bodies = bodies;
+      probe::ServerFacts facts;
+      facts.url = "http://s";
+      probe::identify_server(registry, answers, facts);
+      std::string printed = fmt::format("{} {} {} {} {}", facts.engine, facts.engine_version,
+                                        facts.capacity_tokens.value_or(-1), facts.kv_cache_dtype,
+                                        fmt::join(facts.notes, ";"));
+      if (facts.engine != "generic")
+        for (const auto& f : probe::server_findings(registry, facts, nullptr))
+          printed += fmt::format("\n{}", text_of(f));
+      return printed;
+    });
+  // probe --load: what each engine's completion requests add
+  out.push_back([](const engines::Registry& registry) {
+    std::string printed;
+    for (const auto& e : registry.names())
+      printed += e + " " + probe::completion_extra_fields(registry, e).dump() + "\n";
+    return printed;
+  });
   // probe: what a live server's report means
   out.push_back([](const engines::Registry& registry) {
     probe::ServerFacts generic;

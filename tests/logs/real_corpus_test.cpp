@@ -67,6 +67,15 @@ json actual_fact(const Launch& l, const std::string& key) {
   if (key == "concurrency_x") return opt(m.concurrency_x);
   if (key == "weights_gib") return opt(l.weights_gib);
   if (key == "ready") return l.ready;
+  if (key == "engine") return l.engine.empty() ? json() : json(l.engine);
+  if (key == "engine_version") return l.engine_version.empty() ? json() : json(l.engine_version);
+  // TensorRT-LLM's profile line and block size.
+  if (key == "kv_bytes_per_token") return opt(m.kv_bytes_per_token);
+  if (key == "peak_gib") return opt(m.peak_gib);
+  if (key == "total_gpu_gib") return opt(m.total_gpu_gib);
+  if (key == "tmp_kv_gib") return opt(m.tmp_kv_gib);
+  if (key == "printed_fraction") return opt(m.printed_fraction);
+  if (key == "tokens_per_block") return opt(m.block_size);
   if (key == "scale_fallback") return opt(l.scale_fallback);
   if (key == "server_args_cut") return !l.server_args_complete;
   if (key == "failure") {
@@ -90,7 +99,7 @@ bool same_fact(const std::string& key, const json& expected, const json& actual)
 }
 
 struct CorpusEntry {
-  std::string engine;  // the folder: sglang, vllm
+  std::string engine;  // the folder: sglang, vllm, trtllm
   json entry;          // its EXPECTED.json object
   std::string label() const { return engine + "/" + entry.at("file").get<std::string>(); }
 };

@@ -150,6 +150,16 @@ TEST_P(RealAnswer, ReadsAsStated) {
     EXPECT_EQ(facts.model_path, f.at("model_id").get<std::string>());
     EXPECT_EQ(facts.context_length, f.at("max_total_tokens").get<int64_t>());
     EXPECT_EQ(facts.capacity_tokens, f.at("max_batch_total_tokens").get<int64_t>());
+  } else if (name.rfind("iteration-stats", 0) == 0) {
+    ServerFacts facts;
+    const bool read = read_trtllm_iteration_stats(json::parse(body_text(a)), facts, where);
+    EXPECT_EQ(read, !f.at("capacity_tokens").is_null());
+    if (read) {
+      EXPECT_EQ(facts.capacity_tokens, f["capacity_tokens"].get<int64_t>());
+      EXPECT_EQ(facts.capacity_tokens,
+                f.at("max_num_blocks").get<int64_t>() * f.at("tokens_per_block").get<int64_t>());
+      EXPECT_EQ(facts.page_size, f.at("tokens_per_block").get<int64_t>());
+    }
   } else if (name.rfind("error", 0) == 0) {
     const std::string expected = f.contains("error.message") ? f["error.message"]
                                  : f.contains("message")     ? f["message"]
