@@ -120,17 +120,6 @@ struct VllmLayout {
 VllmLayout vllm_layout(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
                        const Parallelism& parallel, int block_size);
 
-// TensorRT-LLM's KV bytes per token on one GPU (get_cache_size_per_token).
-struct TrtllmCell {
-  int64_t elements = 0;  // K and V elements per token on the rank
-  int64_t bytes_per_token = 0;
-  int attention_layers = 0;
-  bool mla = false;
-  std::vector<std::string> derivation;
-};
-TrtllmCell trtllm_cell(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
-                       const Parallelism& parallel);
-
 // ---------------------------------------------------------------- plan
 
 struct PlanOptions {

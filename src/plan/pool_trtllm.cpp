@@ -66,6 +66,51 @@ Parallelism trtllm_parallel_of(const LoggedMemory& logged, const PlanOptions& op
 
 }  // namespace
 
+// TensorRT-LLM KVCacheManager.get_cache_size_per_token: kv_factor (2, or 1 for the MLA
+// latent) x attention layers on the rank x head_dim x kv_heads // TP, in elements; FP8 one
+// byte each, NVFP4 half a byte plus one FP8 block scale per 16 elements (rounded up over
+// the whole token), anything else two bytes.
+TrtllmCell trtllm_cell(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
+                       const Parallelism& parallel) {
+  TrtllmCell cell;
+  std::vector<checkpoint::LayerFacts> layers = kv_layers_of_busiest_rank(model, parallel.pp);
+  const int tp = parallel.dp_attention ? 1 : parallel.tp;  // attention DP: heads not split
+  for (const auto& layer : layers) {
+    if (layer.kind == checkpoint::LayerKind::mla) {
+      if (!model.mla) throw InputError(model.config_file, "MLA layers without MLA dimensions");
+      cell.elements += model.mla->kv_lora_rank + model.mla->qk_rope_head_dim;
+      cell.mla = true;
+    } else {
+      cell.elements += 2LL * layer.k_head_dim * layer.kv_heads / tp;
+    }
+  }
+  cell.attention_layers = static_cast<int>(layers.size());
+  std::string unit;
+  if (dtype.name == "nvfp4") {
+    cell.bytes_per_token = (cell.elements + 1) / 2 + (cell.elements + 15) / 16;
+    unit = "ceil(e / 2) + ceil(e / 16) (NVFP4 values and FP8 block scales)";
+  } else if (dtype.quantized && dtype.key_bits == 8) {
+    cell.bytes_per_token = cell.elements;
+    unit = "1 B each";
+  } else {
+    cell.bytes_per_token = 2 * cell.elements;
+    unit = "2 B each";
+  }
+  const checkpoint::LayerFacts* first = layers.empty() ? nullptr : &layers.front();
+  cell.derivation.push_back(
+      cell.mla ? fmt::format("{} MLA layers x (kv_lora_rank + qk_rope_head_dim) = {} elements",
+                             layers.size(), cell.elements)
+      : first  ? fmt::format("2 x {} attention layers x head_dim {} x {} KV heads // TP {} = {} "
+                              "elements",
+                             layers.size(), first->k_head_dim, first->kv_heads, tp, cell.elements)
+               : std::string("no attention layers"));
+  cell.derivation.push_back(
+      fmt::format("{}: {} B per token per GPU ({}; TensorRT-LLM "
+                  "get_cache_size_per_token)",
+                  dtype.name, cell.bytes_per_token, unit));
+  return cell;
+}
+
 void trtllm_budget(const PoolContext& context, CapacityPlan& plan) {
   if (plan.gpu_memory_bytes <= 0) {
     plan.notes.push_back("no GPU memory given (--gpu or --gpu-mem): bytes per token only");

@@ -72,6 +72,21 @@ std::string trtllm_dtype_from_log(const checkpoint::ModelFacts& model, const Log
                                   const PlanOptions& options, const engines::EngineModel& engine,
                                   const engines::Version& version, std::string& evidence);
 
+// The KV-holding layers of the pipeline rank with the most of them (sizes.cpp).
+std::vector<checkpoint::LayerFacts> kv_layers_of_busiest_rank(const checkpoint::ModelFacts& model,
+                                                              int pp);
+
+// TensorRT-LLM's KV bytes per token on one GPU (get_cache_size_per_token).
+struct TrtllmCell {
+  int64_t elements = 0;  // K and V elements per token on the rank
+  int64_t bytes_per_token = 0;
+  int attention_layers = 0;
+  bool mla = false;
+  std::vector<std::string> derivation;
+};
+TrtllmCell trtllm_cell(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
+                       const Parallelism& parallel);
+
 // Shared by the log predictions: token counts whose printed GiB size rounds to `printed`.
 TokenInterval tokens_from_printed_size(double printed, int64_t bytes_per_token,
                                        int64_t padding_tokens);

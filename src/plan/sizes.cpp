@@ -9,6 +9,7 @@
 #include <map>
 
 #include "plan/plan.h"
+#include "plan/pools.h"
 #include "util/util.h"
 
 namespace kvaudit::plan {
@@ -31,40 +32,6 @@ bool sglang_fp4(const engines::KvDtype& dtype) {
 
 bool sglang_mxfp8(const engines::KvDtype& dtype) {
   return dtype.key_bits == 8 && dtype.block_elements == 32;
-}
-
-// The KV-holding layers one pipeline rank owns. Layers are split evenly, as SGLang's
-// and vLLM's get_pp_indices do by default; the rank with the most KV layers decides
-// the token count (both engines take the minimum over ranks).
-std::vector<LayerFacts> kv_layers_of_busiest_rank(const ModelFacts& model, int pp) {
-  std::vector<LayerFacts> layers = model.layers;
-  if (layers.empty()) {
-    for (int i = 0; i < model.num_layers; ++i) {
-      LayerFacts layer;
-      layer.index = i;
-      layer.kv_heads = model.num_kv_heads;
-      layer.k_head_dim = model.head_dim;
-      layer.v_head_dim = model.head_dim;
-      layers.push_back(layer);
-    }
-  }
-  if (layers.empty())
-    throw InputError(model.config_file.empty() ? "checkpoint" : model.config_file,
-                     "the model has no layers plan can size");
-  pp = std::max(1, pp);
-  size_t best_count = 0;
-  std::vector<LayerFacts> best;
-  for (int rank = 0; rank < pp; ++rank) {
-    size_t begin = layers.size() * rank / pp, end = layers.size() * (rank + 1) / pp;
-    std::vector<LayerFacts> mine;
-    for (size_t i = begin; i < end; ++i)
-      if (layers[i].kind != LayerKind::linear_attention) mine.push_back(layers[i]);
-    if (rank == 0 || mine.size() > best_count) {
-      best_count = mine.size();
-      best = std::move(mine);
-    }
-  }
-  return best;
 }
 
 int heads_per_rank(int kv_heads, int attention_tp, int dcp = 1) {
@@ -173,6 +140,40 @@ int64_t sglang_quantized_bytes(int64_t raw, const engines::KvDtype& dtype, const
 }
 
 }  // namespace
+
+// The KV-holding layers one pipeline rank owns. Layers are split evenly, as SGLang's
+// and vLLM's get_pp_indices do by default; the rank with the most KV layers decides
+// the token count (both engines take the minimum over ranks).
+std::vector<LayerFacts> kv_layers_of_busiest_rank(const ModelFacts& model, int pp) {
+  std::vector<LayerFacts> layers = model.layers;
+  if (layers.empty()) {
+    for (int i = 0; i < model.num_layers; ++i) {
+      LayerFacts layer;
+      layer.index = i;
+      layer.kv_heads = model.num_kv_heads;
+      layer.k_head_dim = model.head_dim;
+      layer.v_head_dim = model.head_dim;
+      layers.push_back(layer);
+    }
+  }
+  if (layers.empty())
+    throw InputError(model.config_file.empty() ? "checkpoint" : model.config_file,
+                     "the model has no layers plan can size");
+  pp = std::max(1, pp);
+  size_t best_count = 0;
+  std::vector<LayerFacts> best;
+  for (int rank = 0; rank < pp; ++rank) {
+    size_t begin = layers.size() * rank / pp, end = layers.size() * (rank + 1) / pp;
+    std::vector<LayerFacts> mine;
+    for (size_t i = begin; i < end; ++i)
+      if (layers[i].kind != LayerKind::linear_attention) mine.push_back(layers[i]);
+    if (rank == 0 || mine.size() > best_count) {
+      best_count = mine.size();
+      best = std::move(mine);
+    }
+  }
+  return best;
+}
 
 CellSize sglang_cell_size_without_draft(const ModelFacts& model, const engines::KvDtype& dtype,
                                         const Parallelism& parallel, const SizingRules& rules);
@@ -358,51 +359,6 @@ VllmLayout vllm_layout(const ModelFacts& model, const engines::KvDtype& dtype,
       block_size, layout.page_bytes_per_layer / block_size, layout.page_bytes_per_layer,
       layout_note, layers.size(), layout.num_groups, layout.group_size, layout.bytes_per_token));
   return layout;
-}
-
-// TensorRT-LLM KVCacheManager.get_cache_size_per_token: kv_factor (2, or 1 for the MLA
-// latent) x attention layers on the rank x head_dim x kv_heads // TP, in elements; FP8 one
-// byte each, NVFP4 half a byte plus one FP8 block scale per 16 elements (rounded up over
-// the whole token), anything else two bytes.
-TrtllmCell trtllm_cell(const ModelFacts& model, const engines::KvDtype& dtype,
-                       const Parallelism& parallel) {
-  TrtllmCell cell;
-  std::vector<LayerFacts> layers = kv_layers_of_busiest_rank(model, parallel.pp);
-  const int tp = parallel.dp_attention ? 1 : parallel.tp;  // attention DP: heads not split
-  for (const auto& layer : layers) {
-    if (layer.kind == LayerKind::mla) {
-      if (!model.mla) throw InputError(model.config_file, "MLA layers without MLA dimensions");
-      cell.elements += model.mla->kv_lora_rank + model.mla->qk_rope_head_dim;
-      cell.mla = true;
-    } else {
-      cell.elements += 2LL * layer.k_head_dim * layer.kv_heads / tp;
-    }
-  }
-  cell.attention_layers = static_cast<int>(layers.size());
-  std::string unit;
-  if (dtype.name == "nvfp4") {
-    cell.bytes_per_token = (cell.elements + 1) / 2 + (cell.elements + 15) / 16;
-    unit = "ceil(e / 2) + ceil(e / 16) (NVFP4 values and FP8 block scales)";
-  } else if (dtype.quantized && dtype.key_bits == 8) {
-    cell.bytes_per_token = cell.elements;
-    unit = "1 B each";
-  } else {
-    cell.bytes_per_token = 2 * cell.elements;
-    unit = "2 B each";
-  }
-  const LayerFacts* first = layers.empty() ? nullptr : &layers.front();
-  cell.derivation.push_back(
-      cell.mla ? fmt::format("{} MLA layers x (kv_lora_rank + qk_rope_head_dim) = {} elements",
-                             layers.size(), cell.elements)
-      : first  ? fmt::format("2 x {} attention layers x head_dim {} x {} KV heads // TP {} = {} "
-                              "elements",
-                             layers.size(), first->k_head_dim, first->kv_heads, tp, cell.elements)
-               : std::string("no attention layers"));
-  cell.derivation.push_back(
-      fmt::format("{}: {} B per token per GPU ({}; TensorRT-LLM "
-                  "get_cache_size_per_token)",
-                  dtype.name, cell.bytes_per_token, unit));
-  return cell;
 }
 
 }  // namespace kvaudit::plan
