@@ -132,7 +132,7 @@ std::string_view carrier_name(Carrier carrier);
 struct OverlayRequest {
   std::filesystem::path model_dir;
   std::filesystem::path out_dir;
-  std::string engine;          // "sglang" | "vllm"
+  std::string engine;          // an engine of the registry
   std::string engine_version;  // "" = latest known
   int tp = 1;                  // ranks written into SGLang's JSON
   Granularity granularity = Granularity::tensor;

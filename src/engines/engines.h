@@ -539,8 +539,27 @@ struct ServerInfoSpec {                  // how a live server reports itself
   // Fields a completion request adds to get the engine's per-request counters (SGLang's
   // speculative counts come in meta_info only with return_meta_info): a JSON object.
   std::string completion_extra_json = "{}";
+  // The Prometheus counters probe --load reads, by what they count (server_counter_kinds()).
+  std::map<std::string, std::vector<std::string>> counters;
   Provenance provenance;
 };
+
+// How the engine's own start-up lines print its arguments (SGLang's ServerArgs(...) repr,
+// vLLM's non-default args and engine config): for each launch field, the argument names that
+// carry it, first present wins. Which line is an args line is the log templates' business.
+struct LogArgs {
+  std::map<std::string, std::vector<std::string>> keys;  // field -> argument names
+  // A repr that lists only the non-default arguments leaves these out when they hold their
+  // default (vLLM's kv_cache_dtype 'auto').
+  std::map<std::string, std::string> omitted_defaults;
+  Provenance provenance;
+};
+// What server_info.counters may name: "generated_tokens", "cached_tokens",
+// "spec_accept_rate", "spec_accept_length".
+const std::vector<std::string>& server_counter_kinds();
+
+// The fields log_args.keys may name: the launch fields, plus the memory settings plan reads.
+const std::vector<std::string>& log_arg_fields();
 
 struct EngineModel {
   std::string engine;
@@ -569,6 +588,7 @@ struct EngineModel {
   std::vector<StateDtypeRule> state_dtypes;
   std::vector<DraftKvRule> draft_kv;
   std::vector<LogTemplate> log_templates;
+  LogArgs log_args;
   std::optional<ServerInfoSpec> server_info;
   bool has_quantization_param_path = false;
   bool has_dynamic_scales_flag = false;  // a --calculate-kv-scales in some release

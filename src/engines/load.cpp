@@ -47,6 +47,21 @@ const std::vector<std::string>& launch_fields() {
   return fields;
 }
 
+const std::vector<std::string>& server_counter_kinds() {
+  static const std::vector<std::string> kinds = {"generated_tokens", "cached_tokens",
+                                                 "spec_accept_rate", "spec_accept_length"};
+  return kinds;
+}
+
+const std::vector<std::string>& log_arg_fields() {
+  static const std::vector<std::string> fields = [] {
+    std::vector<std::string> out = launch_fields();
+    out.push_back("mamba_full_memory_ratio");
+    return out;
+  }();
+  return fields;
+}
+
 VersionRange read_range(JsonReader& r, std::string_view key) {
   std::string text = r.string(key);
   auto range = parse_version_range(text);
@@ -853,6 +868,29 @@ void read_log_templates(JsonReader& top, EngineModel& model) {
   }
 }
 
+void read_log_args(JsonReader& top, EngineModel& model) {
+  auto args = top.optional_object("log_args");
+  if (!args) return;
+  JsonReader keys = args->object("keys");
+  for (const std::string& field : keys.keys()) {
+    if (std::find(log_arg_fields().begin(), log_arg_fields().end(), field) ==
+        log_arg_fields().end())
+      keys.fail(field, "not a field the log reader fills from an args line");
+    model.log_args.keys[field] = keys.strings(field);
+  }
+  keys.finish();
+  if (auto defaults = args->optional_object("omitted_defaults")) {
+    for (const std::string& field : defaults->keys()) {
+      if (!model.log_args.keys.count(field))
+        defaults->fail(field, "a default for a field log_args.keys does not name");
+      model.log_args.omitted_defaults[field] = defaults->string(field);
+    }
+    defaults->finish();
+  }
+  model.log_args.provenance = read_provenance(*args);
+  args->finish();
+}
+
 void read_server_info(JsonReader& top, EngineModel& model) {
   if (auto info = top.optional_object("server_info")) {
     ServerInfoSpec spec;
@@ -862,6 +900,16 @@ void read_server_info(JsonReader& top, EngineModel& model) {
     spec.owned_by = info->string_or("owned_by", "");
     spec.stats_endpoint = info->string_or("stats_endpoint", "");
     spec.stats_drain_on_read = info->boolean_or("stats_drain_on_read", false);
+    if (auto counters = info->optional_object("counters")) {
+      for (const std::string& kind : counters->keys()) {
+        if (std::find(server_counter_kinds().begin(), server_counter_kinds().end(), kind) ==
+            server_counter_kinds().end())
+          counters->fail(kind, fmt::format("not a counter probe --load reads ({})",
+                                           fmt::join(server_counter_kinds(), ", ")));
+        spec.counters[kind] = counters->strings(kind);
+      }
+      counters->finish();
+    }
     if (info->has("completion_extra")) {
       const json& extra = info->raw("completion_extra");
       if (!extra.is_object()) info->fail("completion_extra", "expected an object");
@@ -891,6 +939,7 @@ void read_rules(JsonReader& top, EngineModel& model) {
   read_state_and_draft(top, model);
   read_defaults(top, model);
   read_log_templates(top, model);
+  read_log_args(top, model);
   read_server_info(top, model);
 }
 

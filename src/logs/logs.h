@@ -74,14 +74,15 @@ struct Launch {
   audit::KvPolicy kv_policy = audit::KvPolicy::evidence;  // how its findings are judged
   int64_t first_line = 0, last_line = 0;
   std::string start_time, end_time;
-  std::string engine;  // "sglang" | "vllm" | "" (unknown)
+  std::string engine;  // an engine of the registry, "" when no line named one
   std::string engine_version;
   std::string model_path;
   nlohmann::json server_args;  // SGLang ServerArgs or vLLM non-default args; null if absent
   bool server_args_complete = true;
   int server_args_cuts = 0;  // places the line was cut or elided (fields after each read)
   int64_t server_args_line = 0;
-  int tp = 0;  // 0: not printed
+  std::string server_args_read_by;  // where the engine data's argument names were read
+  int tp = 0;                       // 0: not printed
   int pp = 0;
   int dp = 0;                        // 0: not printed
   std::optional<bool> dp_attention;  // SGLang enable_dp_attention

@@ -64,10 +64,6 @@ std::string word_after(std::string_view text, std::string_view key) {
   return std::string(text.substr(i, j - i));
 }
 
-std::optional<int64_t> int_after(std::string_view text, std::string_view key) {
-  return parse_count(word_after(text, key));
-}
-
 // "DP0 TP3", "PP1 TP3", "rank=2": the TP and DP indices, for the rank counts.
 void note_rank_indices(Launch& launch, std::string_view rank) {
   size_t i = 0;
@@ -142,11 +138,10 @@ std::vector<std::string> scan_patterns(const engines::Registry& registry) {
   std::vector<std::string> out;
   for (const auto& [engine, log] : all_templates(registry))
     if (std::find(out.begin(), out.end(), log->anchor) == out.end()) out.push_back(log->anchor);
-  for (const char* generic :
-       {"Traceback (most recent call last)", "CUDA out of memory", "OutOfMemoryError",
-        "CUDA error: out of memory", "HIP out of memory", "Scheduler hit an exception",
-        "Error: ", "Exception: ", "AssertionError", "Main process exited", "Failed with result",
-        "Started ", "Stopped "})
+  for (const char* generic : {"Traceback (most recent call last)", "CUDA out of memory",
+                              "OutOfMemoryError", "CUDA error: out of memory", "HIP out of memory",
+                              "Error: ", "Exception: ", "AssertionError", "Main process exited",
+                              "Failed with result", "Started ", "Stopped "})
     out.emplace_back(generic);
   return out;
 }
@@ -206,109 +201,114 @@ void LaunchBuilder::record_failure(Launch& launch, const std::string& kind,
   launch.failures.push_back(std::move(event));
 }
 
-void LaunchBuilder::apply_server_args(Launch& launch, const ReprResult& parsed, int64_t line_no) {
-  const nlohmann::json& args = parsed.value;
-  launch.server_args = args;
-  launch.server_args_complete = parsed.complete;
-  launch.server_args_cuts = parsed.cuts;
-  launch.server_args_line = line_no;
+void LaunchBuilder::apply_args(Launch& launch, const engines::EngineModel& engine,
+                               const nlohmann::json& args, bool complete, bool omits_defaults,
+                               bool fill_only, const std::string& what, int64_t line_no) {
   if (!args.is_object()) return;
-  auto str = [&](const char* key) {
-    return args.contains(key) && args[key].is_string() ? args[key].get<std::string>()
-                                                       : std::string();
+  launch.server_args_read_by = engine.log_args.provenance.reference;
+  auto value_of = [&](const std::string& field) -> std::pair<const nlohmann::json*, std::string> {
+    auto keys = engine.log_args.keys.find(field);
+    if (keys == engine.log_args.keys.end()) return {nullptr, ""};
+    for (const std::string& key : keys->second)
+      if (auto it = args.find(key); it != args.end() && !it->is_null()) return {&*it, key};
+    return {nullptr, ""};
   };
-  auto num = [&](const char* key) -> std::optional<double> {
-    if (args.contains(key) && args[key].is_number()) return args[key].get<double>();
+  auto text = [&](const std::string& field) -> std::string {
+    auto [v, key] = value_of(field);
+    return v && v->is_string() ? v->get<std::string>() : std::string();
+  };
+  auto number = [&](const std::string& field) -> std::optional<double> {
+    auto [v, key] = value_of(field);
+    if (v && v->is_number()) return v->get<double>();
     return std::nullopt;
   };
-  launch.model_path = str("model_path");
-  if (args.contains("kv_cache_dtype") && args["kv_cache_dtype"].is_string())
-    launch.kv_cache_dtype_requested = args["kv_cache_dtype"].get<std::string>();
-  launch.quantization_param_path = str("quantization_param_path");
-  if (std::string q = str("quantization"); !q.empty()) launch.quantization = q;
-  if (auto tp = num("tp_size"); tp && *tp >= 1 && *tp <= 1 << 16) {
-    launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
-    launch.tp_source = fmt::format("log:{} server_args tp_size", line_no);
-  }
-  if (auto pp = num("pp_size"); pp && *pp >= 1 && *pp <= 1 << 16)
-    launch.pp = static_cast<int>(*pp), launch.memory.pp = launch.pp;
-  if (auto dp = num("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16)
-    launch.dp = static_cast<int>(*dp), launch.memory.dp = launch.dp;
-  if (args.contains("enable_dp_attention") && args["enable_dp_attention"].is_boolean())
-    launch.dp_attention = args["enable_dp_attention"].get<bool>(),
-    launch.memory.dp_attention = launch.dp_attention;
-  if (std::string ssm = str("mamba_ssm_dtype"); !ssm.empty() && ssm != "auto")
-    launch.memory.mamba_ssm_dtype = ssm;
-  launch.memory.mem_fraction_static = num("mem_fraction_static");
-  if (auto page = num("page_size")) launch.memory.page_size = static_cast<int>(*page);
-  launch.memory.mamba_full_memory_ratio = num("mamba_full_memory_ratio");
-  if (auto cap = num("max_total_tokens"))
-    launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
-  if (auto ctx = num("context_length")) launch.context_length = static_cast<int64_t>(*ctx);
-  std::string dtype = str("dtype");
-  if (!dtype.empty() && dtype != "auto") launch.model_dtype = registry_.dtypes().normalise(dtype);
-}
-
-void LaunchBuilder::apply_vllm_args(Launch& launch, const nlohmann::json& args, bool complete,
-                                    int64_t line_no) {
-  if (launch.server_args.is_null()) launch.server_args = args;
-  if (!args.is_object()) return;
-  for (const char* key : {"model", "model_tag"})
-    if (args.contains(key) && args[key].is_string() && launch.model_path.empty())
-      launch.model_path = args[key].get<std::string>();
-  if (args.contains("kv_cache_dtype") && args["kv_cache_dtype"].is_string())
-    launch.kv_cache_dtype_requested = args["kv_cache_dtype"].get<std::string>();
-  else if (complete && launch.kv_cache_dtype_requested.empty())
-    launch.kv_cache_dtype_requested = "auto";  // "non-default args" leaves the default out
-  auto count = [&](const char* key) -> int {
-    if (!args.contains(key) || !args[key].is_number_integer()) return 0;
-    int64_t v = args[key].get<int64_t>();
-    return v >= 1 && v <= 1 << 16 ? static_cast<int>(v) : 0;
+  // A parallel size: a whole number in [1, 65536].
+  auto size = [&](const std::string& field) -> int {
+    auto n = number(field);
+    return n && *n >= 1 && *n <= 1 << 16 && *n == std::floor(*n) ? static_cast<int>(*n) : 0;
   };
-  if (int tp = count("tensor_parallel_size")) {
-    launch.tp = tp, launch.memory.tp = tp;
-    launch.tp_source = fmt::format("log:{} non-default args tensor_parallel_size", line_no);
+  if (std::string model = text("model_path"); !model.empty() && launch.model_path.empty())
+    launch.model_path = model;
+  if (auto [v, key] = value_of("kv_cache_dtype"); v && v->is_string()) {
+    if (!fill_only || launch.kv_cache_dtype_requested.empty())
+      launch.kv_cache_dtype_requested = v->get<std::string>();
+  } else if (omits_defaults && complete && launch.kv_cache_dtype_requested.empty()) {
+    // A repr of the non-default arguments leaves the default out.
+    if (auto d = engine.log_args.omitted_defaults.find("kv_cache_dtype");
+        d != engine.log_args.omitted_defaults.end())
+      launch.kv_cache_dtype_requested = d->second;
   }
-  if (int pp = count("pipeline_parallel_size")) launch.pp = pp, launch.memory.pp = pp;
-  if (args.contains("quantization") && args["quantization"].is_string())
-    launch.quantization = args["quantization"].get<std::string>();
-  if (int dp = count("data_parallel_size")) launch.dp = dp, launch.memory.dp = dp;
-  if (args.contains("block_size") && args["block_size"].is_number())
-    launch.memory.block_size = args["block_size"].get<int>();
-  if (args.contains("max_model_len") && args["max_model_len"].is_number())
-    launch.context_length = args["max_model_len"].get<int64_t>();
-  if (args.contains("dtype") && args["dtype"].is_string()) {
-    std::string d = registry_.dtypes().normalise(args["dtype"].get<std::string>());
-    if (!d.empty() && d != "auto") launch.model_dtype = d;
+  if (std::string path = text("quantization_param_path"); !path.empty())
+    launch.quantization_param_path = path;
+  if (std::string q = text("quantization"); !q.empty() && q != "None") launch.quantization = q;
+  if (int tp = size("tp"); tp && (!fill_only || launch.tp == 0)) {
+    launch.tp = tp, launch.memory.tp = tp;
+    launch.tp_source = fmt::format("log:{} {} {}", line_no, what, value_of("tp").second);
+  }
+  if (int pp = size("pp"); pp && (!fill_only || launch.pp == 0))
+    launch.pp = pp, launch.memory.pp = pp;
+  if (int dp = size("dp"); dp && (!fill_only || launch.dp == 0))
+    launch.dp = dp, launch.memory.dp = dp;
+  if (auto [v, key] = value_of("dp_attention"); v && v->is_boolean())
+    launch.dp_attention = v->get<bool>(), launch.memory.dp_attention = launch.dp_attention;
+  if (std::string ssm = text("mamba_ssm_dtype"); !ssm.empty() && ssm != "auto")
+    launch.memory.mamba_ssm_dtype = ssm;
+  if (auto f = number("memory_fraction")) launch.memory.mem_fraction_static = f;
+  if (auto page = number("page_size"); page && *page >= 1 && *page <= 1 << 20) {
+    // SGLang's page and vLLM's block: each pool model reads its own.
+    launch.memory.page_size = static_cast<int>(*page);
+    launch.memory.block_size = static_cast<int>(*page);
+  }
+  if (auto ratio = number("mamba_full_memory_ratio")) launch.memory.mamba_full_memory_ratio = ratio;
+  if (auto cap = number("max_total_tokens"))
+    launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
+  if (auto ctx = number("context_length"); ctx && *ctx > 0 && *ctx < 9e15)
+    launch.context_length = static_cast<int64_t>(*ctx);
+  if (std::string dtype = text("dtype"); !dtype.empty() && dtype != "auto") {
+    std::string d = registry_.dtypes().normalise(dtype);
+    if (!d.empty() && d != "auto" && (!fill_only || launch.model_dtype.empty()))
+      launch.model_dtype = d;
   }
 }
 
-// vLLM's "with config: model='...', ..., dtype=torch.bfloat16, ... kv_cache_dtype=fp8, ...".
-void LaunchBuilder::apply_vllm_engine_config(Launch& launch, std::string_view config,
-                                             int64_t line_no) {
-  std::string model = word_after(config, "model=");
-  if (model.size() >= 2 && (model.front() == '\'' || model.front() == '"'))
-    model = model.substr(1, model.size() - 2);
-  if (!model.empty() && launch.model_path.empty()) launch.model_path = model;
-  std::string dtype = word_after(config, " dtype=");
-  if (!dtype.empty()) {
-    std::string d = registry_.dtypes().normalise(dtype);
-    if (!d.empty()) launch.model_dtype = d;
-  }
-  if (std::string q = word_after(config, "quantization="); !q.empty() && q != "None")
-    launch.quantization = q;
-  std::string kv = word_after(config, "kv_cache_dtype=");
-  if (!kv.empty() && launch.kv_cache_dtype_requested.empty()) launch.kv_cache_dtype_requested = kv;
-  if (auto tp = int_after(config, "tensor_parallel_size="); tp && *tp >= 1 && *tp <= 1 << 16) {
-    launch.tp = static_cast<int>(*tp), launch.memory.tp = launch.tp;
-    launch.tp_source = fmt::format("log:{} engine config tensor_parallel_size", line_no);
-  }
-  if (auto pp = int_after(config, "pipeline_parallel_size="); pp && *pp >= 1 && *pp <= 1 << 16)
-    launch.pp = static_cast<int>(*pp), launch.memory.pp = launch.pp;
-  if (auto dp = int_after(config, "data_parallel_size="); dp && *dp >= 1 && *dp <= 1 << 16)
-    launch.dp = static_cast<int>(*dp), launch.memory.dp = launch.dp;
-  if (auto ctx = int_after(config, "max_seq_len=")) launch.context_length = ctx;
+namespace {
+
+// vLLM's engine-config line ("model='/m', dtype=torch.bfloat16, kv_cache_dtype=fp8, ..."):
+// the value of each argument name the engine data lists, as JSON (quotes stripped, numbers
+// as numbers, None as null).
+nlohmann::json config_line_values(std::string_view config, const engines::LogArgs& args) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [field, keys] : args.keys)
+    for (const std::string& key : keys) {
+      // The name at the start of the text or after a separator, not inside another name
+      // (" dtype=" is not "kv_cache_dtype=").
+      size_t at = 0;
+      std::string value;
+      bool found = false;
+      while ((at = config.find(key + "=", at)) != std::string_view::npos) {
+        if (at == 0 || config[at - 1] == ' ' || config[at - 1] == ',' || config[at - 1] == '(') {
+          value = word_after(config.substr(at), key + "=");
+          found = true;
+          break;
+        }
+        at += key.size();
+      }
+      if (!found || value.empty()) continue;
+      if (value.size() >= 2 && (value.front() == '\'' || value.front() == '"'))
+        value = value.substr(1, value.size() - 2);
+      if (value == "None") {
+        out[key] = nullptr;
+      } else if (auto n = parse_number(value);
+                 n && value.find_first_not_of("0123456789.") == std::string::npos) {
+        out[key] = *n;
+      } else {
+        out[key] = value;
+      }
+    }
+  return out;
 }
+
+}  // namespace
 
 void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& ts) {
   const LogKind kind = hit.log->kind;
@@ -327,25 +327,38 @@ void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const 
     launch.engine_version = word_after(hit.text("engine_version").value_or(""), "");
     return;
   }
+  const engines::EngineModel& engine = *hit.engine;
   if (kind == LogKind::engine_config) {
     Launch& launch = start_marker(kEngineInit, line_no, ts);
     if (auto v = hit.text("engine_version")) launch.engine_version = *v;
-    apply_vllm_engine_config(launch, hit.text("engine_config").value_or(""), line_no);
-    launch.engine = hit.engine->engine;
+    apply_args(launch, engine,
+               config_line_values(hit.text("engine_config").value_or(""), engine.log_args), true,
+               false, true, "engine config", line_no);
+    launch.engine = engine.engine;
     return;
   }
   Launch& launch = start_marker(kArgs, line_no, ts);
   if (auto repr = hit.text("server_args_repr")) {
-    apply_server_args(launch, parse_python_repr(*repr), line_no);
+    // The whole ServerArgs(...): every argument, defaults included.
+    ReprResult parsed = parse_python_repr(*repr);
+    launch.server_args = parsed.value;
+    launch.server_args_complete = parsed.complete;
+    launch.server_args_cuts = parsed.cuts;
+    launch.server_args_line = line_no;
+    apply_args(launch, engine, parsed.value, parsed.complete, false, false, "server_args", line_no);
   } else if (auto ns = hit.text("namespace_args_repr")) {
     // "args: Namespace(...)": every argument, defaults included.
     ReprResult parsed = parse_python_repr("Namespace(" + *ns);
-    apply_vllm_args(launch, parsed.value, parsed.complete, line_no);
+    if (launch.server_args.is_null()) launch.server_args = parsed.value;
+    apply_args(launch, engine, parsed.value, parsed.complete, true, false, "non-default args",
+               line_no);
   } else if (auto args = hit.text("non_default_args_repr")) {
     ReprResult parsed = parse_python_repr(*args);
-    apply_vllm_args(launch, parsed.value, parsed.complete, line_no);
+    if (launch.server_args.is_null()) launch.server_args = parsed.value;
+    apply_args(launch, engine, parsed.value, parsed.complete, true, false, "non-default args",
+               line_no);
   }
-  launch.engine = hit.engine->engine;
+  launch.engine = engine.engine;
 }
 
 namespace {
@@ -639,10 +652,7 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   if (contains(m, "CUDA out of memory") || contains(m, "OutOfMemoryError") ||
       contains(m, "CUDA error: out of memory") || contains(m, "HIP out of memory")) {
     record_failure(launch, "oom", m, line_no);
-  } else if (contains(m, "Traceback (most recent call last)") ||
-             contains(m, "Scheduler hit an exception")) {
-    if (launch.engine.empty() && contains(m, "Scheduler hit an exception"))
-      launch.engine = "sglang";
+  } else if (contains(m, "Traceback (most recent call last)")) {
     record_failure(launch, "traceback", m, line_no);
   } else if (hits.empty() && (contains(m, "Error: ") || contains(m, "AssertionError") ||
                               contains(m, "Exception: "))) {

@@ -30,9 +30,12 @@ class LaunchBuilder {
   Launch& start_marker(int stage, int64_t line_no, const std::string& timestamp);
   void record_failure(Launch& launch, const std::string& kind, const std::string& message,
                       int64_t line_no);
-  void apply_server_args(Launch& launch, const ReprResult& parsed, int64_t line_no);
-  void apply_vllm_args(Launch& launch, const nlohmann::json& args, bool complete, int64_t line_no);
-  void apply_vllm_engine_config(Launch& launch, std::string_view config, int64_t line_no);
+  // An args line read through the engine data's log_args: `what` names the line in
+  // evidence ("server_args", "non-default args", "engine config"); `fill_only` leaves
+  // fields an earlier line set; `omits_defaults` applies log_args.omitted_defaults.
+  void apply_args(Launch& launch, const engines::EngineModel& engine, const nlohmann::json& args,
+                  bool complete, bool omits_defaults, bool fill_only, const std::string& what,
+                  int64_t line_no);
   void apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& timestamp);
   void apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
                   const std::string& message);

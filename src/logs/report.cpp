@@ -96,6 +96,7 @@ nlohmann::json launch_json(const Launch& l) {
       {"failures_dropped", l.failures_dropped},
       {"server_args", l.server_args},
       {"server_args_complete", l.server_args_complete},
+      {"server_args_read_by", opt_string(l.server_args_read_by)},
       {"findings", findings}};
 }
 

@@ -427,9 +427,17 @@ struct SpecCounters {
   bool generated_seen = false;
 };
 
-// vLLM (vllm:spec_decode_*) and llama-server (llamacpp:spec_decode_*) counters, summed over
-// labels; none when /metrics is absent or has none.
-SpecCounters read_spec_counters(net::Client& client) {
+using CounterNames = std::map<std::string, std::vector<std::string>>;
+
+// The speculative-decoding counters (vLLM's vllm:spec_decode_*, llama-server's
+// llamacpp:spec_decode_*: the same suffixes), summed over labels, and the counters the
+// engine data names; none when /metrics is absent or has none.
+SpecCounters read_spec_counters(net::Client& client, const CounterNames& names) {
+  auto named = [&](const char* kind, const std::string& name) {
+    auto it = names.find(kind);
+    return it != names.end() &&
+           std::find(it->second.begin(), it->second.end(), name) != it->second.end();
+  };
   SpecCounters out;
   int rate_count = 0, length_count = 0;
   try {
@@ -456,13 +464,10 @@ SpecCounters read_spec_counters(net::Client& client) {
         target = (std::max(0.0, target) * count + sample.value) / (count + 1);
         ++count;
       };
-      if (name == "sglang:cached_tokens_total") out.cached += sample.value, out.cached_seen = true;
-      if (name == "sglang:spec_accept_rate") average_into(out.accept_rate, rate_count);
-      if (name == "sglang:spec_accept_length") average_into(out.accept_length, length_count);
-      // vLLM / SGLang generation_tokens_total, llama-server tokens_predicted_total.
-      if (name == "vllm:generation_tokens_total" || name == "sglang:generation_tokens_total" ||
-          name == "llamacpp:tokens_predicted_total")
-        out.generated += sample.value, out.generated_seen = true;
+      if (named("cached_tokens", name)) out.cached += sample.value, out.cached_seen = true;
+      if (named("spec_accept_rate", name)) average_into(out.accept_rate, rate_count);
+      if (named("spec_accept_length", name)) average_into(out.accept_length, length_count);
+      if (named("generated_tokens", name)) out.generated += sample.value, out.generated_seen = true;
     }
   } catch (const InputError&) {
     return SpecCounters{};
@@ -493,10 +498,10 @@ struct Budget {
 LoadLevel run_level(net::Client& client, const std::string& model,
                     const std::vector<LoadPrompt>& prompts, int concurrency,
                     std::atomic<bool>& stream, Budget& budget, std::atomic<bool>& server_failing,
-                    const json& extra_fields) {
+                    const json& extra_fields, const CounterNames& counters) {
   LoadLevel level;
   level.concurrency = concurrency;
-  const SpecCounters before = read_spec_counters(client);
+  const SpecCounters before = read_spec_counters(client, counters);
   std::vector<Timing> timings(prompts.size());
   // Sessions: runs of adjacent prompts starting at turn 0; a worker sends one session's turns
   // in order, each after the answer to the one before.
@@ -529,7 +534,7 @@ LoadLevel run_level(net::Client& client, const std::string& model,
     });
   for (auto& worker : workers) worker.join();
   level.wall_seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  const SpecCounters after = read_spec_counters(client);
+  const SpecCounters after = read_spec_counters(client, counters);
 
   std::vector<double> ttft, gaps, e2e, ttft_first, ttft_later;
   int64_t draft = 0, accepted = 0, verify_steps = 0;
@@ -682,6 +687,24 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
 
 // ---------------------------------------------------------------- the run
 
+std::map<std::string, std::vector<std::string>> load_counter_names(
+    const engines::Registry& registry, const std::string& engine) {
+  // llama.cpp's llama-server has no engine data: its one name is here.
+  const std::map<std::string, std::vector<std::string>> llamacpp = {
+      {"generated_tokens", {"llamacpp:tokens_predicted_total"}}};
+  if (engine == "llama.cpp") return llamacpp;
+  if (const engines::EngineModel* model = registry.find(engine))
+    return model->server_info ? model->server_info->counters
+                              : std::map<std::string, std::vector<std::string>>{};
+  // A server no adapter recognised: every name kvaudit knows (the names carry their prefix).
+  std::map<std::string, std::vector<std::string>> all = llamacpp;
+  for (const std::string& name : registry.names())
+    if (const auto& info = registry.engine(name).server_info)
+      for (const auto& [kind, names] : info->counters)
+        all[kind].insert(all[kind].end(), names.begin(), names.end());
+  return all;
+}
+
 json completion_extra_fields(const engines::Registry& registry, const std::string& engine) {
   const engines::EngineModel* served = registry.find(engine);
   if (!served || !served->server_info) return json::object();
@@ -804,8 +827,9 @@ LoadResult run_load(const engines::Registry& registry, const std::vector<std::st
           // Per-request counters some engines add only when asked (engine data:
           // server_info.completion_extra; SGLang's speculative counts in meta_info).
           const json extra = completion_extra_fields(registry, result.servers[s].engine);
-          LoadLevel level = run_level(*clients[s], models[s], level_prompts, concurrency,
-                                      *streams[s], budget, failing, extra);
+          LoadLevel level =
+              run_level(*clients[s], models[s], level_prompts, concurrency, *streams[s], budget,
+                        failing, extra, load_counter_names(registry, result.servers[s].engine));
           level.server = urls[s];
           level.prompts = kind;
           result.requests_sent += level.requests;

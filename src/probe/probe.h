@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ namespace kvaudit::probe {
 
 struct ServerFacts {
   std::string url;
-  std::string engine = "generic";  // "sglang" | "vllm" | "llama.cpp" | "tgi" | "generic"
+  std::string engine = "generic";  // an adapter's engine (registry or llama.cpp, tgi), or generic
   std::string engine_version;      // as reported ("" unknown)
   std::string detected_by;         // endpoint that identified the engine
   std::string model_id;            // served model name (/v1/models), sent as "model"
@@ -101,6 +102,11 @@ void identify_server(const engines::Registry& registry, ServerAnswers& answers, 
 // data server_info.completion_extra; {} for engines without).
 nlohmann::json completion_extra_fields(const engines::Registry& registry,
                                        const std::string& engine);
+
+// The Prometheus counters probe --load reads from this engine's /metrics, by kind (engine
+// data server_info.counters: generated_tokens, cached_tokens, spec_accept_rate, ...).
+std::map<std::string, std::vector<std::string>> load_counter_names(
+    const engines::Registry& registry, const std::string& engine);
 
 // Asks the server: each adapter's endpoints (/server_info, /metrics, /version, /props, /info),
 // /v1/models, /tokenize (+ /detokenize to check the round trip).
