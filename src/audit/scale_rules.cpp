@@ -217,8 +217,11 @@ void rule_modelopt_kv_cast(Context& ctx) {
        {model.quant->source_file, "producer",
         model.quant->producer.empty() ? "modelopt" : model.quant->producer},
        {model.dir.string(), "k/v scale tensors", "none"}},
-      "serve with a 16-bit KV cache, or calibrate scales (kvaudit calibrate, or ModelOpt's "
-      "calibrated FP8 KV recipe) before enabling FP8",
+      engines::scales_ignored_for(ctx.engine(), ctx.resolved.version, model, "fp8_e4m3")
+          ? fmt::format("serve with a 16-bit KV cache ({}); {}", ctx.fix_flag("bf16"),
+                        ctx.keep_quantized_text("fp8_e4m3"))
+          : std::string("serve with a 16-bit KV cache, or calibrate scales (kvaudit calibrate, "
+                        "or ModelOpt's calibrated FP8 KV recipe) before enabling FP8"),
       "NVIDIA/Model-Optimizer KV cache recipes (kv_fp8_cast; constant-amax cast made the "
       "default by Model-Optimizer#1012, #1334)"};
   if (enabled) {

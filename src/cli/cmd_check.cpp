@@ -150,8 +150,27 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
                                          "is needed",
                                          input.engine->engine, fixed->change)
                            : "nothing to correct: the launch has no critical finding");
+  } else if (fixed &&
+             !engines::kv_dtype_fix(*input.engine, result.resolved.version, fixed->kv_cache_dtype)
+                  .setting.starts_with("-")) {
+    // This release sets the KV dtype in its config file, not with a flag: say where.
+    const engines::KvDtypeFix spelled =
+        engines::kv_dtype_fix(*input.engine, result.resolved.version, fixed->kv_cache_dtype);
+    if (!options.write_unit.empty())
+      throw InputError("--write-unit",
+                       fmt::format("{} {} sets the KV dtype in its config file, not on the "
+                                   "command line: {}",
+                                   input.engine->engine,
+                                   result.resolved.version.latest
+                                       ? input.engine->latest_known_version
+                                       : engines::version_text(result.resolved.version),
+                                   spelled.text));
+    fix_lines.push_back(spelled.text);
   } else if (fixed) {
-    const std::string change = "--kv-cache-dtype " + fixed->flag_value;
+    const std::string change =
+        engines::kv_dtype_fix(*input.engine, result.resolved.version, fixed->kv_cache_dtype)
+            .setting +
+        " " + fixed->flag_value;
     if (!options.unit.empty()) {
       const std::string original = read_text_file(options.unit);
       const std::string corrected =

@@ -65,12 +65,13 @@ KvOption calibrated_option(const engines::Registry& registry, const audit::Check
                            const engines::Version& version) {
   const engines::EngineModel& engine = *input.engine;
   const std::string fp8 = engines::cli_spelling(engine, version, "fp8_e4m3");
+  const engines::KvDtypeFix setting = engines::kv_dtype_fix(engine, version, "fp8_e4m3");
   const std::string change = fmt::format(
       "kvaudit calibrate --model DIR --engine {}{} --format fp8_e4m3 --from-stats AMAX.json "
       "(maxima measured on the GPUs; --text FILE where the CPU engine runs the model) --out "
-      "OVERLAY, then serve OVERLAY with --kv-cache-dtype {}",
+      "OVERLAY, then serve OVERLAY with {} {}",
       engine.engine, input.version_given ? " --engine-version " + input.flags.engine_version : "",
-      fp8.empty() ? "fp8_e4m3" : fp8);
+      setting.setting, fp8.empty() ? "fp8_e4m3" : fp8);
   KvOption option;
   option.id = "fp8-calibrated";
   option.label = "FP8 with calibrated scales";
@@ -79,6 +80,13 @@ KvOption calibrated_option(const engines::Registry& registry, const audit::Check
   if (fp8.empty()) {
     option.possible = false;
     option.why_not = "this release accepts no fp8_e4m3 KV cache";
+    return option;
+  }
+  if (const engines::ScaleNameRule* ignored =
+          engines::scales_ignored_for(engine, version, input.model, "fp8_e4m3")) {
+    option.possible = false;
+    option.why_not = fmt::format("{} never uses checkpoint scales for an fp8_e4m3 cache ({}: {})",
+                                 engine.engine, ignored->id, ignored->reason);
     return option;
   }
   if (!input.model.has_weights) {
@@ -119,8 +127,8 @@ KvOption calibrated_option(const engines::Registry& registry, const audit::Check
   const bool param_path = preview.carrier == calibrate::Carrier::quantization_param_path;
   KvOption out =
       judged(option.id, option.label,
-             fmt::format("calibrate ({} scales), then --kv-cache-dtype {}",
-                         calibrate::carrier_name(preview.carrier), fp8),
+             fmt::format("calibrate ({} scales), then {} {}",
+                         calibrate::carrier_name(preview.carrier), setting.setting, fp8),
              fp8, check_with(input, fp8, &*preview.view, param_path ? "SCALES.json" : ""));
   out.how = change;
   return out;
@@ -205,9 +213,10 @@ Decision decide(const engines::Registry& registry, const audit::CheckInput& inpu
 
   const std::string requested =
       input.flags.kv_cache_dtype.empty() ? "auto" : input.flags.kv_cache_dtype;
-  out.options.push_back(judged("as-launched", "as launched",
-                               fmt::format("--kv-cache-dtype {} (no change)", requested), requested,
-                               as_launched));
+  out.options.push_back(judged(
+      "as-launched", "as launched",
+      fmt::format("{} {} (no change)", engines::kv_dtype_setting_name(engine, version), requested),
+      requested, as_launched));
   std::set<std::string> seen = {as_launched.resolved.kv_cache_dtype};
 
   // A 16-bit cache in the model's own dtype (a float16 cache on a bf16 model is its own hazard).
@@ -249,7 +258,8 @@ Decision decide(const engines::Registry& registry, const audit::CheckInput& inpu
     if (spec && spec->mla_only && !input.model.mla) continue;  // a layout of the MLA latent
     seen.insert(dtype);
     out.options.push_back(
-        judged(dtype, dtype, "--kv-cache-dtype " + value, value, check_with(input, value)));
+        judged(dtype, dtype, engines::kv_dtype_fix(engine, version, dtype).setting + " " + value,
+               value, check_with(input, value)));
   }
 
   MemorySource memory = options.memory;

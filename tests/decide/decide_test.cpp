@@ -173,6 +173,39 @@ TEST(Decision, ACleanLaunchHasNothingToFix) {
   EXPECT_GT(decision.options.front().tokens->lo, 0);
 }
 
+// TensorRT-LLM: no value gives a 16-bit cache, so the 16-bit option is the checkpoint-config
+// overlay (judged on the checkpoint seen through it, under auto); FP8 with calibrated scales
+// is not possible, since the PyTorch backend never uses checkpoint scales for FP8.
+TEST(Decision, TrtllmSixteenBitIsAnOverlayAndCalibrationIsNoOption) {
+  audit::CheckInput input;
+  input.policy = audit::KvPolicy::lossless;
+  input.model = checkpoint::read_checkpoint(
+      kvaudit::testing::fixture_checkpoint("llama-modelopt-kv-no-scales"));
+  input.flags.engine = "trtllm";
+  input.flags.engine_version = "1.2.0rc5";
+  input.version_given = true;
+  input.engine = &kvaudit::testing::engine("trtllm");
+  const audit::CheckResult result = audit::run_check(input);
+  ASSERT_EQ(result.resolved.kv_cache_dtype, "fp8_e4m3");
+  DecisionOptions request;
+  request.memory.gpu_memory_bytes = int64_t{81559} << 20;
+  const Decision decision = decide(kvaudit::testing::registry(), input, result, request);
+  const KvOption& sixteen = option(decision, "bf16");
+  EXPECT_TRUE(sixteen.overlay);
+  EXPECT_EQ(sixteen.kv_cache_dtype, "bf16");
+  EXPECT_EQ(sixteen.critical, 0);
+  EXPECT_NE(sixteen.change.find("kv_cache_quant_algo to null"), std::string::npos)
+      << sixteen.change;
+  EXPECT_EQ(decision.recommended, "bf16");
+  const KvOption& calibrated = option(decision, "fp8-calibrated");
+  EXPECT_FALSE(calibrated.possible);
+  EXPECT_NE(calibrated.why_not.find("trtllm-pytorch-fp8-scales-stay-1"), std::string::npos)
+      << calibrated.why_not;
+  // The explicit values this release takes are spelled as its config key (no flag before rc7).
+  const KvOption& nvfp4 = option(decision, "nvfp4");
+  EXPECT_EQ(nvfp4.change.rfind("kv_cache_config.dtype", 0), 0u) << nvfp4.change;
+}
+
 // Removing the one inserted flag gives back the original, byte for byte.
 TEST(Fix, WrittenUnitDiffersOnlyByTheDtypeFlag) {
   const std::string original = read_text_file(kExample / "sglang.service");
