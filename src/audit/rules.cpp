@@ -156,7 +156,7 @@ void rule_auto_quantized(Context& ctx) {
                     "depends entirely on the KV scales (see the scale findings).",
                     r.kv_cache_dtype),
         evidence,
-        fmt::format("decide explicitly: {} for full precision; or {}",
+        fmt::format("decide explicitly: for full precision, {}; or {}",
                     ctx.fix_flag(r.model_dtype == "fp16" ? "fp16" : "bf16"),
                     ctx.keep_quantized_text(r.kv_cache_dtype)),
         reference_text(r.rule_provenance)};

@@ -123,6 +123,9 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
   if (!options.unit.empty()) where.unit_name = std::filesystem::path(options.unit).stem().string();
   const decide::ServerAddress address = decide::server_address(input.flags, *input.engine);
   where.url = address.url;
+  where.log_names_kv_dtype = decide::log_names_kv_dtype(*input.engine);
+  where.checkpoint =
+      !options.write_overlay.empty() ? options.write_overlay : input.model.dir.string();
   where.port_source = address.port_source;
   // --write-overlay asks for the 16-bit option whatever the verdict: the user's own policy.
   const decide::KvOption* overlay_option = nullptr;

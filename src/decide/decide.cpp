@@ -315,15 +315,29 @@ std::vector<std::string> expectations_for(const KvOption& option) {
   return out;
 }
 
+bool log_names_kv_dtype(const engines::EngineModel& engine) {
+  return engine.kv_dtype_setting.logged;
+}
+
 std::vector<std::string> verification_commands(const Decision& decision, const KvOption& fixed,
                                                const Verification& where) {
   std::vector<std::string> expect;
   for (const auto& e : expectations_for(fixed)) expect.push_back("--expect " + e);
   std::vector<std::string> out;
-  const std::string logs = fmt::format("kvaudit logs - {}", fmt::join(expect, " "));
-  out.push_back(where.unit_name.empty()
-                    ? fmt::format("<the new launch's start-up log> | {}", logs)
-                    : fmt::format("journalctl -u {} -b --no-pager | {}", where.unit_name, logs));
+  const std::string checkpoint = where.checkpoint.empty() ? "CHECKPOINT" : where.checkpoint;
+  const std::string logs =
+      where.log_names_kv_dtype
+          ? fmt::format("kvaudit logs - {}", fmt::join(expect, " "))
+          : fmt::format("kvaudit logs - --checkpoint {} {}", checkpoint, fmt::join(expect, " "));
+  const std::string log_source =
+      where.unit_name.empty() ? "<the new launch's start-up log>"
+                              : fmt::format("journalctl -u {} -b --no-pager", where.unit_name);
+  out.push_back(fmt::format("{} | {}", log_source, logs));
+  if (!where.log_names_kv_dtype)
+    out.push_back(fmt::format(
+        "{} | kvaudit plan {} --from-log -   (the log never names the KV dtype: its printed "
+        "bytes per token must be {}'s for this model)",
+        log_source, checkpoint, fixed.kv_cache_dtype));
   const std::string url = where.url.empty() ? "http://HOST:PORT" : where.url;
   out.push_back(
       fmt::format("kvaudit probe {} --smoke{}", url,

@@ -98,7 +98,14 @@ struct Verification {
   std::string unit_name;    // "sglang" for sglang.service ("" without a unit)
   std::string url;          // from the launch's --host/--port, else the engine's default
   std::string port_source;  // server_address's, for the note on the probe line
+  // The engine's start-up log never names the KV dtype (TensorRT-LLM): logs then reads the
+  // served checkpoint folder, and plan --from-log proves the dtype from the printed bytes
+  // per token.
+  bool log_names_kv_dtype = true;
+  std::string checkpoint;  // the folder the fixed launch serves (an overlay, when written)
 };
+// Whether an engine's start-up lines name the KV dtype it runs (a template that carries it).
+bool log_names_kv_dtype(const engines::EngineModel& engine);
 std::vector<std::string> verification_commands(const Decision& decision, const KvOption& fixed,
                                                const Verification& where);
 

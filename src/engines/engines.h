@@ -517,6 +517,9 @@ struct KvDtypeSetting {
   std::string flag;
   VersionRange flag_versions;
   std::string config_key;  // "kv_cache_config.dtype" in the config file ("" none)
+  // The start-up log names the KV dtype a launch runs (TensorRT-LLM's never does under auto:
+  // checks of a fixed launch then read the served checkpoint and the printed sizes).
+  bool logged = true;
   // A 16-bit cache where no value of the setting gives one: a checkpoint-config overlay that
   // removes the checkpoint's KV quantization (the engine's auto then stays 16-bit).
   struct Overlay {

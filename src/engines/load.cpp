@@ -485,6 +485,7 @@ void read_kv_dtype_setting(JsonReader& top, EngineModel& model) {
   setting.flag_versions =
       r->has("flag_versions") ? read_range(*r, "flag_versions") : *parse_version_range("*");
   setting.config_key = r->string_or("config_key", "");
+  setting.logged = r->boolean_or("logged", true);
   if (setting.flag.empty() && setting.config_key.empty())
     r->fail("flag", "name the flag or the config key that sets the KV dtype");
   if (!setting.flag.empty() &&

@@ -204,6 +204,19 @@ TEST(Decision, TrtllmSixteenBitIsAnOverlayAndCalibrationIsNoOption) {
   // The explicit values this release takes are spelled as its config key (no flag before rc7).
   const KvOption& nvfp4 = option(decision, "nvfp4");
   EXPECT_EQ(nvfp4.change.rfind("kv_cache_config.dtype", 0), 0u) << nvfp4.change;
+  // Its start-up log never names the KV dtype: the checks read the overlay and the printed
+  // bytes per token instead.
+  Verification where;
+  where.log_names_kv_dtype = log_names_kv_dtype(*input.engine);
+  where.checkpoint = "/srv/overlay";
+  EXPECT_FALSE(where.log_names_kv_dtype);
+  EXPECT_TRUE(log_names_kv_dtype(kvaudit::testing::engine("sglang")));
+  const std::vector<std::string> lines = verification_commands(decision, sixteen, where);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("kvaudit logs - --checkpoint /srv/overlay --expect kv_cache_dtype=bf16"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[1].find("kvaudit plan /srv/overlay --from-log -"), std::string::npos) << lines[1];
 }
 
 // Removing the one inserted flag gives back the original, byte for byte.
@@ -258,7 +271,7 @@ TEST(Verify, CommandsNameTheUnitTheUrlAndTheExpectations) {
   const Decision decision =
       decide(kvaudit::testing::registry(), input, audit::run_check(input), request);
   const auto lines = verification_commands(decision, option(decision, "bf16"),
-                                           {"sglang", "http://127.0.0.1:30000", ""});
+                                           {"sglang", "http://127.0.0.1:30000", "", true, ""});
   ASSERT_GE(lines.size(), 3u);
   EXPECT_EQ(lines[0].rfind("journalctl -u sglang -b --no-pager | kvaudit logs - --expect "
                            "kv_cache_dtype=bf16",
