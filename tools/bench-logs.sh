@@ -6,6 +6,7 @@
 # disk is short), never into the repo, and are removed at the end.
 set -eu
 BUILD=${1:-build}
+cmake --build "$BUILD" --target benchmarks > /dev/null  # not part of the default build
 BENCH="$BUILD/bench/bench_logs"
 BIN="$BUILD/kvaudit"
 DIR=${BENCH_DIR:-/tmp}

@@ -6,6 +6,7 @@
 # usage: tools/bench-quant.sh [BUILD_DIR]
 set -eu
 BUILD=${1:-build}
+cmake --build "$BUILD" --target benchmarks > /dev/null  # not part of the default build
 echo "== bench_codecs: 1 GiB BF16, 2 threads, best of 5"
 "$BUILD/bench/bench_codecs" 1 2 5
 echo "== bench_attention: 128K context, 8 KV heads x 128, 2 threads, best of 5 rounds"

@@ -622,7 +622,8 @@ TaggedProbes battery_probes(const Battery& b) {
     std::string printed;
     for (const auto& e : registry.names())
       printed += e + " " + probe::completion_extra_fields(registry, e).dump() + " " +
-                 nlohmann::json(probe::load_counter_names(registry, e)).dump() + "\n";
+                 nlohmann::json(probe::load_counter_names(registry, e)).dump() + " " +
+                 (decide::log_names_kv_dtype(registry.engine(e)) ? "logged" : "not logged") + "\n";
     return printed;
   });
   // probe: what a live server's report means
@@ -773,21 +774,7 @@ std::vector<Mutation> all_mutations(const Docs& docs) {
   return out;
 }
 
-// The mutations of one shard of the data: "sglang" and "vllm" (their engine files, the
-// largest), "other" (dtypes.json, the other engines' files, every capacity file). Shards run
-// as separate tests, so ctest spreads them over the cores.
-bool in_shard(const std::string& label, const std::string& shard) {
-  const bool sglang = label.rfind("sglang.json", 0) == 0;
-  const bool vllm = label.rfind("vllm.json", 0) == 0;
-  if (shard == "sglang") return sglang;
-  if (shard == "vllm") return vllm;
-  return !sglang && !vllm;
-}
-
-class EngineDataCoverage : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
-  const std::string shard = GetParam();
+TEST(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
   const Battery battery = build_battery();
   const Docs docs = read_docs();
   const fs::path root =
@@ -817,8 +804,7 @@ TEST_P(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
        "max(chunked_prefill_size, 2048): every tier's chunked prefill is at least 2048"},
       {"capacity/sglang.json mem_fraction_static_default[].large_gpu_threshold_mib",
        "the 10 GiB floor above 60 GiB never binds: those tiers reserve 12.5 GiB or more"}};
-  std::vector<Mutation> mutations = all_mutations(docs);
-  std::erase_if(mutations, [&](const Mutation& m) { return !in_shard(m.label, shard); });
+  const std::vector<Mutation> mutations = all_mutations(docs);
   for (size_t i = 0; i < mutations.size(); ++i) {
     if (inert.count(mutations[i].label)) continue;
     Docs mutated = docs;
@@ -849,19 +835,13 @@ TEST_P(EngineDataCoverage, EveryBehaviouralKeyIsReadBySomeCodePath) {
     }
   }
   fs::remove_all(root);
-  std::cout << "  [coverage] " << shard << ": battery of " << baseline.size() << " probes; "
-            << mutations.size() << " keys mutated: " << refused << " refused by the lint, "
-            << changed << " changed an output, " << unread.size() << " changed nothing\n";
-  EXPECT_GT(mutations.size(), 50u);
+  std::cout << "  [coverage] battery of " << baseline.size() << " probes; " << mutations.size()
+            << " keys mutated: " << refused << " refused by the lint, " << changed
+            << " changed an output, " << unread.size() << " changed nothing\n";
+  EXPECT_GT(mutations.size(), 100u);
   EXPECT_TRUE(unread.empty()) << "keys no code path reads:\n  "
                               << fmt::format("{}", fmt::join(unread, "\n  "));
 }
-
-INSTANTIATE_TEST_SUITE_P(EngineDataCoverage, EngineDataCoverage,
-                         ::testing::Values("sglang", "vllm", "other"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
 
 // The finding catalogue: every id check, logs, plan --from-log and probe emit across the
 // battery (every release x request x model x flag variant, every log template and fixture
