@@ -62,7 +62,7 @@ check: build
 # sanitizer stage; the tiny-model forward/eval/calibrate/serve/probe tests cover the same
 # code here. html_render spends its ~50 s in the headless browser that draws the pages:
 # its kvaudit runs (check, quant --html) are in check_cli and quant_cli too.
-# EngineDataCoverage mutates every engine-data key and reruns ~118k inputs per key: ~3 min in
+# EngineDataCoverage mutates every engine-data key and reruns ~118k inputs per key: ~70 s in
 # release, many minutes under ASan, and it tests the data's reach, not memory safety.
 # decide_cli runs check on the 371K-tensor demo a dozen times (and make demo's script).
 # The other tests that read that demo end to end spend 90% of their sanitizer time parsing
