@@ -539,10 +539,17 @@ SixteenBitOverlayResult write_sixteen_bit_overlay(const engines::EngineModel& en
                                  .dump(2) +
                              "\n";
   // Staged beside the destination, checked, then renamed into place (atomic for readers).
+  // A folder that cannot be written is bad input naming it, not an internal error; the
+  // scratch folder goes with the exception.
   const fs::path parent = fs::absolute(out_dir).parent_path();
-  fs::create_directories(parent);
-  ScratchFolder staging{scratch_name(parent, "16bit")};
-  merged_view(model_dir, files, staging.path);
+  ScratchFolder staging;
+  try {
+    fs::create_directories(parent);
+    staging.path = scratch_name(parent, "16bit");
+    merged_view(model_dir, files, staging.path);
+  } catch (const fs::filesystem_error& error) {
+    throw InputError(where, fmt::format("cannot be written: {}", error.code().message()));
+  }
   for (const auto& entry : fs::directory_iterator(model_dir))
     if (!files.count(entry.path().filename().string()))
       result.linked.push_back(entry.path().filename().string());
@@ -556,8 +563,12 @@ SixteenBitOverlayResult write_sixteen_bit_overlay(const engines::EngineModel& en
   if (result.resolved.quantized)
     throw InputError(where, fmt::format("the overlay would still run a {} cache ({}); not written",
                                         result.resolved.kv_cache_dtype, result.resolved.reason));
-  if (fs::exists(out_dir, ec)) fs::remove_all(out_dir);
-  fs::rename(staging.path, out_dir);
+  try {
+    if (fs::exists(out_dir, ec)) fs::remove_all(out_dir);
+    fs::rename(staging.path, out_dir);
+  } catch (const fs::filesystem_error& error) {
+    throw InputError(where, fmt::format("cannot be written: {}", error.code().message()));
+  }
   staging.path.clear();
   result.out_dir = out_dir;
   return result;

@@ -55,6 +55,8 @@ TEST(SixteenBitOverlay, RefusedWhereItWouldBeWrongOrUnsafe) {
   EXPECT_THROW(write_sixteen_bit_overlay(trtllm, flags, model, foreign), InputError);
   EXPECT_TRUE(fs::exists(foreign / "notes.txt"));
   fs::remove_all(foreign);
+  // A folder that cannot be created (below a file): bad input, not an internal error.
+  EXPECT_THROW(write_sixteen_bit_overlay(trtllm, flags, model, "/dev/null/overlay"), InputError);
   // An engine whose flag gives a 16-bit cache needs none.
   EXPECT_THROW(write_sixteen_bit_overlay(kvaudit::testing::engine("sglang"), flags, model,
                                          fs::temp_directory_path() / "kvaudit-16bit-sglang"),
