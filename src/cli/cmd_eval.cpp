@@ -29,6 +29,9 @@ struct EvalFlags {
   std::string recall_ctx = "256,512";
   std::string recall_depth = "32,128,384";
   int recall_cases = 4;
+  std::vector<std::string> tasks;  // "mrcr", "toolcall"
+  std::string task_ctx = "1024,4096";
+  int task_cases = 4;
   std::vector<std::string> state_dtypes;
   int64_t state_chunk = 1;
   uint64_t seed = 1;
@@ -44,8 +47,8 @@ std::string layer_mix(const model::ModelConfig& config) {
 }
 
 int run_eval_command(const EvalFlags& flags) {
-  if (flags.text_file.empty() && !flags.recall)
-    throw InputError("eval", "nothing to measure: give --text FILE and/or --recall");
+  if (flags.text_file.empty() && !flags.recall && flags.tasks.empty())
+    throw InputError("eval", "nothing to measure: give --text FILE, --recall and/or --task");
   std::vector<std::string> formats = flags.kv.empty() ? std::vector<std::string>{"bf16"} : flags.kv;
   for (const std::string& spec : formats) numerics::parse_kv_format(spec);  // fail early
   for (const std::string& spec : flags.state_dtypes)
@@ -100,6 +103,20 @@ int run_eval_command(const EvalFlags& flags) {
     options.state_store_every_tokens = flags.state_chunk;
     recall = eval::run_recall(*model, tokenizer, options, pool);
   }
+  std::optional<eval::TaskResult> tasks;
+  if (!flags.tasks.empty()) {
+    if (!flags.state_dtypes.empty())
+      throw InputError("--task",
+                       "the long-context tasks run attention-only models (no --state-dtype)");
+    eval::TaskOptions options;
+    options.kv_formats = formats;
+    options.kinds = flags.tasks;
+    options.ctx_tokens = parse_token_counts(flags.task_ctx, "--task-ctx", "1024,4096,8k");
+    options.cases_per_cell = flags.task_cases;
+    options.seed = flags.seed;
+    options.loaded_scales = loaded;
+    tasks = eval::run_tasks(*model, tokenizer, options, pool);
+  }
   eval::EvalSummary summary{flags.model_dir,
                             model->config().num_layers,
                             model->config().num_kv_heads,
@@ -109,7 +126,8 @@ int run_eval_command(const EvalFlags& flags) {
                             flags.threads,
                             layer_mix(model->config()),
                             model->notes()};
-  emit(eval::to_report(summary, perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr),
+  emit(eval::to_report(summary, perplexity ? &*perplexity : nullptr, recall ? &*recall : nullptr,
+                       tasks ? &*tasks : nullptr),
        flags.output);
   return kExitOk;
 }
@@ -146,7 +164,14 @@ void add_eval_command(CLI::App& app, Runner& run) {
   eval->add_option("--recall-depth", flags->recall_depth, "Depths of the recall grid (tokens)");
   eval->add_option("--recall-cases", flags->recall_cases, "Cases per grid cell")
       ->check(CLI::Range(1, 1000));
-  eval->add_option("--seed", flags->seed, "Seed of the recall generator");
+  eval->add_option("--task", flags->tasks,
+                   "Long-context task, repeatable: mrcr (near-duplicate functions asked in "
+                   "rounds), toolcall (near-duplicate tools' JSON arguments, schema-checked)")
+      ->check(CLI::IsMember({"mrcr", "toolcall"}));
+  eval->add_option("--task-ctx", flags->task_ctx, "Context lengths of the tasks (tokens)");
+  eval->add_option("--task-cases", flags->task_cases, "Cases per task and context length")
+      ->check(CLI::Range(1, 1000));
+  eval->add_option("--seed", flags->seed, "Seed of the recall and task generators");
   eval->add_option("--state-dtype", flags->state_dtypes,
                    "Hybrids (Qwen3.5): recurrent state precision, repeatable, crossed with "
                    "every --kv format; the first is the baseline (fp32, bf16, fp16, int8; add "

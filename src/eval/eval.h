@@ -243,6 +243,83 @@ struct RecallScore {
 RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenizer& tokenizer,
                               const RecallCase& recall_case);
 
+// ---------------------------------------------------------------- long-context tasks
+
+// A multi-round task over one long context: round r's prompt is the context, the earlier
+// rounds' asks with their correct answers, then round r's ask (round_prompt).
+struct TaskRound {
+  std::string ask;       // e.g. "    second = load_table_index_v3("
+  std::string expected;  // the answer that passes, e.g. "raw_node, last_edge, max_frame)"
+  std::string after;     // what follows the answer before the next ask ("\n")
+};
+struct TaskCase {
+  std::string kind;     // "mrcr" | "toolcall"
+  std::string context;  // everything before the first ask
+  std::vector<TaskRound> rounds;
+  std::string schema;         // toolcall: the tool's JSON Schema (compact JSON)
+  int64_t ctx_tokens = 0;     // the length asked for
+  int64_t prompt_tokens = 0;  // context + every round with its answer, as counted
+};
+struct TaskCaseOptions {
+  int64_t ctx_tokens = 4096;
+  uint64_t seed = 1;
+  int variants = 4;  // near-duplicates of the needle (2..8)
+  int rounds = 3;    // rounds asked (1..variants), each a different near-duplicate
+};
+// MRCR-style: near-duplicate functions (one name stem, suffixes _v1.._vN, identical bodies,
+// the first parameter different) spread through generated code; the rounds call them in a
+// random order and the answer is the called variant's argument list.
+TaskCase make_mrcr_case(const TaskCaseOptions& options, const TokenCounter& count_tokens);
+// Tool calls: a registry of near-duplicate tools sharing one JSON Schema, a call log where
+// each was called once with distinct arguments and timed out, among other calls; the rounds
+// re-issue the timed-out calls ("NAME ") and the answer is the compact JSON arguments.
+TaskCase make_toolcall_case(const TaskCaseOptions& options, const TokenCounter& count_tokens);
+// The prompt of round `round` (earlier rounds answered correctly, as MRCR feeds them).
+std::string round_prompt(const TaskCase& task, size_t round);
+
+// A tool-call answer: the first JSON object in `output`, validated against the schema
+// (valijson), then compared with the expected arguments.
+struct ToolCallCheck {
+  bool parsed = false;        // a JSON object was found and parsed
+  bool schema_valid = false;  // it satisfies the tool's schema
+  bool exact = false;         // it equals the expected arguments
+  std::string problem;        // why not ("" when exact)
+};
+ToolCallCheck check_tool_call(const std::string& schema, const std::string& expected,
+                              const std::string& output);
+
+struct TaskOptions {
+  std::vector<std::string> kv_formats;
+  std::vector<std::string> kinds = {"mrcr", "toolcall"};
+  std::vector<int64_t> ctx_tokens = {1024, 4096};
+  int cases_per_cell = 4;
+  int variants = 4, rounds = 3;
+  uint64_t seed = 1;
+  LoadedScales loaded_scales;
+};
+struct TaskCell {
+  std::string kind;
+  int64_t ctx_tokens = 0;
+  int cases = 0;
+  int64_t rounds = 0, rounds_exact = 0;            // rounds whose every answer token is the argmax
+  double accuracy = 0.0;                           // rounds_exact / rounds
+  double accuracy_low = 0.0, accuracy_high = 1.0;  // Wilson 95% interval
+  double mean_logprob_per_token = 0.0;             // teacher-forced, over the answers
+};
+struct TaskFormatResult {
+  std::string spec;
+  std::vector<TaskCell> cells;
+};
+struct TaskResult {
+  std::vector<TaskFormatResult> formats;
+  std::vector<std::string> notes;
+};
+// Teacher-forced scoring on the reference engine: one forward pass over the context and
+// every round with its correct answer; a round is exact when each of its answer tokens is the
+// argmax (what greedy decoding would write).
+TaskResult run_tasks(const model::Model& model, const tokenizer::Tokenizer& tokenizer,
+                     const TaskOptions& options, ThreadPool& pool);
+
 // ---------------------------------------------------------------- report
 
 // Appends facts, tables (formats, KLD and Delta-p percentiles, by position, encode counts),
@@ -250,6 +327,9 @@ RecallScore score_recall_case(model::Session& session, const tokenizer::Tokenize
 void add_to_report(const PerplexityResult& result, report::Report& out);
 // Appends the recall table, one exact-match heatmap per format, and the payload ("recall").
 void add_to_report(const RecallResult& result, report::Report& out);
+// Appends the task table (accuracy per kind x context with its interval) and the payload
+// ("tasks").
+void add_to_report(const TaskResult& result, report::Report& out);
 // What an eval report's title and facts say about the run.
 struct EvalSummary {
   std::string model_dir;
@@ -264,12 +344,12 @@ struct EvalSummary {
 // The whole eval report: title and facts, then the perplexity and recall parts present,
 // then the verdict. Either result may be null.
 report::Report to_report(const EvalSummary& summary, const PerplexityResult* perplexity,
-                         const RecallResult* recall);
+                         const RecallResult* recall, const TaskResult* tasks = nullptr);
 
 // The one-line verdict on the worst format. Critical: NaN/inf logits, PPL ratio >= 1.05 or
 // top-1 agreement < 90%; warning: PPL ratio >= 1.01, mean KLD >= 0.01, or recall exact match
 // 20 points below the baseline in some cell; info otherwise. Either input may be null.
 void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* recall,
-                      report::Report& out);
+                      report::Report& out, const TaskResult* tasks = nullptr);
 
 }  // namespace kvaudit::eval

@@ -268,8 +268,51 @@ void add_to_report(const RecallResult& result, report::Report& out) {
 
 namespace kvaudit::eval {
 
+void add_to_report(const TaskResult& result, report::Report& out) {
+  for (const std::string& note : result.notes) out.notes.push_back(note);
+  if (result.formats.empty()) return;
+  report::Table table{"tasks",
+                      "Long-context tasks: near-duplicate needles asked in rounds",
+                      {{"format", "format", "", 0},
+                       {"task", "task", "", 0},
+                       {"ctx", "context", "tokens", 0},
+                       {"cases", "cases", "", 0},
+                       {"rounds", "rounds", "", 0},
+                       {"accuracy", "accuracy", "%", 1},
+                       {"low", "95% low", "%", 1},
+                       {"high", "95% high", "%", 1},
+                       {"logprob", "log-prob/token", "nats", 4}},
+                      {},
+                      ""};
+  table.note =
+      "mrcr: call near-duplicate functions (same stem and body, suffix _vN) in rounds; "
+      "toolcall: re-issue near-duplicate tools' calls as JSON arguments. A round is exact when "
+      "every answer token is the argmax (teacher-forced after the earlier rounds' correct "
+      "answers); interval: Wilson.";
+  nlohmann::json payload = nlohmann::json::array();
+  for (const TaskFormatResult& f : result.formats) {
+    nlohmann::json cells = nlohmann::json::array();
+    for (const TaskCell& c : f.cells) {
+      table.rows.push_back({f.spec, c.kind, Value(c.ctx_tokens), Value(int64_t{c.cases}),
+                            Value(c.rounds), 100.0 * c.accuracy, 100.0 * c.accuracy_low,
+                            100.0 * c.accuracy_high, c.mean_logprob_per_token});
+      cells.push_back({{"task", c.kind},
+                       {"ctx_tokens", c.ctx_tokens},
+                       {"cases", c.cases},
+                       {"rounds", c.rounds},
+                       {"rounds_exact", c.rounds_exact},
+                       {"accuracy", c.accuracy},
+                       {"accuracy_interval", {c.accuracy_low, c.accuracy_high}},
+                       {"logprob_per_token", c.mean_logprob_per_token}});
+    }
+    payload.push_back({{"format", f.spec}, {"cells", cells}});
+  }
+  out.tables.push_back(table);
+  out.payload["tasks"] = payload;
+}
+
 void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* recall,
-                      report::Report& out) {
+                      report::Report& out, const TaskResult* tasks) {
   using report::Severity;
   Severity severity = Severity::info;
   std::vector<std::string> parts;
@@ -312,13 +355,31 @@ void set_eval_verdict(const PerplexityResult* perplexity, const RecallResult* re
                         : fmt::format("recall: {} loses up to {:.0f} points of exact match",
                                       worst_spec, 100.0 * worst_drop));
   }
+  if (tasks != nullptr && tasks->formats.size() > 1) {
+    double worst_drop = 0.0;
+    std::string worst;
+    for (size_t f = 1; f < tasks->formats.size(); ++f)
+      for (size_t c = 0; c < tasks->formats[f].cells.size(); ++c) {
+        const TaskCell& base = tasks->formats[0].cells[c];
+        const TaskCell& cell = tasks->formats[f].cells[c];
+        if (base.accuracy - cell.accuracy > worst_drop) {
+          worst_drop = base.accuracy - cell.accuracy;
+          worst =
+              fmt::format("{} loses {:.0f} points of {} accuracy at {} tokens",
+                          tasks->formats[f].spec, 100.0 * worst_drop, cell.kind, cell.ctx_tokens);
+        }
+      }
+    if (worst_drop >= 0.20 && severity == Severity::info) severity = Severity::warning;
+    parts.push_back(worst.empty() ? std::string("tasks: no format below the baseline in any cell")
+                                  : "tasks: " + worst);
+  }
   out.verdict_severity = severity;
   out.verdict = parts.empty() ? "evaluated one format (nothing to compare against)"
                               : fmt::format("{}", fmt::join(parts, "; "));
 }
 
 report::Report to_report(const EvalSummary& summary, const PerplexityResult* perplexity,
-                         const RecallResult* recall) {
+                         const RecallResult* recall, const TaskResult* tasks) {
   report::Report out;
   out.command = "eval";
   out.title =
@@ -331,7 +392,8 @@ report::Report to_report(const EvalSummary& summary, const PerplexityResult* per
   for (const std::string& note : summary.notes) out.notes.push_back(note);
   if (perplexity) add_to_report(*perplexity, out);
   if (recall) add_to_report(*recall, out);
-  set_eval_verdict(perplexity, recall, out);
+  if (tasks) add_to_report(*tasks, out);
+  set_eval_verdict(perplexity, recall, out, tasks);
   return out;
 }
 
