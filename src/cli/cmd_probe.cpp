@@ -27,7 +27,16 @@ struct ProbeFlags {
   std::string recall_depth = "256,2k";
   int recall_cases = 2;
   uint64_t seed = 1;
-  int top_logprobs = 5;
+  int top_logprobs = 20;
+  bool forced = false;
+  int forced_cases = 8;
+  std::vector<std::string> tasks;
+  std::string task_ctx = "4k";
+  int task_cases = 4;
+  std::string control_url;
+  bool no_control = false;
+  double alpha = 0.01;
+  std::string gates;
   std::string model;
   std::string checkpoint;
   std::string results;
@@ -137,6 +146,20 @@ int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags
   options.cases_per_cell = flags.recall_cases;
   options.seed = flags.seed;
   options.top_logprobs = flags.top_logprobs;
+  options.forced = flags.forced;
+  options.forced_cases = flags.forced_cases;
+  options.tasks = flags.tasks;
+  options.task_ctx_tokens = parse_token_counts(flags.task_ctx, "--task-ctx", "4k,16k");
+  options.task_cases = flags.task_cases;
+  options.control_url = flags.control_url;
+  options.control = !flags.no_control;
+  options.alpha = flags.alpha;
+  if (!flags.gates.empty()) options.gates = probe::parse_gates(flags.gates);
+  if (flags.compare_url.empty() && (!flags.control_url.empty() || !flags.gates.empty()))
+    throw InputError(flags.control_url.empty() ? "--gate" : "--control",
+                     "an A/B option: give --compare URL");
+  if (!flags.control_url.empty() && flags.no_control)
+    throw InputError("--control", "cannot be combined with --no-control");
   options.model = flags.model;
   options.results_path = flags.results;
   options.concurrency = flags.concurrency;
@@ -183,8 +206,34 @@ void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
   probe->add_option("--seed", flags->seed, "Seed of the probe texts and of sampling");
   probe
       ->add_option("--top-logprobs", flags->top_logprobs,
-                   "Alternatives per token for the KL estimate")
-      ->check(CLI::Range(1, 20));
+                   "Alternatives per token for the KL estimate: asked for, lowered to what each "
+                   "server grants (vLLM --max-logprobs)")
+      ->check(CLI::Range(1, 100));
+  probe->add_flag("--forced", flags->forced,
+                  "Teacher-forced fixed sequences (code and prose) scored token by token, "
+                  "where the server returns prompt log-probs (else generated-token KL)");
+  probe
+      ->add_option("--forced-cases", flags->forced_cases, "Fixed sequences (half code, half prose)")
+      ->check(CLI::Range(2, 1000));
+  probe
+      ->add_option("--task", flags->tasks,
+                   "Long-context task, repeatable: mrcr (near-duplicate functions asked in "
+                   "rounds), toolcall (near-duplicate tools' JSON arguments, schema-checked)")
+      ->check(CLI::IsMember({"mrcr", "toolcall"}));
+  probe->add_option("--task-ctx", flags->task_ctx, "Context lengths of the tasks (tokens)");
+  probe->add_option("--task-cases", flags->task_cases, "Cases per task and context length")
+      ->check(CLI::Range(1, 1000));
+  probe->add_option("--control", flags->control_url,
+                    "A/B control arm: a second replica of A (default: A itself, asked again "
+                    "with the probes in reverse order)");
+  probe->add_flag("--no-control", flags->no_control,
+                  "A/B without a control arm (the noise floor is taken as 0)");
+  probe->add_option("--alpha", flags->alpha, "Error rate of the A/B verdict (Holm over metrics)")
+      ->check(CLI::Range(1e-6, 0.5));
+  probe->add_option("--gate", flags->gates,
+                    "A/B acceptance limits for CI, e.g. kl<=0.01,mrcr_drop<=2pt (kl, "
+                    "logprob_drop in nats; recall_drop, mrcr_drop, toolcall_drop, smoke_drop "
+                    "in points); exit 1 when one fails");
   probe->add_option("--model", flags->model, "Model name to request (default: /v1/models)");
   probe->add_option(
       "--checkpoint", flags->checkpoint,

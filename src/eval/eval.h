@@ -274,6 +274,11 @@ TaskCase make_mrcr_case(const TaskCaseOptions& options, const TokenCounter& coun
 // each was called once with distinct arguments and timed out, among other calls; the rounds
 // re-issue the timed-out calls ("NAME ") and the answer is the compact JSON arguments.
 TaskCase make_toolcall_case(const TaskCaseOptions& options, const TokenCounter& count_tokens);
+// Generated Python functions (the recall generator's) of about `tokens` tokens, at least one.
+std::string make_code(uint64_t seed, int64_t tokens, const TokenCounter& count_tokens);
+// A fixed English text of about `tokens` tokens (sentences from templates, seeded), for
+// teacher-forced scoring of prose beside code.
+std::string make_prose(uint64_t seed, int64_t tokens, const TokenCounter& count_tokens);
 // The prompt of round `round` (earlier rounds answered correctly, as MRCR feeds them).
 std::string round_prompt(const TaskCase& task, size_t round);
 

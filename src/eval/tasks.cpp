@@ -217,6 +217,41 @@ TaskCase make_mrcr_case(const TaskCaseOptions& options, const TokenCounter& coun
   return task;
 }
 
+std::string make_prose(uint64_t seed, int64_t tokens, const TokenCounter& count_tokens) {
+  static constexpr std::array<std::string_view, 12> kSubjects = {
+      "The operator",    "Our team",           "The scheduler",   "Each replica",
+      "The first shard", "A careful reviewer", "The night shift", "The new cluster",
+      "The old gateway", "Every worker",       "The audit",       "The release manager"};
+  static constexpr std::array<std::string_view, 12> kVerbsPast = {
+      "checked",   "moved",    "rebuilt",  "measured", "replaced", "logged",
+      "restarted", "compared", "archived", "reviewed", "tuned",    "reported"};
+  static constexpr std::array<std::string_view, 10> kTails = {
+      "before the morning traffic arrived",
+      "after the last deployment",
+      "while the queue was still short",
+      "because the numbers looked wrong",
+      "so that nobody would be surprised later",
+      "without stopping the service",
+      "as the checklist asked",
+      "and wrote down what changed",
+      "when the alert fired twice",
+      "and then went home"};
+  TaskRandom rng{seed * 0x94D049BB133111EBull + 303};
+  std::string text;
+  int64_t used = 0;
+  while (true) {
+    std::string sentence =
+        fmt::format("{} {} the {} {} {}. ", rng.pick(kSubjects), rng.pick(kVerbsPast),
+                    rng.pick(kTaskAdjectives), rng.pick(kTaskNouns), rng.pick(kTails));
+    if (rng.next() % 5 == 0) sentence += "\n\n";
+    const int64_t n = counted(count_tokens, sentence, "prose");
+    if (used + n > tokens && !text.empty()) break;
+    text += sentence;
+    used += n;
+  }
+  return text;
+}
+
 namespace {
 
 // One tool of the registry: its name, JSON Schema (compact), and a generator of valid

@@ -2,10 +2,12 @@
 // other) over HTTP: what it really runs (engine, model, resolved KV dtype, capacity) and
 // the `check` findings that apply; a smoke test; the long-context code-recall probe of
 // eval/ over a grid of context lengths x depths; and an A/B comparison of two deployments
-// on the identical probe set (first diverging token, KL estimate from top-k log-probs,
-// verdict). Finished probes are appended to a JSON-lines results file so a killed run
-// resumes. Not here: HTTP and the OpenAI protocol (net/), rendering (report/, via cli/),
-// engine rules (engines/, audit/).
+// on the identical probe set against a same-deployment control arm (A measured twice, or a
+// second replica), with paired statistics per metric (KL from the largest top-k log-probs
+// each server allows, teacher-forced log-prob per token, task accuracy), the effect with its
+// interval, a p-value, the probes a verdict would need, and acceptance gates. Finished probes are
+// appended to a JSON-lines results file so a killed run resumes. Not here: HTTP and the OpenAI
+// protocol (net/), rendering (report/, via cli/), engine rules (engines/, audit/).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "checkpoint/checkpoint.h"
 #include "net/net.h"
 #include "report/report.h"
+#include "stats/stats.h"
 
 namespace kvaudit::probe {
 
@@ -48,6 +51,12 @@ struct ServerFacts {
   std::string tokenize_dialect;   // the request form /tokenize answered ("POST /tokenize {...}")
   std::optional<int64_t> slots;   // llama-server's parallel slots (each holds n_ctx / slots)
   std::string attention_backend;  // SGLang server args attention_backend ("" unknown)
+  // Log-probs as the server grants them (negotiate_logprobs): the most alternatives per
+  // token it accepted (0: not asked), whether /v1/completions with echo returns the prompt's
+  // log-probs (teacher-forced scoring), and what it said.
+  int top_logprobs_granted = 0;
+  std::optional<bool> prompt_logprobs;
+  std::string logprobs_note;
   std::vector<report::Evidence> evidence;  // what each endpoint said
   std::vector<std::string> notes;
 };
@@ -136,7 +145,23 @@ struct ProbeOptions {
   std::vector<int64_t> depth_tokens = {256, 2048};  // cells with depth >= ctx are skipped
   int cases_per_cell = 2;
   uint64_t seed = 1;
-  int top_logprobs = 5;      // alternatives per token for the KL estimate
+  // Teacher-forced fixed sequences (synthetic code and prose), scored token by token.
+  bool forced = false;
+  int forced_cases = 8;
+  // Long-context tasks ("mrcr", "toolcall": eval's generators) per context length.
+  std::vector<std::string> tasks;
+  std::vector<int64_t> task_ctx_tokens = {4096};
+  int task_cases = 4;
+  // Alternatives per token for the KL estimate: asked for, and lowered to what each server
+  // grants (vLLM --max-logprobs, 20 by default; the smallest of the servers is used).
+  int top_logprobs = 20;
+  // The control arm of an A/B: a second replica of A ("" : A itself, a second time, with
+  // the probes in another order so each has other batch neighbours); off with control=false.
+  std::string control_url;
+  bool control = true;
+  double alpha = 0.01;  // error rate of the verdict (Holm over the metrics)
+  double power = 0.8;   // for the probes a verdict would need
+  std::vector<struct Gate> gates;
   std::string model;         // "" : each server's first /v1/models id
   std::string results_path;  // "" : no results file (a killed run starts over)
   int concurrency = 2;       // probes in flight per run
@@ -150,6 +175,17 @@ struct TopEntry {
   double logprob = 0.0;
 };
 
+// An acceptance limit for CI, e.g. "kl<=0.01" or "mrcr_drop<=2pt": a metric's difference
+// from the control (B's excess over A's own floor) must not exceed the limit.
+struct Gate {
+  std::string text;    // as given
+  std::string metric;  // "kl", "logprob_drop", "recall_drop", "mrcr_drop", "toolcall_drop"
+  double limit = 0.0;  // nats (kl, logprob_drop) or a fraction (accuracy drops; 2pt = 0.02)
+};
+// Parses "kl<=0.01,mrcr_drop<=2pt" (comma-separated; accuracy limits in points, "pt" or
+// "%"). Throws InputError("--gate", ...) naming the part it cannot read.
+std::vector<Gate> parse_gates(const std::string& text);
+
 // One scored position: the token there (generated, or the teacher-forced text's) and
 // the server's top alternatives.
 struct Position {
@@ -162,7 +198,7 @@ struct Position {
 struct ProbeRecord {
   std::string server;  // URL
   std::string id;      // "smoke/arithmetic", "recall/ctx=4096/depth=256/case=0"
-  std::string kind;    // "smoke" | "recall"
+  std::string kind;    // "smoke" | "recall" | "forced" | "mrcr" | "toolcall"
   std::string endpoint;
   std::string expected;  // text that passes (recall: the argument list)
   std::string output;    // greedy completion
@@ -177,6 +213,13 @@ struct ProbeRecord {
   std::vector<Position> generated;  // greedy tokens with top-k
   std::vector<Position> forced;     // teacher-forced window: last prompt tokens + expected
   std::string forced_note;          // why there is no teacher-forced score ("" if scored)
+  // Multi-round tasks: rounds asked and answered exactly (passed: all of them); tool calls
+  // whose answer satisfied the schema.
+  int64_t rounds = 0, rounds_passed = 0, schema_valid = 0;
+  // Teacher-forced positions: the mean probability mass the listed top-k leaves out (the
+  // tail the KL estimate cannot see), and the top-k asked.
+  std::optional<double> tail_mass;
+  int top_k = 0;
   double seconds = 0.0;
 };
 nlohmann::json to_json(const ProbeRecord& record);
@@ -194,13 +237,45 @@ ResultsFile load_results(const std::string& path);
 
 struct ProbeComparison {
   std::string id;
-  int64_t first_divergence = -1;  // index of the first differing generated token; -1 none
-  std::string token_a, token_b;   // the tokens there
-  std::optional<double> kl;       // mean KL(a || b) per position, nats
+  std::string kind;
+  int64_t first_divergence = -1;     // index of the first differing generated token; -1 none
+  std::string token_a, token_b;      // the tokens there
+  std::optional<double> kl;          // mean KL(a || b) per position, nats
+  std::optional<double> kl_control;  // mean KL(a || control) over the same basis
   int64_t kl_positions = 0;
   std::string kl_basis;  // "teacher-forced", "greedy prefix", ""
-  bool passed_a = false, passed_b = false;
-  std::optional<double> logprob_a, logprob_b;  // expected text, per token
+  bool passed_a = false, passed_b = false, passed_control = false;
+  std::optional<double> accuracy_a, accuracy_b, accuracy_control;  // task rounds right
+  std::optional<double> logprob_a, logprob_b, logprob_control;     // per scored token
+};
+
+// One metric of an A/B, paired per probe against the control arm.
+struct MetricTest {
+  std::string metric;  // "kl", "logprob", "recall", "mrcr", "toolcall", "smoke"
+  std::string label;   // what is measured, for reports
+  std::string unit;    // "nats", "nats/token", "points"
+  int64_t probes = 0;  // probes with a value on every arm
+  // B against A (KL(A||B); B - A), the control against A, and B's excess over the control
+  // per probe (the tested quantity), each with its bootstrap interval. Accuracies in [-1, 1].
+  double effect = 0.0, floor = 0.0, excess = 0.0;
+  stats::Interval effect_interval, floor_interval, excess_interval;
+  stats::TestResult test;   // sign-flip on the per-probe excess
+  double p_adjusted = 1.0;  // Holm over the metrics of this comparison
+  std::string verdict;      // "different" | "no difference detectable" | "inconclusive"
+  // The effect a verdict is sized for (the gate's limit, else the metric's default) and the
+  // paired probes that would detect it at options.alpha with options.power.
+  double detectable = 0.0;
+  int64_t probes_needed = 0;
+  std::string sentence;  // the verdict for this metric, one line
+};
+
+struct GateResult {
+  Gate gate;
+  std::string status;           // "passed" | "failed" (JUnit's words)
+  std::optional<double> value;  // the metric's excess over the control, in the gate's unit
+  stats::Interval interval;
+  bool settled = false;  // the whole interval lies on the reported side of the limit
+  std::string message;
 };
 
 struct CompareSummary {
@@ -211,9 +286,15 @@ struct CompareSummary {
   double recall_exact_a = 0.0, recall_exact_b = 0.0;         // fractions over recall probes
   std::optional<double> recall_logprob_a, recall_logprob_b;  // mean per expected token
   int64_t recall_probes = 0;
-  std::string verdict;  // "same" | "measurably different" | "different"
-  std::string better;   // "a" | "b" | "" (tie)
-  std::string reason;   // one sentence: why this verdict
+  bool control = false;       // a control arm was measured
+  std::string control_label;  // "A again (other batch neighbours)" or the replica's URL
+  double alpha = 0.01;
+  std::vector<MetricTest> metrics;
+  std::vector<GateResult> gates;
+  std::string
+      verdict;         // "different" | "no difference detectable" | "inconclusive" | "not compared"
+  std::string better;  // "a" | "b" | "" (tie)
+  std::string reason;  // why this verdict, with the figures
 };
 
 // KL(p || q) from two top-k lists. The distributions are coarsened to the union of the
@@ -223,13 +304,24 @@ struct CompareSummary {
 // lose divergence, so this tends to understate the full-vocabulary KL.
 double kl_from_top(const std::vector<TopEntry>& p, const std::vector<TopEntry>& q);
 
-// Thresholds (nats per position): below kSameKl nothing measurable (identical servers
-// give 0; GPU batch nondeterminism stays around 1e-5..1e-4); at kDifferentKl and above
-// the difference matters (eval's warning threshold; llama.cpp measures q8_0 KV at ~0.001).
-inline constexpr double kSameKl = 1e-4;
+// The effect sizes a verdict is sized for when no gate names the metric: KL 0.01 nats per
+// position (eval's warning threshold; llama.cpp measures q8_0 KV near 0.001), 0.05 nats per
+// token of log-prob, 10 points of task accuracy.
 inline constexpr double kDifferentKl = 0.01;
-CompareSummary compare_records(const std::vector<ProbeRecord>& a,
-                               const std::vector<ProbeRecord>& b);
+inline constexpr double kDetectableLogprob = 0.05;
+inline constexpr double kDetectableAccuracy = 0.10;
+
+struct CompareOptions {
+  double alpha = 0.01;
+  double power = 0.8;
+  std::vector<Gate> gates;
+  std::string control_label;
+};
+// Pairs the probes of A, B and the control by id. Without control records (empty) the floor
+// is taken as 0 and the verdict says so.
+CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vector<ProbeRecord>& b,
+                               const std::vector<ProbeRecord>& control = {},
+                               const CompareOptions& options = {});
 
 // ---------------------------------------------------------------- a run
 
@@ -242,7 +334,8 @@ struct ServerRun {
 };
 
 struct RunResult {
-  std::vector<ServerRun> servers;  // 1, or 2 with --compare
+  std::vector<ServerRun> servers;    // 1, or 2 with --compare
+  std::optional<ServerRun> control;  // the control arm's run (A again, or --control's replica)
   std::optional<CompareSummary> compare;
   std::string token_counting;  // how prompt lengths were measured
   std::vector<std::string> notes;
@@ -256,9 +349,17 @@ RunResult run_probes(const engines::Registry& registry, const std::vector<std::s
                      const net::ClientOptions& client, const ProbeOptions& options,
                      const std::string& checkpoint_dir = "");
 
+// Asks the server, with one small completion each (no retries), for `wanted` log-probs per
+// token with echo: lowers the count to the limit an error names (vLLM "max allowed: N",
+// V0 "Cannot request more than N"), else halves it; records whether the prompt's log-probs
+// came back. A server that refuses every try keeps top_logprobs_granted 0.
+void negotiate_logprobs(net::Client& client, const std::string& model, int wanted,
+                        ServerFacts& facts);
+
 report::Report to_report(const RunResult& result, const ProbeOptions& options);
 
-// Exit gate: a smoke probe failed, or the comparison verdict is "different".
+// Exit gate: a smoke probe failed, a --gate failed, or (without gates) the comparison
+// verdict is "different".
 bool probe_failed(const RunResult& result);
 
 // ---------------------------------------------------------------- load tests

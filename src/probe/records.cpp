@@ -57,6 +57,11 @@ json to_json(const ProbeRecord& record) {
       {"generated", positions_to_json(record.generated)},
       {"forced", positions_to_json(record.forced)},
       {"forced_note", record.forced_note},
+      {"rounds", record.rounds},
+      {"rounds_passed", record.rounds_passed},
+      {"schema_valid", record.schema_valid},
+      {"tail_mass", record.tail_mass ? json(*record.tail_mass) : json()},
+      {"top_k", record.top_k},
       {"seconds", record.seconds}};
   return doc;
 }
@@ -81,6 +86,12 @@ ProbeRecord record_from_json(const json& doc, const std::string& where) {
     record.generated = positions_from_json(doc.value("generated", json::array()));
     record.forced_note = doc.value("forced_note", "");
     record.forced = positions_from_json(doc.value("forced", json::array()));
+    record.rounds = doc.value("rounds", int64_t{0});
+    record.rounds_passed = doc.value("rounds_passed", int64_t{0});
+    record.schema_valid = doc.value("schema_valid", int64_t{0});
+    if (doc.contains("tail_mass") && !doc["tail_mass"].is_null())
+      record.tail_mass = doc["tail_mass"].get<double>();
+    record.top_k = doc.value("top_k", 0);
     record.seconds = doc.value("seconds", 0.0);
     return record;
   } catch (const json::exception& error) {

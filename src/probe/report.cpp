@@ -54,6 +54,9 @@ json facts_json(const ServerFacts& f) {
           {"page_size", f.page_size ? json(*f.page_size) : json()},
           {"tp", f.tp},
           {"has_tokenize", f.has_tokenize},
+          {"top_logprobs_granted", f.top_logprobs_granted},
+          {"prompt_logprobs", f.prompt_logprobs ? json(*f.prompt_logprobs) : json()},
+          {"logprobs_note", f.logprobs_note},
           {"notes", f.notes}};
 }
 
@@ -111,7 +114,13 @@ bool probe_failed(const RunResult& result) {
   for (const auto& run : result.servers)
     for (const auto& record : run.records)
       if (record.kind == "smoke" && !record.passed) return true;
-  return result.compare && result.compare->verdict == "different";
+  if (!result.compare) return false;
+  if (!result.compare->gates.empty()) {
+    for (const auto& gate : result.compare->gates)
+      if (gate.status != "passed") return true;
+    return false;
+  }
+  return result.compare->verdict == "different";
 }
 
 namespace {
@@ -161,6 +170,7 @@ json add_servers(const RunResult& result, const ProbeOptions& options, report::R
     server["retries"] = run.client_stats.retries;
     servers.push_back(std::move(server));
     for (const auto& note : f.notes) out.notes.push_back(f.url + ": " + note);
+    if (!f.logprobs_note.empty()) out.notes.push_back(f.url + ": log-probs: " + f.logprobs_note);
     if (run.resumed > 0)
       out.notes.push_back(fmt::format("{}: {} probe(s) taken from the results file {}", f.url,
                                       run.resumed, options.results_path));
@@ -260,85 +270,279 @@ RecallTally add_recall(const RunResult& result, report::Report& out) {
   return tally;
 }
 
+// The long-context tasks and the teacher-forced sequences per server: accuracy per task and
+// context length with its Wilson interval; the sequences' log-prob per token and the tail
+// mass their top-k leaves out.
+void add_tasks(const RunResult& result, report::Report& out) {
+  const size_t sides = result.servers.size();
+  report::Table tasks{"tasks",
+                      "Long-context tasks (near-duplicate needles, asked in rounds)",
+                      {},
+                      {},
+                      "A round passes when the greedy answer is exact (tool calls: valid JSON "
+                      "that satisfies the tool's schema and equals the logged arguments). "
+                      "Interval: Wilson 95%."};
+  tasks.columns = {{"side", "Side", "", 0, false},
+                   {"task", "Task", "", 0, false},
+                   {"ctx_tokens", "Context", "tokens"},
+                   {"cases", "Cases", ""},
+                   {"rounds", "Rounds", ""},
+                   {"accuracy", "Accuracy", "%", 1},
+                   {"low", "95% low", "%", 1},
+                   {"high", "95% high", "%", 1},
+                   {"schema_valid", "Schema-valid", "%", 0},
+                   {"errors", "Errors", ""}};
+  report::Table forced{"forced",
+                       "Teacher-forced fixed sequences",
+                       {},
+                       {},
+                       "Log-prob of the sequences' own tokens per token; tail: the probability "
+                       "mass the returned top-k leaves out (what the KL estimate cannot see)."};
+  forced.columns = {{"side", "Side", "", 0, false},
+                    {"kind", "Sequences", "", 0, false},
+                    {"probes", "Probes", ""},
+                    {"scored", "Teacher-forced", ""},
+                    {"logprob", "Log-prob / token", "nats", 4},
+                    {"tail", "Tail mass", "", 4},
+                    {"top_k", "Top-k", ""}};
+  for (size_t side = 0; side < sides; ++side) {
+    struct Tally {
+      int cases = 0, errors = 0;
+      int64_t rounds = 0, passed = 0, valid = 0;
+    };
+    std::map<std::pair<std::string, int64_t>, Tally> cells;
+    struct ForcedTally {
+      int probes = 0, scored = 0, top_k = 0;
+      double logprob = 0.0, tail = 0.0;
+      int64_t tokens = 0, tails = 0;
+    };
+    std::map<std::string, ForcedTally> sequences;
+    for (const auto& record : result.servers[side].records) {
+      if (record.kind == "mrcr" || record.kind == "toolcall") {
+        Tally& t = cells[{record.kind, record.ctx_tokens}];
+        if (!record.error.empty() && record.rounds == 0) {
+          ++t.errors;
+          continue;
+        }
+        ++t.cases;
+        t.rounds += record.rounds;
+        t.passed += record.rounds_passed;
+        t.valid += record.schema_valid;
+      } else if (record.kind == "forced") {
+        const std::string kind = record.id.substr(7, record.id.find('/', 7) - 7);
+        ForcedTally& t = sequences[kind];
+        ++t.probes;
+        t.top_k = record.top_k;
+        if (record.forced.empty()) continue;
+        ++t.scored;
+        if (record.expected_logprob) {
+          t.logprob += *record.expected_logprob;
+          t.tokens += record.expected_tokens;
+        }
+        if (record.tail_mass) {
+          t.tail += *record.tail_mass;
+          ++t.tails;
+        }
+      }
+    }
+    for (const auto& [key, t] : cells) {
+      const stats::Interval ci = stats::wilson_interval(t.passed, t.rounds, 0.95);
+      tasks.rows.push_back(
+          {Value(side_name(side, sides)), Value(key.first), Value(key.second),
+           Value(int64_t{t.cases}), Value(t.rounds),
+           t.rounds ? Value(100.0 * double(t.passed) / double(t.rounds)) : Value(),
+           t.rounds ? Value(100.0 * ci.low) : Value(), t.rounds ? Value(100.0 * ci.high) : Value(),
+           key.first == "toolcall" && t.rounds ? Value(100.0 * double(t.valid) / double(t.rounds))
+                                               : Value(),
+           Value(int64_t{t.errors})});
+    }
+    for (const auto& [kind, t] : sequences)
+      forced.rows.push_back(
+          {Value(side_name(side, sides)), Value(kind), Value(int64_t{t.probes}),
+           Value(int64_t{t.scored}), t.tokens ? Value(t.logprob / double(t.tokens)) : Value(),
+           t.tails ? Value(t.tail / double(t.tails)) : Value(), Value(int64_t{t.top_k})});
+  }
+  if (!tasks.rows.empty()) out.tables.push_back(std::move(tasks));
+  if (!forced.rows.empty()) out.tables.push_back(std::move(forced));
+}
+
 // The A/B table, chart and facts; the payload's "compare" (null without --compare).
 json add_compare(const RunResult& result, report::Report& out) {
   json compare_json;
-  if (result.compare) {
-    const CompareSummary& c = *result.compare;
-    report::Table table{"compare", "A/B per probe", {}, {}, ""};
-    table.note =
-        "KL: mean KL(A || B) per position, nats, from top-k log-probs over the union of both "
-        "lists plus one bucket for the unlisted mass (a token listed on one side only gets an "
-        "equal share of the other side's unlisted mass); it understates the full-vocabulary KL. "
-        "Teacher-forced positions are the last prompt tokens and the expected text; otherwise "
-        "the greedy tokens up to the first divergence.";
-    table.columns = {{"probe", "Probe", "", 0, false},
-                     {"first_divergence", "First diverging token", "", 0, false},
-                     {"token_a", "A token", "", 0, false},
-                     {"token_b", "B token", "", 0, false},
-                     {"kl", "KL", "nats", 5},
-                     {"kl_basis", "KL basis", "", 0, false},
-                     {"passed_a", "A pass", "", 0, false},
-                     {"passed_b", "B pass", "", 0, false}};
-    json probes = json::array();
-    for (const auto& p : c.probes) {
-      table.rows.push_back(
-          {Value(p.id), p.first_divergence < 0 ? Value("none") : Value(p.first_divergence),
-           Value(excerpt(p.token_a, 16)), Value(excerpt(p.token_b, 16)), optional_double(p.kl),
-           Value(p.kl_basis), Value(p.passed_a), Value(p.passed_b)});
-      probes.push_back({{"id", p.id},
-                        {"first_divergence", p.first_divergence},
-                        {"token_a", p.token_a},
-                        {"token_b", p.token_b},
-                        {"kl", p.kl ? json(*p.kl) : json()},
-                        {"kl_positions", p.kl_positions},
-                        {"kl_basis", p.kl_basis},
-                        {"passed_a", p.passed_a},
-                        {"passed_b", p.passed_b},
-                        {"logprob_per_token_a", p.logprob_a ? json(*p.logprob_a) : json()},
-                        {"logprob_per_token_b", p.logprob_b ? json(*p.logprob_b) : json()}});
-    }
-    out.tables.push_back(std::move(table));
-    report::Chart kl_chart;
-    kl_chart.id = "kl_per_probe";
-    kl_chart.title = "KL(A || B) per probe (nats per position, top-k estimate)";
-    kl_chart.kind = report::ChartKind::bars;
-    kl_chart.x_label = "probe";
-    kl_chart.y_label = "KL (nats)";
-    kl_chart.precision = 5;
-    kl_chart.value_unit = "nats";
-    report::Series kl_series{"KL", {}};
-    for (const auto& p : c.probes)
-      if (p.kl) {
-        kl_chart.x_categories.push_back(p.id);
-        kl_series.y.push_back(*p.kl);
-      }
-    kl_chart.series.push_back(std::move(kl_series));
-    if (!kl_chart.x_categories.empty()) out.charts.push_back(std::move(kl_chart));
-    out.facts.push_back({"verdict_ab", "A/B verdict", Value(c.verdict), ""});
-    out.facts.push_back({"mean_kl", "Mean KL (A || B)", optional_double(c.mean_kl), "nats", 5});
-    out.facts.push_back({"diverged", "Probes whose greedy output differs",
-                         Value(fmt::format("{} of {}", c.diverged, c.probes.size())), ""});
-    if (c.recall_probes > 0) {
-      out.facts.push_back(
-          {"recall_exact_a", "A recall exact match", Value(100 * c.recall_exact_a), "%", 1});
-      out.facts.push_back(
-          {"recall_exact_b", "B recall exact match", Value(100 * c.recall_exact_b), "%", 1});
-    }
-    compare_json = {
-        {"verdict", c.verdict},
-        {"reason", c.reason},
-        {"better", c.better},
-        {"mean_kl", c.mean_kl ? json(*c.mean_kl) : json()},
-        {"max_kl", c.max_kl ? json(*c.max_kl) : json()},
-        {"diverged", c.diverged},
-        {"recall_probes", c.recall_probes},
-        {"recall_exact_a", c.recall_exact_a},
-        {"recall_exact_b", c.recall_exact_b},
-        {"recall_logprob_per_token_a", c.recall_logprob_a ? json(*c.recall_logprob_a) : json()},
-        {"recall_logprob_per_token_b", c.recall_logprob_b ? json(*c.recall_logprob_b) : json()},
-        {"probes", std::move(probes)}};
+  if (!result.compare) return compare_json;
+  const CompareSummary& c = *result.compare;
+  auto interval_json = [](const stats::Interval& i) { return json::array({i.low, i.high}); };
+  // The statistics per metric.
+  report::Table metrics{"ab_metrics", "A/B per metric, against the control arm", {}, {}, ""};
+  metrics.note = fmt::format(
+      "Effect: B against A; control: {} against A (the noise floor); excess: effect minus "
+      "control per probe, with its {:.0f}% bootstrap interval; p: sign-flip permutation test of "
+      "the excess (one-sided for KL), Holm-adjusted over the metrics; needed: paired probes that "
+      "would detect the 'sized for' effect with power 80%.",
+      c.control ? c.control_label : "nothing (no control arm: floor 0)", 100 * (1 - c.alpha));
+  metrics.columns = {{"metric", "Metric", "", 0, false},
+                     {"unit", "Unit", "", 0, false},
+                     {"probes", "Probes", ""},
+                     {"effect", "Effect", "", 5},
+                     {"floor", "Control", "", 5},
+                     {"excess", "Excess", "", 5},
+                     {"low", "Excess low", "", 5},
+                     {"high", "Excess high", "", 5},
+                     {"p", "p", "", 4},
+                     {"p_holm", "p (Holm)", "", 4},
+                     {"verdict", "Verdict", "", 0, false},
+                     {"detectable", "Sized for", "", 4},
+                     {"needed", "Needed", ""}};
+  json metrics_json = json::array();
+  for (const MetricTest& m : c.metrics) {
+    const double scale = m.unit == "points" ? 100.0 : 1.0;
+    metrics.rows.push_back(
+        {Value(m.metric), Value(m.unit), Value(m.probes), Value(scale * m.effect),
+         Value(scale * m.floor), Value(scale * m.excess), Value(scale * m.excess_interval.low),
+         Value(scale * m.excess_interval.high), Value(m.test.p_value), Value(m.p_adjusted),
+         Value(m.verdict), Value(scale * m.detectable), Value(m.probes_needed)});
+    metrics_json.push_back({{"metric", m.metric},
+                            {"label", m.label},
+                            {"unit", m.unit == "points" ? "fraction" : m.unit},
+                            {"probes", m.probes},
+                            {"effect", m.effect},
+                            {"effect_interval", interval_json(m.effect_interval)},
+                            {"floor", m.floor},
+                            {"floor_interval", interval_json(m.floor_interval)},
+                            {"excess", m.excess},
+                            {"excess_interval", interval_json(m.excess_interval)},
+                            {"test", m.test.method},
+                            {"p_value", m.test.p_value},
+                            {"p_adjusted", m.p_adjusted},
+                            {"min_attainable_p", m.test.min_attainable_p},
+                            {"nonzero_differences", m.test.nonzero},
+                            {"verdict", m.verdict},
+                            {"detectable", m.detectable},
+                            {"probes_needed", m.probes_needed},
+                            {"sentence", m.sentence}});
   }
+  if (!metrics.rows.empty()) out.tables.push_back(std::move(metrics));
+
+  report::Table table{"compare", "A/B per probe", {}, {}, ""};
+  table.note =
+      "KL: mean KL(A || B) per position, nats, from top-k log-probs over the union of both "
+      "lists plus one bucket for the unlisted mass (a token listed on one side only gets an "
+      "equal share of the other side's unlisted mass); it understates the full-vocabulary KL. "
+      "Teacher-forced positions are the fixed sequences, or the last prompt tokens and the "
+      "expected text; otherwise the greedy tokens up to the first divergence. KL control: the "
+      "same estimate between A and the control arm.";
+  table.columns = {{"probe", "Probe", "", 0, false},
+                   {"first_divergence", "First diverging token", "", 0, false},
+                   {"token_a", "A token", "", 0, false},
+                   {"token_b", "B token", "", 0, false},
+                   {"kl", "KL", "nats", 5},
+                   {"kl_control", "KL control", "nats", 5},
+                   {"kl_basis", "KL basis", "", 0, false},
+                   {"passed_a", "A pass", "", 0, false},
+                   {"passed_b", "B pass", "", 0, false}};
+  json probes = json::array();
+  auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
+  for (const auto& p : c.probes) {
+    table.rows.push_back(
+        {Value(p.id), p.first_divergence < 0 ? Value("none") : Value(p.first_divergence),
+         Value(excerpt(p.token_a, 16)), Value(excerpt(p.token_b, 16)), optional_double(p.kl),
+         optional_double(p.kl_control), Value(p.kl_basis), Value(p.passed_a), Value(p.passed_b)});
+    probes.push_back({{"id", p.id},
+                      {"kind", p.kind},
+                      {"first_divergence", p.first_divergence},
+                      {"token_a", p.token_a},
+                      {"token_b", p.token_b},
+                      {"kl", opt(p.kl)},
+                      {"kl_control", opt(p.kl_control)},
+                      {"kl_positions", p.kl_positions},
+                      {"kl_basis", p.kl_basis},
+                      {"passed_a", p.passed_a},
+                      {"passed_b", p.passed_b},
+                      {"passed_control", p.passed_control},
+                      {"accuracy_a", opt(p.accuracy_a)},
+                      {"accuracy_b", opt(p.accuracy_b)},
+                      {"accuracy_control", opt(p.accuracy_control)},
+                      {"logprob_per_token_a", opt(p.logprob_a)},
+                      {"logprob_per_token_b", opt(p.logprob_b)},
+                      {"logprob_per_token_control", opt(p.logprob_control)}});
+  }
+  out.tables.push_back(std::move(table));
+  report::Chart kl_chart;
+  kl_chart.id = "kl_per_probe";
+  kl_chart.title = "KL per probe: A || B and A || control (nats per position, top-k estimate)";
+  kl_chart.kind = report::ChartKind::bars;
+  kl_chart.x_label = "probe";
+  kl_chart.y_label = "KL (nats)";
+  kl_chart.precision = 5;
+  kl_chart.value_unit = "nats";
+  report::Series kl_series{"A || B", {}}, control_series{"A || control", {}};
+  for (const auto& p : c.probes)
+    if (p.kl) {
+      kl_chart.x_categories.push_back(p.id);
+      kl_series.y.push_back(*p.kl);
+      control_series.y.push_back(p.kl_control.value_or(NAN));
+    }
+  kl_chart.series.push_back(std::move(kl_series));
+  if (c.control) kl_chart.series.push_back(std::move(control_series));
+  if (!kl_chart.x_categories.empty()) out.charts.push_back(std::move(kl_chart));
+
+  // Gates, JUnit-style: one test case per gate.
+  json gates = json::array();
+  if (!c.gates.empty()) {
+    report::Table gate_table{"gates", "Acceptance gates", {}, {}, ""};
+    gate_table.columns = {{"gate", "Gate", "", 0, false},
+                          {"status", "Status", "", 0, false},
+                          {"settled", "Settled", "", 0, false},
+                          {"message", "Message", "", 0, false}};
+    for (const GateResult& g : c.gates) {
+      gate_table.rows.push_back(
+          {Value(g.gate.text), Value(g.status), Value(g.settled), Value(g.message)});
+      json test_case = {
+          {"name", g.gate.text},
+          {"classname", "kvaudit.probe.gate"},
+          {"metric", g.gate.metric},
+          {"limit", g.gate.limit},
+          {"value", g.value ? json(*g.value) : json()},
+          {"interval", g.value ? interval_json(g.interval) : json()},
+          {"settled", g.settled},
+          {"status", g.status},
+          {"message", g.message},
+          {"failure", g.status == "failed" ? json({{"message", g.message}}) : json()}};
+      gates.push_back(std::move(test_case));
+    }
+    out.tables.push_back(std::move(gate_table));
+  }
+  out.facts.push_back({"verdict_ab", "A/B verdict", Value(c.verdict), ""});
+  if (c.control) out.facts.push_back({"control_arm", "Control arm", Value(c.control_label), ""});
+  out.facts.push_back({"mean_kl", "Mean KL (A || B)", optional_double(c.mean_kl), "nats", 5});
+  out.facts.push_back({"diverged", "Probes whose greedy output differs",
+                       Value(fmt::format("{} of {}", c.diverged, c.probes.size())), ""});
+  if (c.recall_probes > 0) {
+    out.facts.push_back(
+        {"recall_exact_a", "A recall exact match", Value(100 * c.recall_exact_a), "%", 1});
+    out.facts.push_back(
+        {"recall_exact_b", "B recall exact match", Value(100 * c.recall_exact_b), "%", 1});
+  }
+  int64_t gates_failed = 0;
+  for (const auto& g : c.gates) gates_failed += g.status != "passed";
+  compare_json = {
+      {"verdict", c.verdict},
+      {"reason", c.reason},
+      {"better", c.better},
+      {"alpha", c.alpha},
+      {"control", c.control ? json(c.control_label) : json()},
+      {"metrics", std::move(metrics_json)},
+      {"gates",
+       {{"tests", c.gates.size()}, {"failures", gates_failed}, {"testcases", std::move(gates)}}},
+      {"mean_kl", c.mean_kl ? json(*c.mean_kl) : json()},
+      {"max_kl", c.max_kl ? json(*c.max_kl) : json()},
+      {"diverged", c.diverged},
+      {"recall_probes", c.recall_probes},
+      {"recall_exact_a", c.recall_exact_a},
+      {"recall_exact_b", c.recall_exact_b},
+      {"recall_logprob_per_token_a", c.recall_logprob_a ? json(*c.recall_logprob_a) : json()},
+      {"recall_logprob_per_token_b", c.recall_logprob_b ? json(*c.recall_logprob_b) : json()},
+      {"probes", std::move(probes)}};
   return compare_json;
 }
 
@@ -353,9 +557,21 @@ void set_verdict(const RunResult& result, const SmokeTally& smoke, const RecallT
     std::string better =
         c.better.empty() ? "" : fmt::format("; {} recalls better", c.better == "a" ? "A" : "B");
     parts.push_back(fmt::format("A/B: {} ({}){}", c.verdict, c.reason, better));
-    if (c.verdict == "different") severity = report::Severity::critical;
-    if (c.verdict == "measurably different")
+    int failed = 0;
+    for (const auto& gate : c.gates) failed += gate.status != "passed";
+    if (!c.gates.empty()) {
+      parts.push_back(failed == 0
+                          ? fmt::format("gates: {} of {} passed", c.gates.size(), c.gates.size())
+                          : fmt::format("gates: {} of {} FAILED", failed, c.gates.size()));
+      if (failed > 0)
+        severity = report::Severity::critical;
+      else if (c.verdict == "different")
+        severity = std::max(severity, report::Severity::warning);
+    } else if (c.verdict == "different") {
+      severity = report::Severity::critical;
+    } else if (c.verdict == "inconclusive") {
       severity = std::max(severity, report::Severity::warning);
+    }
   }
   if (smoke.total > 0) {
     parts.push_back(smoke.failed == 0
@@ -393,7 +609,17 @@ report::Report to_report(const RunResult& result, const ProbeOptions& options) {
   json servers = add_servers(result, options, out);
   const SmokeTally smoke = add_smoke(result, out);
   const RecallTally recall = add_recall(result, out);
+  add_tasks(result, out);
   json compare_json = add_compare(result, out);
+  if (result.control) {
+    json control = facts_json(result.control->facts);
+    json records = json::array();
+    for (const auto& record : result.control->records) records.push_back(to_json(record));
+    control["records"] = std::move(records);
+    control["resumed"] = result.control->resumed;
+    control["requests"] = result.control->client_stats.requests;
+    out.payload["control"] = std::move(control);
+  }
   out.payload["servers"] = std::move(servers);
   out.payload["compare"] = compare_json;
   out.payload["token_counting"] = result.token_counting;

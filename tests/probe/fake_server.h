@@ -3,7 +3,10 @@
 // deterministically: it copies a function's parameters from its definition in the prompt
 // (perfect recall), looks up inventory codes, knows 17 + 25. Each generated or echoed
 // position gets a top-k distribution whose shape `confidence` sets, so two fakes with
-// different confidence have measurably different log-probs. Faults: the first N
+// different confidence have measurably different log-probs; `noise_sd` adds fresh Gaussian
+// noise to every returned log-prob (a server whose answers are noise around one distribution).
+// It also answers the MRCR and tool-call tasks by copying from the prompt, can cap log-probs
+// with vLLM's error, and can refuse echo as llama-server does. Faults: the first N
 // completions answer 500, completions stall, answer garbage, or the server stops after N.
 #pragma once
 
@@ -15,6 +18,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <mutex>
+#include <random>
 #include <regex>
 #include <string>
 #include <thread>
@@ -39,7 +44,12 @@ struct FakeConfig {
   int tokenize_empty_after = -1;  // after N /tokenize requests every one answers {"tokens": []}
   int zero_after = -1;            // after N completion requests every one has zero tokens
   int64_t context_length = 16384;
-  std::string api_key;  // non-empty: every request needs "Authorization: Bearer KEY"
+  std::string api_key;    // non-empty: every request needs "Authorization: Bearer KEY"
+  double noise_sd = 0.0;  // Gaussian noise (nats) on every returned log-prob, per request
+  uint64_t noise_seed = 1;
+  int max_logprobs = 0;      // > 0: more log-probs answer vLLM's 400 (as --max-logprobs)
+  bool refuse_echo = false;  // echo answers llama-server's 500 "Only no echo is supported"
+  bool wrong_tasks = false;  // answers MRCR / tool-call rounds with another variant's answer
 };
 
 class FakeServer {
@@ -71,7 +81,29 @@ class FakeServer {
   // The continuation the fake "model" gives for a prompt.
   std::string continuation(const std::string& prompt) const {
     static const std::regex call(R"(value = (\w+)\($)");
+    static const std::regex round_call(R"(\n    \w+ = (\w+_v)(\d+)\($)");
+    static const std::regex tool_call(R"(\n(\w+_v)(\d+) $)");
     std::smatch match;
+    // MRCR round: "    second = STEM_vK(" -> the arguments of "def STEM_vK(".
+    if (std::regex_search(prompt, match, round_call)) {
+      std::string variant = match[2];
+      if (config_.wrong_tasks) variant = variant == "1" ? "2" : "1";
+      const std::string head = "def " + match[1].str() + variant + "(";
+      if (size_t at = prompt.find(head); at != std::string::npos) {
+        size_t end = prompt.find(')', at);
+        return prompt.substr(at + head.size(), end + 1 - at - head.size()) + "\n";
+      }
+    }
+    // Tool call: "STEM_vK " -> the logged arguments of that tool.
+    if (std::regex_search(prompt, match, tool_call)) {
+      std::string variant = match[2];
+      if (config_.wrong_tasks) variant = variant == "1" ? "2" : "1";
+      const std::string head = "\n" + match[1].str() + variant + " {";
+      if (size_t at = prompt.find(head); at != std::string::npos) {
+        size_t end = prompt.find(" -> ", at);
+        return prompt.substr(at + head.size() - 1, end - at - head.size() + 1) + "\n";
+      }
+    }
     if (std::regex_search(prompt, match, call)) {
       std::string name = match[1];
       std::string head = "def " + name + "(";
@@ -97,25 +129,34 @@ class FakeServer {
     return " ok\n";
   }
 
+  // Fresh noise for one log-prob (0 without noise_sd). The generator is shared by the
+  // server's handler threads.
+  double noise() const {
+    if (config_.noise_sd <= 0) return 0.0;
+    std::lock_guard lock(noise_mutex_);
+    return std::normal_distribution<double>(0.0, config_.noise_sd)(noise_rng_);
+  }
+
   // Top-k at a position where `chosen` is the token: chosen first, then 3 alternatives.
-  json top_of(const std::string& chosen) const {
+  json top_of(const std::string& chosen, double chosen_logprob) const {
     json top = json::object();
-    top[chosen] = std::log(config_.confidence);
+    top[chosen] = chosen_logprob;
     const char* alternatives[] = {"x", "y", "z", "w"};
     double rest = 1.0 - config_.confidence;
     int added = 0;
     for (const char* alt : alternatives) {
       if (alt == chosen || added == 3) continue;
-      top[alt] = std::log(rest / (2 << added));
+      top[alt] = std::min(-0.01, std::log(rest / (2 << added)) + noise());
       ++added;
     }
     return top;
   }
 
   void append_token(json& logprobs, const std::string& token, int64_t offset, bool first) const {
+    const double chosen = std::min(-1e-4, std::log(config_.confidence) + noise());
     logprobs["tokens"].push_back(token);
-    logprobs["token_logprobs"].push_back(first ? json() : json(std::log(config_.confidence)));
-    logprobs["top_logprobs"].push_back(first ? json() : top_of(token));
+    logprobs["token_logprobs"].push_back(first ? json() : json(chosen));
+    logprobs["top_logprobs"].push_back(first ? json() : top_of(token, chosen));
     logprobs["text_offset"].push_back(offset);
   }
 
@@ -219,6 +260,31 @@ class FakeServer {
       int64_t max_tokens = body.value("max_tokens", 16);
       bool echo = body.value("echo", false);
       int logprobs = body.value("logprobs", 0);
+      if (config_.max_logprobs > 0 && logprobs > config_.max_logprobs) {
+        // vLLM's answer (vllm/v1/engine/processor.py, as in PR #31870's example).
+        res.status = 400;
+        res.set_content(
+            json(
+                {{"error",
+                  {{"message", "Requested sample logprobs of " + std::to_string(logprobs) +
+                                   ", which is greater than max allowed: " +
+                                   std::to_string(config_.max_logprobs) +
+                                   " (parameter=logprobs, value=" + std::to_string(logprobs) + ")"},
+                   {"type", "BadRequestError"},
+                   {"param", "logprobs"},
+                   {"code", 400}}}})
+                .dump(),
+            "application/json");
+        return;
+      }
+      if (echo && config_.refuse_echo) {
+        // llama-server: std::runtime_error("Only no echo is supported") -> 500 server_error.
+        res.status = 500;
+        res.set_content(
+            R"({"error":{"code":500,"message":"Only no echo is supported","type":"server_error"}})",
+            "application/json");
+        return;
+      }
       if (!echo) greedy_++;
       std::string text = continuation(prompt);
       if (body.contains("stop"))
@@ -275,6 +341,8 @@ class FakeServer {
   std::thread thread_;
   int port_ = 0;
   std::atomic<int> completions_{0}, greedy_{0}, chats_{0}, tokenizes_{0};
+  mutable std::mutex noise_mutex_;
+  mutable std::mt19937_64 noise_rng_{config_.noise_seed};
   std::atomic<bool> stopping_{false};
 };
 

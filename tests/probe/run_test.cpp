@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "common/registry.h"
+#include "common/schema_doc.h"
 #include "probe/fake_server.h"
 #include "probe/probe.h"
 
@@ -97,65 +98,272 @@ TEST(ProbeRun, RecallScoresExactMatchAndLogprob) {
   EXPECT_THAT(poor.token_counting, HasSubstr("approximation"));
 }
 
-TEST(ProbeRun, CompareIdenticalServersIsSame) {
-  FakeServer a({}), b({});
+// Enough paired probes for the sign-flip test to reach p < 0.01 (2^-7 one-sided,
+// 2^-7 two-sided needs 8): 6 recall + 10 fixed sequences.
+ProbeOptions ab_options() {
   ProbeOptions options = small_recall();
+  options.forced = true;
+  options.forced_cases = 10;
+  return options;
+}
+
+const MetricTest* metric(const CompareSummary& summary, const std::string& name) {
+  for (const auto& m : summary.metrics)
+    if (m.metric == name) return &m;
+  return nullptr;
+}
+
+TEST(ProbeRun, CompareIdenticalServersFindsNoDifferenceAgainstTheFloor) {
+  FakeServer a({}), b({});
+  ProbeOptions options = ab_options();
   options.smoke = true;
   RunResult result =
       run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
   ASSERT_TRUE(result.compare);
-  EXPECT_EQ(result.compare->verdict, "same") << result.compare->reason;
+  EXPECT_EQ(result.compare->verdict, "no difference detectable") << result.compare->reason;
+  EXPECT_TRUE(result.compare->control);
+  ASSERT_TRUE(result.control);
+  EXPECT_EQ(result.control->records.size(), result.servers[0].records.size());
   EXPECT_EQ(result.compare->diverged, 0);
   ASSERT_TRUE(result.compare->mean_kl);
   EXPECT_EQ(*result.compare->mean_kl, 0.0);
+  const MetricTest* kl = metric(*result.compare, "kl");
+  ASSERT_NE(kl, nullptr);
+  EXPECT_EQ(kl->test.nonzero, 0);
+  EXPECT_EQ(kl->test.p_value, 1.0);
+  EXPECT_THAT(kl->sentence, HasSubstr("no difference detectable at this sample size"));
   EXPECT_EQ(result.compare->better, "");
   EXPECT_FALSE(probe_failed(result));
-  // Both sides saw the identical prompts.
-  EXPECT_EQ(a.greedy_requests(), b.greedy_requests());
+  // A was asked every probe twice (the control arm), B once: the same prompts.
+  EXPECT_EQ(a.greedy_requests(), 2 * b.greedy_requests());
+  // Log-probs were negotiated: the fake grants the 20 asked, with prompt log-probs.
+  EXPECT_EQ(result.servers[0].facts.top_logprobs_granted, 20);
+  EXPECT_EQ(result.servers[0].facts.prompt_logprobs, true);
 }
 
-TEST(ProbeRun, CompareShiftedLogprobsIsDifferent) {
+TEST(ProbeRun, CompareShiftedLogprobsIsDifferentAtTheStatedLevel) {
   FakeServer a({}), b({.confidence = 0.6});
   RunResult result = run_probes(kvaudit::testing::registry(), {a.url(), b.url()},
-                                fast_client_options(), small_recall());
+                                fast_client_options(), ab_options());
   ASSERT_TRUE(result.compare);
   EXPECT_EQ(result.compare->verdict, "different") << result.compare->reason;
   EXPECT_EQ(result.compare->diverged, 0);  // same greedy tokens, different distributions
   EXPECT_GT(*result.compare->mean_kl, kDifferentKl);
   for (const auto& probe : result.compare->probes) EXPECT_EQ(probe.kl_basis, "teacher-forced");
-  // Side A is more confident in the expected text.
+  const MetricTest* kl = metric(*result.compare, "kl");
+  ASSERT_NE(kl, nullptr);
+  EXPECT_EQ(kl->probes, 16);
+  EXPECT_LT(kl->p_adjusted, 0.01);
+  EXPECT_EQ(kl->floor, 0.0);  // A against itself
+  EXPECT_GT(kl->excess_interval.low, 0.0);
+  EXPECT_THAT(kl->sentence, HasSubstr("different at p < 0.01"));
+  // Side A is more confident in the expected text: the log-prob metric says B is worse.
+  const MetricTest* logprob = metric(*result.compare, "logprob");
+  ASSERT_NE(logprob, nullptr);
+  EXPECT_LT(logprob->excess, 0.0);
   EXPECT_EQ(result.compare->better, "a");
   EXPECT_TRUE(probe_failed(result));
-  report::Report report = to_report(result, small_recall());
+  report::Report report = to_report(result, ab_options());
   EXPECT_THAT(report.verdict, HasSubstr("A/B: different"));
   EXPECT_EQ(report.verdict_severity, report::Severity::critical);
   std::vector<std::string> charts;
   for (const auto& chart : report.charts) charts.push_back(chart.id);
   EXPECT_THAT(charts,
               ::testing::ElementsAre("recall_A", "recall_B", "recall_difference", "kl_per_probe"));
-  // The difference heatmap: both sides recall everything, so B - A is 0 in every cell.
-  for (const auto& row : report.charts[2].series)
-    for (double cell : row.y)
-      if (!std::isnan(cell)) {
-        EXPECT_EQ(cell, 0.0);
-      }
   nlohmann::json json = report::render_json(report);
   EXPECT_EQ(json["compare"]["verdict"], "different");
   EXPECT_EQ(json["servers"].size(), 2u);
+  EXPECT_EQ(json["control"]["records"].size(), json["servers"][0]["records"].size());
+  EXPECT_EQ(json["compare"]["metrics"][0]["metric"], "kl");
+  EXPECT_LT(json["compare"]["metrics"][0]["p_adjusted"].get<double>(), 0.01);
   EXPECT_NE(report::render_html(report).find("kl_per_probe"), std::string::npos);
 }
 
 TEST(ProbeRun, CompareRecallLossIsDifferentAndNamesTheBetterSide) {
   FakeServer a({.wrong_recall = true}), b({});
-  RunResult result = run_probes(kvaudit::testing::registry(), {a.url(), b.url()},
-                                fast_client_options(), small_recall());
+  ProbeOptions options = small_recall();
+  // 12 recall probes: exact two-sided p = 2^-11, below 0.01 after Holm over 3 metrics.
+  options.cases_per_cell = 4;
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
   ASSERT_TRUE(result.compare);
-  EXPECT_EQ(result.compare->verdict, "different");
+  EXPECT_EQ(result.compare->verdict, "different") << result.compare->reason;
   EXPECT_EQ(result.compare->recall_exact_a, 0.0);
   EXPECT_EQ(result.compare->recall_exact_b, 1.0);
   EXPECT_EQ(result.compare->better, "b");
-  EXPECT_EQ(result.compare->diverged, 6);
+  EXPECT_EQ(result.compare->diverged, 12);
   EXPECT_EQ(result.compare->probes[0].first_divergence, 0);
+  const MetricTest* recall = metric(*result.compare, "recall");
+  ASSERT_NE(recall, nullptr);
+  EXPECT_DOUBLE_EQ(recall->excess, 1.0);  // +100 points, exact McNemar p = 2^-11
+  EXPECT_NEAR(recall->test.p_value, 1.0 / 2048, 1e-12);
+}
+
+TEST(ProbeRun, TooFewProbesAreInconclusiveAndSayHowManyAreNeeded) {
+  FakeServer a({}), b({.confidence = 0.6});
+  RunResult result = run_probes(kvaudit::testing::registry(), {a.url(), b.url()},
+                                fast_client_options(), small_recall());  // 4 recall probes
+  ASSERT_TRUE(result.compare);
+  EXPECT_EQ(result.compare->verdict, "inconclusive") << result.compare->reason;
+  EXPECT_THAT(result.compare->reason,
+              HasSubstr("6 paired probes cannot reach p < 0.01 (at least 7 needed)"));
+  EXPECT_FALSE(probe_failed(result));
+}
+
+TEST(ProbeRun, NoiseAroundIdenticalDistributionsIsNeverCalledDifferentBeyondTheErrorRate) {
+  // Servers whose every log-prob is fresh noise around the same distribution: A, its control
+  // pass and B are exchangeable, so "different" may come out in at most about alpha of runs.
+  int different = 0, no_difference = 0;
+  const int runs = 40;
+  for (int run = 0; run < runs; ++run) {
+    FakeServer a({.noise_sd = 0.3, .noise_seed = uint64_t(1000 + run)});
+    FakeServer b({.noise_sd = 0.3, .noise_seed = uint64_t(5000 + run)});
+    ProbeOptions options;
+    options.forced = true;
+    options.forced_cases = 10;
+    options.concurrency = 2;
+    options.seed = uint64_t(run + 1);
+    RunResult result = run_probes(kvaudit::testing::registry(), {a.url(), b.url()},
+                                  fast_client_options(), options);
+    ASSERT_TRUE(result.compare);
+    different += result.compare->verdict == "different";
+    no_difference += result.compare->verdict == "no difference detectable";
+    // The noise is visible: the control's own KL is not 0.
+    EXPECT_GT(metric(*result.compare, "kl")->floor, 0.0);
+  }
+  // alpha = 0.01 over 40 runs: 0.4 expected; P(Binomial(40, 0.01) >= 3) = 0.8%.
+  EXPECT_LE(different, 2);
+  EXPECT_GE(no_difference, runs - 2);
+  // The same servers with B shifted: detected (the test has power, it is not always "no").
+  FakeServer a({.noise_sd = 0.3, .noise_seed = 7});
+  FakeServer b({.confidence = 0.6, .noise_sd = 0.3, .noise_seed = 8});
+  ProbeOptions options;
+  options.forced = true;
+  options.forced_cases = 10;
+  RunResult shifted =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
+  EXPECT_EQ(shifted.compare->verdict, "different") << shifted.compare->reason;
+}
+
+TEST(ProbeRun, GatesPassOrFailJunitStyleAndDecideTheExit) {
+  FakeServer a({}), b({.confidence = 0.6});
+  ProbeOptions options = ab_options();
+  options.gates = parse_gates("kl<=0.001, recall_drop<=5pt,mrcr_drop<=2pt");
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
+  ASSERT_EQ(result.compare->gates.size(), 3u);
+  EXPECT_EQ(result.compare->gates[0].status, "failed");  // KL well above 0.001
+  EXPECT_TRUE(result.compare->gates[0].settled);
+  EXPECT_EQ(result.compare->gates[1].status, "passed");  // recall identical
+  EXPECT_EQ(result.compare->gates[2].status, "failed");  // no MRCR probe ran: no data
+  EXPECT_THAT(result.compare->gates[2].message, HasSubstr("no data"));
+  EXPECT_TRUE(probe_failed(result));
+  nlohmann::json json = report::render_json(to_report(result, options));
+  EXPECT_EQ(json["compare"]["gates"]["tests"], 3);
+  EXPECT_EQ(json["compare"]["gates"]["failures"], 2);
+  EXPECT_EQ(json["compare"]["gates"]["testcases"][0]["name"], "kl<=0.001");
+  EXPECT_TRUE(json["compare"]["gates"]["testcases"][0]["failure"].is_object());
+  EXPECT_TRUE(json["compare"]["gates"]["testcases"][1]["failure"].is_null());
+  // The payload against docs/json-schema.md's probe.* tables, both ways.
+  kvaudit::testing::SchemaValidator validator(
+      kvaudit::testing::load_schema_tables("## Payload object: "));
+  validator.validate(json["compare"], "probe.compare", "$.compare");
+  EXPECT_TRUE(validator.problems.empty()) << [&] {
+    std::string all;
+    for (const auto& p : validator.problems) all += p + "\n";
+    return all;
+  }();
+  for (const char* object : {"probe.compare", "probe.metric", "probe.gates", "probe.gate_case",
+                             "probe.gate_failure", "probe.pair"})
+    EXPECT_TRUE(validator.seen.count(object)) << object;
+  // A generous KL gate passes, and with gates the verdict alone does not fail the run.
+  options.gates = parse_gates("kl<=1.0");
+  RunResult lenient =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
+  EXPECT_EQ(lenient.compare->verdict, "different");
+  EXPECT_EQ(lenient.compare->gates[0].status, "passed");
+  EXPECT_FALSE(probe_failed(lenient));
+}
+
+TEST(ProbeRun, GateSyntaxErrorsNameThePart) {
+  EXPECT_EQ(parse_gates("kl<=0.01,mrcr_drop<=2pt")[1].limit, 0.02);
+  for (const char* bad :
+       {"kl>0.01", "perplexity<=2", "mrcr_drop<=2", "kl<=0.01pt", "kl<=abc", "kl<=-1", ""}) {
+    try {
+      parse_gates(bad);
+      ADD_FAILURE() << bad;
+    } catch (const InputError& error) {
+      EXPECT_EQ(error.where(), "--gate") << bad;
+    }
+  }
+}
+
+TEST(ProbeRun, TasksAreScoredPerRoundAndALossIsDetected) {
+  FakeServer a({}), b({.wrong_tasks = true});
+  ProbeOptions options;
+  options.tasks = {"mrcr", "toolcall"};
+  options.task_ctx_tokens = {2000};
+  options.task_cases = 8;
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
+  for (const auto& record : result.servers[0].records) {
+    EXPECT_EQ(record.rounds, 3) << record.id;
+    EXPECT_EQ(record.rounds_passed, 3) << record.id << ": " << record.output;
+    if (record.kind == "toolcall") {
+      EXPECT_EQ(record.schema_valid, 3);
+    }
+  }
+  int b_passed = 0, b_valid = 0;
+  for (const auto& record : result.servers[1].records) {
+    b_passed += record.rounds_passed;
+    b_valid += record.schema_valid;
+  }
+  EXPECT_LT(b_passed, 16);  // B copies the other near-duplicate in most rounds
+  EXPECT_GT(b_valid, 0);    // ... with valid JSON: wrong values, not broken syntax
+  ASSERT_TRUE(result.compare);
+  EXPECT_EQ(result.compare->verdict, "different") << result.compare->reason;
+  const MetricTest* mrcr = metric(*result.compare, "mrcr");
+  ASSERT_NE(mrcr, nullptr);
+  EXPECT_LT(mrcr->excess, -0.3);
+  EXPECT_EQ(result.compare->better, "a");
+  report::Report report = to_report(result, options);
+  bool has_tasks = false;
+  for (const auto& table : report.tables) has_tasks |= table.id == "tasks";
+  EXPECT_TRUE(has_tasks);
+}
+
+TEST(ProbeRun, LogprobLimitsAndRefusedEchoAreNegotiatedNotFatal) {
+  // B: vLLM-style cap of 5, and llama-server's refusal of echo.
+  FakeServer a({}), b({.max_logprobs = 5, .refuse_echo = true});
+  ProbeOptions options;
+  options.forced = true;
+  options.forced_cases = 4;
+  options.smoke = true;
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
+  const ServerFacts& facts = result.servers[1].facts;
+  EXPECT_EQ(facts.top_logprobs_granted, 5);
+  EXPECT_EQ(facts.prompt_logprobs, false);
+  EXPECT_THAT(facts.logprobs_note, HasSubstr("max allowed: 5"));
+  EXPECT_THAT(facts.logprobs_note, HasSubstr("Only no echo is supported"));
+  // Every side used the smaller top-k, and no echo: fixed sequences fall back to generated
+  // tokens, said so.
+  for (const auto& run : result.servers)
+    for (const auto& record : run.records) {
+      EXPECT_EQ(record.top_k, 5) << record.id;
+      if (record.kind == "forced") {
+        EXPECT_TRUE(record.forced.empty());
+        EXPECT_FALSE(record.generated.empty());
+        EXPECT_THAT(record.forced_note, HasSubstr("generated-token KL"));
+      }
+    }
+  EXPECT_THAT(fmt::format("{}", fmt::join(result.notes, "\n")),
+              HasSubstr("20 alternatives per token asked, 5 used"));
+  ASSERT_TRUE(result.compare);
+  for (const auto& probe : result.compare->probes)
+    if (probe.kind == "forced") {
+      EXPECT_EQ(probe.kl_basis, "greedy prefix");
+    }
 }
 
 TEST(ProbeFaults, KilledMidRunResumesOnlyTheRest) {
@@ -244,7 +452,9 @@ TEST(ProbeFaults, GarbageIsAClearMessage) {
 }
 
 TEST(ProbeFaults, ServerErrorsThenRecovery) {
-  FakeServer server({.fail_first = 3});
+  // The first 500 answers the log-prob negotiation (no retries there); three more meet the
+  // probes, which retry through them.
+  FakeServer server({.fail_first = 4});
   ProbeOptions options;
   options.smoke = true;
   options.concurrency = 1;
