@@ -567,8 +567,9 @@ void collect_records(std::vector<std::vector<std::optional<ProbeRecord>>>& slots
         arm(result, side).records.push_back(std::move(*slot));
       }
     for (const auto& [note, count] : notes)
-      result.notes.push_back(fmt::format("{}: {} of {} probes: {}", arm(result, side).facts.url,
-                                         count, arm(result, side).records.size(), note));
+      result.notes.push_back(fmt::format("{}{}: {} of {} probes: {}", arm(result, side).facts.url,
+                                         side == 2 ? " (control arm)" : "", count,
+                                         arm(result, side).records.size(), note));
     arm(result, side).client_stats = clients[side]->stats();
   }
 }

@@ -4,6 +4,9 @@
 // does not read are skipped with the reason; a file with no handler fails, so a new
 // artifact cannot sit untested.
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
 
 #include <filesystem>
 #include <map>
@@ -160,7 +163,7 @@ TEST_P(RealAnswer, ReadsAsStated) {
                 f.at("max_num_blocks").get<int64_t>() * f.at("tokens_per_block").get<int64_t>());
       EXPECT_EQ(facts.page_size, f.at("tokens_per_block").get<int64_t>());
     }
-  } else if (name.rfind("error", 0) == 0) {
+  } else if (name.rfind("error", 0) == 0) {  // (log-prob refusals: also RealAnswerNegotiation)
     const std::string expected = f.contains("error.message") ? f["error.message"]
                                  : f.contains("message")     ? f["message"]
                                                              : f.at("error");
@@ -174,6 +177,58 @@ TEST_P(RealAnswer, ReadsAsStated) {
     FAIL() << a.file
            << ": no handler reads this kind of answer; add one (or a reason it is not read)";
   }
+}
+
+// The real refusals about log-probs, served again by a stand-in that answers a completion
+// with the recorded body and status when the request asks for more than the answer's limit
+// (or for echo, where echo is what it refused): negotiate_logprobs reads the limit out of the
+// engine's own words.
+TEST(RealAnswerNegotiation, LogprobRefusalsLowerTheRequestOrDropEcho) {
+  int checked = 0;
+  for (const Answer& a : answers()) {
+    if (!a.facts.contains("granted_logprobs")) continue;
+    const int status = a.facts.at("http_status").get<int>();
+    const int granted = a.facts.at("granted_logprobs").get<int>();
+    const bool refuses_echo = a.facts.contains("prompt_logprobs");
+    const std::string body = body_text(a);
+    httplib::Server server;
+    server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+      const json request = json::parse(req.body);
+      const bool echo = request.value("echo", false);
+      if ((refuses_echo && echo) || (!refuses_echo && request.value("logprobs", 0) > granted)) {
+        res.status = status;
+        res.set_content(body, "application/json");
+        return;
+      }
+      json lp = {{"tokens", {"x"}},
+                 {"token_logprobs", {-0.1}},
+                 {"top_logprobs", {{{"x", -0.1}}}},
+                 {"text_offset", {0}}};
+      res.set_content(
+          json({{"choices",
+                 {{{"text", "x"}, {"index", 0}, {"finish_reason", "length"}, {"logprobs", lp}}}},
+                {"usage", {{"prompt_tokens", 9}, {"completion_tokens", 1}}}})
+              .dump(),
+          "application/json");
+    });
+    const int port = server.bind_to_any_port("127.0.0.1");
+    std::thread thread([&] { server.listen_after_bind(); });
+    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    net::Client client(net::parse_url("http://127.0.0.1:" + std::to_string(port)), {});
+    ServerFacts facts;
+    negotiate_logprobs(client, "m", a.facts.at("asked_logprobs").get<int>(), facts);
+    server.stop();
+    thread.join();
+    EXPECT_EQ(facts.top_logprobs_granted, granted) << a.file << ": " << facts.logprobs_note;
+    if (refuses_echo) {
+      EXPECT_EQ(facts.prompt_logprobs, false) << a.file;
+    }
+    EXPECT_NE(facts.logprobs_note.find(net::error_message_of(body).substr(0, 20)),
+              std::string::npos)
+        << a.file << ": " << facts.logprobs_note;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
 }
 
 std::string answer_name(const ::testing::TestParamInfo<Answer>& info) {
