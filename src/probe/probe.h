@@ -222,7 +222,10 @@ struct ProbeRecord {
   int top_k = 0;
   double seconds = 0.0;
 };
-nlohmann::json to_json(const ProbeRecord& record);
+// The record as JSON. The results file keeps every position's top-k (a resumed run compares
+// from them); a report keeps per position only the token and its log-prob (with_top false),
+// which keeps a 20-alternative A/B's --json at a few MB instead of tens.
+nlohmann::json to_json(const ProbeRecord& record, bool with_top = true);
 ProbeRecord record_from_json(const nlohmann::json& doc, const std::string& where);
 
 // A JSON-lines results file: one {"key", "record"} per finished probe, appended and

@@ -11,11 +11,12 @@ using nlohmann::json;
 
 namespace {
 
-json positions_to_json(const std::vector<Position>& positions) {
+json positions_to_json(const std::vector<Position>& positions, bool with_top) {
   json out = json::array();
   for (const auto& position : positions) {
     json top = json::array();
-    for (const auto& entry : position.top) top.push_back({entry.token, entry.logprob});
+    if (with_top)
+      for (const auto& entry : position.top) top.push_back({entry.token, entry.logprob});
     out.push_back({{"token", position.token},
                    {"logprob", position.logprob ? json(*position.logprob) : json()},
                    {"top", std::move(top)}});
@@ -39,7 +40,7 @@ std::vector<Position> positions_from_json(const json& doc) {
 
 }  // namespace
 
-json to_json(const ProbeRecord& record) {
+json to_json(const ProbeRecord& record, bool with_top) {
   json doc = {
       {"server", record.server},
       {"id", record.id},
@@ -54,8 +55,8 @@ json to_json(const ProbeRecord& record) {
       {"prompt_tokens", record.prompt_tokens},
       {"expected_logprob", record.expected_logprob ? json(*record.expected_logprob) : json()},
       {"expected_tokens", record.expected_tokens},
-      {"generated", positions_to_json(record.generated)},
-      {"forced", positions_to_json(record.forced)},
+      {"generated", positions_to_json(record.generated, with_top)},
+      {"forced", positions_to_json(record.forced, with_top)},
       {"forced_note", record.forced_note},
       {"rounds", record.rounds},
       {"rounds_passed", record.rounds_passed},

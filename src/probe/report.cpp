@@ -162,7 +162,7 @@ json add_servers(const RunResult& result, const ProbeOptions& options, report::R
       out.findings.push_back(std::move(finding));
     }
     json records = json::array();
-    for (const auto& record : run.records) records.push_back(to_json(record));
+    for (const auto& record : run.records) records.push_back(to_json(record, false));
     json server = facts_json(f);
     server["records"] = std::move(records);
     server["resumed"] = run.resumed;
@@ -614,7 +614,7 @@ report::Report to_report(const RunResult& result, const ProbeOptions& options) {
   if (result.control) {
     json control = facts_json(result.control->facts);
     json records = json::array();
-    for (const auto& record : result.control->records) records.push_back(to_json(record));
+    for (const auto& record : result.control->records) records.push_back(to_json(record, false));
     control["records"] = std::move(records);
     control["resumed"] = result.control->resumed;
     control["requests"] = result.control->client_stats.requests;
