@@ -582,6 +582,22 @@ void set_verdict(const RunResult& result, const SmokeTally& smoke, const RecallT
   if (recall.total > 0 && !result.compare)
     parts.push_back(fmt::format("recall exact match {:.0f}% over {} cases",
                                 100.0 * recall.exact / recall.total, recall.total));
+  if (!result.compare) {
+    // One server's tasks: accuracy per task over every context length, with its interval.
+    std::map<std::string, std::pair<int64_t, int64_t>> tasks;  // kind -> (passed, rounds)
+    for (const auto& record : result.servers[0].records)
+      if (record.kind == "mrcr" || record.kind == "toolcall") {
+        tasks[record.kind].first += record.rounds_passed;
+        tasks[record.kind].second += record.rounds;
+      }
+    for (const auto& [kind, tally] : tasks)
+      if (tally.second > 0) {
+        const stats::Interval ci = stats::wilson_interval(tally.first, tally.second, 0.95);
+        parts.push_back(fmt::format("{} {:.0f}% of {} rounds (95% {:.0f}-{:.0f}%)", kind,
+                                    100.0 * double(tally.first) / double(tally.second),
+                                    tally.second, 100 * ci.low, 100 * ci.high));
+      }
+  }
   if (parts.empty()) {
     const ServerFacts& f = result.servers[0].facts;
     parts.push_back(fmt::format("{} serving {} with KV dtype {}", f.engine, f.model_id,
