@@ -272,7 +272,7 @@ struct TaskCaseOptions {
 TaskCase make_mrcr_case(const TaskCaseOptions& options, const TokenCounter& count_tokens);
 // Tool calls: a registry of near-duplicate tools sharing one JSON Schema, a call log where
 // each was called once with distinct arguments and timed out, among other calls; the rounds
-// re-issue the timed-out calls ("NAME ") and the answer is the compact JSON arguments.
+// re-issue the timed-out calls ("NAME") and the answer is " " + the compact JSON arguments.
 TaskCase make_toolcall_case(const TaskCaseOptions& options, const TokenCounter& count_tokens);
 // Generated Python functions (the recall generator's) of about `tokens` tokens, at least one.
 std::string make_code(uint64_t seed, int64_t tokens, const TokenCounter& count_tokens);

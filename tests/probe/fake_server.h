@@ -82,7 +82,7 @@ class FakeServer {
   std::string continuation(const std::string& prompt) const {
     static const std::regex call(R"(value = (\w+)\($)");
     static const std::regex round_call(R"(^    \w+ = (\w+_v)(\d+)\($)");
-    static const std::regex tool_call(R"(^(\w+_v)(\d+) $)");
+    static const std::regex tool_call(R"(^(\w+_v)(\d+)$)");
     std::smatch match;
     // The patterns only look at the prompt's last line: std::regex over a whole long prompt
     // is slow in the sanitizer build's -O0.
@@ -104,7 +104,7 @@ class FakeServer {
       const std::string head = "\n" + match[1].str() + variant + " {";
       if (size_t at = prompt.find(head); at != std::string::npos) {
         size_t end = prompt.find(" -> ", at);
-        return prompt.substr(at + head.size() - 1, end - at - head.size() + 1) + "\n";
+        return " " + prompt.substr(at + head.size() - 1, end - at - head.size() + 1) + "\n";
       }
     }
     if (std::regex_search(last_line, match, call)) {
