@@ -306,7 +306,7 @@ struct TaskCell {
   std::string kind;
   int64_t ctx_tokens = 0;
   int cases = 0;
-  int64_t rounds = 0, rounds_exact = 0;            // rounds whose every answer token is the argmax
+  int64_t rounds = 0, rounds_exact = 0;            // rounds greedy decoding answers exactly
   double accuracy = 0.0;                           // rounds_exact / rounds
   double accuracy_low = 0.0, accuracy_high = 1.0;  // Wilson 95% interval
   double mean_logprob_per_token = 0.0;             // teacher-forced, over the answers

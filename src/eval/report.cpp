@@ -287,8 +287,9 @@ void add_to_report(const TaskResult& result, report::Report& out) {
   table.note =
       "mrcr: call near-duplicate functions (same stem and body, suffix _vN) in rounds; "
       "toolcall: re-issue near-duplicate tools' calls as JSON arguments. A round is exact when "
-      "every answer token is the argmax (teacher-forced after the earlier rounds' correct "
-      "answers); interval: Wilson.";
+      "every answer token is the argmax, or for a text token that runs past the answer, the "
+      "argmax writes the rest of it (teacher-forced after the earlier rounds' correct answers); "
+      "interval: Wilson.";
   nlohmann::json payload = nlohmann::json::array();
   for (const TaskFormatResult& f : result.formats) {
     nlohmann::json cells = nlohmann::json::array();

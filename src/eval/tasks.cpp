@@ -458,18 +458,33 @@ TaskScore score_task_case(model::Session& session, const tokenizer::Tokenizer& t
   const int64_t rows = static_cast<int64_t>(ids.size() - first_scored) + 1;
   const int64_t width = static_cast<int64_t>(logits.size()) / rows;
   std::vector<float> log_probs(static_cast<size_t>(width));
+  // Byte offset where each token starts, to judge a token that straddles an answer's end.
+  std::vector<size_t> token_start(ids.size() + 1, 0);
+  for (size_t i = 0; i < ids.size(); ++i)
+    token_start[i + 1] = token_start[i] + tokenizer.token_bytes(ids[i]).value_or("").size();
   TaskScore score;
-  for (const auto& tokens : answer_tokens) {
+  for (size_t r = 0; r < answer_tokens.size(); ++r) {
+    const size_t answer_end = spans[r].second;
     bool exact = true;
-    for (size_t index : tokens) {
+    for (size_t index : answer_tokens[r]) {
       std::span<const float> row(&logits[(index - first_scored) * size_t(width)], size_t(width));
       log_softmax(row, log_probs);
       const int32_t next = ids[index];
       score.logprob += log_probs[size_t(next)];
       ++score.answer_tokens;
-      if (std::max_element(row.begin(), row.end()) - row.begin() != next ||
-          !std::isfinite(log_probs[size_t(next)]))
-        exact = false;
+      const auto best =
+          static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      if (!std::isfinite(log_probs[size_t(next)])) exact = false;
+      if (best == next) continue;
+      // The text's last answer token may run past the answer (")\n" where the answer ends in
+      // ")"). A prediction that writes the rest of the answer and agrees with the text after it
+      // (")") is what greedy decoding would produce: the answer is complete and exact.
+      const std::string best_bytes = tokenizer.token_bytes(best).value_or("");
+      const size_t start = token_start[index];
+      const bool completes_answer = token_start[index + 1] > answer_end && !best_bytes.empty() &&
+                                    start + best_bytes.size() >= answer_end &&
+                                    std::string_view(text).substr(start).starts_with(best_bytes);
+      if (!completes_answer) exact = false;
     }
     ++score.rounds;
     score.rounds_exact += exact;
