@@ -16,20 +16,8 @@ namespace kvaudit::eval {
 
 namespace {
 
-// splitmix64: a tiny generator whose sequence is fixed by its definition, so cases are
-// identical on every platform (std distributions are implementation-defined).
-struct Random {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  template <size_t N>
-  std::string_view pick(const std::array<std::string_view, N>& words) {
-    return words[next() % N];
-  }
+// Cases are drawn from a splitmix64 sequence: identical on every platform.
+struct Random : SplitMix64 {
   int range(int lo, int hi) { return lo + static_cast<int>(next() % uint64_t(hi - lo + 1)); }
 };
 

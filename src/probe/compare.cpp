@@ -391,17 +391,15 @@ CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vec
       m.verdict = "no difference detectable";
       any_testable = true;
       const int64_t more = std::max<int64_t>(0, m.probes_needed - m.probes);
+      const std::string detectable = m.unit == "points"
+                                         ? fmt::format("{:.1f} points", 100 * m.detectable)
+                                         : fmt::format("{:.3g} {}", m.detectable, m.unit);
       m.sentence = fmt::format(
           "{}: no difference detectable at this sample size (p = {:.2g}; excess {} {}{}); {}",
           m.label, m.test.p_value, format_value(m, m.excess), interval, floor_text,
-          more > 0
-              ? fmt::format("{} more probes would detect {}", more,
-                            m.unit == "points" ? fmt::format("{:.1f} points", 100 * m.detectable)
-                                               : fmt::format("{:.3g} {}", m.detectable, m.unit))
-              : fmt::format("these {} probes would have detected {} with power {:.0f}%", m.probes,
-                            m.unit == "points" ? fmt::format("{:.1f} points", 100 * m.detectable)
-                                               : fmt::format("{:.3g} {}", m.detectable, m.unit),
-                            100 * options.power));
+          more > 0 ? fmt::format("{} more probes would detect {}", more, detectable)
+                   : fmt::format("these {} probes would have detected {} with power {:.0f}%",
+                                 m.probes, detectable, 100 * options.power));
     }
     parts.push_back(m.sentence);
   }

@@ -18,6 +18,7 @@
 
 #include "eval/eval.h"
 #include "probe/probe.h"
+#include "util/util.h"
 
 namespace kvaudit::probe {
 
@@ -83,14 +84,6 @@ class TokenCounter {
   std::unordered_map<std::string, int64_t> cache_;
 };
 
-// A tiny fixed generator (splitmix64) for the medium smoke prompt.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 Prepared prepare_smoke(const std::string& which, uint64_t seed, std::optional<int64_t> context) {
   Prepared p;
   if (which == "short") {
@@ -105,13 +98,13 @@ Prepared prepare_smoke(const std::string& which, uint64_t seed, std::optional<in
     std::string codes_text;
     std::vector<std::string> codes;
     for (int i = 0; i < items; ++i) {
-      uint64_t r = mix(seed * 1000 + i);
+      uint64_t r = splitmix64(seed * 1000 + i);
       std::string code = fmt::format("{}{}-{:04}", char('A' + r % 26), char('A' + (r >> 8) % 26),
                                      (r >> 16) % 10000);
       codes.push_back(code);
       codes_text += fmt::format("Item {:03} has code {}.\n", i + 1, code);
     }
-    int asked = static_cast<int>(mix(seed + 77) % items);
+    int asked = static_cast<int>(splitmix64(seed + 77) % items);
     p.prompt = fmt::format(
         "Inventory list.\n{}\nQuestion: which code does item {:03} have?\n"
         "Answer: Item {:03} has code",
@@ -481,9 +474,22 @@ namespace {
 
 // The probes to run: the smoke set and the recall grid (cells the server's context cannot
 // hold are skipped with a note).
-std::vector<Spec> probe_specs(const ProbeOptions& options, std::optional<int64_t> context,
-                              RunResult& result) {
+std::vector<Spec> probe_specs(const ProbeOptions& options, bool compare,
+                              std::optional<int64_t> context, RunResult& result) {
   std::vector<Spec> specs;
+  int task_cases = options.task_cases;
+  if (task_cases <= 0) {
+    task_cases = 4;
+    const auto contexts = static_cast<int64_t>(std::max<size_t>(1, options.task_ctx_tokens.size()));
+    const int64_t needed = stats::min_samples_for(options.alpha, stats::Alternative::two_sided);
+    if (compare && !options.tasks.empty() && task_cases * contexts < needed) {
+      task_cases = static_cast<int>((needed + contexts - 1) / contexts);
+      result.notes.push_back(fmt::format(
+          "tasks: {} cases per task and context length, the fewest paired probes that can "
+          "reach p < {} (set --task-cases to change it)",
+          task_cases, options.alpha));
+    }
+  }
   if (options.smoke)
     for (const char* which : {"short", "arithmetic", "medium"})
       specs.push_back({fmt::format("smoke/{}", which), "smoke", which});
@@ -517,7 +523,7 @@ std::vector<Spec> probe_specs(const ProbeOptions& options, std::optional<int64_t
                         kind, ctx, *context));
         continue;
       }
-      for (int c = 0; c < options.task_cases; ++c)
+      for (int c = 0; c < task_cases; ++c)
         specs.push_back({fmt::format("{}/ctx={}/case={}", kind, ctx, c), kind, "", ctx, 0, c});
     }
   return specs;
@@ -919,7 +925,7 @@ RunResult run_probes(const engines::Registry& registry, const std::vector<std::s
         "(echo); KL is estimated on generated tokens instead");
 
   const std::optional<int64_t> context = shared_context(result);
-  std::vector<Spec> specs = probe_specs(options, context, result);
+  std::vector<Spec> specs = probe_specs(options, urls.size() == 2, context, result);
 
   // Prompt lengths are measured with the first server's tokenizer when it has one; both
   // sides get the identical text either way.

@@ -19,13 +19,6 @@ namespace {
 constexpr size_t kBankSize = size_t(1) << 20;
 constexpr double kRopeTheta = 1e6;  // Qwen3's rope_theta
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 enum class Tensor : uint64_t { key = 1, value = 2, query = 3 };
 enum class Profile { outlier_keys, gaussian, small_values };
 
@@ -183,7 +176,7 @@ class SyntheticSource final : public QkvSource {
   // n consecutive standard normals for one row (a window of the bank chosen by a hash).
   const float* draw(Tensor tensor, int64_t token, int n) const {
     const uint64_t h =
-        splitmix(seed_ * 0x100000001B3ull ^ splitmix(uint64_t(tensor) << 56 ^ uint64_t(token)));
+        splitmix64(seed_ * 0x100000001B3ull ^ splitmix64(uint64_t(tensor) << 56 ^ uint64_t(token)));
     return bank_.data() + h % (kBankSize - size_t(n));
   }
 

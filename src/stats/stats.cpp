@@ -7,21 +7,13 @@
 #include <cmath>
 #include <numeric>
 
+#include "util/util.h"
+
 namespace kvaudit::stats {
 
 namespace {
 
-// splitmix64: a sequence fixed by its definition, identical on every platform.
-struct Random {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  size_t below(size_t n) { return static_cast<size_t>(next() % n); }
-};
+using Random = SplitMix64;
 
 // Is `candidate` at least as extreme as `observed`? Sums are compared with a tolerance so
 // that an assignment equal to the observed one in exact arithmetic counts as extreme

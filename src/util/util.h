@@ -70,6 +70,30 @@ std::vector<std::string> split_list(std::string_view text, char separator = ',')
 // Formats 1234567 as "1,234,567".
 std::string with_thousands(int64_t value);
 
+// splitmix64's output function: a well-mixed 64-bit value of x, fixed by its definition.
+constexpr uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A splitmix64 sequence: generated probes, cases and resamples are identical on every
+// platform for a seed (std distributions are implementation-defined).
+struct SplitMix64 {
+  uint64_t state = 0;
+  uint64_t next() {
+    const uint64_t out = splitmix64(state);
+    state += 0x9E3779B97F4A7C15ull;
+    return out;
+  }
+  size_t below(size_t n) { return static_cast<size_t>(next() % n); }
+  template <class List>
+  const auto& pick(const List& list) {
+    return list[next() % list.size()];
+  }
+};
+
 // A fixed pool of worker threads owned by the caller (cli/, tests, benchmarks), who passes it
 // down: modules never start compute threads of their own. parallel_for splits [0, count) into
 // `tasks` contiguous chunks (independent of the thread count) and runs body(task, begin,
