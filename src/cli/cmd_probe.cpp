@@ -32,7 +32,7 @@ struct ProbeFlags {
   int forced_cases = 8;
   std::vector<std::string> tasks;
   std::string task_ctx = "4k";
-  int task_cases = 4;
+  int task_cases = 0;  // 0: the probe module's default (more in an A/B)
   std::string control_url;
   bool no_control = false;
   double alpha = 0.01;
@@ -221,7 +221,10 @@ void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
                    "rounds), toolcall (near-duplicate tools' JSON arguments, schema-checked)")
       ->check(CLI::IsMember({"mrcr", "toolcall"}));
   probe->add_option("--task-ctx", flags->task_ctx, "Context lengths of the tasks (tokens)");
-  probe->add_option("--task-cases", flags->task_cases, "Cases per task and context length")
+  probe
+      ->add_option("--task-cases", flags->task_cases,
+                   "Cases per task and context length (default 4; in an A/B at least enough "
+                   "for the paired test to reach --alpha)")
       ->check(CLI::Range(1, 1000));
   probe->add_option("--control", flags->control_url,
                     "A/B control arm: a second replica of A (default: A itself, asked again "

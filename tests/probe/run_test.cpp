@@ -305,9 +305,16 @@ TEST(ProbeRun, TasksAreScoredPerRoundAndALossIsDetected) {
   ProbeOptions options;
   options.tasks = {"mrcr", "toolcall"};
   options.task_ctx_tokens = {2000};
-  options.task_cases = 8;
+  // task_cases left at 0: an A/B with one context length asks 8 cases per task (4 could
+  // never reach p < 0.01), and says so.
   RunResult result =
       run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
+  EXPECT_EQ(result.servers[0].records.size(), 16u);
+  EXPECT_NE(std::find_if(result.notes.begin(), result.notes.end(),
+                         [](const std::string& note) {
+                           return note.find("tasks: 8 cases per task") != std::string::npos;
+                         }),
+            result.notes.end());
   for (const auto& record : result.servers[0].records) {
     EXPECT_EQ(record.rounds, 3) << record.id;
     EXPECT_EQ(record.rounds_passed, 3) << record.id << ": " << record.output;
@@ -332,6 +339,17 @@ TEST(ProbeRun, TasksAreScoredPerRoundAndALossIsDetected) {
   bool has_tasks = false;
   for (const auto& table : report.tables) has_tasks |= table.id == "tasks";
   EXPECT_TRUE(has_tasks);
+}
+
+TEST(ProbeRun, OneServerAsksFourTaskCasesByDefault) {
+  FakeServer a({});
+  ProbeOptions options;
+  options.tasks = {"mrcr"};
+  options.task_ctx_tokens = {2000};
+  RunResult result =
+      run_probes(kvaudit::testing::registry(), {a.url()}, fast_client_options(), options);
+  EXPECT_EQ(result.servers[0].records.size(), 4u);
+  for (const auto& note : result.notes) EXPECT_EQ(note.find("tasks:"), std::string::npos) << note;
 }
 
 TEST(ProbeRun, LogprobLimitsAndRefusedEchoAreNegotiatedNotFatal) {
