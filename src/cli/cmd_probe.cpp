@@ -223,8 +223,8 @@ void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
   probe->add_option("--task-ctx", flags->task_ctx, "Context lengths of the tasks (tokens)");
   probe
       ->add_option("--task-cases", flags->task_cases,
-                   "Cases per task and context length (default 4; in an A/B at least enough "
-                   "for the paired test to reach --alpha)")
+                   "Cases per task and context length (default 4; in an A/B at least twice "
+                   "the fewest paired probes that can reach --alpha)")
       ->check(CLI::Range(1, 1000));
   probe->add_option("--control", flags->control_url,
                     "A/B control arm: a second replica of A (default: A itself, asked again "

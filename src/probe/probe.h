@@ -151,8 +151,8 @@ struct ProbeOptions {
   // Long-context tasks ("mrcr", "toolcall": eval's generators) per context length.
   std::vector<std::string> tasks;
   std::vector<int64_t> task_ctx_tokens = {4096};
-  // Cases per task and context length; 0: 4, or in an A/B as many as the paired test needs
-  // to reach p < alpha over the context lengths (8 at alpha 0.01), whichever is more.
+  // Cases per task and context length; 0: 4, or in an A/B twice the fewest paired probes
+  // that can reach p < alpha, over the context lengths (16 at alpha 0.01), if more.
   int task_cases = 0;
   // Alternatives per token for the KL estimate: asked for, and lowered to what each server
   // grants (vLLM --max-logprobs, 20 by default; the smallest of the servers is used).

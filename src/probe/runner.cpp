@@ -482,12 +482,15 @@ std::vector<Spec> probe_specs(const ProbeOptions& options, bool compare,
     task_cases = 4;
     const auto contexts = static_cast<int64_t>(std::max<size_t>(1, options.task_ctx_tokens.size()));
     const int64_t needed = stats::min_samples_for(options.alpha, stats::Alternative::two_sided);
-    if (compare && !options.tasks.empty() && task_cases * contexts < needed) {
-      task_cases = static_cast<int>((needed + contexts - 1) / contexts);
+    // Twice the fewest paired probes that can reach alpha: that fewest reaches it only
+    // when every probe moves the same way, and probes where both sides answer alike (both
+    // right, both wrong) carry no sign.
+    if (compare && !options.tasks.empty() && task_cases * contexts < 2 * needed) {
+      task_cases = static_cast<int>((2 * needed + contexts - 1) / contexts);
       result.notes.push_back(fmt::format(
-          "tasks: {} cases per task and context length, the fewest paired probes that can "
-          "reach p < {} (set --task-cases to change it)",
-          task_cases, options.alpha));
+          "tasks: {} cases per task and context length, twice the {} paired probes that can "
+          "reach p < {} at best (set --task-cases to change it)",
+          task_cases, needed, options.alpha));
     }
   }
   if (options.smoke)

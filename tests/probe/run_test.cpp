@@ -305,14 +305,14 @@ TEST(ProbeRun, TasksAreScoredPerRoundAndALossIsDetected) {
   ProbeOptions options;
   options.tasks = {"mrcr", "toolcall"};
   options.task_ctx_tokens = {2000};
-  // task_cases left at 0: an A/B with one context length asks 8 cases per task (4 could
-  // never reach p < 0.01), and says so.
+  // task_cases left at 0: an A/B with one context length asks 16 cases per task (4 could
+  // never reach p < 0.01; 8 only when all 8 differ one way), and says so.
   RunResult result =
       run_probes(kvaudit::testing::registry(), {a.url(), b.url()}, fast_client_options(), options);
-  EXPECT_EQ(result.servers[0].records.size(), 16u);
+  EXPECT_EQ(result.servers[0].records.size(), 32u);
   EXPECT_NE(std::find_if(result.notes.begin(), result.notes.end(),
                          [](const std::string& note) {
-                           return note.find("tasks: 8 cases per task") != std::string::npos;
+                           return note.find("tasks: 16 cases per task") != std::string::npos;
                          }),
             result.notes.end());
   for (const auto& record : result.servers[0].records) {
