@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "checkpoint/checkpoint.h"
@@ -24,6 +25,10 @@ struct PlanFlags {
   int tp = 1, pp = 1, dp = 1, dcp = 1;
   std::string mamba_ssm_dtype;
   int speculative_draft_layers = 0;
+  std::string mamba_radix_cache_strategy;
+  bool disable_radix_cache = false;
+  bool disable_overlap_schedule = false;
+  int64_t context_length = 0;
   bool dp_attention = false;
   std::string kv_cache_dtypes;
   std::string gpu;
@@ -53,6 +58,14 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
   options.parallel = {f.tp, f.pp, f.dp, f.dp_attention, f.dcp};
   options.mamba_ssm_dtype = f.mamba_ssm_dtype;
   if (f.speculative_draft_layers > 0) options.speculative_draft_layers = f.speculative_draft_layers;
+  options.mamba_radix_cache_strategy = f.mamba_radix_cache_strategy;
+  options.disable_radix_cache = f.disable_radix_cache;
+  options.disable_overlap_schedule = f.disable_overlap_schedule;
+  // SGLang reads the opt-in from its environment; so does the plan of a launch made here.
+  if (const char* lock = std::getenv("SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"))
+    options.mamba_skip_decode_lock =
+        std::string_view(lock) == "1" || std::string_view(lock) == "true";
+  if (f.context_length > 0) options.context_length = f.context_length;
   options.kv_cache_dtypes = split_list(f.kv_cache_dtypes);
   const GpuMemory gpu = gpu_memory_from_flags(f.gpu, f.gpu_mem);
   if (gpu.bytes) options.gpu_memory_bytes = gpu.bytes;
@@ -122,6 +135,17 @@ void add_plan_command(CLI::App& app, Runner& run, EngineData& engines) {
                   "Recurrent state dtype of GDN/Mamba hybrids (default: the engine's)");
   cmd->add_option("--speculative-draft-layers", flags->speculative_draft_layers,
                   "EAGLE/MTP draft layers sharing the KV pool (SGLang)");
+  cmd->add_option("--mamba-radix-cache-strategy", flags->mamba_radix_cache_strategy,
+                  "SGLang hybrids: auto, no_buffer, extra_buffer, extra_buffer_lazy (state slots "
+                  "per running request; default: the release's)")
+      ->check(CLI::IsMember({"auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"}));
+  cmd->add_flag("--disable-radix-cache", flags->disable_radix_cache,
+                "SGLang --disable-radix-cache (hybrids: one state slot per request)");
+  cmd->add_flag("--disable-overlap-schedule", flags->disable_overlap_schedule,
+                "SGLang --disable-overlap-schedule (hybrids: extra_buffer holds one slot less)");
+  cmd->add_option("--context-length", flags->context_length,
+                  "The engine's context length (default: the model's max_position_embeddings)")
+      ->check(CLI::PositiveNumber);
   CLI::Option* pp_opt =
       cmd->add_option("--pp", flags->pp, "Pipeline parallel size")->check(CLI::PositiveNumber);
   CLI::Option* dp_opt =

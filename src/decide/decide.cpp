@@ -191,10 +191,7 @@ void size_option(const engines::Registry& registry, KvOption& option,
       if (option.tokens && !option.tokens->empty())
         for (auto& point : option.concurrency) {
           const int64_t by_pool = option.tokens->lo / std::max<int64_t>(1, point.context_tokens);
-          if (point.limited_by == "kv pool" || by_pool < point.requests) {
-            point.requests = by_pool;
-            point.limited_by = "kv pool";
-          }
+          plan::relimit_requests(point, "kv pool", by_pool);
         }
     }
   } catch (const InputError& error) {

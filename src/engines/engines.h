@@ -362,6 +362,34 @@ struct DraftKvRule {
   Provenance provenance;
 };
 
+// How many mamba state slots SGLang holds per running request (its "mamba ratio"), which
+// caps max_running_requests at max_mamba_cache_size / slots. Per strategy with the radix
+// cache on ("radix_off": --disable-radix-cache), adjusted by the deltas under the launch's
+// conditions: overlap scheduling off, speculative decoding, SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK.
+struct MambaSlotRules {
+  VersionRange versions;
+  std::string default_strategy;      // "no_buffer", "auto", ...
+  std::map<std::string, int> slots;  // strategy -> slots per request
+  std::map<std::string, int> no_overlap_delta, spec_delta, skip_decode_lock_delta;
+  Provenance provenance;
+};
+
+// What decided the slots per request of one launch.
+struct MambaSlotInputs {
+  std::string strategy;  // as given ("" : the release's default)
+  bool disable_radix_cache = false;
+  bool disable_overlap_schedule = false;
+  bool speculative = false;
+  bool skip_decode_lock = false;  // SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1
+};
+struct MambaSlotsPerRequest {
+  int slots = 1;
+  std::string strategy;    // after resolving "auto" and the default
+  std::string derivation;  // one line: which rule and which deltas applied
+};
+// Throws InputError("--mamba-radix-cache-strategy") for a strategy the release lacks.
+MambaSlotsPerRequest resolve_mamba_slots(const MambaSlotRules& rules, const MambaSlotInputs& in);
+
 // Engine defaults per version range (absent optional: no default, or computed).
 struct EngineDefaults {
   VersionRange versions;
@@ -373,9 +401,8 @@ struct EngineDefaults {
   std::vector<std::string> mamba_ssm_dtype_choices;
   std::optional<int> page_size;
   std::optional<double> swa_full_tokens_ratio;
-  std::optional<int> mamba_requests_per_slot;  // SGLang mamba cache / running-request ratio
-  bool fp4_dequant_workspace = false;          // SGLang FP4 prefill: one shared FP8 dequant buffer
-  double mm_reservation_mib = 0;               // SGLang: KV budget held back for multimodal models
+  bool fp4_dequant_workspace = false;  // SGLang FP4 prefill: one shared FP8 dequant buffer
+  double mm_reservation_mib = 0;       // SGLang: KV budget held back for multimodal models
   Provenance provenance;
 };
 
@@ -425,6 +452,9 @@ enum class LogKind {
   // The KV dtype the launch asked for, named by the engine (TensorRT-LLM "Validating KV
   // Cache config against kv_cache_dtype=...": it never names the resolved one).
   kv_dtype_requested,
+  // The engine lowered max_running_requests (SGLang: by the mamba state cache, or by the
+  // KV cache): the cap in effect, what it was asked, the state slots and slots per request.
+  running_requests_capped,
 };
 std::string_view log_kind_name(LogKind kind);
 
@@ -585,6 +615,7 @@ struct EngineModel {
   std::vector<CheckpointAbort> checkpoint_aborts;
   std::vector<DtypeHazard> dtype_hazards;
   std::vector<EngineDefaults> defaults;
+  std::vector<MambaSlotRules> mamba_slots;  // SGLang hybrids: state slots per request
   std::vector<KnownBad> known_bad;
   std::vector<DefaultBackend> default_backends;
   std::vector<PlatformSubstitution> platform_substitutions;
@@ -603,6 +634,7 @@ struct EngineModel {
   const FallbackRule& fallback_for(const Version& version,
                                    const checkpoint::ModelFacts* model = nullptr) const;
   const EngineDefaults& defaults_for(const Version& version) const;
+  const MambaSlotRules* mamba_slots_for(const Version& version) const;  // null: none known
 };
 
 // Loads and lints one engine's files against a vocabulary (which must outlive the model).

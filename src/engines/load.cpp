@@ -57,6 +57,11 @@ const std::vector<std::string>& log_arg_fields() {
   static const std::vector<std::string> fields = [] {
     std::vector<std::string> out = launch_fields();
     out.push_back("mamba_full_memory_ratio");
+    // What decides SGLang's running-request cap for hybrids (state slots per request).
+    for (const char* field :
+         {"max_running_requests", "mamba_radix_cache_strategy", "disable_radix_cache",
+          "disable_overlap_schedule", "speculative_algorithm"})
+      out.push_back(field);
     return out;
   }();
   return fields;
@@ -182,7 +187,7 @@ void check_dtype(const EngineModel& model, JsonReader& r, std::string_view key,
 
 LogKind read_log_kind(JsonReader& r) {
   std::string text = r.string("kind");
-  for (int k = 0; k <= static_cast<int>(LogKind::kv_dtype_requested); ++k)
+  for (int k = 0; k <= static_cast<int>(LogKind::running_requests_capped); ++k)
     if (log_kind_name(static_cast<LogKind>(k)) == text) return static_cast<LogKind>(k);
   r.fail("kind", fmt::format("unknown log message kind '{}'", text));
 }
@@ -247,6 +252,8 @@ std::string_view log_kind_name(LogKind kind) {
       return "startup_progress";
     case LogKind::kv_dtype_requested:
       return "kv_dtype_requested";
+    case LogKind::running_requests_capped:
+      return "running_requests_capped";
   }
   return "?";
 }
@@ -304,12 +311,14 @@ constexpr LogField kLogFields[] = {
     {"block_size", true},
     {"dp_size", true},
     {"quantization", false},
-    {"peak_gib", true},            // TensorRT-LLM profile: peak memory while profiling
-    {"total_gpu_gib", true},       // the device's total memory
-    {"tmp_kv_gib", true},          // the estimation cache held during profiling
-    {"memory_fraction", true},     // free_gpu_memory_fraction as the engine holds it
-    {"kv_bytes_per_token", true},  // "kv size is N" / "kv size per token is N"
-    {"max_tokens_arg", true},      // a token cap the launch set
+    {"peak_gib", true},                    // TensorRT-LLM profile: peak memory while profiling
+    {"total_gpu_gib", true},               // the device's total memory
+    {"tmp_kv_gib", true},                  // the estimation cache held during profiling
+    {"memory_fraction", true},             // free_gpu_memory_fraction as the engine holds it
+    {"kv_bytes_per_token", true},          // "kv size is N" / "kv size per token is N"
+    {"max_tokens_arg", true},              // a token cap the launch set
+    {"requested_running_requests", true},  // the max_running_requests a launch asked for
+    {"state_slots_per_request", true},     // SGLang: mamba state slots per running request
 };
 
 }  // namespace
@@ -817,6 +826,43 @@ void read_dtype_hazards(JsonReader& top, EngineModel& model) {
   }
 }
 
+std::map<std::string, int> read_slot_map(JsonReader& r, std::string_view key, bool required) {
+  std::map<std::string, int> out;
+  const nlohmann::json& raw = r.raw(key);
+  if (raw.is_null() && !required) return out;
+  if (!raw.is_object() || raw.empty()) r.fail(key, "expected an object of strategy: integer");
+  for (const auto& [name, value] : raw.items()) {
+    if (!value.is_number_integer() || value.get<int64_t>() < -8 || value.get<int64_t>() > 16)
+      r.fail(key, fmt::format("'{}': expected a small integer", name));
+    out[name] = value.get<int>();
+  }
+  return out;
+}
+
+MambaSlotRules read_mamba_slots(JsonReader& r) {
+  MambaSlotRules rules;
+  rules.versions = read_range(r, "versions");
+  rules.default_strategy = r.string("default_strategy");
+  rules.slots = read_slot_map(r, "slots", true);
+  rules.no_overlap_delta = read_slot_map(r, "no_overlap_delta", false);
+  rules.spec_delta = read_slot_map(r, "spec_delta", false);
+  rules.skip_decode_lock_delta = read_slot_map(r, "skip_decode_lock_delta", false);
+  rules.provenance = read_provenance(r);
+  r.finish();
+  if (!rules.slots.count("radix_off")) r.fail("slots", "needs 'radix_off' (--disable-radix-cache)");
+  if (rules.default_strategy != "auto" && !rules.slots.count(rules.default_strategy))
+    r.fail("default_strategy", fmt::format("'{}' has no slots", rules.default_strategy));
+  if (rules.default_strategy == "auto" &&
+      (!rules.slots.count("extra_buffer") || !rules.slots.count("no_buffer")))
+    r.fail("default_strategy", "'auto' chooses extra_buffer or no_buffer: give both");
+  for (const auto* deltas :
+       {&rules.no_overlap_delta, &rules.spec_delta, &rules.skip_decode_lock_delta})
+    for (const auto& [name, delta] : *deltas)
+      if (!rules.slots.count(name))
+        r.fail("slots", fmt::format("a delta names '{}', which has no slots", name));
+  return rules;
+}
+
 void read_defaults(JsonReader& top, EngineModel& model) {
   for (JsonReader& r : top.objects("defaults")) {
     EngineDefaults d;
@@ -829,8 +875,6 @@ void read_defaults(JsonReader& top, EngineModel& model) {
     d.mamba_ssm_dtype_choices = r.strings_or_empty("mamba_ssm_dtype_choices");
     if (auto page = r.optional_integer("page_size")) d.page_size = static_cast<int>(*page);
     d.swa_full_tokens_ratio = r.optional_number("swa_full_tokens_ratio");
-    if (auto ratio = r.optional_integer("mamba_requests_per_slot"))
-      d.mamba_requests_per_slot = static_cast<int>(*ratio);
     d.fp4_dequant_workspace = r.boolean_or("fp4_dequant_workspace", false);
     d.mm_reservation_mib = r.number_or("mm_reservation_mib", 0);
     d.provenance = read_provenance(r);
@@ -939,6 +983,8 @@ void read_rules(JsonReader& top, EngineModel& model) {
   read_platform_substitutions(top, model);
   read_state_and_draft(top, model);
   read_defaults(top, model);
+  for (JsonReader& r : top.objects_or_empty("mamba_state_slots"))
+    model.mamba_slots.push_back(read_mamba_slots(r));
   read_log_templates(top, model);
   read_log_args(top, model);
   read_server_info(top, model);
@@ -1193,6 +1239,12 @@ const EngineDefaults& EngineModel::defaults_for(const Version& version) const {
   for (const auto& d : defaults)
     if (d.versions.contains(version)) return d;
   throw InputError(file, "defaults: no entry covers " + version_text(version));  // lint forbids
+}
+
+const MambaSlotRules* EngineModel::mamba_slots_for(const Version& version) const {
+  for (const auto& rules : mamba_slots)
+    if (rules.versions.contains(version)) return &rules;
+  return nullptr;
 }
 
 std::vector<std::string> kv_cache_dtype_choices(const EngineModel& model, const Version& version) {

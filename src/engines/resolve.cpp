@@ -3,6 +3,7 @@
 // model dtype, which checkpoint scales reach the attention layers, where the scales in
 // effect come from, and what stops the server from starting.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -663,6 +664,71 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
   record_layer_dtypes(model, resolved);
   resolve_draft(engine, *version, flags, resolved);
   return resolved;
+}
+
+namespace {
+
+MambaSlotsPerRequest resolve_slots(const MambaSlotRules& rules, const MambaSlotInputs& in) {
+  MambaSlotsPerRequest out;
+  if (in.disable_radix_cache) {
+    out.strategy = "radix_off";
+    out.slots = rules.slots.at("radix_off");
+    out.derivation = fmt::format("--disable-radix-cache: {} state slot{} per request", out.slots,
+                                 out.slots == 1 ? "" : "s");
+    return out;
+  }
+  std::string strategy = in.strategy.empty() ? rules.default_strategy : in.strategy;
+  std::string how = in.strategy.empty() ? "the release's default" : "as launched";
+  if (strategy == "auto") {
+    // auto takes extra_buffer when the overlap scheduler runs (and the architecture has it on
+    // the Triton backend, as Qwen3.5 and Qwen3-Next do), else no_buffer.
+    strategy = in.disable_overlap_schedule ? "no_buffer" : "extra_buffer";
+    how = fmt::format("auto ({}) -> {}", in.disable_overlap_schedule ? "overlap off" : "overlap on",
+                      strategy);
+  }
+  if (strategy == "radix_off" && in.strategy.empty()) {
+    out.strategy = strategy;
+    out.slots = rules.slots.at("radix_off");
+    out.derivation =
+        fmt::format("this release runs hybrids without a radix cache: {} state slot{} per request",
+                    out.slots, out.slots == 1 ? "" : "s");
+    return out;
+  }
+  auto it = rules.slots.find(strategy);
+  if (it == rules.slots.end() || strategy == "radix_off") {
+    std::vector<std::string> known;
+    for (const auto& [name, n] : rules.slots)
+      if (name != "radix_off") known.push_back(name);
+    throw InputError("--mamba-radix-cache-strategy",
+                     fmt::format("'{}' is not a strategy of this release ({})", strategy,
+                                 fmt::join(known, ", ")));
+  }
+  out.strategy = strategy;
+  out.slots = it->second;
+  std::string deltas;
+  auto apply = [&](bool when, const std::map<std::string, int>& table, const char* what) {
+    if (!when) return;
+    if (auto d = table.find(strategy); d != table.end() && d->second != 0) {
+      out.slots += d->second;
+      deltas += fmt::format(", {:+d} with {}", d->second, what);
+    }
+  };
+  apply(in.disable_overlap_schedule, rules.no_overlap_delta, "the overlap scheduler off");
+  apply(in.speculative, rules.spec_delta, "speculative decoding");
+  apply(in.skip_decode_lock, rules.skip_decode_lock_delta, "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK");
+  out.slots = std::max(1, out.slots);
+  out.derivation = fmt::format("mamba radix-cache strategy {} ({}): {} state slots per request{}",
+                               strategy, how, it->second, deltas);
+  if (!deltas.empty()) out.derivation += fmt::format(" = {}", out.slots);
+  return out;
+}
+
+}  // namespace
+
+MambaSlotsPerRequest resolve_mamba_slots(const MambaSlotRules& rules, const MambaSlotInputs& in) {
+  MambaSlotsPerRequest out = resolve_slots(rules, in);
+  out.derivation += fmt::format(" [{}]", rules.provenance.reference);
+  return out;
 }
 
 MambaSsmDtype resolve_mamba_ssm_dtype(const EngineDefaults& defaults, const std::string& flag,

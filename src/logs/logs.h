@@ -69,6 +69,17 @@ struct LogEvent {
   std::string reference;  // the template's source, and its version bound when inferred
 };
 
+// A line where the engine lowered max_running_requests below what was asked or allowed.
+struct RunningRequestsCap {
+  int64_t effective = 0;                     // the cap in effect (per DP worker)
+  std::optional<int64_t> requested;          // what the launch asked for, when printed
+  std::optional<int64_t> state_slots;        // max_mamba_cache_size
+  std::optional<int64_t> slots_per_request;  // state slots each running request holds
+  std::string by;                            // "mamba state cache" | "KV cache capacity"
+  int64_t line = 0;
+  std::string message;
+};
+
 struct Launch {
   int index = 0;                                          // 0-based, in file order
   audit::KvPolicy kv_policy = audit::KvPolicy::evidence;  // how its findings are judged
@@ -111,6 +122,7 @@ struct Launch {
   plan::LoggedMemory memory;
   std::optional<int64_t> max_total_tokens;
   std::optional<int64_t> max_running_requests;
+  std::optional<RunningRequestsCap> running_requests_cap;
   std::optional<int64_t> context_length;
   std::optional<double> weights_gib;  // per GPU, as the engine printed it
   bool ready = false;

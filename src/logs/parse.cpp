@@ -260,6 +260,18 @@ void LaunchBuilder::apply_args(Launch& launch, const engines::EngineModel& engin
     launch.memory.block_size = static_cast<int>(*page);
   }
   if (auto ratio = number("mamba_full_memory_ratio")) launch.memory.mamba_full_memory_ratio = ratio;
+  if (auto n = number("max_running_requests"); n && *n >= 1 && *n < 1e9)
+    launch.memory.requested_running_requests = static_cast<int64_t>(*n);
+  if (std::string s = text("mamba_radix_cache_strategy"); !s.empty())
+    launch.memory.mamba_radix_cache_strategy = s;
+  auto flag = [&](const std::string& field) {
+    auto [v, key] = value_of(field);
+    return v && v->is_boolean() && v->get<bool>();
+  };
+  launch.memory.disable_radix_cache |= flag("disable_radix_cache");
+  launch.memory.disable_overlap_schedule |= flag("disable_overlap_schedule");
+  if (std::string spec = text("speculative_algorithm"); !spec.empty() && spec != "None")
+    launch.memory.speculative = true;
   if (auto cap = number("max_total_tokens"))
     launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
   if (auto ctx = number("context_length"); ctx && *ctx > 0 && *ctx < 9e15)
@@ -464,7 +476,9 @@ void apply_pool_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
       memory.max_total_num_tokens = hit.count("max_total_num_tokens");
       launch.max_total_tokens = memory.max_total_num_tokens;
       launch.max_running_requests = hit.count("max_running_requests");
-      if (auto ctx = hit.count("context_len")) launch.context_length = ctx;
+      if (launch.max_running_requests) memory.max_running_requests = launch.max_running_requests;
+      if (auto ctx = hit.count("context_len"))
+        launch.context_length = ctx, memory.context_len = ctx;
       break;
     default:
       break;
@@ -565,6 +579,28 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
     case LogKind::startup_progress:
       mark_loading(launch);
       break;
+    case LogKind::running_requests_capped: {
+      RunningRequestsCap cap;
+      cap.effective = hit.count("max_running_requests").value_or(0);
+      cap.requested = hit.count("requested_running_requests");
+      cap.state_slots = hit.count("mamba_slots");
+      cap.slots_per_request = hit.count("state_slots_per_request");
+      cap.by = cap.slots_per_request ? "mamba state cache" : "KV cache capacity";
+      cap.line = line_no;
+      cap.message = message;
+      launch.running_requests_cap = cap;
+      // The scheduler's summary line, later, prints the same value; a log cut before it
+      // still has the cap in effect.
+      if (cap.effective > 0)
+        launch.max_running_requests = cap.effective,
+        launch.memory.max_running_requests = cap.effective;
+      if (cap.requested) launch.memory.requested_running_requests = cap.requested;
+      if (cap.slots_per_request) launch.memory.state_slots_per_request = cap.slots_per_request;
+      if (cap.state_slots && !launch.memory.mamba_slots)
+        launch.memory.mamba_slots = cap.state_slots;
+      mark_loading(launch);
+      break;
+    }
     case LogKind::kv_dtype_requested:
       // No stage: the engine validates the request before it loads anything.
       if (auto requested = hit.text("kv_dtype"); requested && !requested->empty())

@@ -88,6 +88,15 @@ nlohmann::json launch_json(const Launch& l) {
       {"scale_messages", scale_messages},
       {"max_total_tokens", opt(l.max_total_tokens)},
       {"max_running_requests", opt(l.max_running_requests)},
+      {"running_requests_cap",
+       l.running_requests_cap
+           ? nlohmann::json{{"effective", l.running_requests_cap->effective},
+                            {"requested", opt(l.running_requests_cap->requested)},
+                            {"state_slots", opt(l.running_requests_cap->state_slots)},
+                            {"slots_per_request", opt(l.running_requests_cap->slots_per_request)},
+                            {"by", l.running_requests_cap->by},
+                            {"line", l.running_requests_cap->line}}
+           : nlohmann::json()},
       {"context_length", opt(l.context_length)},
       {"weights_gib", opt(l.weights_gib)},
       {"memory", memory},
@@ -129,6 +138,17 @@ void add_latest_facts(const Launch& latest, report::Report& out) {
   if (latest.max_total_tokens)
     out.facts.push_back(
         {"max_total_tokens", "Max total tokens", Value{*latest.max_total_tokens}, "tokens"});
+  if (latest.max_running_requests) {
+    const auto& cap = latest.running_requests_cap;
+    std::string text = with_thousands(*latest.max_running_requests);
+    if (cap && cap->slots_per_request && cap->state_slots)
+      text += fmt::format(" (capped by the {}: {} state slots / {} per request)", cap->by,
+                          *cap->state_slots, *cap->slots_per_request);
+    else if (cap)
+      text += fmt::format(" (reduced{} due to the {}, as the log says)",
+                          cap->requested ? fmt::format(" from {}", *cap->requested) : "", cap->by);
+    fact("max_running_requests", "Max running requests", Value{text});
+  }
   fact("ready", "Ready", Value{latest.ready});
 }
 

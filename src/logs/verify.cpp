@@ -72,6 +72,87 @@ void add_failure_findings(Launch& launch, const std::string& who, bool is_latest
   }
 }
 
+// The engine lowered max_running_requests: by the mamba state cache (SGLang says so, with
+// its slots), or "due to the available KV cache capacity", a cause that on a hybrid may be
+// the state pool (sgl-project/sglang PR #32360). Requests beyond the cap queue, while
+// /get_server_info keeps reporting the launch value (sglang#38846).
+void add_concurrency_findings(const engines::Registry& registry, Launch& launch,
+                              const std::string& who) {
+  if (!launch.running_requests_cap) return;
+  const RunningRequestsCap& cap = *launch.running_requests_cap;
+  std::optional<int64_t> requested = cap.requested;
+  if (!requested && launch.server_args.is_object()) {
+    const auto it = launch.server_args.find("max_running_requests");
+    if (it != launch.server_args.end() && it->is_number_integer()) requested = it->get<int64_t>();
+  }
+  std::vector<Evidence> evidence = {
+      {line_ref(cap.line), "max_running_requests", std::to_string(cap.effective)}};
+  if (requested && !cap.requested)
+    evidence.push_back({line_ref(launch.server_args_line), "server_args max_running_requests",
+                        std::to_string(*requested)});
+  const Severity severity =
+      requested && *requested > cap.effective ? Severity::warning : Severity::info;
+  const std::string asked = requested ? fmt::format(" ({} asked)", *requested) : std::string();
+  const std::string consequence = fmt::format(
+      "requests beyond {} queue instead of running; SGLang's /get_server_info keeps reporting "
+      "the launch value, so a load test against it measures the queue",
+      cap.effective);
+  if (cap.by == "mamba state cache" && cap.state_slots && cap.slots_per_request) {
+    const std::string pool_size =
+        requested && *requested > cap.effective
+            ? fmt::format("{} ({} x {})", *requested * *cap.slots_per_request, *requested,
+                          *cap.slots_per_request)
+            : fmt::format("N x {} for N requests", *cap.slots_per_request);
+    evidence.push_back({line_ref(cap.line), "max_mamba_cache_size / state slots per request",
+                        fmt::format("{} / {}", *cap.state_slots, *cap.slots_per_request)});
+    launch.findings.push_back(
+        {"running-requests-capped-by-state", severity,
+         fmt::format("{} runs at most {} requests at once{}: the mamba state cache holds {} slots "
+                     "at {} per request",
+                     who, cap.effective, asked, *cap.state_slots, *cap.slots_per_request),
+         consequence, evidence,
+         fmt::format("size the state pool for the concurrency wanted: --max-mamba-cache-size {} "
+                     "(the KV pool shrinks by as much: check with kvaudit plan), or raise "
+                     "--mamba-full-memory-ratio, or halve the state with --mamba-ssm-dtype "
+                     "bfloat16 where the model tolerates it",
+                     pool_size),
+         "sgl-project/sglang mem_cache/kv_cache_configurator.py resolve_max_num_reqs; "
+         "sglang#38846"});
+    return;
+  }
+  // "due to the available KV cache capacity": check the cause against the state pool when the
+  // log printed one and this release's slot rules say how many slots a request holds.
+  std::string cause = "the KV cache capacity, as the line says";
+  if (launch.memory.mamba_slots && *launch.memory.mamba_slots > 0) {
+    const engines::EngineModel* engine = registry.find(launch.engine);
+    const auto version = engines::parse_version(launch.engine_version.empty() && engine
+                                                    ? engine->latest_known_version
+                                                    : launch.engine_version);
+    if (engine && version)
+      if (const engines::MambaSlotRules* rules = engine->mamba_slots_for(*version))
+        for (const auto& [strategy, slots] : rules->slots)
+          if (slots > 0 && *launch.memory.mamba_slots / slots == cap.effective) {
+            cause = fmt::format(
+                "probably the mamba state pool, not the KV cache: {} state slots / {} per "
+                "request ({}) = {}",
+                *launch.memory.mamba_slots, slots, strategy, cap.effective);
+            evidence.push_back(
+                {"launch", "max_mamba_cache_size", std::to_string(*launch.memory.mamba_slots)});
+            break;
+          }
+  }
+  launch.findings.push_back(
+      {"running-requests-reduced", severity,
+       fmt::format("{} runs at most {} requests at once{}: bound by {}", who, cap.effective, asked,
+                   cause),
+       consequence, evidence,
+       "raise the limit that binds (for a hybrid's state pool: --max-mamba-cache-size or "
+       "--mamba-full-memory-ratio; for the KV pool: --mem-fraction-static or a smaller "
+       "--context-length), or lower --max-running-requests to what runs",
+       "sgl-project/sglang mem_cache/kv_cache_configurator.py resolve_max_num_reqs; PR #32360 "
+       "(the message names the KV cache when the state pool binds)"});
+}
+
 // What the KV cache resolved to and whether its scales fell back to 1.0.
 void add_kv_findings(const engines::Registry& registry, Launch& launch, const std::string& who) {
   auto quantized = [&](const std::string& dtype) { return registry.dtypes().is_quantized(dtype); };
@@ -237,6 +318,7 @@ void add_findings(const engines::Registry& registry, Launch& launch, bool is_lat
                                         fmt::join(ready_lines, " or "));
   add_failure_findings(launch, who, is_latest, ready_advice);
   add_kv_findings(registry, launch, who);
+  add_concurrency_findings(registry, launch, who);
   add_reading_findings(launch, who);
 }
 

@@ -93,26 +93,41 @@ SglangPools sglang_pools(int64_t rest_bytes, const CellSize& cell,
 
 namespace {
 
+// SGLang (kv_cache_configurator.py resolve_max_num_reqs): the KV pool (and the sliding-
+// window pool) per context; the mamba state pool at its slots per request; the running-
+// request cap, --max-running-requests or the engine's default (min(clamp(tokens x 512 /
+// context_len, 2048, 4096), tokens / 2), per DP worker); and the context length itself.
 std::vector<ConcurrencyPoint> sglang_concurrency(const SglangPools& pools, const CellSize& cell,
-                                                 const PlanOptions& options, int mamba_ratio) {
+                                                 const PoolContext& pool_context) {
+  const PlanOptions& options = pool_context.options;
+  const int64_t model_context =
+      options.context_length.value_or(pool_context.model.max_position_embeddings);
   std::vector<ConcurrencyPoint> points;
   for (int64_t context : options.contexts) {
     ConcurrencyPoint point;
     point.context_tokens = context;
     if (context <= 0) continue;
-    point.requests = pools.max_total_tokens / context;
-    point.limited_by = "kv pool";
-    if (pools.swa_tokens > 0 && cell.swa_window > 0) {
-      int64_t by_swa = pools.swa_tokens / std::min<int64_t>(context, cell.swa_window);
-      if (by_swa < point.requests)
-        point.requests = by_swa, point.limited_by = "sliding-window pool";
-    }
+    limit_requests(point, "kv pool", pools.max_total_tokens / context);
+    if (pools.swa_tokens > 0 && cell.swa_window > 0)
+      limit_requests(point, "sliding-window pool",
+                     pools.swa_tokens / std::min<int64_t>(context, cell.swa_window));
     if (pools.mamba_slots > 0) {
-      int64_t by_mamba = pools.mamba_slots / std::max(1, mamba_ratio);
-      if (by_mamba < point.requests) point.requests = by_mamba, point.limited_by = "mamba slots";
+      const int slots = std::max(1, pool_context.mamba_slots.slots);
+      limit_requests(
+          point,
+          fmt::format("mamba state pool ({} slots / {} per request)", pools.mamba_slots, slots),
+          pools.mamba_slots / slots);
     }
-    if (options.max_running_requests && *options.max_running_requests < point.requests)
-      point.requests = *options.max_running_requests, point.limited_by = "--max-running-requests";
+    if (options.max_running_requests) {
+      limit_requests(point, "--max-running-requests", *options.max_running_requests);
+    } else if (model_context > 0 && pools.max_total_tokens > 0) {
+      const int64_t by_length =
+          std::clamp<int64_t>(pools.max_total_tokens * 512 / model_context, 2048, 4096);
+      limit_requests(point, "the engine's default running-request cap",
+                     std::min(by_length, pools.max_total_tokens / 2));
+    }
+    if (model_context > 0 && context > model_context)
+      limit_requests(point, fmt::format("context length ({} tokens)", model_context), 0);
     points.push_back(point);
   }
   return points;
@@ -134,16 +149,32 @@ std::vector<ConcurrencyPoint> vllm_concurrency(int64_t num_blocks, const VllmLay
     blocks_per_request +=
         swa_groups *
         (cdiv(std::min<int64_t>(context, layout.sliding_window), layout.block_size) + 1);
-    point.requests = blocks_per_request > 0 ? num_blocks / blocks_per_request : 0;
-    point.limited_by = "kv blocks";
-    if (options.max_running_requests && *options.max_running_requests < point.requests)
-      point.requests = *options.max_running_requests, point.limited_by = "--max-num-seqs";
+    limit_requests(point, "kv blocks",
+                   blocks_per_request > 0 ? num_blocks / blocks_per_request : 0);
+    if (options.max_running_requests)
+      limit_requests(point, "--max-num-seqs", *options.max_running_requests);
     points.push_back(point);
   }
   return points;
 }
 
 }  // namespace
+
+void limit_requests(ConcurrencyPoint& point, std::string what, int64_t requests) {
+  point.limits.emplace_back(what, requests);
+  if (point.limited_by.empty() || requests < point.requests)
+    point.requests = requests, point.limited_by = std::move(what);
+}
+
+void relimit_requests(ConcurrencyPoint& point, const std::string& what, int64_t requests) {
+  bool found = false;
+  for (auto& [name, n] : point.limits)
+    if (name == what) n = requests, found = true;
+  if (!found) point.limits.emplace_back(what, requests);
+  point.limited_by.clear();
+  for (const auto& [name, n] : point.limits)
+    if (point.limited_by.empty() || n < point.requests) point.requests = n, point.limited_by = name;
+}
 
 SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::EngineModel& engine,
                          const engines::Version& version, const PlanOptions& options) {
@@ -340,7 +371,8 @@ PlanRow sglang_row(const PoolContext& context, const engines::KvDtype& dtype,
     row.mamba_slots = pools.mamba_slots;
     row.mamba_pool_bytes = pools.mamba_pool_bytes;
     for (const auto& line : pools.derivation) row.derivation.push_back(line);
-    row.concurrency = sglang_concurrency(pools, cell, options, context.mamba_request_ratio);
+    if (pools.mamba_slots > 0) row.derivation.push_back(context.mamba_slots.derivation);
+    row.concurrency = sglang_concurrency(pools, cell, context);
   }
   return row;
 }
@@ -364,6 +396,26 @@ PlanRow vllm_row(const PoolContext& context, const engines::KvDtype& dtype,
     row.concurrency = vllm_concurrency(row.num_blocks, layout, context.options);
   }
   return row;
+}
+
+engines::MambaSlotsPerRequest mamba_slots_per_request(const engines::EngineModel& engine,
+                                                      const engines::Version& version,
+                                                      const PlanOptions& options) {
+  const engines::MambaSlotRules* rules = engine.mamba_slots_for(version);
+  if (!rules)
+    return {1, "",
+            fmt::format("{} {}: no state-slot rule, 1 slot per request assumed", engine.engine,
+                        engines::version_text(version))};
+  engines::MambaSlotInputs in;
+  in.strategy = options.mamba_radix_cache_strategy;
+  in.disable_radix_cache = options.disable_radix_cache;
+  in.disable_overlap_schedule = options.disable_overlap_schedule;
+  in.speculative = options.speculative_draft_layers.value_or(0) > 0;
+  in.skip_decode_lock = options.mamba_skip_decode_lock;
+  engines::MambaSlotsPerRequest out = engines::resolve_mamba_slots(*rules, in);
+  if (!rules->provenance.verified)
+    out.derivation += fmt::format(" (release bound inferred: {})", rules->provenance.bound);
+  return out;
 }
 
 // The passes: the dtypes, the weights, the budget, then a row per dtype.
@@ -398,7 +450,7 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
   context.mamba_ratio =
       options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9));
   context.swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
-  context.mamba_request_ratio = defaults.mamba_requests_per_slot.value_or(1);
+  context.mamba_slots = mamba_slots_per_request(engine, version, options);
   context.page = options.page_size.value_or(defaults.page_size.value_or(pool.default_page_size));
 
   pool.set_budget(context, plan);

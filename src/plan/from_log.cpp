@@ -204,6 +204,44 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
                           setup.mamba->linear_layers, interval_text(slots)));
   }
 
+  // Requests at once: the state pool at its slots per request (as printed, else this
+  // release's rule for the launch's strategy) bounds the max_running_requests printed.
+  if (logged.mamba_slots && logged.max_running_requests) {
+    int64_t slots = 0;
+    std::string how;
+    if (logged.state_slots_per_request) {
+      slots = *logged.state_slots_per_request;
+      how = "printed by the engine";
+    } else if (const engines::MambaSlotRules* slot_rules = engine.mamba_slots_for(version)) {
+      engines::MambaSlotInputs in;
+      in.strategy = logged.mamba_radix_cache_strategy;
+      in.disable_radix_cache = logged.disable_radix_cache;
+      in.disable_overlap_schedule = logged.disable_overlap_schedule;
+      in.speculative = logged.speculative;
+      try {
+        const engines::MambaSlotsPerRequest resolved =
+            engines::resolve_mamba_slots(*slot_rules, in);
+        slots = resolved.slots;
+        how = resolved.derivation;
+      } catch (const InputError& error) {
+        out.notes.push_back(fmt::format("state slots per request: {}", error.problem()));
+      }
+    }
+    if (slots > 0) {
+      const int64_t bound = *logged.mamba_slots / slots;
+      const int64_t printed = *logged.max_running_requests;
+      add_check(out, "sglang_running_requests_state_pool",
+                "max_running_requests within the mamba state pool", printed,
+                TokenInterval{std::min<int64_t>(1, bound), bound},
+                fmt::format("{} state slots / {} per request ({}) = at most {} requests at once; "
+                            "printed {}: {}",
+                            *logged.mamba_slots, slots, how, bound, printed,
+                            printed == bound  ? "the state pool binds"
+                            : printed < bound ? "another limit binds"
+                                              : "more than the state pool holds"));
+    }
+  }
+
   // Every dtype from the same budget.
   for (const engines::KvDtype* spec : comparable_dtypes(engine, version, launch_dtype)) {
     SglangSetup other = setup;

@@ -138,7 +138,19 @@ struct PlanOptions {
   std::optional<double> mamba_full_memory_ratio;  // SGLang, default per version
   std::string mamba_ssm_dtype;                    // --mamba-ssm-dtype / --mamba-ssm-cache-dtype
   std::optional<int> speculative_draft_layers;    // EAGLE/MTP draft layers (SGLang)
+  // SGLang hybrids: what decides the state slots each running request holds.
+  std::string mamba_radix_cache_strategy;  // "" : the release's default
+  bool disable_radix_cache = false;
+  bool disable_overlap_schedule = false;
+  bool mamba_skip_decode_lock = false;    // SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1
+  std::optional<int64_t> context_length;  // --context-length (default: the model's)
 };
+
+// The mamba state slots a running request holds at this release under these options
+// (1 where the engine has no rule).
+engines::MambaSlotsPerRequest mamba_slots_per_request(const engines::EngineModel& engine,
+                                                      const engines::Version& version,
+                                                      const PlanOptions& options);
 
 // The sizing rules of options.engine at options.engine_version for this model.
 SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::EngineModel& engine,
@@ -147,8 +159,15 @@ SizingRules sizing_rules(const checkpoint::ModelFacts& model, const engines::Eng
 struct ConcurrencyPoint {
   int64_t context_tokens = 0;
   int64_t requests = 0;
-  std::string limited_by;  // "kv pool", "mamba slots", "--max-running-requests", ...
+  std::string limited_by;  // "kv pool", "mamba state pool", "--max-running-requests", ...
+  // Each limit considered: what it is and the requests it allows (the least wins).
+  std::vector<std::pair<std::string, int64_t>> limits;
 };
+
+// Adds a limit on requests running at once; the point keeps the least and names it.
+void limit_requests(ConcurrencyPoint& point, std::string what, int64_t requests);
+// Replaces (or adds) the limit named `what` and takes the least again.
+void relimit_requests(ConcurrencyPoint& point, const std::string& what, int64_t requests);
 
 struct PlanRow {
   std::string kv_cache_dtype;
@@ -231,6 +250,16 @@ struct LoggedMemory {
   std::optional<double> conv_gib, ssm_gib;
   std::optional<int64_t> max_total_num_tokens;     // "max_total_num_tokens=N"
   std::optional<int64_t> full_tokens, swa_tokens;  // "Use sliding window memory pool. ..."
+  // Requests at once: the value in effect (summary or "capped to" line), what the launch
+  // asked, the slots per request the engine printed, and what decides them.
+  std::optional<int64_t> max_running_requests;
+  std::optional<int64_t> requested_running_requests;
+  std::optional<int64_t> state_slots_per_request;
+  std::optional<int64_t> context_len;
+  std::string mamba_radix_cache_strategy;
+  bool disable_radix_cache = false;
+  bool disable_overlap_schedule = false;
+  bool speculative = false;
   // vLLM
   bool vllm_v0 = false;
   std::optional<double> available_kv_gib;      // min over ranks

@@ -42,10 +42,10 @@ std::vector<ConcurrencyPoint> trtllm_concurrency(int64_t tokens, int block,
     if (context <= 0) continue;
     ConcurrencyPoint point;
     point.context_tokens = context;
-    point.requests = tokens / trtllm_round_up(context, block);  // each request holds whole blocks
-    point.limited_by = "kv blocks";
-    if (options.max_running_requests && *options.max_running_requests < point.requests)
-      point.requests = *options.max_running_requests, point.limited_by = "--max_batch_size";
+    // Each request holds whole blocks.
+    limit_requests(point, "kv blocks", tokens / trtllm_round_up(context, block));
+    if (options.max_running_requests)
+      limit_requests(point, "--max_batch_size", *options.max_running_requests);
     points.push_back(point);
   }
   return points;

@@ -21,7 +21,7 @@ struct PoolContext {
   const PlanOptions& options;
   double mamba_ratio = 0.9;
   double swa_ratio = 0.8;
-  int mamba_request_ratio = 1;
+  engines::MambaSlotsPerRequest mamba_slots = {};  // state slots per running request
   int page = 1;
 };
 

@@ -2,6 +2,7 @@
 // report::Report: facts, the capacity table, the two charts, the explain table and
 // the JSON rows[] payload.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "plan/plan.h"
 #include "util/util.h"
@@ -166,6 +167,29 @@ report::Table capacity_table(const CapacityPlan& plan) {
   return table;
 }
 
+// Requests at once per dtype and context: the least limit, named, and every other limit
+// the engine applies (the KV pool, the state pool, the running-request cap, the context).
+report::Table concurrency_table(const CapacityPlan& plan) {
+  report::Table table;
+  table.id = "concurrency";
+  table.title = "Requests at once: the limit that decides";
+  table.columns = {{"kv_cache_dtype", "KV dtype", "", 0},
+                   {"context_tokens", "context", "tokens", 0},
+                   {"requests", "requests", "", 0},
+                   {"limited_by", "limited by", "", 0},
+                   {"other_limits", "other limits (requests)", "", 0}};
+  for (const auto& row : plan.rows)
+    for (const auto& point : row.concurrency) {
+      std::vector<std::string> others;
+      for (const auto& [what, requests] : point.limits)
+        if (what != point.limited_by) others.push_back(fmt::format("{} {}", what, requests));
+      table.rows.push_back({Value{row.kv_cache_dtype}, Value{point.context_tokens},
+                            Value{point.requests}, Value{point.limited_by},
+                            Value{fmt::format("{}", fmt::join(others, "; "))}});
+    }
+  return table;
+}
+
 // One row of the JSON rows[] payload (its derivation only when explaining).
 nlohmann::json row_json(const PlanRow& row, bool explain) {
   nlohmann::json concurrency = nlohmann::json::object();
@@ -187,6 +211,14 @@ nlohmann::json row_json(const PlanRow& row, bool explain) {
   for (const auto& point : row.concurrency)
     limits[std::to_string(point.context_tokens)] = point.limited_by;
   j["concurrency_limited_by"] = limits;
+  nlohmann::json every = nlohmann::json::object();
+  for (const auto& point : row.concurrency) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [what, requests] : point.limits)
+      list.push_back({{"limit", what}, {"requests", requests}});
+    every[std::to_string(point.context_tokens)] = list;
+  }
+  j["concurrency_limits"] = every;
   if (explain) j["derivation"] = row.derivation;
   return j;
 }
@@ -276,7 +308,15 @@ std::string plan_verdict(const CapacityPlan& plan) {
                    : fmt::format("{} {} B/token", row.kv_cache_dtype,
                                  with_thousands(row.cell_bytes_per_token_per_gpu));
   }
-  return verdict + " per GPU";
+  verdict += " per GPU";
+  const PlanRow& first = plan.rows.front();
+  if (plan.gpu_memory_bytes > 0 && !first.concurrency.empty()) {
+    const ConcurrencyPoint& point = first.concurrency.front();
+    verdict += fmt::format("; {} at {} tokens: {} requests at once, limited by the {}",
+                           first.kv_cache_dtype, with_thousands(point.context_tokens),
+                           with_thousands(point.requests), point.limited_by);
+  }
+  return verdict;
 }
 
 }  // namespace
@@ -287,6 +327,7 @@ report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan
   out.command = "plan";
   add_plan_facts(model, plan, out);
   out.tables.push_back(capacity_table(plan));
+  if (plan.gpu_memory_bytes > 0) out.tables.push_back(concurrency_table(plan));
   add_capacity_charts(plan, out);
   if (explain) out.tables.push_back(derivation_table(plan));
   for (const auto& note : plan.notes) out.notes.push_back(note);

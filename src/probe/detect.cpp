@@ -93,6 +93,30 @@ void read_sglang_server_info(const json& info, ServerFacts& facts, const std::st
   if (facts.capacity_tokens)
     facts.evidence.push_back(
         {where, "max_total_num_tokens", with_thousands(*facts.capacity_tokens)});
+  // The launch value stays at the top level after the engine caps it (sglang#38846); the
+  // scheduler's own value, per DP worker, is in internal_states on newer builds.
+  if (auto* v = field("max_running_requests"); v && integer_of(*v))
+    facts.running_requests_launched = integer_of(*v);
+  if (auto* states = field("internal_states"); states && states->is_array()) {
+    int64_t total = 0;
+    bool every = !states->empty();
+    for (const auto& state : *states) {
+      auto it =
+          state.is_object() ? state.find("effective_max_running_requests_per_dp") : state.end();
+      auto n = it != state.end() ? integer_of(*it) : std::nullopt;
+      if (!n) {
+        every = false;
+        break;
+      }
+      total += *n;
+    }
+    if (every) {
+      facts.running_requests_effective = total;
+      facts.running_requests_source =
+          where + " internal_states[].effective_max_running_requests_per_dp";
+      facts.evidence.push_back({where, "effective max_running_requests", std::to_string(total)});
+    }
+  }
   if (!facts.quantization_param_path.empty())
     facts.evidence.push_back({where, "quantization_param_path", facts.quantization_param_path});
 }
@@ -504,6 +528,23 @@ std::vector<report::Finding> server_findings(const engines::Registry& registry,
   input.version_given = !version.empty();
   audit::CheckResult result = audit::run_check(input);
   findings = result.findings;
+  // Beside what check finds in the launch: the cap the scheduler really runs.
+  if (facts.running_requests_launched && facts.running_requests_effective &&
+      *facts.running_requests_effective < *facts.running_requests_launched)
+    findings.push_back(
+        {"probe-running-requests-capped",
+         report::Severity::warning,
+         fmt::format("{} runs at most {} requests at once, not the {} its server info reports",
+                     where, *facts.running_requests_effective, *facts.running_requests_launched),
+         "requests beyond the effective cap queue; a load test sized by the reported value "
+         "measures the queue (on hybrids the mamba state cache is the usual cap)",
+         {{where + "/get_server_info", "max_running_requests",
+           std::to_string(*facts.running_requests_launched)},
+          {facts.running_requests_source, "sum over DP ranks",
+           std::to_string(*facts.running_requests_effective)}},
+         "read the start-up log's 'capped to' line (kvaudit logs) and size the state pool with "
+         "--max-mamba-cache-size, or drive the load test at the effective value",
+         "sgl-project/sglang#38846 (/get_server_info reports the launch value)"});
 
   const std::string reported =
       facts.kv_cache_dtype.empty()

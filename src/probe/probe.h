@@ -41,7 +41,12 @@ struct ServerFacts {
   std::optional<int64_t> capacity_tokens;  // KV cache size in tokens
   std::string capacity_source;
   std::optional<int64_t> context_length;  // max tokens per request
-  std::optional<int64_t> page_size;       // SGLang page_size / vLLM block_size
+  // SGLang: max_running_requests as launched (the top level of /get_server_info) and as the
+  // scheduler runs it (internal_states[].effective_max_running_requests_per_dp x DP ranks).
+  std::optional<int64_t> running_requests_launched;
+  std::optional<int64_t> running_requests_effective;
+  std::string running_requests_source;
+  std::optional<int64_t> page_size;  // SGLang page_size / vLLM block_size
   int tp = 1;
   std::string dtype;  // model dtype flag ("auto", "bfloat16")
   std::string quantization;

@@ -157,7 +157,7 @@ std::vector<std::string> representatives(const engines::EngineModel& engine) {
     add(engine.scale_warnings), add(engine.param_path_rules), add(engine.checkpoint_aborts);
     add(engine.dtype_hazards), add(engine.defaults), add(engine.log_templates);
     add(engine.known_bad), add(engine.default_backends), add(engine.platform_substitutions);
-    add(engine.state_dtypes), add(engine.draft_kv);
+    add(engine.state_dtypes), add(engine.draft_kv), add(engine.mamba_slots);
     for (const auto& r : engine.flag_rules)
       signature += fmt::format("{}{}{}", r.exists.contains(v), r.deprecated.contains(v),
                                r.disabled_for_hybrid.contains(v));
@@ -549,6 +549,45 @@ TaggedProbes battery_probes(const Battery& b) {
                           return plan::to_report(model, capacity, nullptr, true).payload.dump();
                         }),
                         e);
+  // plan's requests at once on the hybrids, per mamba radix-cache strategy and the
+  // conditions that change its state slots per request (a strategy a release lacks: refused)
+  out.section("plan_state_slots");
+  for (const auto& v : b.versions.at("sglang"))
+    for (const auto& model : b.plan_models)
+      for (int variant = 0; variant < 6; ++variant)
+        out.push_back(
+            guarded([v, &model, variant](const engines::Registry& registry) {
+              plan::PlanOptions options;
+              options.engine_version = v;
+              options.gpu_memory_bytes = int64_t{81559} << 20;
+              options.weight_bytes_per_gpu = int64_t{20} << 30;
+              options.contexts = {1024};
+              static const char* strategies[] = {"",
+                                                 "extra_buffer",
+                                                 "extra_buffer",
+                                                 "extra_buffer_lazy",
+                                                 "extra_buffer",
+                                                 "extra_buffer"};
+              options.mamba_radix_cache_strategy = strategies[variant];
+              options.disable_overlap_schedule = variant == 2;
+              if (variant == 4) options.speculative_draft_layers = 1;
+              options.mamba_skip_decode_lock = variant == 3 || variant == 5;
+              try {
+                plan::CapacityPlan capacity = plan::plan_capacity(registry, model, options);
+                std::string printed;
+                for (const auto& row : capacity.rows)
+                  for (const auto& point : row.concurrency)
+                    printed += fmt::format("{} {} {};", row.kv_cache_dtype, point.requests,
+                                           point.limited_by);
+                return printed + fmt::format("{}", fmt::join(capacity.rows.empty()
+                                                                 ? std::vector<std::string>{}
+                                                                 : capacity.rows[0].derivation,
+                                                             "\n"));
+              } catch (const InputError& error) {
+                return fmt::format("refused {}", error.what());
+              }
+            }),
+            "sglang");
   // plan --from-log on the real logs whose model is known
   out.section("from_log");
   for (const auto& from_log : b.from_logs)  // named: clang 14 cannot capture bindings
@@ -687,7 +726,8 @@ void mutate_value(json& v) {
   } else if (v.is_boolean()) {
     v = !v.get<bool>();
   } else if (v.is_number_integer()) {
-    v = v.get<int64_t>() * 2 + 1;
+    const int64_t n = v.get<int64_t>();
+    v = n == -1 ? int64_t{1} : n * 2 + 1;  // -1 is 2n + 1's fixed point (a delta of -1)
   } else if (v.is_number()) {
     v = v.get<double>() * 1.5 + 0.125;
   } else if (v.is_array()) {

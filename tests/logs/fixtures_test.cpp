@@ -203,8 +203,13 @@ TEST(RealLogs, SglangQwen35Tp2PoolAndMambaSizes) {
       plan::reconcile_log_flags(kvaudit::testing::registry(), l.memory, plan::PlanOptions{}, {}));
   ASSERT_FALSE(p.findings.empty());
   EXPECT_EQ(p.findings[0].id, "log-tp-from-ranks");
-  EXPECT_EQ(expect_all_inside(p), 2u);
+  // Pool size, state size, and max_running_requests=1 within 82 slots / 5 per request.
+  EXPECT_EQ(expect_all_inside(p), 3u);
   for (const auto& c : p.checks) {
+    if (c.id == "sglang_running_requests_state_pool") {
+      EXPECT_EQ(c.printed, 1);
+      EXPECT_EQ(c.predicted.hi, 82 / 5);
+    }
     if (c.id == "sglang_mamba_ssm_size") {
       EXPECT_EQ(c.predicted.lo, 82);
       EXPECT_EQ(c.predicted.hi, 82);

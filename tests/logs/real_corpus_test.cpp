@@ -58,6 +58,11 @@ json actual_fact(const Launch& l, const std::string& key) {
   if (key == "mamba_slots") return opt(m.mamba_slots);
   if (key == "context_length") return opt(l.context_length);
   if (key == "max_running_requests") return opt(l.max_running_requests);
+  // A line where the engine lowered max_running_requests, and why.
+  const auto& cap = l.running_requests_cap;
+  if (key == "running_requests_capped_by") return cap ? json(cap->by) : json();
+  if (key == "running_requests_requested") return cap ? opt(cap->requested) : json();
+  if (key == "state_slots_per_request") return cap ? opt(cap->slots_per_request) : json();
   if (key == "mem_fraction_static") return opt(m.mem_fraction_static);
   if (key == "avail_after_weights_gib") return opt(m.avail_after_weights_gib);
   if (key == "available_kv_gib") return opt(m.available_kv_gib);

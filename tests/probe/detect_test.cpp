@@ -46,6 +46,34 @@ TEST(ProbeDetect, SglangServerInfoTopLevelAndNested) {
   EXPECT_THAT(nested.capacity_source, HasSubstr("internal_states"));
 }
 
+// sglang#38846: /get_server_info keeps the launch's max_running_requests (32) while the
+// scheduler runs 9; newer builds expose the scheduler's value per DP worker in
+// internal_states[].effective_max_running_requests_per_dp (a third-party reading of
+// nightly-dev-20260907, cited by sglang PR #38931; this answer is built from those names,
+// no real answer carrying the field is in the corpus).
+TEST(ProbeDetect, SglangEffectiveRunningRequestsBelowTheLaunchValueIsAFinding) {
+  ServerFacts facts;
+  facts.url = "http://h";
+  read_sglang_server_info(json::parse(R"({"model_path": "/m", "kv_cache_dtype": "bf16",
+      "max_running_requests": 32, "version": "0.5.19",
+      "internal_states": [{"max_total_num_tokens": 900,
+                           "effective_max_running_requests_per_dp": 9}]})"),
+                          facts);
+  EXPECT_EQ(facts.running_requests_launched, 32);
+  EXPECT_EQ(facts.running_requests_effective, 9);
+  auto findings = server_findings(kvaudit::testing::registry(), facts, nullptr);
+  EXPECT_TRUE(has_finding(findings, "probe-running-requests-capped"));
+  // Without the scheduler's value nothing is claimed.
+  ServerFacts plain;
+  plain.url = "http://h";
+  read_sglang_server_info(json::parse(R"({"model_path": "/m", "kv_cache_dtype": "bf16",
+      "max_running_requests": 32, "version": "0.5.19"})"),
+                          plain);
+  EXPECT_FALSE(plain.running_requests_effective);
+  EXPECT_FALSE(has_finding(server_findings(kvaudit::testing::registry(), plain, nullptr),
+                           "probe-running-requests-capped"));
+}
+
 TEST(ProbeDetect, VllmCacheConfigInfo) {
   ServerFacts facts;
   auto samples = net::parse_prometheus(
