@@ -522,6 +522,75 @@ LogPrediction predict_from_log(const engines::Registry& registry,
   return out;
 }
 
+namespace {
+
+// The checks whose predicted interval depends on the KV dtype's size.
+bool dtype_sized_check(const std::string& id) {
+  return id == "sglang_pool_size" || id == "sglang_max_total_num_tokens" ||
+         id == "vllm_num_gpu_blocks" || id == "vllm_gpu_kv_cache_size" || id == "trtllm_max_tokens";
+}
+
+// A log that names no KV dtype ('auto' with no dtype line) but prints sizes: the dtypes the
+// release accepts (the model's own first) whose bytes per token put every printed size inside
+// its interval. Dtypes of one size (bf16 and fp16, the FP8 formats) cannot be told apart by
+// size: the first is used and the evidence names the others.
+std::string dtype_from_sizes(const checkpoint::ModelFacts& model, const LoggedMemory& logged,
+                             const PlanOptions& options, const engines::EngineModel& engine,
+                             const PoolModel& pool, std::string& evidence) {
+  const auto parsed = engines::parse_version(
+      !logged.engine_version.empty() ? logged.engine_version : options.engine_version);
+  const engines::Version version = parsed ? *parsed
+                                          : engines::parse_version(engine.latest_known_version)
+                                                .value_or(engines::Version{0, 0, 0, true});
+  std::vector<const engines::KvDtype*> candidates;
+  auto add = [&](const std::string& name) {
+    const engines::KvDtype* dtype = engine.dtypes->find(name);
+    if (dtype && std::find(candidates.begin(), candidates.end(), dtype) == candidates.end())
+      candidates.push_back(dtype);
+  };
+  add(engines::served_model_dtype(*engine.dtypes, model, engines::LaunchFlags{}));
+  for (const auto& cli : engines::kv_cache_dtype_choices(engine, version))
+    add(engines::cli_dtype(engine, version, cli));
+  std::vector<const engines::KvDtype*> matches;
+  std::vector<std::string> figures;
+  for (const engines::KvDtype* dtype : candidates) {
+    LoggedMemory trial = logged;
+    trial.kv_cache_dtype = dtype->name;
+    LogPrediction p;
+    try {
+      pool.predict_from_log(model, trial, options, engine, version, p);
+    } catch (const InputError&) {
+      continue;
+    }
+    bool sized = false, inside = true;
+    std::vector<std::string> seen;
+    for (const LogCheck& c : p.checks) {
+      if (!dtype_sized_check(c.id)) continue;
+      sized = true;
+      inside = inside && c.inside;
+      seen.push_back(fmt::format("{} {}", c.what, c.printed));
+    }
+    if (sized && inside) matches.push_back(dtype), figures = seen;
+  }
+  if (matches.empty()) return "";
+  for (const engines::KvDtype* m : matches)
+    if (m->key_bits != matches.front()->key_bits ||
+        m->block_elements != matches.front()->block_elements)
+      return "";  // sizes that differ both fit: the figures do not decide
+  std::vector<std::string> same;
+  for (size_t i = 1; i < matches.size(); ++i) same.push_back(matches[i]->name);
+  evidence = fmt::format(
+      "KV cache dtype {} derived, not printed: the log names none, and only this size ({} bits "
+      "per element) puts {} inside its interval for this model{}",
+      matches.front()->name, matches.front()->key_bits, fmt::join(figures, ", "),
+      same.empty() ? std::string()
+                   : fmt::format(" ({} has the same size: the figures cannot tell them apart)",
+                                 fmt::join(same, ", ")));
+  return matches.front()->name;
+}
+
+}  // namespace
+
 LogPrediction predict_from_log(const engines::Registry& registry,
                                const checkpoint::ModelFacts& model, const LoggedMemory& logged,
                                const PlanOptions& options) {
@@ -543,9 +612,12 @@ LogPrediction predict_from_log(const engines::Registry& registry,
                             version ? *version : engines::Version{0, 0, 0, true}, dtype_evidence);
   }
   if (filled.kv_cache_dtype.empty())
+    filled.kv_cache_dtype = dtype_from_sizes(model, filled, options, engine, pool, dtype_evidence);
+  if (filled.kv_cache_dtype.empty())
     throw InputError(
         "--from-log",
-        "the log does not say which KV cache dtype the launch used (pass --kv-cache-dtype)");
+        "the log does not say which KV cache dtype the launch used, and its sizes do not decide "
+        "it (pass --kv-cache-dtype)");
   auto run = [&](const engines::Version& version) {
     LogPrediction prediction;
     pool.predict_from_log(model, filled, options, engine, version, prediction);

@@ -1,0 +1,92 @@
+// The capacity ledger (docs/capacity-ledger.md) over the real-log corpus: every log is in it,
+// the committed document is what the code computes now, and the figures kvaudit reproduces
+// stay reproduced (a change to the engine model that loses one fails here).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "common/registry.h"
+#include "ledger/ledger.h"
+#include "logs/logs.h"
+#include "plan/plan.h"
+#include "util/json.h"
+#include "util/util.h"
+
+namespace kvaudit::ledger {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Ledger& ledger() {
+  static const Ledger built = build_ledger(
+      kvaudit::testing::registry(), fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" / "real",
+      fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "configs");
+  return built;
+}
+
+const LedgerRow* row_of(const std::string& file) {
+  for (const LedgerRow& row : ledger().rows)
+    if (row.file == file) return &row;
+  return nullptr;
+}
+
+TEST(CapacityLedger, DocumentIsUpToDate) {
+  const fs::path doc = fs::path(KVAUDIT_TEST_DIR).parent_path() / "docs" / "capacity-ledger.md";
+  ASSERT_TRUE(fs::exists(doc)) << doc;
+  EXPECT_TRUE(read_text_file(doc) == ledger_markdown(ledger()))
+      << doc << " is stale: regenerate it with `make ledger` and review the diff";
+}
+
+TEST(CapacityLedger, EveryCorpusLogIsARow) {
+  size_t logs = 0;
+  for (const char* engine : {"sglang", "vllm", "trtllm"})
+    logs += read_json_file(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" / "real" / engine /
+                           "EXPECTED.json")
+                .size();
+  EXPECT_EQ(ledger().rows.size(), logs);
+  for (const LedgerRow& row : ledger().rows) EXPECT_FALSE(row.status.empty()) << row.file;
+  ASSERT_FALSE(ledger().summary.empty());
+  EXPECT_EQ(ledger().summary.back().logs, static_cast<int>(logs));
+}
+
+TEST(CapacityLedger, RealLogsWithConfigsAreReproduced) {
+  // The motivating family's real log (KTransformers' SGLang, Qwen3.5-397B TP2): the pool size,
+  // the state size and the running-request cap all inside.
+  const LedgerRow* qwen35 = row_of("qwen3.5-397b-gdn-ktransformers-tp2-2026-02-27.log");
+  ASSERT_NE(qwen35, nullptr);
+  EXPECT_EQ(qwen35->status, "reproduced") << qwen35->note;
+  EXPECT_FALSE(qwen35->concurrency.empty());
+  // Every row with a config is predicted or says why not.
+  for (const LedgerRow& row : ledger().rows) {
+    if (!row.config.empty()) {
+      EXPECT_NE(row.status, "no config") << row.file;
+    }
+  }
+}
+
+// A real SGLang log with kv_cache_dtype 'auto' and no dtype line (Qwen2.5-7B on an RTX 5090,
+// sglang#5338): its K size over its #tokens gives 2 bytes per element for Qwen2.5-7B's
+// geometry, so the dtype is derived (and said to be), not refused.
+TEST(CapacityLedger, DtypeIsDerivedFromThePrintedSizesWhenTheLogNamesNone) {
+  const fs::path log = fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs" / "real" / "sglang" /
+                       "qwen2.5-7b-rtx5090-blackwell-crash-2025-04-13.log";
+  const logs::LogScan scan = logs::scan_log_file(kvaudit::testing::registry(), log);
+  ASSERT_FALSE(scan.launches.empty());
+  const checkpoint::ModelFacts model = checkpoint::read_checkpoint(
+      fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "configs" / "qwen-qwen2.5-7b-instruct");
+  const plan::LogPrediction p =
+      plan::predict_from_log(kvaudit::testing::registry(), model, scan.launches.back().memory, {});
+  ASSERT_FALSE(p.checks.empty());
+  for (const auto& c : p.checks) EXPECT_TRUE(c.inside) << c.id;
+  ASSERT_FALSE(p.notes.empty());
+  EXPECT_NE(p.notes.front().find("derived, not printed"), std::string::npos) << p.notes.front();
+  const LedgerRow* row = row_of("qwen2.5-7b-rtx5090-blackwell-crash-2025-04-13.log");
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(row->status, "reproduced");
+}
+
+}  // namespace
+}  // namespace kvaudit::ledger
