@@ -157,7 +157,7 @@ std::vector<std::string> representatives(const engines::EngineModel& engine) {
     add(engine.scale_warnings), add(engine.param_path_rules), add(engine.checkpoint_aborts);
     add(engine.dtype_hazards), add(engine.defaults), add(engine.log_templates);
     add(engine.known_bad), add(engine.default_backends), add(engine.platform_substitutions);
-    add(engine.state_dtypes), add(engine.draft_kv), add(engine.mamba_slots);
+    add(engine.state_dtypes), add(engine.draft_kv);
     for (const auto& r : engine.flag_rules)
       signature += fmt::format("{}{}{}", r.exists.contains(v), r.deprecated.contains(v),
                                r.disabled_for_hybrid.contains(v));
@@ -552,11 +552,31 @@ TaggedProbes battery_probes(const Battery& b) {
   // plan's requests at once on the hybrids, per mamba radix-cache strategy and the
   // conditions that change its state slots per request (a strategy a release lacks: refused)
   out.section("plan_state_slots");
-  for (const auto& v : b.versions.at("sglang"))
-    for (const auto& model : b.plan_models)
+  // (hybrids only: no other model has a state pool)
+  std::vector<const checkpoint::ModelFacts*> hybrids;
+  for (const auto& model : b.plan_models)
+    if (std::any_of(model.layers.begin(), model.layers.end(), [](const auto& layer) {
+          return layer.kind == checkpoint::LayerKind::linear_attention;
+        }))
+      hybrids.push_back(&model);
+  // One release per state-slot rule (the rest of the battery's releases do not separate them).
+  std::vector<std::string> slot_versions;
+  {
+    const engines::EngineModel& sglang = kvaudit::testing::registry().engine("sglang");
+    const auto boundaries = engines::boundary_versions(sglang);
+    for (const auto& rules : sglang.mamba_slots)
+      for (const auto& version : boundaries)
+        if (rules.versions.contains(version)) {
+          const std::string text = engines::version_text(version);
+          slot_versions.push_back(text == "latest" ? "" : text);
+          break;
+        }
+  }
+  for (const auto& v : slot_versions)
+    for (const checkpoint::ModelFacts* hybrid : hybrids)
       for (int variant = 0; variant < 6; ++variant)
         out.push_back(
-            guarded([v, &model, variant](const engines::Registry& registry) {
+            guarded([v, &model = *hybrid, variant](const engines::Registry& registry) {
               plan::PlanOptions options;
               options.engine_version = v;
               options.gpu_memory_bytes = int64_t{81559} << 20;
