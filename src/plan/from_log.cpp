@@ -522,6 +522,21 @@ LogPrediction predict_from_log(const engines::Registry& registry,
   return out;
 }
 
+std::vector<const engines::KvDtype*> candidate_dtypes(const checkpoint::ModelFacts& model,
+                                                      const engines::EngineModel& engine,
+                                                      const engines::Version& version) {
+  std::vector<const engines::KvDtype*> candidates;
+  auto add = [&](const std::string& name) {
+    const engines::KvDtype* dtype = engine.dtypes->find(name);
+    if (dtype && std::find(candidates.begin(), candidates.end(), dtype) == candidates.end())
+      candidates.push_back(dtype);
+  };
+  add(engines::served_model_dtype(*engine.dtypes, model, engines::LaunchFlags{}));
+  for (const auto& cli : engines::kv_cache_dtype_choices(engine, version))
+    add(engines::cli_dtype(engine, version, cli));
+  return candidates;
+}
+
 namespace {
 
 // The checks whose predicted interval depends on the KV dtype's size.
@@ -542,15 +557,7 @@ std::string dtype_from_sizes(const checkpoint::ModelFacts& model, const LoggedMe
   const engines::Version version = parsed ? *parsed
                                           : engines::parse_version(engine.latest_known_version)
                                                 .value_or(engines::Version{0, 0, 0, true});
-  std::vector<const engines::KvDtype*> candidates;
-  auto add = [&](const std::string& name) {
-    const engines::KvDtype* dtype = engine.dtypes->find(name);
-    if (dtype && std::find(candidates.begin(), candidates.end(), dtype) == candidates.end())
-      candidates.push_back(dtype);
-  };
-  add(engines::served_model_dtype(*engine.dtypes, model, engines::LaunchFlags{}));
-  for (const auto& cli : engines::kv_cache_dtype_choices(engine, version))
-    add(engines::cli_dtype(engine, version, cli));
+  const std::vector<const engines::KvDtype*> candidates = candidate_dtypes(model, engine, version);
   std::vector<const engines::KvDtype*> matches;
   std::vector<std::string> figures;
   for (const engines::KvDtype* dtype : candidates) {

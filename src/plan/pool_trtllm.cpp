@@ -167,15 +167,7 @@ std::string trtllm_dtype_from_log(const checkpoint::ModelFacts& model, const Log
                                   const PlanOptions& options, const engines::EngineModel& engine,
                                   const engines::Version& version, std::string& evidence) {
   const Parallelism parallel = trtllm_parallel_of(logged, options);
-  std::vector<const engines::KvDtype*> candidates;
-  auto add = [&](const std::string& name) {
-    const engines::KvDtype* dtype = engine.dtypes->find(name);
-    if (dtype && std::find(candidates.begin(), candidates.end(), dtype) == candidates.end())
-      candidates.push_back(dtype);
-  };
-  add(engines::served_model_dtype(*engine.dtypes, model, engines::LaunchFlags{}));
-  for (const auto& cli : engines::kv_cache_dtype_choices(engine, version))
-    add(engines::cli_dtype(engine, version, cli));
+  const std::vector<const engines::KvDtype*> candidates = candidate_dtypes(model, engine, version);
   std::vector<std::string> matches;
   std::string how;
   for (const engines::KvDtype* dtype : candidates) {

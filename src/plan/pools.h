@@ -92,6 +92,11 @@ TokenInterval tokens_from_printed_size(double printed, int64_t bytes_per_token,
                                        int64_t padding_tokens);
 void add_check(LogPrediction& out, std::string id, std::string what, int64_t printed,
                TokenInterval predicted, std::string derivation);
+// The dtypes a log that names none may have used: the model's own, then every dtype the
+// release accepts (for deriving it from the printed sizes).
+std::vector<const engines::KvDtype*> candidate_dtypes(const checkpoint::ModelFacts& model,
+                                                      const engines::EngineModel& engine,
+                                                      const engines::Version& version);
 std::vector<const engines::KvDtype*> comparable_dtypes(const engines::EngineModel& engine,
                                                        const engines::Version& version,
                                                        const engines::KvDtype& launch_dtype);
