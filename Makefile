@@ -66,17 +66,16 @@ check: build
 # release, many minutes under ASan, and it tests the data's reach, not memory safety.
 # decide_cli runs check on the 371K-tensor demo a dozen times (and make demo's script).
 # The other tests that read that demo end to end spend 90% of their sanitizer time parsing
-# its 371K-entry headers and index (35-60 s each under ASan, 0.2-1 s in release): check_cli,
-# HubAudit and the fuzzers run that parsing under the sanitizers, and the decision table,
+# its 371K-entry headers and index (35-60 s each under ASan, 0.2-1 s in release): the
+# fuzzers run that parsing under the sanitizers, and the decision table,
 # verify, key-norm and hub code they drive runs there in the small-checkpoint tests of the
 # same suites (Decision.WithoutMemory..., Fix.*, KeyNormBound.*, HubFaults.*, HubCache.*,
 # HubAudit.SingleFile...). The Browser.* tests time a headless Chromium drawing kvaudit's
 # pages: Chromium is not instrumented, and the pages' code runs in the report tests. The hybrid
 # fixture-model evaluations (HybridFixture.*) are left out like Fixture.*: Hybrid* and
 # Qwen35/HybridVsTorch run the same kernels on the tiny hybrids.
-# shell.check_cli spends ~55 of its ~60 s under ASan parsing the demo's 371K-entry headers;
-# the header parser runs under the sanitizers in the checkpoint tests and its fuzzer, and
-# check's code in the Decision/Fix/Rules tests on small checkpoints.
+# shell.check_cli (~60 s under ASan) is one of them since the checkpoint tests, the fuzzer
+# and the small-checkpoint Decision/Fix/Rules tests cover its code there.
 # ProbeRun.NoiseAround... runs 40 A/B comparisons under the null to check the error rate, and
 # CompareIdenticalServers / CompareShiftedLogprobs / TooFewProbes check the verdict's statistics
 # (129 + 32 s under ASan): statistical properties, release-only; the code they drive runs under
