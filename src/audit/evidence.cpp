@@ -307,8 +307,7 @@ void bound_keys(const CheckInput& input, const FormatLimits& limits,
   for (const auto& norm : model.k_norms) norms[norm.layer] = &norm;
   int head_dim = model.head_dim;
   for (const auto& layer : model.layers)
-    if (layer.kind != checkpoint::LayerKind::linear_attention && layer.k_head_dim > 0)
-      head_dim = layer.k_head_dim;
+    if (checkpoint::holds_kv_cache(layer.kind) && layer.k_head_dim > 0) head_dim = layer.k_head_dim;
   for (const auto& [layer, scale] : scales) {
     auto it = norms.find(layer);
     if (it == norms.end() || it->second->values.empty()) {

@@ -68,7 +68,7 @@ std::string names_preview(const std::vector<std::string>& names, size_t shown) {
 std::vector<int> attention_layers(const checkpoint::ModelFacts& model) {
   std::vector<int> indices;
   for (const auto& layer : model.layers)
-    if (layer.kind != LayerKind::linear_attention) indices.push_back(layer.index);
+    if (holds_kv_cache(layer.kind)) indices.push_back(layer.index);
   return indices;
 }
 

@@ -28,7 +28,7 @@ std::string string_or(const json& config, const char* key, std::string fallback 
   return it->get<std::string>();
 }
 
-enum class Family { dense, mistral, qwen2, hybrid_gdn, mla, gemma2, gemma3, gpt_oss };
+enum class Family { dense, mistral, qwen2, hybrid_gdn, mla, gemma2, gemma3, gpt_oss, nas };
 
 // transformers' Qwen2Config / Qwen3Config defaults for keys a config.json may omit.
 constexpr int64_t kQwenMaxWindowLayers = 28;
@@ -79,6 +79,9 @@ constexpr std::array kKnownArchitectures = {
     KnownArchitecture{"gemma3", Family::gemma3, QkNorm::one_plus_gain},
     KnownArchitecture{"gemma3_text", Family::gemma3, QkNorm::one_plus_gain},
     KnownArchitecture{"gpt_oss", Family::gpt_oss},
+    // DeciLM / Nemotron-NAS (Llama-3.3-Nemotron-Super-49B, -Ultra-253B): per-layer attention
+    // in block_configs, some layers without attention, GQA per layer.
+    KnownArchitecture{"nemotron-nas", Family::nas},
 };
 
 const KnownArchitecture* find_architecture(std::string_view model_type) {
@@ -92,6 +95,38 @@ std::optional<LayerKind> parse_layer_type(std::string_view text) {
   if (text == "sliding_attention") return LayerKind::sliding_attention;
   if (text == "linear_attention") return LayerKind::linear_attention;
   return std::nullopt;
+}
+
+// A Nemotron-NAS layer's attention from block_configs[layer].attention: no_op or
+// replace_with_linear layers hold no KV; the others have num_attention_heads /
+// n_heads_in_group KV heads (vLLM's NemotronNas convertor and SGLang's model_config read the
+// same keys).
+struct NasAttention {
+  bool attends = true;
+  int kv_heads = 0;
+};
+NasAttention nas_attention(const json& config, int layer, int num_attention_heads,
+                           const std::string& file) {
+  const json* blocks = nullptr;
+  if (auto it = config.find("block_configs"); it != config.end() && it->is_array()) blocks = &*it;
+  if (!blocks || static_cast<int>(blocks->size()) <= layer)
+    throw InputError(file, fmt::format("nemotron-nas needs block_configs for every layer (layer "
+                                       "{} has none)",
+                                       layer));
+  const json& block = (*blocks)[layer];
+  const json* attention = nullptr;
+  if (block.is_object())
+    if (auto it = block.find("attention"); it != block.end() && it->is_object()) attention = &*it;
+  if (!attention)
+    throw InputError(file, fmt::format("block_configs[{}].attention is missing", layer));
+  if (bool_or(*attention, "no_op", false) || bool_or(*attention, "replace_with_linear", false))
+    return {false, 0};
+  const int64_t group = int_or(*attention, "n_heads_in_group", 0);
+  if (group <= 0 || num_attention_heads % group != 0)
+    throw InputError(file, fmt::format("block_configs[{}].attention.n_heads_in_group = {} does "
+                                       "not divide num_attention_heads {}",
+                                       layer, group, num_attention_heads));
+  return {true, static_cast<int>(num_attention_heads / group)};
 }
 
 // Layer kind by family when the config has no explicit layer_types list.
@@ -125,6 +160,7 @@ LayerKind default_layer_kind(Family family, const json& config, int layer) {
     case Family::gpt_oss:  // alternates, sliding first
       return layer % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention;
     case Family::dense:
+    case Family::nas:  // per layer, from block_configs
       break;
   }
   return LayerKind::full_attention;
@@ -161,13 +197,15 @@ std::string_view layer_kind_name(LayerKind kind) {
       return "linear_attention";
     case LayerKind::mla:
       return "mla";
+    case LayerKind::no_attention:
+      return "no_attention";
   }
   return "?";
 }
 
 int ModelFacts::attention_layer_count() const {
   return static_cast<int>(std::count_if(layers.begin(), layers.end(), [](const LayerFacts& layer) {
-    return layer.kind != LayerKind::linear_attention;
+    return holds_kv_cache(layer.kind);
   }));
 }
 
@@ -275,7 +313,17 @@ void fill_architecture(const json& config, ModelFacts& facts) {
             fmt::format("layer_types[{}] = {} is not a known layer type", i, entry.dump()));
       layer.kind = *kind;
     }
+    std::optional<int> nas_kv_heads;
+    if (family == Family::nas) {
+      const NasAttention nas =
+          nas_attention(config, i, facts.num_attention_heads,
+                        facts.config_file.empty() ? "config.json" : facts.config_file);
+      layer.kind = nas.attends ? LayerKind::full_attention : LayerKind::no_attention;
+      if (nas.attends) nas_kv_heads = nas.kv_heads;
+    }
     switch (layer.kind) {
+      case LayerKind::no_attention:
+        break;
       case LayerKind::mla:
         layer.kv_heads = 1;  // one shared latent per token
         layer.k_head_dim = facts.mla->kv_lora_rank + facts.mla->qk_rope_head_dim;
@@ -287,12 +335,26 @@ void fill_architecture(const json& config, ModelFacts& facts) {
         layer.sliding_window = sliding_window;
         [[fallthrough]];
       case LayerKind::full_attention:
-        layer.kv_heads = facts.num_kv_heads;
+        layer.kv_heads = nas_kv_heads.value_or(facts.num_kv_heads);
         layer.k_head_dim = facts.head_dim;
         layer.v_head_dim = facts.head_dim;
         break;
     }
     facts.layers.push_back(layer);
+  }
+  if (family == Family::nas) {
+    // The model-wide KV head count is the first attending layer's, as vLLM reads it.
+    auto first = std::find_if(facts.layers.begin(), facts.layers.end(),
+                              [](const LayerFacts& l) { return holds_kv_cache(l.kind); });
+    if (first != facts.layers.end()) facts.num_kv_heads = first->kv_heads;
+    const auto skipped = std::count_if(facts.layers.begin(), facts.layers.end(), [](const auto& l) {
+      return l.kind == LayerKind::no_attention;
+    });
+    facts.notes.push_back(fmt::format(
+        "Nemotron-NAS: {} of {} layers have no attention (block_configs no_op or "
+        "replace_with_linear) and hold no KV cache; vLLM allocates none for them (reproduced "
+        "on a real vLLM 0.13.0 log); other engines' pools for this family are not verified",
+        skipped, facts.layers.size()));
   }
   if (!facts.architecture_known)
     facts.notes.push_back(fmt::format(

@@ -106,8 +106,14 @@ std::vector<float> read_tensor_values(const SafetensorsHeader& header, const Ten
 
 // ---------------------------------------------------------------- model facts
 
-enum class LayerKind { full_attention, sliding_attention, linear_attention, mla };
+// no_attention: a layer whose attention block is skipped (DeciLM / Nemotron-NAS block_configs
+// "no_op", or replaced by a linear map): it holds neither KV nor recurrent state.
+enum class LayerKind { full_attention, sliding_attention, linear_attention, mla, no_attention };
 std::string_view layer_kind_name(LayerKind kind);
+// A layer that writes the KV cache (not linear attention, not a skipped attention block).
+inline bool holds_kv_cache(LayerKind kind) {
+  return kind != LayerKind::linear_attention && kind != LayerKind::no_attention;
+}
 
 struct LayerFacts {
   int index = 0;

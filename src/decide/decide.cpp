@@ -97,7 +97,7 @@ KvOption calibrated_option(const engines::Registry& registry, const audit::Check
   // Stand-in scales (amax 100 over 448): what matters is where the engine looks for them.
   std::vector<calibrate::LayerScales> scales;
   for (const auto& layer : input.model.layers)
-    if (layer.kind != checkpoint::LayerKind::linear_attention)
+    if (checkpoint::holds_kv_cache(layer.kind))
       scales.push_back({layer.index, {100.0f / 448.0f}, {100.0f / 448.0f}, 100.0f, 100.0f});
   calibrate::OverlayRequest request;
   request.model_dir = input.model.files_dir;

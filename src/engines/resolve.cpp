@@ -71,7 +71,7 @@ std::vector<int> skipped_layers(const ModelFacts& model, const std::string& spec
   if (spec.empty()) return out;
   std::vector<std::string> items = split_list(spec, ',');
   for (const auto& layer : model.layers) {
-    if (layer.kind == checkpoint::LayerKind::linear_attention) continue;
+    if (!checkpoint::holds_kv_cache(layer.kind)) continue;
     bool skip = false;
     for (const std::string& item : items) {
       if (item == "sliding_window")
@@ -602,7 +602,7 @@ void find_known_bad(const EngineModel& engine, const Version& version, const Mod
 // Every attention layer's stored dtype: skipped layers keep the model dtype.
 void record_layer_dtypes(const ModelFacts& model, ResolvedKv& resolved) {
   for (const auto& layer : model.layers) {
-    if (layer.kind == checkpoint::LayerKind::linear_attention) continue;
+    if (!checkpoint::holds_kv_cache(layer.kind)) continue;
     const bool skipped = std::find(resolved.skipped_layers.begin(), resolved.skipped_layers.end(),
                                    layer.index) != resolved.skipped_layers.end();
     resolved.layer_dtypes.push_back({layer.index,

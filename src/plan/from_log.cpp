@@ -174,7 +174,7 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
     } else if (logged.k_gib && launch_dtype.block_elements == 0) {
       int64_t k_dim = 0;
       for (const auto& layer : model.layers)
-        if (layer.kind != checkpoint::LayerKind::linear_attention) k_dim = layer.k_head_dim;
+        if (checkpoint::holds_kv_cache(layer.kind)) k_dim = layer.k_head_dim;
       k_bytes_per_token = static_cast<int64_t>(setup.cell.kv_heads_per_rank) * k_dim *
                           std::max(1, launch_dtype.key_bits / 8) * setup.cell.full_layers;
       printed_gib = logged.k_gib, label = "K size";

@@ -166,7 +166,7 @@ std::vector<LayerFacts> kv_layers_of_busiest_rank(const ModelFacts& model, int p
     size_t begin = layers.size() * rank / pp, end = layers.size() * (rank + 1) / pp;
     std::vector<LayerFacts> mine;
     for (size_t i = begin; i < end; ++i)
-      if (layers[i].kind != LayerKind::linear_attention) mine.push_back(layers[i]);
+      if (holds_kv_cache(layers[i].kind)) mine.push_back(layers[i]);
     if (rank == 0 || mine.size() > best_count) {
       best_count = mine.size();
       best = std::move(mine);

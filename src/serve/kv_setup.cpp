@@ -50,7 +50,7 @@ numerics::KvLayout layout_of(const checkpoint::ModelFacts& facts) {
   layout.kv_heads = facts.num_kv_heads;
   layout.head_dim = facts.head_dim;
   for (const auto& layer : facts.layers)
-    if (layer.kind != checkpoint::LayerKind::linear_attention && layer.kv_heads > 0) {
+    if (checkpoint::holds_kv_cache(layer.kind) && layer.kv_heads > 0) {
       layout.kv_heads = layer.kv_heads;
       layout.head_dim = layer.k_head_dim;
       break;

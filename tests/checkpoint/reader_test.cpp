@@ -48,6 +48,44 @@ TEST(Reader, DeepSeekMla) {
   EXPECT_FALSE(facts.rope_scaling.is_null());
 }
 
+// The real Llama-3.3-Nemotron-Super-49B config (tests/fixtures/configs/SOURCES.md): 80 blocks,
+// 31 with no attention (block_configs no_op), the other 49 at 64 / n_heads_in_group 8 = 8 KV
+// heads; num_key_value_heads is null.
+TEST(Reader, NemotronNasLayersWithoutAttentionHoldNoKv) {
+  ModelFacts facts = read_checkpoint(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "configs" /
+                                     "nvidia-llama-3_3-nemotron-super-49b-v1" / "config.json");
+  ASSERT_EQ(facts.layers.size(), 80u);
+  EXPECT_EQ(facts.attention_layer_count(), 49);
+  EXPECT_EQ(facts.num_kv_heads, 8);
+  int skipped = 0;
+  for (const LayerFacts& layer : facts.layers) {
+    if (layer.kind == LayerKind::no_attention) {
+      ++skipped;
+      EXPECT_EQ(layer.kv_heads, 0);
+    } else {
+      EXPECT_EQ(layer.kind, LayerKind::full_attention);
+      EXPECT_EQ(layer.kv_heads, 8);
+      EXPECT_EQ(layer.k_head_dim, 128);
+    }
+  }
+  EXPECT_EQ(skipped, 31);
+  EXPECT_TRUE(facts.architecture_known);
+}
+
+TEST(Reader, NemotronNasWithoutBlockConfigsIsRefusedNamingTheLayer) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "nas-no-blocks";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "nemotron-nas", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 8, "block_configs": [{"attention": {"n_heads_in_group": 3}}]})";
+  try {
+    read_checkpoint(dir / "config.json");
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_heads_in_group = 3"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Reader, GptOssSlidingAndSinks) {
   ModelFacts facts = read_checkpoint(fixture_checkpoint("gpt-oss-20b"));
   EXPECT_TRUE(facts.attention_sinks);
