@@ -100,6 +100,10 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
     const logs::Launch& launch = f.launch > 0 ? scan.launches[f.launch - 1] : scan.launches.back();
     plan::LogSetup setup = plan::reconcile_log_flags(registry, launch.memory, options, f.given);
     prediction = plan::predict_from_log(registry, model, setup);
+    if (std::string note = logs::chosen_launch_note(scan, launch); !note.empty())
+      prediction->notes.insert(prediction->notes.begin(), note);
+    for (const report::Finding& f : launch.findings)
+      if (f.id == "log-figures-inconsistent") prediction->findings.push_back(f);
     options = setup.options;
   }
   plan::CapacityPlan capacity = plan::plan_capacity(registry, model, options);

@@ -138,6 +138,9 @@ LedgerRow run_log(const engines::Registry& registry, const fs::path& corpus_dir,
       for (const auto* list : {&row.tokens, &row.concurrency, &row.sizes})
         for (const LedgerCheck& c : *list) inside = inside && c.inside;
       row.status = inside ? "reproduced" : "outside";
+      if (scan.launches.size() > 1)
+        row.note = fmt::format("launch {} of {} (the latest; lines {}-{})", launch.index + 1,
+                               scan.launches.size(), launch.first_line, launch.last_line);
     }
   } catch (const InputError& error) {
     row.status = "not predicted";

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <istream>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -130,7 +131,20 @@ struct Launch {
   std::vector<LogEvent> failures;
   int64_t failures_dropped = 0;
   std::vector<report::Finding> findings;
+  // Set when no start-up marker opened this launch: the line that shows a new process (a
+  // weights load on a rank that already loaded, with its memory free again), and why.
+  std::string split_reason;
   int stage = -1;  // internal: how far start-up got
+  // internal: what each rank printed of its first weights load and its KV pools, to tell a
+  // new run from a second model's load and to check the figures against each other; the
+  // ranks that printed vLLM's weight memory.
+  struct RankFigures {
+    std::optional<double> free_before_gib, free_after_gib, usage_gib;
+    int64_t begin_line = 0, end_line = 0;
+    std::vector<std::pair<int64_t, int64_t>> pool_tokens;  // (#tokens, line), in print order
+  };
+  std::map<std::string, RankFigures> figures_by_rank;
+  std::set<std::string> weights_loaded_ranks;
 };
 
 struct LogScan {
@@ -191,6 +205,11 @@ void cross_check_checkpoint(const engines::Registry& registry, Launch& launch,
 
 // Adds the per-launch findings (silent FP8, unit scales, failures, not ready).
 void add_findings(const engines::Registry& registry, Launch& launch, bool is_latest);
+
+// Which launch a capacity reading was taken from, for people, when the log holds more than
+// one ("" otherwise): every launch's lines, how an unmarked one was told apart, and the flag
+// that picks another.
+std::string chosen_launch_note(const LogScan& scan, const Launch& chosen);
 
 report::Report to_report(const LogScan& scan, bool all_launches,
                          const std::vector<ExpectationResult>& expectations);

@@ -169,21 +169,31 @@ Launch& LaunchBuilder::current(int64_t line_no, const std::string& timestamp) {
   return launch;
 }
 
-Launch& LaunchBuilder::start_marker(int stage, int64_t line_no, const std::string& timestamp) {
-  if (!launches_.empty() && launches_.back().stage >= stage) {
-    Launch launch;
-    launch.index = next_index_++;
-    launch.kv_policy = kv_policy_;
-    launch.first_line = line_no;
-    launch.start_time = timestamp;
-    launches_.push_back(std::move(launch));
-    if (launches_.size() > max_launches_) {
-      launches_.pop_front();
-      ++dropped_;
-    }
+Launch& LaunchBuilder::open_launch(int64_t line_no, const std::string& timestamp) {
+  Launch launch;
+  launch.index = next_index_++;
+  launch.kv_policy = kv_policy_;
+  launch.first_line = line_no;
+  launch.start_time = timestamp;
+  launches_.push_back(std::move(launch));
+  if (launches_.size() > max_launches_) {
+    launches_.pop_front();
+    ++dropped_;
   }
+  return current(line_no, timestamp);
+}
+
+Launch& LaunchBuilder::start_marker(int stage, int64_t line_no, const std::string& timestamp) {
+  if (!launches_.empty() && launches_.back().stage >= stage) open_launch(line_no, timestamp);
   Launch& launch = current(line_no, timestamp);
   launch.stage = std::max(launch.stage, stage);
+  return launch;
+}
+
+Launch& LaunchBuilder::start_unmarked(int64_t line_no, const std::string& timestamp,
+                                      std::string reason) {
+  Launch& launch = open_launch(line_no, timestamp);
+  launch.split_reason = std::move(reason);
   return launch;
 }
 
@@ -632,6 +642,76 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
   }
 }
 
+// A weights load is printed once per rank and process. The same rank loading again is a
+// new process, even when the excerpt cut the new run's start-up markers, when its launch was
+// ready by then or when the memory the first load took is free again: above what the rank had
+// after its first load by more than half of what that load took (at least 0.25 GiB), or, with
+// no figure after it, at 90% of what it had before it. A second model of the same process
+// (SGLang's speculative draft) loads with the target's weights still held: before #23862 after
+// the target's KV pool, since then right after the target's weights.
+std::optional<std::string> LaunchBuilder::new_run_without_marker(
+    const std::vector<TemplateHit>& hits, const std::string& rank, int64_t line_no) const {
+  if (launches_.empty()) return std::nullopt;
+  const Launch& launch = launches_.back();
+  const std::string where = rank.empty() ? "the unprefixed process" : rank;
+  const std::string after_ready =
+      fmt::format("line {}: {} loads weights again after the launch was ready (line {}): a new run",
+                  line_no, where, launch.ready_line);
+  for (const TemplateHit& hit : hits) {
+    if (hit.log->kind == LogKind::load_begin) {
+      auto first = launch.figures_by_rank.find(rank);
+      if (first == launch.figures_by_rank.end() || !first->second.free_before_gib) continue;
+      if (launch.ready) return after_ready;
+      const std::optional<double> free_gib = hit.number("avail_mem_gib");
+      if (!free_gib) continue;
+      const double before = *first->second.free_before_gib;
+      const std::optional<double> after = first->second.free_after_gib;
+      const bool released = after ? *free_gib - *after > std::max(0.25, 0.5 * (before - *after))
+                                  : *free_gib >= 0.9 * before;
+      if (released)
+        return fmt::format(
+            "line {}: {} loads weights again with {:.2f} GiB free, as before its first load "
+            "({:.2f} GiB{}): the first load's memory was released, so a new process",
+            line_no, where, *free_gib, before,
+            after ? fmt::format(", {:.2f} GiB after it", *after) : std::string());
+    } else if (hit.log->kind == LogKind::weights_loaded) {
+      if (launch.ready && launch.weights_loaded_ranks.count(rank)) return after_ready;
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+void note_rank_figures(Launch& launch, const std::vector<TemplateHit>& hits,
+                       const std::string& rank, int64_t line_no) {
+  if (launch.weights_loaded_ranks.size() >= 1024 || launch.figures_by_rank.size() >= 1024)
+    return;  // bounded on hostile input
+  for (const TemplateHit& hit : hits) {
+    const LogKind kind = hit.log->kind;
+    if (kind == LogKind::load_begin || kind == LogKind::load_end) {
+      auto free_gib = hit.number("avail_mem_gib");
+      if (!free_gib) continue;
+      Launch::RankFigures& first = launch.figures_by_rank[rank];
+      if (kind == LogKind::load_begin && !first.free_before_gib)
+        first.free_before_gib = free_gib, first.begin_line = line_no;
+      if (kind == LogKind::load_end && first.free_before_gib && !first.free_after_gib) {
+        first.free_after_gib = free_gib, first.end_line = line_no;
+        first.usage_gib = hit.number("mem_usage_gib");
+      }
+    } else if (kind == LogKind::kv_pool_allocated) {
+      auto tokens = hit.count("pool_tokens");
+      Launch::RankFigures& figures = launch.figures_by_rank[rank];
+      if (tokens && figures.pool_tokens.size() < 8)
+        figures.pool_tokens.emplace_back(*tokens, line_no);
+    } else if (kind == LogKind::weights_loaded) {
+      launch.weights_loaded_ranks.insert(rank);
+    }
+  }
+}
+
+}  // namespace
+
 void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   LogLine line = normalise_line(raw_line);
   const std::string& m = line.message;
@@ -671,7 +751,10 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
       return;
     }
 
+  if (auto reason = new_run_without_marker(hits, line.rank, line_no))
+    start_unmarked(line_no, ts, std::move(*reason));
   Launch& launch = current(line_no, ts);
+  note_rank_figures(launch, hits, line.rank, line_no);
   if (!line.rank.empty() && launch.ranks_seen.size() < 1024) {
     launch.ranks_seen.insert(line.rank);
     note_rank_indices(launch, line.rank);

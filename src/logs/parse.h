@@ -25,9 +25,16 @@ class LaunchBuilder {
 
  private:
   Launch& current(int64_t line_no, const std::string& timestamp);
+  Launch& open_launch(int64_t line_no, const std::string& timestamp);
+  // Why `hits` (one line, printed by `rank`) must start a new run, when they do.
+  std::optional<std::string> new_run_without_marker(const std::vector<TemplateHit>& hits,
+                                                    const std::string& rank, int64_t line_no) const;
   // A line that starts a launch at `stage`: opens a new launch when the current
   // one already got that far.
   Launch& start_marker(int stage, int64_t line_no, const std::string& timestamp);
+  // Opens a launch at a line that proves a new process without a start-up marker (an
+  // excerpt of two runs with the second one's first lines cut).
+  Launch& start_unmarked(int64_t line_no, const std::string& timestamp, std::string reason);
   void record_failure(Launch& launch, const std::string& kind, const std::string& message,
                       int64_t line_no);
   // An args line read through the engine data's log_args: `what` names the line in

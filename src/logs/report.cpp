@@ -73,6 +73,7 @@ nlohmann::json launch_json(const Launch& l) {
       {"index", l.index},
       {"first_line", l.first_line},
       {"last_line", l.last_line},
+      {"split_reason", opt_string(l.split_reason)},
       {"start_time", opt_string(l.start_time)},
       {"end_time", opt_string(l.end_time)},
       {"engine", opt_string(l.engine)},
@@ -252,6 +253,19 @@ void set_logs_verdict(const LogScan& scan, const Launch& latest,
 
 }  // namespace
 
+std::string chosen_launch_note(const LogScan& scan, const Launch& chosen) {
+  if (scan.launches.size() < 2) return "";
+  std::vector<std::string> parts;
+  for (const Launch& l : scan.launches)
+    parts.push_back(fmt::format("#{} lines {}-{}{}", l.index + 1, l.first_line, l.last_line,
+                                l.split_reason.empty() ? "" : " (" + l.split_reason + ")"));
+  const bool latest = &chosen == &scan.launches.back();
+  return fmt::format(
+      "The log holds {} launches ({}); these figures are launch #{}'s{}; --launch N reads "
+      "another",
+      scan.launches.size(), fmt::join(parts, "; "), chosen.index + 1, latest ? ", the latest" : "");
+}
+
 report::Report to_report(const LogScan& scan, bool all_launches,
                          const std::vector<ExpectationResult>& expectations) {
   report::Report out;
@@ -292,6 +306,10 @@ report::Report to_report(const LogScan& scan, bool all_launches,
                                     scan.launches_dropped, scan.launches.size()));
   if (scan.truncated_lines > 0)
     out.notes.push_back(fmt::format("{} over-long lines were read in part", scan.truncated_lines));
+  for (const auto& l : scan.launches)
+    if (!l.split_reason.empty())
+      out.notes.push_back(fmt::format("Launch {} has no start-up lines of its own: {}", l.index + 1,
+                                      l.split_reason));
   out.notes.push_back(latest.scale_fallback_reason);
   out.payload["launches"] = launches;
   out.payload["launch_count"] = scan.launches.size();

@@ -2,6 +2,7 @@
 // checkpoint the launch served (scale fallback, capacity against plan).
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 
 #include <algorithm>
@@ -252,7 +253,85 @@ void add_kv_findings(const engines::Registry& registry, Launch& launch, const st
 }
 
 // What the log could not say: a dtype taken by rule, a cut server_args line.
+// Figures of one launch that the engine's own arithmetic ties together, checked against each
+// other (SGLang: each rank's "mem usage" is its free memory before the load minus after it,
+// all three printed to two decimals; every rank's pool has the same #tokens, sized from the
+// minimum free memory over the world group). One that fails means lines of two runs, or an
+// edited excerpt, and any capacity read from them is suspect.
+std::vector<std::string> figure_contradictions(const Launch& launch, std::vector<int64_t>& lines) {
+  std::vector<std::string> out;
+  bool pipeline = false;
+  for (const auto& [rank, f] : launch.figures_by_rank) {
+    pipeline |= rank.find("PP") != std::string::npos;
+    const std::string who = rank.empty() ? "the process" : rank;
+    if (!f.free_before_gib || !f.free_after_gib) continue;
+    const double fell = *f.free_before_gib - *f.free_after_gib;
+    if (fell < -0.01) {
+      out.push_back(
+          fmt::format("{} had more memory free after its weights load ({:.2f} GiB, line "
+                      "{}) than before it ({:.2f} GiB, line {})",
+                      who, *f.free_after_gib, f.end_line, *f.free_before_gib, f.begin_line));
+      lines.insert(lines.end(), {f.begin_line, f.end_line});
+    } else if (f.usage_gib && std::abs(*f.usage_gib - fell) > 0.015 + 1e-9) {
+      // Three figures rounded to 0.01 each: the difference is off by at most 0.015.
+      out.push_back(
+          fmt::format("{}'s weights load printed mem usage {:.2f} GiB (line {}), but its "
+                      "free memory fell by {:.2f} GiB ({:.2f} at line {} to {:.2f}), "
+                      "and the engine prints that difference",
+                      who, *f.usage_gib, f.end_line, fell, *f.free_before_gib, f.begin_line,
+                      *f.free_after_gib));
+      lines.insert(lines.end(), {f.begin_line, f.end_line});
+    }
+  }
+  // Pool sizes across ranks, pool by pool in print order (a hybrid prints one per pool). Under
+  // pipeline parallelism each stage sizes its own layers: not compared.
+  if (!pipeline && launch.engine != "trtllm") {
+    for (size_t k = 0; k < 8; ++k) {
+      std::vector<std::string> seen;
+      std::set<int64_t> values;
+      int64_t first_line = 0;
+      for (const auto& [rank, f] : launch.figures_by_rank)
+        if (k < f.pool_tokens.size()) {
+          values.insert(f.pool_tokens[k].first);
+          seen.push_back(fmt::format("{} {} (line {})", rank.empty() ? "unprefixed" : rank,
+                                     f.pool_tokens[k].first, f.pool_tokens[k].second));
+          if (!first_line) first_line = f.pool_tokens[k].second;
+        }
+      if (values.size() > 1) {
+        out.push_back(
+            fmt::format("the ranks' KV pools differ in #tokens ({}), where the engine "
+                        "sizes every rank's pool from the smallest free memory of all",
+                        fmt::join(seen, ", ")));
+        lines.push_back(first_line);
+      }
+    }
+  }
+  return out;
+}
+
 void add_reading_findings(Launch& launch, const std::string& who) {
+  std::vector<int64_t> contradiction_lines;
+  if (auto contradictions = figure_contradictions(launch, contradiction_lines);
+      !contradictions.empty()) {
+    std::vector<report::Evidence> evidence;
+    std::sort(contradiction_lines.begin(), contradiction_lines.end());
+    contradiction_lines.erase(std::unique(contradiction_lines.begin(), contradiction_lines.end()),
+                              contradiction_lines.end());
+    for (int64_t line : contradiction_lines)
+      if (evidence.size() < 6) evidence.push_back({line_ref(line), "memory figures", ""});
+    launch.findings.push_back(
+        {"log-figures-inconsistent", Severity::warning,
+         fmt::format("{}: the log's own memory figures contradict each other", who),
+         fmt::format("{}; lines of two runs mixed, or an edited excerpt: capacity read from these "
+                     "figures is suspect",
+                     fmt::join(contradictions, "; ")),
+         evidence,
+         "take the figures from one run's complete log (journalctl -u UNIT -b -o cat, or the "
+         "run's own log file); a run whose start-up lines were cut is split only when its weights "
+         "load shows it",
+         ""});
+  }
+
   if (launch.resolved_inferred) {
     launch.findings.push_back(
         {"kv-dtype-inferred",
@@ -424,7 +503,7 @@ std::string fallback_under(const engines::EngineModel& engine, const engines::Ve
       covered.insert(scale.layer);
   int missing = 0, attention = 0;
   for (const auto& layer : model.layers)
-    if (layer.kind != checkpoint::LayerKind::linear_attention)
+    if (checkpoint::holds_kv_cache(layer.kind))
       ++attention, missing += covered.count(layer.index) ? 0 : 1;
   if (missing == 0) return "";
   return fmt::format("{} of {} attention layers have no loaded k/v scale", missing, attention);
