@@ -37,6 +37,7 @@ struct PlanFlags {
   std::string weights_per_gpu;
   std::string contexts = "8k,32k,128k";
   int64_t max_running_requests = 0;
+  int64_t max_num_batched_tokens = 0;
   int page_size = 0;
   int64_t max_total_tokens = 0;
   std::string from_log;
@@ -84,6 +85,7 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
     options.contexts.push_back(*tokens);
   }
   if (f.max_running_requests > 0) options.max_running_requests = f.max_running_requests;
+  if (f.max_num_batched_tokens > 0) options.max_num_batched_tokens = f.max_num_batched_tokens;
   if (f.page_size > 0) options.page_size = f.page_size;
   if (f.max_total_tokens > 0) options.max_total_tokens = f.max_total_tokens;
 
@@ -171,6 +173,10 @@ void add_plan_command(CLI::App& app, Runner& run, EngineData& engines) {
                   "Weight bytes per GPU (default: safetensors bytes / TP / PP)");
   cmd->add_option("--context", flags->contexts,
                   "Context lengths for the concurrency columns (8k,32k,128k)");
+  cmd->add_option("--max-num-batched-tokens", flags->max_num_batched_tokens,
+                  "vLLM --max-num-batched-tokens: sliding-window groups hold window - 1 + this "
+                  "per request (default: the window alone, the most requests)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-running-requests", flags->max_running_requests,
                   "Cap on concurrent requests");
   cmd->add_option("--page-size", flags->page_size, "SGLang --page-size / vLLM --block-size");

@@ -455,6 +455,10 @@ enum class LogKind {
   // The engine lowered max_running_requests (SGLang: by the mamba state cache, or by the
   // KV cache): the cap in effect, what it was asked, the state slots and slots per request.
   running_requests_capped,
+  // A configuration line that names a launch setting, printed before anything loads (vLLM's
+  // "Chunked prefill is enabled with max_num_batched_tokens=N"): read, with no stage, so it
+  // never opens a launch of its own.
+  launch_setting,
 };
 std::string_view log_kind_name(LogKind kind);
 

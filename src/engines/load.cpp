@@ -187,7 +187,7 @@ void check_dtype(const EngineModel& model, JsonReader& r, std::string_view key,
 
 LogKind read_log_kind(JsonReader& r) {
   std::string text = r.string("kind");
-  for (int k = 0; k <= static_cast<int>(LogKind::running_requests_capped); ++k)
+  for (int k = 0; k <= static_cast<int>(LogKind::launch_setting); ++k)
     if (log_kind_name(static_cast<LogKind>(k)) == text) return static_cast<LogKind>(k);
   r.fail("kind", fmt::format("unknown log message kind '{}'", text));
 }
@@ -254,6 +254,8 @@ std::string_view log_kind_name(LogKind kind) {
       return "kv_dtype_requested";
     case LogKind::running_requests_capped:
       return "running_requests_capped";
+    case LogKind::launch_setting:
+      return "launch_setting";
   }
   return "?";
 }
@@ -310,6 +312,7 @@ constexpr LogField kLogFields[] = {
     {"max_total_tokens_arg", true},
     {"block_size", true},
     {"dp_size", true},
+    {"max_num_batched_tokens", true},  // vLLM's scheduler budget (sliding-window admission)
     {"quantization", false},
     {"peak_gib", true},                    // TensorRT-LLM profile: peak memory while profiling
     {"total_gpu_gib", true},               // the device's total memory

@@ -404,6 +404,8 @@ void apply_named_settings(Launch& launch, const TemplateHit& hit) {
   if (auto cap = hit.count("max_total_tokens_arg")) memory.max_total_tokens_arg = cap;
   if (auto block = hit.count("block_size"); block && *block > 0 && *block < 1 << 20)
     memory.block_size = static_cast<int>(*block);
+  if (auto n = hit.count("max_num_batched_tokens"); n && *n > 0 && *n < 1LL << 40)
+    memory.max_num_batched_tokens = n;
   if (auto dp = hit.count("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16 && launch.dp == 0)
     launch.dp = static_cast<int>(*dp), memory.dp = launch.dp;
   if (auto q = hit.text("quantization"); q && !q->empty()) launch.quantization = *q;
@@ -589,6 +591,8 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
     case LogKind::startup_progress:
       mark_loading(launch);
       break;
+    case LogKind::launch_setting:
+      break;  // its settings were read above; no stage
     case LogKind::running_requests_capped: {
       RunningRequestsCap cap;
       cap.effective = hit.count("max_running_requests").value_or(0);

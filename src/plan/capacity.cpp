@@ -19,10 +19,6 @@ std::string gib(int64_t bytes) {
   return gib_text(static_cast<double>(bytes)) + " GiB";
 }
 
-int64_t cdiv(int64_t a, int64_t b) {
-  return b <= 0 ? 0 : (a + b - 1) / b;
-}
-
 }  // namespace
 
 SglangPools sglang_pools(int64_t rest_bytes, const CellSize& cell,
@@ -140,15 +136,10 @@ std::vector<ConcurrencyPoint> vllm_concurrency(int64_t num_blocks, const VllmLay
     if (context <= 0) continue;
     ConcurrencyPoint point;
     point.context_tokens = context;
-    // Every group keeps its own block table; sliding-window groups need only the window.
-    int64_t blocks_per_request = 0;
-    int full_groups = layout.num_groups, swa_groups = 0;
-    if (layout.sliding_window > 0 && layout.num_groups > 1)
-      swa_groups = layout.num_groups - 1, full_groups = 1;
-    blocks_per_request += full_groups * cdiv(context, layout.block_size);
-    blocks_per_request +=
-        swa_groups *
-        (cdiv(std::min<int64_t>(context, layout.sliding_window), layout.block_size) + 1);
+    // Every group keeps its own block table; sliding-window groups hold the window (and the
+    // chunk being prefilled).
+    const int64_t blocks_per_request =
+        vllm_blocks_per_request(layout, context, options.max_num_batched_tokens);
     limit_requests(point, "kv blocks",
                    blocks_per_request > 0 ? num_blocks / blocks_per_request : 0);
     if (options.max_running_requests)

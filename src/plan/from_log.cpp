@@ -317,14 +317,31 @@ void predict_vllm(const checkpoint::ModelFacts& model, const LoggedMemory& logge
   if (!blocks && logged.gpu_kv_cache_tokens)
     blocks = *logged.gpu_kv_cache_tokens / block * layout.num_groups;
   if (blocks && logged.concurrency_context && logged.concurrency_x) {
-    const int64_t per_request = (*logged.concurrency_context + block - 1) / block;
-    const long double exact = static_cast<long double>(*blocks) / per_request * 100.0L;
-    TokenInterval predicted{static_cast<int64_t>(std::floor(exact)),
-                            static_cast<int64_t>(std::ceil(exact))};
-    add_check(out, "vllm_max_concurrency", "printed maximum concurrency (x100) from the blocks",
-              std::llround(*logged.concurrency_x * 100.0), predicted,
-              fmt::format("{} blocks / cdiv({}, {}) = {:.4f}x", *blocks,
-                          *logged.concurrency_context, block, static_cast<double>(exact / 100.0L)));
+    const int64_t context = *logged.concurrency_context;
+    // Sliding-window groups hold window - 1 + max_num_batched_tokens tokens; when the log does
+    // not print that budget, anything from the window alone to the whole context.
+    const std::optional<int64_t> batched = logged.max_num_batched_tokens;
+    const int64_t fewest = vllm_blocks_per_request(layout, context, batched.value_or(1));
+    const int64_t most = vllm_blocks_per_request(layout, context, batched.value_or(context));
+    const long double high = static_cast<long double>(*blocks) / fewest * 100.0L;
+    const long double low = static_cast<long double>(*blocks) / most * 100.0L;
+    TokenInterval predicted{static_cast<int64_t>(std::floor(low)),
+                            static_cast<int64_t>(std::ceil(high))};
+    std::string per_request = fmt::format("{} full-attention group(s) x cdiv({}, {})",
+                                          layout.full_groups, context, block);
+    if (layout.sliding_groups > 0)
+      per_request += fmt::format(
+          " + {} sliding group(s) x (cdiv(min({} - 1 + {}, {}), {}) + 1)", layout.sliding_groups,
+          layout.sliding_window,
+          batched ? std::to_string(*batched) : std::string("max_num_batched_tokens (not printed)"),
+          context, block);
+    add_check(
+        out, "vllm_max_concurrency", "printed maximum concurrency (x100) from the blocks",
+        std::llround(*logged.concurrency_x * 100.0), predicted,
+        fmt::format(
+            "{} blocks / ({} = {}{} blocks per request) = {:.4f}x{}", *blocks, per_request, fewest,
+            most != fewest ? fmt::format("..{}", most) : "", static_cast<double>(high / 100.0L),
+            most != fewest ? fmt::format("..{:.4f}x", static_cast<double>(low / 100.0L)) : ""));
   }
   if (logged.available_kv_gib && out.checks.empty())
     out.notes.push_back("the log prints the KV memory but no block or token count to compare");
@@ -468,6 +485,8 @@ void reconcile_dtypes(const engines::DtypeVocabulary& dtypes, const LoggedMemory
                         logged.mamba_ssm_dtype, "");
     out.options.mamba_ssm_dtype = logged.mamba_ssm_dtype;
   }
+  if (logged.max_num_batched_tokens)
+    out.options.max_num_batched_tokens = logged.max_num_batched_tokens;
 }
 
 // The memory fraction: printed, else the flag, else the engine's default for the GPU (which

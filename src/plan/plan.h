@@ -113,12 +113,22 @@ struct VllmLayout {
   int64_t page_bytes_per_layer = 0;  // block_size x heads x (k+v dim) x bytes
   int group_size = 0;                // layers per group (tensors sharing a block id)
   int num_groups = 0;
-  int sliding_window = 0;       // tokens, when a group is sliding-window
-  int64_t bytes_per_token = 0;  // all KV layers of the rank
+  int sliding_window = 0;                   // tokens, when a group is sliding-window
+  int full_groups = 0, sliding_groups = 0;  // of num_groups: groups of each kind
+  int64_t bytes_per_token = 0;              // all KV layers of the rank
   std::vector<std::string> derivation;
 };
 VllmLayout vllm_layout(const checkpoint::ModelFacts& model, const engines::KvDtype& dtype,
                        const Parallelism& parallel, int block_size);
+// Blocks one request of `context` tokens is admitted against, summed over the groups (all
+// groups share one block pool): a full-attention group cdiv(context, block); a sliding-window
+// group cdiv(min(window - 1 + max_num_batched_tokens, context), block) + 1 (the window need not
+// start on a block). vLLM's max concurrency is num_blocks over this (kv_cache_interface.py
+// SlidingWindowSpec.max_memory_usage_bytes, kv_cache_utils.py
+// get_max_concurrency_for_kv_cache_config). Without max_num_batched_tokens the window alone
+// is counted: the fewest blocks, the most requests.
+int64_t vllm_blocks_per_request(const VllmLayout& layout, int64_t context,
+                                std::optional<int64_t> max_num_batched_tokens);
 
 // ---------------------------------------------------------------- plan
 
@@ -144,6 +154,9 @@ struct PlanOptions {
   bool disable_overlap_schedule = false;
   bool mamba_skip_decode_lock = false;    // SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1
   std::optional<int64_t> context_length;  // --context-length (default: the model's)
+  // vLLM --max-num-batched-tokens: a sliding-window group holds window - 1 + this many tokens
+  // per request while a prefill is chunked (unset: the window alone, an upper bound).
+  std::optional<int64_t> max_num_batched_tokens;
 };
 
 // The mamba state slots a running request holds at this release under these options
@@ -266,7 +279,8 @@ struct LoggedMemory {
   std::optional<int64_t> gpu_kv_cache_tokens;  // V1 "GPU KV cache size: N tokens"
   std::optional<int64_t> num_gpu_blocks;       // "# GPU blocks: N" / "# cuda blocks: N"
   std::optional<int> block_size;
-  std::optional<int64_t> concurrency_context;  // "Maximum concurrency for L tokens ..."
+  std::optional<int64_t> max_num_batched_tokens;  // "Chunked prefill is enabled with ..."
+  std::optional<int64_t> concurrency_context;     // "Maximum concurrency for L tokens ..."
   std::optional<double> concurrency_x;
   // TensorRT-LLM's profile line ("Peak memory during memory usage profiling ...") and its
   // final allocation (pool_tokens, kv_gib: the last "Allocated X GiB ... (N)").

@@ -340,9 +340,12 @@ VllmLayout vllm_layout(const ModelFacts& model, const engines::KvDtype& dtype,
     for (const auto& [spec, n] : count_by_spec)
       min_n = std::min(min_n, n), max_n = std::max(max_n, n);
     layout.group_size = max_n < min_n * 1.5 ? max_n : min_n;
-    for (const auto& [spec, n] : count_by_spec)
-      layout.num_groups += (n + layout.group_size - 1) / layout.group_size;
   }
+  for (const auto& [spec, n] : count_by_spec) {
+    const int groups = (n + layout.group_size - 1) / layout.group_size;
+    (spec.second > 0 ? layout.sliding_groups : layout.full_groups) += groups;
+  }
+  layout.num_groups = layout.full_groups + layout.sliding_groups;
   (void)bytes;
   if (dtype.scale_bytes_per_token_head > 0)
     layout_note = fmt::format(" (includes {} B FP32 scales per token per head for K and V)",
@@ -359,6 +362,21 @@ VllmLayout vllm_layout(const ModelFacts& model, const engines::KvDtype& dtype,
       block_size, layout.page_bytes_per_layer / block_size, layout.page_bytes_per_layer,
       layout_note, layers.size(), layout.num_groups, layout.group_size, layout.bytes_per_token));
   return layout;
+}
+
+int64_t vllm_blocks_per_request(const VllmLayout& layout, int64_t context,
+                                std::optional<int64_t> max_num_batched_tokens) {
+  const int64_t block = std::max(1, layout.block_size);
+  const auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  int64_t blocks = static_cast<int64_t>(layout.full_groups) * cdiv(context, block);
+  if (layout.sliding_groups > 0) {
+    const int64_t held = max_num_batched_tokens
+                             ? layout.sliding_window - 1 + *max_num_batched_tokens
+                             : static_cast<int64_t>(layout.sliding_window);
+    blocks += static_cast<int64_t>(layout.sliding_groups) *
+              (cdiv(std::min<int64_t>(held, context), block) + 1);
+  }
+  return blocks;
 }
 
 }  // namespace kvaudit::plan

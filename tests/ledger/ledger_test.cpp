@@ -67,6 +67,23 @@ TEST(CapacityLedger, RealLogsWithConfigsAreReproduced) {
   }
 }
 
+// vLLM's printed maximum concurrency for sliding-window hybrids counts every group's blocks
+// per request (gpt-oss: 18 full layers at cdiv(L, 16), 18 sliding at cdiv(min(128 - 1 + the
+// chunked-prefill budget, L), 16) + 1), read from both real logs exactly; the budget comes from
+// their "Chunked prefill is enabled with max_num_batched_tokens=N" line.
+TEST(CapacityLedger, SlidingWindowConcurrencyCountsEveryGroupsBlocks) {
+  for (const char* file :
+       {"gpt-oss-120b-tp2-harmony-error-0.15.1.log", "gpt-oss-120b-tp4-ray-ansi-0.10.1.1.log"}) {
+    const LedgerRow* row = row_of(file);
+    ASSERT_NE(row, nullptr) << file;
+    EXPECT_EQ(row->status, "reproduced") << file << ": " << row->note;
+    ASSERT_EQ(row->concurrency.size(), 1u) << file;
+    const LedgerCheck& c = row->concurrency[0];
+    EXPECT_TRUE(c.inside) << file;
+    EXPECT_LE(c.hi - c.lo, 1) << file << ": the budget was read, so the interval is exact";
+  }
+}
+
 // A real SGLang log with kv_cache_dtype 'auto' and no dtype line (Qwen2.5-7B on an RTX 5090,
 // sglang#5338): its K size over its #tokens gives 2 bytes per element for Qwen2.5-7B's
 // geometry, so the dtype is derived (and said to be), not refused.

@@ -6,6 +6,8 @@
 // request)" (tests/fixtures/logs/real/sglang/qwen3.5-27b-capped-by-mamba-v0.5.19-issue-38846.log).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common/registry.h"
 #include "engines/engines.h"
 #include "plan/plan.h"
@@ -127,6 +129,24 @@ TEST(Concurrency, EngineDefaultCapAppliesWithoutTheFlag) {
   // (at most 4096 per DP worker) binds.
   EXPECT_LE(point.requests, 4096);
   EXPECT_EQ(point.limited_by, "the engine's default running-request cap");
+}
+
+// gpt-oss's layout (one full and one 128-token sliding group, block 16) with the figures of
+// the two real vLLM logs: 0.10.1.1 (L 16,384, budget 2,048) and 0.15.1 (L 131,072, 8,192).
+TEST(Concurrency, VllmSlidingGroupsHoldTheWindowAndTheChunkBeingPrefilled) {
+  VllmLayout layout;
+  layout.block_size = 16;
+  layout.full_groups = 1, layout.sliding_groups = 1, layout.num_groups = 2;
+  layout.sliding_window = 128;
+  EXPECT_EQ(vllm_blocks_per_request(layout, 16384, 2048), 1024 + 137);
+  EXPECT_EQ(vllm_blocks_per_request(layout, 131072, 8192), 8192 + 521);
+  // 330,018 and 283,736 blocks: the printed 284.25x and 32.56x.
+  EXPECT_EQ(std::llround(330018.0 / (1024 + 137) * 100), 28425);
+  EXPECT_EQ(std::llround(283736.0 / (8192 + 521) * 100), 3256);
+  // Without the budget, the window alone: the fewest blocks.
+  EXPECT_EQ(vllm_blocks_per_request(layout, 16384, std::nullopt), 1024 + 9);
+  // A context shorter than the window holds the context.
+  EXPECT_EQ(vllm_blocks_per_request(layout, 64, 2048), 4 + 5);
 }
 
 TEST(Concurrency, RelimitKeepsTheLeast) {
