@@ -400,6 +400,9 @@ struct EngineDefaults {
   std::string mamba_conv_dtype;  // "bfloat16"
   std::vector<std::string> mamba_ssm_dtype_choices;
   std::optional<int> page_size;
+  // SGLang sets this page size for DeepSeek DSA/NSA models (a lightning indexer) on CUDA,
+  // whatever --page-size said ("Setting page size to 64 for DeepSeek NSA/DSA.").
+  std::optional<int> dsa_page_size;
   std::optional<double> swa_full_tokens_ratio;
   bool fp4_dequant_workspace = false;  // SGLang FP4 prefill: one shared FP8 dequant buffer
   double mm_reservation_mib = 0;       // SGLang: KV budget held back for multimodal models

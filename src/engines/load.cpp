@@ -877,6 +877,8 @@ void read_defaults(JsonReader& top, EngineModel& model) {
     d.mamba_conv_dtype = r.string_or("mamba_conv_dtype", "bfloat16");
     d.mamba_ssm_dtype_choices = r.strings_or_empty("mamba_ssm_dtype_choices");
     if (auto page = r.optional_integer("page_size")) d.page_size = static_cast<int>(*page);
+    if (auto page = r.optional_integer("dsa_page_size"); page && *page >= 1 && *page <= 1 << 20)
+      d.dsa_page_size = static_cast<int>(*page);
     d.swa_full_tokens_ratio = r.optional_number("swa_full_tokens_ratio");
     d.fp4_dequant_workspace = r.boolean_or("fp4_dequant_workspace", false);
     d.mm_reservation_mib = r.number_or("mm_reservation_mib", 0);

@@ -443,6 +443,13 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
   context.swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);
   context.mamba_slots = mamba_slots_per_request(engine, version, options);
   context.page = options.page_size.value_or(defaults.page_size.value_or(pool.default_page_size));
+  if (!options.page_size && defaults.dsa_page_size && model.mla && model.mla->index_head_dim > 0) {
+    context.page = *defaults.dsa_page_size;
+    plan.notes.push_back(fmt::format(
+        "page size {}: SGLang sets it for DeepSeek DSA/NSA models on CUDA whatever --page-size "
+        "says (pass --page-size for ROCm or XPU)",
+        context.page));
+  }
 
   pool.set_budget(context, plan);
   if (options.parallel.dcp > 1)

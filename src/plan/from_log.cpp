@@ -118,6 +118,14 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
       options.mamba_full_memory_ratio.value_or(defaults.mamba_full_memory_ratio.value_or(0.9)));
   setup.page_size =
       logged.page_size.value_or(options.page_size.value_or(defaults.page_size.value_or(1)));
+  if (!logged.page_size && !options.page_size && defaults.dsa_page_size && model.mla &&
+      model.mla->index_head_dim > 0) {
+    setup.page_size = *defaults.dsa_page_size;
+    out.notes.push_back(fmt::format(
+        "page size {}: SGLang sets it for DeepSeek DSA/NSA models on CUDA (the log prints no "
+        "page size; pass --page-size for ROCm or XPU launches)",
+        setup.page_size));
+  }
   setup.cap = logged.max_total_tokens_arg;
   setup.fixed_slots = logged.mamba_slots;
   setup.swa_ratio = defaults.swa_full_tokens_ratio.value_or(0.8);

@@ -84,6 +84,18 @@ TEST(CapacityLedger, SlidingWindowConcurrencyCountsEveryGroupsBlocks) {
   }
 }
 
+// SGLang runs DeepSeek DSA/NSA models (a lightning indexer) at page size 64 on CUDA whatever
+// --page-size says; the real KTransformers DeepSeek-V3.2 log prints no page size, and its pool
+// of 65,984 = 64 x 1,031 tokens is inside only when the pool is floored to 64-token pages.
+TEST(CapacityLedger, DsaModelsArePagedAt64TokensWhenTheLogPrintsNoPageSize) {
+  const LedgerRow* row = row_of("deepseek-v3.2-ktransformers-fp8kv-tp2-2025-12-25.log");
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(row->status, "reproduced") << row->note;
+  ASSERT_FALSE(row->tokens.empty());
+  EXPECT_TRUE(row->tokens[0].inside);
+  EXPECT_EQ(row->tokens[0].printed % 64, 0);
+}
+
 // A real SGLang log with kv_cache_dtype 'auto' and no dtype line (Qwen2.5-7B on an RTX 5090,
 // sglang#5338): its K size over its #tokens gives 2 bytes per element for Qwen2.5-7B's
 // geometry, so the dtype is derived (and said to be), not refused.
