@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "probe/probe.h"
+#include "util/json.h"
 
 namespace kvaudit::probe {
 
@@ -78,21 +79,26 @@ ProbeRecord record_from_json(const json& doc, const std::string& where) {
     record.output = doc.at("output").get<std::string>();
     record.passed = doc.at("passed").get<bool>();
     record.error = doc.value("error", "");
-    record.ctx_tokens = doc.value("ctx_tokens", int64_t{0});
-    record.depth_tokens = doc.value("depth_tokens", int64_t{0});
-    record.prompt_tokens = doc.value("prompt_tokens", int64_t{0});
+    // Counts through JsonReader: a results file is outside input, and a float there (1e50)
+    // must be an error, not an undefined conversion.
+    JsonReader counts(doc, where, "record");
+    record.ctx_tokens = counts.integer_or("ctx_tokens", 0);
+    record.depth_tokens = counts.integer_or("depth_tokens", 0);
+    record.prompt_tokens = counts.integer_or("prompt_tokens", 0);
     if (doc.contains("expected_logprob") && !doc["expected_logprob"].is_null())
       record.expected_logprob = doc["expected_logprob"].get<double>();
-    record.expected_tokens = doc.value("expected_tokens", int64_t{0});
+    record.expected_tokens = counts.integer_or("expected_tokens", 0);
     record.generated = positions_from_json(doc.value("generated", json::array()));
     record.forced_note = doc.value("forced_note", "");
     record.forced = positions_from_json(doc.value("forced", json::array()));
-    record.rounds = doc.value("rounds", int64_t{0});
-    record.rounds_passed = doc.value("rounds_passed", int64_t{0});
-    record.schema_valid = doc.value("schema_valid", int64_t{0});
+    record.rounds = counts.integer_or("rounds", 0);
+    record.rounds_passed = counts.integer_or("rounds_passed", 0);
+    record.schema_valid = counts.integer_or("schema_valid", 0);
     if (doc.contains("tail_mass") && !doc["tail_mass"].is_null())
       record.tail_mass = doc["tail_mass"].get<double>();
-    record.top_k = doc.value("top_k", 0);
+    const int64_t top_k = counts.integer_or("top_k", 0);
+    if (top_k < 0 || top_k > 1 << 20) counts.fail("top_k", "out of range");
+    record.top_k = static_cast<int>(top_k);
     record.seconds = doc.value("seconds", 0.0);
     return record;
   } catch (const json::exception& error) {

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <algorithm>
 
 #include "util/util.h"
@@ -85,9 +87,9 @@ int64_t JsonReader::integer(std::string_view key) {
   const json& value = required(key);
   if (value.is_number_integer()) return value.get<int64_t>();
   if (value.is_number_float()) {
-    double number = value.get<double>();
-    if (number == static_cast<double>(static_cast<int64_t>(number)) && number > -9e18 &&
-        number < 9e18)
+    // The range first: converting a double outside int64's range is undefined.
+    const double number = value.get<double>();
+    if (number > -9e18 && number < 9e18 && number == std::trunc(number))
       return static_cast<int64_t>(number);
   }
   fail(key, fmt::format("expected an integer, found {}", value.dump()));
