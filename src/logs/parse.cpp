@@ -154,14 +154,7 @@ LaunchBuilder::LaunchBuilder(const engines::Registry& registry, size_t max_launc
       kv_policy_(kv_policy) {}
 
 Launch& LaunchBuilder::current(int64_t line_no, const std::string& timestamp) {
-  if (launches_.empty()) {
-    Launch launch;
-    launch.index = next_index_++;
-    launch.kv_policy = kv_policy_;
-    launch.first_line = line_no;
-    launch.start_time = timestamp;
-    launches_.push_back(std::move(launch));
-  }
+  if (launches_.empty()) return open_launch(line_no, timestamp);
   Launch& launch = launches_.back();
   launch.last_line = line_no;
   if (!timestamp.empty()) launch.end_time = timestamp;
