@@ -107,6 +107,9 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
     for (const report::Finding& f : launch.findings)
       if (f.id == "log-figures-inconsistent") prediction->findings.push_back(f);
     options = setup.options;
+    // The page the prediction assumed (and said so): the plan runs the same pool.
+    if (prediction->assumed_page_size && !options.page_size)
+      options.page_size = prediction->assumed_page_size;
   }
   plan::CapacityPlan capacity = plan::plan_capacity(registry, model, options);
   report::Report report =

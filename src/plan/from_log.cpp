@@ -121,6 +121,7 @@ void predict_sglang(const checkpoint::ModelFacts& model, const LoggedMemory& log
   if (!logged.page_size && !options.page_size && defaults.dsa_page_size && model.mla &&
       model.mla->index_head_dim > 0) {
     setup.page_size = *defaults.dsa_page_size;
+    out.assumed_page_size = setup.page_size;
     out.notes.push_back(fmt::format(
         "page size {}: SGLang sets it for DeepSeek DSA/NSA models on CUDA (the log prints no "
         "page size; pass --page-size for ROCm or XPU launches)",

@@ -321,6 +321,9 @@ struct LogPrediction {
   std::vector<LogPredictionRow> rows;  // every dtype, from the same memory budget
   std::vector<std::string> notes;
   std::vector<report::Finding> findings;  // flags that disagree with the log, facts unknown
+  // A page size the log did not print, taken from an engine rule (SGLang's DSA page), for the
+  // plan that follows the prediction.
+  std::optional<int> assumed_page_size;
 };
 
 // What the user passed beside --from-log; unset when not given.
