@@ -136,15 +136,14 @@ struct Launch {
   std::string split_reason;
   int stage = -1;  // internal: how far start-up got
   // internal: what each rank printed of its first weights load and its KV pools, to tell a
-  // new run from a second model's load and to check the figures against each other; the
-  // ranks that printed vLLM's weight memory.
+  // new run from a second model's load and to check the figures against each other.
   struct RankFigures {
     std::optional<double> free_before_gib, free_after_gib, usage_gib;
     int64_t begin_line = 0, end_line = 0;
+    bool weights_loaded = false;                           // vLLM's weight-memory line
     std::vector<std::pair<int64_t, int64_t>> pool_tokens;  // (#tokens, line), in print order
   };
   std::map<std::string, RankFigures> figures_by_rank;
-  std::set<std::string> weights_loaded_ranks;
 };
 
 struct LogScan {

@@ -650,15 +650,18 @@ std::optional<std::string> LaunchBuilder::new_run_without_marker(
     const std::vector<TemplateHit>& hits, const std::string& rank, int64_t line_no) const {
   if (launches_.empty()) return std::nullopt;
   const Launch& launch = launches_.back();
+  const auto first = launch.figures_by_rank.find(rank);
+  if (first == launch.figures_by_rank.end()) return std::nullopt;
   const std::string where = rank.empty() ? "the unprefixed process" : rank;
-  const std::string after_ready =
-      fmt::format("line {}: {} loads weights again after the launch was ready (line {}): a new run",
-                  line_no, where, launch.ready_line);
+  const auto after_ready = [&] {
+    return fmt::format(
+        "line {}: {} loads weights again after the launch was ready (line {}): a new run", line_no,
+        where, launch.ready_line);
+  };
   for (const TemplateHit& hit : hits) {
     if (hit.log->kind == LogKind::load_begin) {
-      auto first = launch.figures_by_rank.find(rank);
-      if (first == launch.figures_by_rank.end() || !first->second.free_before_gib) continue;
-      if (launch.ready) return after_ready;
+      if (!first->second.free_before_gib) continue;
+      if (launch.ready) return after_ready();
       const std::optional<double> free_gib = hit.number("avail_mem_gib");
       if (!free_gib) continue;
       const double before = *first->second.free_before_gib;
@@ -672,7 +675,7 @@ std::optional<std::string> LaunchBuilder::new_run_without_marker(
             line_no, where, *free_gib, before,
             after ? fmt::format(", {:.2f} GiB after it", *after) : std::string());
     } else if (hit.log->kind == LogKind::weights_loaded) {
-      if (launch.ready && launch.weights_loaded_ranks.count(rank)) return after_ready;
+      if (launch.ready && first->second.weights_loaded) return after_ready();
     }
   }
   return std::nullopt;
@@ -682,7 +685,7 @@ namespace {
 
 void note_rank_figures(Launch& launch, const std::vector<TemplateHit>& hits,
                        const std::string& rank, int64_t line_no) {
-  if (launch.weights_loaded_ranks.size() >= 1024 || launch.figures_by_rank.size() >= 1024)
+  if (launch.figures_by_rank.size() >= 1024 && !launch.figures_by_rank.count(rank))
     return;  // bounded on hostile input
   for (const TemplateHit& hit : hits) {
     const LogKind kind = hit.log->kind;
@@ -702,7 +705,7 @@ void note_rank_figures(Launch& launch, const std::vector<TemplateHit>& hits,
       if (tokens && figures.pool_tokens.size() < 8)
         figures.pool_tokens.emplace_back(*tokens, line_no);
     } else if (kind == LogKind::weights_loaded) {
-      launch.weights_loaded_ranks.insert(rank);
+      launch.figures_by_rank[rank].weights_loaded = true;
     }
   }
 }
