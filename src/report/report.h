@@ -26,6 +26,9 @@ struct Evidence {
   std::string file;   // path of the file (or "launch", "log:LINE", "server:URL")
   std::string key;    // JSON key, tensor name, flag or log line label
   std::string value;  // the value seen, as text
+  // 1-based line of `file` where the value is written (a flag, a config key, a unit line),
+  // 0 when unknown or when `file` is a label rather than a file. SARIF locations use it.
+  int64_t line = 0;
 };
 
 struct Finding {
