@@ -1,6 +1,8 @@
-// Fuzzes the launch-command, systemd-unit and launch-config parsers: the input is a command
-// line (first byte 0 mod 4, or 2), a unit file (odd), or a TensorRT-LLM --config YAML file
-// (first byte 2 mod 4, e.g. 0x02). Bad input must be an InputError, never a crash or hang.
+// Fuzzes the launch-command, systemd-unit and launch-file parsers: the input is a command
+// line (first byte 0 mod 8), a unit file (odd), a TensorRT-LLM --config YAML file (first
+// byte 2 mod 4, e.g. 0x02), or a launch file read by content (first byte 4 mod 8: Kubernetes
+// manifests, compose files; 0x0c reads it as SGLang's --config file). Bad input must be an
+// InputError, never a crash or hang.
 #include <unistd.h>
 
 #include <cstddef>
@@ -28,6 +30,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       kvaudit::engines::LaunchFlags flags = kvaudit::engines::parse_launch_command(
           registry, "trtllm-serve /m --config " + yaml.string(), "fuzz");
       if (flags.engine != "trtllm") __builtin_trap();
+    } else if ((data[0] & 7) == 4) {
+      static const fs::path file =
+          fs::temp_directory_path() / ("kvaudit-fuzz-launch-" + std::to_string(::getpid()));
+      std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+      const auto launches =
+          kvaudit::engines::read_launch_file(registry, file, data[0] == 0x0c ? "sglang" : "");
+      for (const auto& flags : launches) {
+        if (flags.engine.empty()) __builtin_trap();
+        // A place to write the KV dtype lies inside the file it names.
+        if (flags.kv_dtype_edit && flags.kv_dtype_edit->file == file.string() &&
+            flags.kv_dtype_edit->offset + flags.kv_dtype_edit->length > text.size())
+          __builtin_trap();
+      }
     } else if (data[0] & 1) {
       static const fs::path unit =
           fs::temp_directory_path() / ("kvaudit-fuzz-unit-" + std::to_string(::getpid()));

@@ -82,6 +82,11 @@ std::string fix_command(const std::string& command, const engines::EngineModel& 
 // naming `label` when the unit has no ExecStart.
 std::string fix_unit(const std::string& unit_text, const engines::EngineModel& engine,
                      const std::string& value, const std::string& label);
+// A launch file (manifest, compose file, --config file) with its KV dtype set to `value`
+// at each edit (one per launch the file holds; all edits of `text`'s file). Every other
+// byte is kept. Throws InputError(label) when edits overlap.
+std::string fix_launch_file(const std::string& text, std::vector<engines::TextEdit> edits,
+                            const std::string& value, const std::string& label);
 
 // The commands that prove the fix took effect after the restart: the latest launch of
 // the journal against what the table predicts (dtype, scale fallback, capacity), a smoke

@@ -3,6 +3,7 @@
 // argument (on the last continuation line of a unit).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 
 #include "decide/decide.h"
@@ -98,6 +99,26 @@ std::string fix_unit(const std::string& unit_text, const engines::EngineModel& e
     fixed = exec.substr(0, cut) + " --kv-cache-dtype " + value + exec.substr(cut);
   }
   return unit_text.substr(0, start) + fixed + unit_text.substr(end);
+}
+
+std::string fix_launch_file(const std::string& text, std::vector<engines::TextEdit> edits,
+                            const std::string& value, const std::string& label) {
+  // Later edits first, so earlier offsets stay valid; the same edit twice (two containers of
+  // one list) is applied once.
+  std::sort(edits.begin(), edits.end(), [](const auto& a, const auto& b) {
+    return a.offset != b.offset ? a.offset > b.offset : a.length > b.length;
+  });
+  std::string out = text;
+  size_t limit = text.size();
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const engines::TextEdit& edit = edits[i];
+    if (i > 0 && edit.offset == edits[i - 1].offset && edit.length == edits[i - 1].length) continue;
+    if (edit.offset + edit.length > limit)
+      throw InputError(label, "two KV dtype settings overlap; cannot correct the file");
+    out.replace(edit.offset, edit.length, edit.prefix + value + edit.suffix);
+    limit = edit.offset;
+  }
+  return out;
 }
 
 ServerAddress server_address(const engines::LaunchFlags& flags,

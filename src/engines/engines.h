@@ -546,6 +546,22 @@ struct LaunchSpec {
   std::string config_source;            // where the engine reads and merges it
   // Top-level keys the engine refuses in that file (extra="forbid"), with the error.
   std::map<std::string, std::string> config_rejected_keys;
+  // vLLM's and SGLang's --config: every top-level key is a flag name ("kv-cache-dtype: fp8"
+  // is --kv-cache-dtype fp8), spliced before the command line's own arguments, so a flag on
+  // the command line wins. config_keys is unused then.
+  bool config_keys_are_flags = false;
+  // The engine's argument parser reads --kv_cache_dtype as --kv-cache-dtype (vLLM's
+  // FlexibleArgumentParser), in config keys too.
+  bool underscores_are_dashes = false;
+  std::string underscores_source;
+  // Container images whose own ENTRYPOINT starts the engine: a manifest that runs them
+  // with only arguments (Kubernetes args:, compose command:) launches the engine.
+  struct ImageEntryPoint {
+    std::string image;               // repository, without tag or registry host: "vllm/vllm-openai"
+    std::vector<std::string> words;  // "vllm", "serve"
+    std::string reference;
+  };
+  std::vector<ImageEntryPoint> image_entry_points;
 };
 
 // How a launch sets the KV dtype, and what a 16-bit cache takes, for fixes.
@@ -704,6 +720,21 @@ bool newer_than_known(const EngineModel& model, const Version& version);
 
 // ---------------------------------------------------------------- launch flags
 
+// Where a launch setting is written, so reports and SARIF can point at it.
+struct SettingSite {
+  std::string file;      // the file that holds it ("" for a command line given as text)
+  int64_t line = 0;      // 1-based line in `file`; 0 unknown
+  std::string key_path;  // "spec.template.spec.containers[0].args[2]", "ExecStart", a flag
+};
+
+// A change to a launch file: bytes [offset, offset + length) become prefix + value + suffix.
+// length 0 inserts. Every other byte of the file is kept.
+struct TextEdit {
+  std::string file;
+  size_t offset = 0, length = 0;
+  std::string prefix, suffix;
+};
+
 struct LaunchFlags {
   std::string engine;          // an engine of known_engines()
   std::string engine_version;  // as given ("" = latest known behaviour)
@@ -739,6 +770,15 @@ struct LaunchFlags {
   std::string config_file, config_file_flag;
   std::set<std::string> fields_from_flags, fields_from_config;
   std::vector<std::string> config_errors;  // keys the engine refuses: it will not start
+  // Where the launch was read: the file ("" for --launch text), what kind of file it is
+  // ("systemd unit", "Kubernetes Deployment", "docker-compose file", "sglang --config file"),
+  // which workload in it ("Deployment/vllm container inference-server, document 1").
+  std::string launch_file, launch_file_kind, workload;
+  SettingSite command_site;                  // where the engine's command starts
+  std::map<std::string, SettingSite> sites;  // launch field -> where it was set
+  // Where a launch file takes the KV dtype value (the present value, or where a new setting
+  // goes); empty for a command line, a unit (decide::fix_unit edits those) or when unknown.
+  std::optional<TextEdit> kv_dtype_edit;
 };
 
 // Parses a shell command line (quotes, backslash-newlines, `bash -c '...'`, docker
@@ -751,6 +791,15 @@ LaunchFlags parse_launch_command(const Registry& registry, std::string_view comm
 // Reads a systemd unit: [Service] ExecStart= with continuations, Environment=
 // (expanded in ExecStart as systemd does).
 LaunchFlags parse_systemd_unit(const Registry& registry, const std::filesystem::path& unit_file);
+// Reads the launches a file holds, by its content: a systemd unit; Kubernetes manifests
+// (Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob, LeaderWorkerSet; one
+// launch per container that runs an engine; `helm template` output is such a file);
+// a docker-compose file (one per service that runs an engine); an engine's own --config
+// YAML (`engine` names which; the file then is the launch). Throws InputError(path, ...)
+// when the file holds no launch of a known engine, naming what it found.
+std::vector<LaunchFlags> read_launch_file(const Registry& registry,
+                                          const std::filesystem::path& path,
+                                          const std::string& engine = "");
 // Splits a command line into words as a POSIX shell would (no expansion).
 std::vector<std::string> split_shell_words(std::string_view command_line, const std::string& label);
 

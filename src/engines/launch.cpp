@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
 
 #include "engines/engines.h"
+#include "engines/internal.h"
 #include "util/util.h"
 
 namespace kvaudit::engines {
@@ -125,6 +127,38 @@ void set_launch_field(LaunchFlags& flags, const std::string& field, const std::s
   }
 }
 
+std::string read_config_text(const LaunchFlags& flags, const std::string& where) {
+  try {
+    return read_text_file(flags.config_file, 1 << 20);
+  } catch (const InputError& error) {
+    throw InputError(where, fmt::format("{}; kvaudit needs it: the KV cache dtype and the "
+                                        "memory fraction may be set there (copy it here)",
+                                        error.what()));
+  }
+}
+
+YAML::Node load_yaml(const std::string& text, const std::string& where) {
+  refuse_deep_nesting(text, where);
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& error) {
+    throw InputError(where, fmt::format("not YAML: {}", error.what()));
+  }
+}
+
+// Where a YAML scalar's value starts in `text` (past an opening quote) and its length there,
+// when the bytes at its mark spell it unescaped.
+std::optional<std::pair<size_t, size_t>> scalar_span(const std::string& text,
+                                                     const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.pos < 0 || static_cast<size_t>(mark.pos) >= text.size()) return std::nullopt;
+  size_t at = static_cast<size_t>(mark.pos);
+  if (text[at] == '"' || text[at] == '\'') ++at;
+  const std::string& value = node.Scalar();
+  if (text.compare(at, value.size(), value) != 0) return std::nullopt;
+  return std::make_pair(at, value.size());
+}
+
 // The YAML file a launch names (TensorRT-LLM --config / --extra_llm_api_options): each
 // launch field's keys as the engine data lists them. The file is read where the command
 // names it (relative paths from the current folder); a launch whose file cannot be read
@@ -133,27 +167,8 @@ void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::
   const std::string& path = flags.config_file;
   const std::string where =
       fmt::format("{} (named by {} in {})", path, flags.config_file_flag, label);
-  std::string text;
-  try {
-    text = read_text_file(path, 1 << 20);
-  } catch (const InputError& error) {
-    throw InputError(where, fmt::format("{}; kvaudit needs it: the KV cache dtype and the "
-                                        "memory fraction may be set there (copy it here)",
-                                        error.what()));
-  }
-  // yaml-cpp recurses per nesting level: refuse pathological nesting before parsing.
-  int depth = 0, deepest = 0;
-  for (char c : text) {
-    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
-    if ((c == ']' || c == '}') && depth > 0) --depth;
-  }
-  if (deepest > 64) throw InputError(where, "nested more than 64 levels deep");
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& error) {
-    throw InputError(where, fmt::format("not YAML: {}", error.what()));
-  }
+  const std::string text = read_config_text(flags, where);
+  YAML::Node root = load_yaml(text, where);
   if (root.IsNull()) return;  // an empty file sets nothing
   if (!root.IsMap()) throw InputError(where, "not a YAML mapping of settings");
   auto lookup = [&](const std::string& dotted) -> std::optional<YAML::Node> {
@@ -178,7 +193,34 @@ void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::
       const bool on = value == "true" || value == "True" || value == "1";
       set_launch_field(flags, field, value, setting, on, where);
       flags.fields_from_config.insert(field);
+      flags.sites[field] = SettingSite{path, node->Mark().line + 1, key};
+      if (field == "kv_cache_dtype")
+        if (auto span = scalar_span(text, *node))
+          flags.kv_dtype_edit = TextEdit{path, span->first, span->second, "", ""};
       break;
+    }
+  }
+  // No KV dtype in the file: where one goes, under the first key the data names.
+  auto kv_keys = launch.config_keys.find("kv_cache_dtype");
+  if (!flags.fields_from_config.count("kv_cache_dtype") && kv_keys != launch.config_keys.end() &&
+      !kv_keys->second.empty()) {
+    const std::vector<std::string> parts = split_list(kv_keys->second.front(), '.');
+    if (parts.size() == 2) {
+      YAML::Node parent = root[parts[0]];
+      if (!parent.IsDefined() || parent.IsNull()) {
+        const bool ends_in_newline = text.empty() || text.back() == '\n';
+        flags.kv_dtype_edit = TextEdit{
+            path, text.size(), 0,
+            fmt::format("{}{}:\n  {}: ", ends_in_newline ? "" : "\n", parts[0], parts[1]), "\n"};
+      } else if (parent.IsMap() && parent.size() > 0 &&
+                 parent.Style() == YAML::EmitterStyle::Block) {
+        // A new line above the map's first entry, at its indentation.
+        const YAML::Mark first = parent.begin()->first.Mark();
+        const size_t line_start = text.rfind('\n', static_cast<size_t>(first.pos));
+        const size_t at = line_start == std::string::npos ? 0 : line_start + 1;
+        flags.kv_dtype_edit = TextEdit{
+            path, at, 0, fmt::format("{}{}: ", std::string(first.column, ' '), parts[1]), "\n"};
+      }
     }
   }
   for (const auto& [key, error] : launch.config_rejected_keys)
@@ -186,15 +228,113 @@ void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::
       flags.config_errors.push_back(fmt::format("{}: top-level {}: {}", path, key, error));
 }
 
-LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::string>& words,
-                             const std::string& label,
-                             std::map<std::string, std::string> environment) {
-  auto entry = find_entry_point(registry, words);
+}  // namespace
+
+void refuse_deep_nesting(std::string_view text, const std::string& where) {
+  int depth = 0, deepest = 0;
+  for (char c : text) {
+    if (c == '[' || c == '{') deepest = std::max(deepest, ++depth);
+    if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  if (deepest > 64) throw InputError(where, "nested more than 64 levels deep");
+}
+
+std::optional<std::string> engine_started_by(const Registry& registry,
+                                             const std::vector<std::string>& words,
+                                             const std::string& label) {
+  if (auto entry = find_entry_point(registry, words)) return entry->first;
+  for (size_t i = 0; i + 2 < words.size(); ++i)
+    if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
+      return engine_started_by(registry, split_shell_words(words[i + 2], label), label);
+  return std::nullopt;
+}
+
+int64_t line_at(std::string_view text, size_t offset) {
+  offset = std::min(offset, text.size());
+  return 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(offset), '\n');
+}
+
+void site_lines_from_text(const std::string& file, std::string_view text, LaunchFlags& flags,
+                          const std::map<std::string, FieldOrigin>& origins) {
+  for (const auto& [field, origin] : origins) {
+    auto site = flags.sites.find(field);
+    if (site == flags.sites.end() || site->second.file != file ||
+        origin.flag.offset == std::string::npos)
+      continue;
+    const std::string& word = origin.flag.text;
+    const std::string spelled = word.substr(0, word.find('='));
+    const size_t at = text.find(spelled, std::min(origin.flag.offset, text.size()));
+    if (at != std::string_view::npos) site->second.line = line_at(text, at);
+  }
+}
+
+std::vector<LaunchWord> unsited_words(const std::vector<std::string>& words) {
+  std::vector<LaunchWord> out;
+  out.reserve(words.size());
+  for (const std::string& word : words) out.push_back(LaunchWord{word, {}, std::string::npos});
+  return out;
+}
+
+std::vector<LaunchWord> config_file_words(const std::string& path, const std::string& text,
+                                          const std::string& where) {
+  YAML::Node root = load_yaml(text, where);
+  std::vector<LaunchWord> words;
+  if (root.IsNull()) return words;  // an empty file sets nothing
+  if (!root.IsMap()) throw InputError(where, "not a YAML mapping of flag names to values");
+  for (const auto& entry : root) {
+    if (!entry.first.IsScalar()) throw InputError(where, "a key that is not a flag name");
+    const std::string key = entry.first.Scalar();
+    const SettingSite site{path, entry.first.Mark().line + 1, key};
+    const size_t key_offset = static_cast<size_t>(std::max(0, entry.first.Mark().pos));
+    const YAML::Node& value = entry.second;
+    const std::string flag = "--" + key;
+    if (value.IsScalar()) {
+      const std::string& text_value = value.Scalar();
+      // A YAML boolean: the bare flag when true; false leaves the default (vLLM passes
+      // --no-KEY where that option exists, SGLang drops store_true flags).
+      if (value.Tag() != "!" && (text_value == "true" || text_value == "True")) {
+        words.push_back({flag, site, key_offset});
+      } else if (value.Tag() != "!" && (text_value == "false" || text_value == "False")) {
+        continue;
+      } else {
+        words.push_back({flag, site, key_offset});
+        words.push_back({text_value, SettingSite{path, value.Mark().line + 1, key},
+                         static_cast<size_t>(std::max(0, value.Mark().pos))});
+      }
+    } else if (value.IsSequence()) {
+      if (value.size() == 0) continue;
+      words.push_back({flag, site, key_offset});
+      for (const auto& item : value) {
+        if (!item.IsScalar()) throw InputError(where, fmt::format("{}: a list of lists", key));
+        words.push_back({item.Scalar(), SettingSite{path, item.Mark().line + 1, key},
+                         static_cast<size_t>(std::max(0, item.Mark().pos))});
+      }
+    } else if (value.IsMap()) {
+      // The engines pass a map as its JSON text; no field kvaudit reads is a map.
+      words.push_back({flag, site, key_offset});
+      words.push_back({"{...}", site, key_offset});
+    }
+  }
+  return words;
+}
+
+LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<LaunchWord>& words,
+                                    const std::string& label,
+                                    std::map<std::string, std::string> environment,
+                                    std::map<std::string, FieldOrigin>* origins) {
+  std::vector<std::string> texts;
+  texts.reserve(words.size());
+  for (const LaunchWord& word : words) texts.push_back(word.text);
+  auto entry = find_entry_point(registry, texts);
   if (!entry) {
-    // `bash -c '...'` wrappers: look inside the quoted command.
+    // `bash -c '...'` wrappers: look inside the quoted command; its words share its site.
     for (size_t i = 0; i + 2 < words.size(); ++i)
-      if (is_wrapper_shell(words[i]) && words[i + 1] == "-c")
-        return parse_launch_command(registry, words[i + 2], label, environment);
+      if (is_wrapper_shell(texts[i]) && texts[i + 1] == "-c") {
+        std::vector<LaunchWord> inner;
+        for (std::string& text : split_shell_words(texts[i + 2], label))
+          inner.push_back({std::move(text), words[i + 2].site, words[i + 2].offset});
+        return flags_from_launch_words(registry, inner, label, environment, origins);
+      }
     std::vector<std::string> known;
     for (const std::string& engine : registry.names())
       known.push_back(fmt::format("{} ({})", engine,
@@ -206,6 +346,8 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
   flags.engine = entry->first;
   flags.source = label;
   const LaunchSpec& launch = registry.engine(flags.engine).launch;
+  const size_t entry_word = entry->second == 0 ? 0 : entry->second - 1;
+  flags.command_site = words[entry_word].site;
   std::map<std::string, std::string> field_by_flag;
   for (const auto& [field, spellings] : launch.flags)
     for (const auto& spelling : spellings) field_by_flag[spelling] = field;
@@ -213,11 +355,19 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
   auto is_boolean = [&](const std::string& flag) {
     return std::find(booleans.begin(), booleans.end(), flag) != booleans.end();
   };
+  // vLLM's parser reads --kv_cache_dtype as --kv-cache-dtype: the name up to its first '.'.
+  auto normalised = [&](std::string flag) {
+    if (!launch.underscores_are_dashes || flag.rfind("--", 0) != 0) return flag;
+    const size_t dot = flag.find('.');
+    std::replace(flag.begin() + 2, dot == std::string::npos ? flag.end() : flag.begin() + dot, '_',
+                 '-');
+    return flag;
+  };
 
   // NAME=VALUE words before the program (`VLLM_ATTENTION_BACKEND=FLASHINFER vllm serve`,
   // `env NAME=VALUE ...`, docker's `-e NAME=VALUE`) set the environment it runs with.
   for (size_t w = 0; w < entry->second; ++w) {
-    const std::string& word = words[w];
+    const std::string& word = texts[w];
     const size_t eq = word.find('=');
     if (eq == std::string::npos || eq == 0 || word.rfind("-", 0) == 0) continue;
     const std::string name = word.substr(0, eq);
@@ -231,11 +381,60 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
         if (field == "attention_backend") flags.attention_backend = ascii_lower(it->second);
       }
 
-  size_t i = entry->second;
-  if (launch.positional_model && i < words.size() && words[i].rfind("-", 0) != 0)
-    flags.model_path = words[i++];
-  for (; i < words.size(); ++i) {
-    std::string word = words[i];
+  // The arguments, with a --config file's keys spliced in before the command line's own
+  // (vLLM, SGLang), so a flag on the command line wins.
+  std::vector<LaunchWord> arguments(words.begin() + static_cast<std::ptrdiff_t>(entry->second),
+                                    words.end());
+  std::set<size_t> from_config;  // indices in `arguments` that came from the file
+  if (launch.config_keys_are_flags) {
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const std::string word = normalised(arguments[i].text);
+      const bool names_file =
+          std::find(launch.config_file_flags.begin(), launch.config_file_flags.end(), word) !=
+          launch.config_file_flags.end();
+      if (!names_file) continue;
+      if (i + 1 >= arguments.size()) throw InputError(label, word + " needs a file");
+      flags.config_file = arguments[i + 1].text;
+      flags.config_file_flag = word;
+      const std::string where =
+          fmt::format("{} (named by {} in {})", flags.config_file, word, label);
+      std::vector<LaunchWord> spliced =
+          config_file_words(flags.config_file, read_config_text(flags, where), where);
+      std::vector<LaunchWord> merged;
+      const bool positional_first = launch.positional_model && !arguments.empty() &&
+                                    arguments.front().text.rfind("-", 0) != 0 && i > 0;
+      if (positional_first) merged.push_back(arguments.front());
+      for (LaunchWord& word_from_file : spliced) {
+        from_config.insert(merged.size());
+        merged.push_back(std::move(word_from_file));
+      }
+      for (size_t k = positional_first ? 1 : 0; k < arguments.size(); ++k)
+        if (k != i && k != i + 1) merged.push_back(arguments[k]);
+      arguments = std::move(merged);
+      break;
+    }
+  }
+
+  auto record = [&](const std::string& field, const LaunchWord& flag_word,
+                    const LaunchWord& value_word, bool inline_value, bool config) {
+    (config ? flags.fields_from_config : flags.fields_from_flags).insert(field);
+    if (!config) flags.fields_from_config.erase(field);
+    SettingSite site = flag_word.site;
+    if (site.key_path.empty())
+      site.key_path = normalised(flag_word.text.substr(0, flag_word.text.find('=')));
+    flags.sites[field] = site;
+    if (origins) (*origins)[field] = FieldOrigin{flag_word, value_word, inline_value};
+  };
+
+  size_t i = 0;
+  if (launch.positional_model && i < arguments.size() && arguments[i].text.rfind("-", 0) != 0) {
+    flags.model_path = arguments[i].text;
+    record("model_path", arguments[i], arguments[i], true, from_config.count(i) > 0);
+    ++i;
+  }
+  for (; i < arguments.size(); ++i) {
+    const size_t flag_index = i;
+    std::string word = arguments[i].text;
     if (word.rfind("-", 0) != 0) {
       flags.ignored_arguments.push_back(word);
       continue;
@@ -247,10 +446,15 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
       word = word.substr(0, eq);
       has_inline_value = true;
     }
+    word = normalised(word);
     auto field_it = field_by_flag.find(word);
     bool boolean = is_boolean(word);
+    size_t value_index = flag_index;
     if (!has_inline_value && !boolean) {
-      if (i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0) value = words[++i];
+      if (i + 1 < arguments.size() && arguments[i + 1].text.rfind("--", 0) != 0) {
+        value = arguments[++i].text;
+        value_index = i;
+      }
     }
     if (std::find(launch.config_file_flags.begin(), launch.config_file_flags.end(), word) !=
         launch.config_file_flags.end()) {
@@ -267,12 +471,22 @@ LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::st
     const std::string& field = field_it->second;
     bool on = !has_inline_value || (value != "false" && value != "False" && value != "0");
     set_launch_field(flags, field, value, word, on, label);
-    flags.fields_from_flags.insert(field);
+    record(field, arguments[flag_index], arguments[value_index], has_inline_value,
+           from_config.count(flag_index) > 0);
   }
-  if (!flags.config_file.empty()) apply_config_file(launch, flags, label);
+  if (!flags.config_file.empty() && !launch.config_keys_are_flags)
+    apply_config_file(launch, flags, label);
   if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0 || flags.dcp == 0)
     throw InputError(label, "parallel sizes must be at least 1");
   return flags;
+}
+
+namespace {
+
+LaunchFlags flags_from_words(const Registry& registry, const std::vector<std::string>& words,
+                             const std::string& label,
+                             std::map<std::string, std::string> environment) {
+  return flags_from_launch_words(registry, unsited_words(words), label, std::move(environment));
 }
 
 }  // namespace
@@ -334,6 +548,23 @@ LaunchFlags parse_launch_command(const Registry& registry, std::string_view comm
                                  const std::map<std::string, std::string>& environment) {
   return flags_from_words(registry, split_shell_words(command_line, label), label, environment);
 }
+
+namespace {
+
+// Where the unit's last ExecStart= line starts (the one Type=simple runs), or npos.
+size_t last_exec_start_offset(std::string_view text) {
+  size_t found = std::string_view::npos;
+  for (size_t at = text.find("ExecStart="); at != std::string_view::npos;
+       at = text.find("ExecStart=", at + 1)) {
+    size_t line_start = text.rfind('\n', at);
+    line_start = line_start == std::string_view::npos ? 0 : line_start + 1;
+    const std::string_view before = text.substr(line_start, at - line_start);
+    if (before.find_first_not_of(" \t") == std::string_view::npos) found = at;
+  }
+  return found;
+}
+
+}  // namespace
 
 LaunchFlags parse_systemd_unit(const Registry& registry, const std::filesystem::path& unit_file) {
   const std::string label = unit_file.string();
@@ -410,8 +641,19 @@ LaunchFlags parse_systemd_unit(const Registry& registry, const std::filesystem::
     i = braced && name_end < exec_start.size() && exec_start[name_end] == '}' ? name_end
                                                                               : name_end - 1;
   }
-  LaunchFlags flags = parse_launch_command(registry, expanded, label, environment);
+  // Each word sits at the ExecStart line; the flags' own lines are found in the unit text.
+  const size_t exec_offset = last_exec_start_offset(text);
+  const SettingSite exec_site{label, line_at(text, exec_offset), "ExecStart"};
+  std::vector<LaunchWord> words;
+  for (std::string& word : split_shell_words(expanded, label))
+    words.push_back({std::move(word), exec_site, exec_offset});
+  std::map<std::string, FieldOrigin> origins;
+  LaunchFlags flags = flags_from_launch_words(registry, words, label, environment, &origins);
   flags.source = "unit " + label;
+  flags.launch_file = label;
+  flags.launch_file_kind = "systemd unit";
+  flags.command_site = exec_site;
+  site_lines_from_text(label, text, flags, origins);
   return flags;
 }
 

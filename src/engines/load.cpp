@@ -458,15 +458,32 @@ void read_launch(JsonReader& top, EngineModel& model) {
   if (model.launch.default_port <= 0 || model.launch.default_port > 65535)
     launch.fail("default_port", "not a TCP port");
   model.launch.default_port_source = launch.string("default_port_source");
+  if (auto underscores = launch.optional_object("underscores_are_dashes")) {
+    model.launch.underscores_are_dashes = underscores->boolean_or("value", false);
+    model.launch.underscores_source = underscores->string("reference");
+    underscores->finish();
+  }
+  for (JsonReader& image : launch.objects_or_empty("image_entry_points")) {
+    LaunchSpec::ImageEntryPoint entry{image.string("image"), image.strings("words"),
+                                      image.string("reference")};
+    if (entry.words.empty()) image.fail("words", "empty");
+    model.launch.image_entry_points.push_back(std::move(entry));
+    image.finish();
+  }
   if (auto config = launch.optional_object("config_file")) {
     model.launch.config_file_flags = config->strings("flags");
-    JsonReader keys = config->object("keys");
-    for (const std::string& field : keys.keys()) {
-      if (std::find(launch_fields().begin(), launch_fields().end(), field) == launch_fields().end())
-        keys.fail(field, "not a launch field kvaudit reads");
-      model.launch.config_keys[field] = keys.strings(field);
+    model.launch.config_keys_are_flags = config->boolean_or("keys_are_flags", false);
+    if (auto keys = config->optional_object("keys")) {
+      for (const std::string& field : keys->keys()) {
+        if (std::find(launch_fields().begin(), launch_fields().end(), field) ==
+            launch_fields().end())
+          keys->fail(field, "not a launch field kvaudit reads");
+        model.launch.config_keys[field] = keys->strings(field);
+      }
+      keys->finish();
+    } else if (!model.launch.config_keys_are_flags) {
+      config->fail("keys", "needed unless keys_are_flags");
     }
-    keys.finish();
     if (auto rejected = config->optional_object("rejected_keys")) {
       for (const std::string& key : rejected->keys())
         model.launch.config_rejected_keys[key] = rejected->string(key);

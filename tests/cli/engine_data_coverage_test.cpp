@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -377,6 +378,14 @@ Battery build_battery() {
         }
       }
       b.launches[e].push_back(all);
+      // Each flag with underscores for dashes (vLLM's parser reads both).
+      for (const auto& [field, spellings] : engine.launch.flags) {
+        std::string underscored = spellings[0];
+        if (underscored.rfind("--", 0) != 0 || underscored.find('-', 2) == std::string::npos)
+          continue;
+        std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+        b.launches[e].push_back(prefix + " " + underscored + " 2");
+      }
       // Flags that take no value: the word after one is an argument of its own.
       for (const auto& flag : engine.launch.boolean_flags)
         b.launches[e].push_back(prefix + " " + flag + " trailing");
@@ -396,6 +405,13 @@ Battery build_battery() {
                 << (i + 1 == parts.size() ? " " + value : "") << "\n";
         }
         for (const auto& [key, error] : engine.launch.config_rejected_keys) out << key << ": x\n";
+        // Engines whose config keys are flag names (vLLM, SGLang --config).
+        if (engine.launch.config_keys_are_flags)
+          for (const char* field : {"kv_cache_dtype", "memory_fraction"})
+            if (auto spelled = engine.launch.flags.find(field);
+                spelled != engine.launch.flags.end())
+              out << spelled->second.front().substr(2) << ": "
+                  << (std::string(field) == "kv_cache_dtype" ? "nvfp4" : "0.7") << "\n";
         out.close();
         for (const auto& flag : engine.launch.config_file_flags)
           b.launches[e].push_back(all + " " + flag + " " + yaml.string());
@@ -653,6 +669,18 @@ TaggedProbes battery_probes(const Battery& b) {
                            f.memory_fraction.value_or(-1), f.mamba_ssm_dtype, f.calculate_kv_scales,
                            f.kv_cache_dtype_skip_layers, f.attention_backend,
                            f.speculative_draft_kv_cache_dtype, fmt::join(f.ignored_arguments, ","));
+      }));
+  // launch files: a compose service that runs an image with only its arguments
+  out.section("launch files");
+  for (const auto& [e, commands] : b.launches)
+    for (const auto& image : kvaudit::testing::registry().engine(e).launch.image_entry_points)
+      out.push_back(guarded([image](const engines::Registry& registry) {
+        const fs::path file = fs::temp_directory_path() / "kvaudit-coverage-compose.yaml";
+        std::ofstream(file) << "services:\n  engine:\n    image: registry.example.com/"
+                            << image.image << ":v1\n    command: --model /models/m --port 7\n";
+        const auto launches = engines::read_launch_file(registry, file);
+        return fmt::format("{} {} {}", launches.front().engine, launches.front().model_path,
+                           launches.front().port.value_or(-1));
       }));
   // where check's verification commands reach the restarted server
   out.section("address");
