@@ -17,7 +17,8 @@ void rule_known_bad(Context& ctx) {
   for (const auto& hit : ctx.resolved.known_bad) {
     const engines::KnownBad& rule = *hit.rule;
     std::vector<Evidence> evidence = {
-        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype},
+        ctx.launch_evidence("kv_cache_dtype", "resolved kv_cache_dtype",
+                            ctx.resolved.kv_cache_dtype),
         {ctx.data_file(), "known_bad." + rule.id, rule.consequence}};
     if (!rule.gpu_archs.empty())
       evidence.push_back({ctx.flags().gpu_arch.empty() ? "--gpu" : "--gpu " + ctx.input.gpu_name,
@@ -82,7 +83,8 @@ void rule_platform_substitution(Context& ctx) {
   if (!rule) return;
   const auto limits = limits_of(ctx.resolved.dtype);
   std::vector<Evidence> evidence = {
-      {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.substituted_from},
+      ctx.launch_evidence("kv_cache_dtype", "resolved kv_cache_dtype",
+                          ctx.resolved.substituted_from),
       {"--gpu " + ctx.input.gpu_name, "platform / architecture",
        ctx.flags().platform + " / " + ctx.flags().gpu_arch},
       {ctx.data_file(), "platform_substitutions." + rule->id,
@@ -112,8 +114,10 @@ void rule_draft_kv(Context& ctx) {
   if (!rule || ctx.resolved.draft_kv_cache_dtype.empty()) return;
   if (!ctx.engine().dtypes->is_quantized(ctx.resolved.draft_kv_cache_dtype)) return;
   std::vector<Evidence> evidence = {
-      {ctx.launch_label(), "speculative algorithm", ctx.flags().speculative_algorithm},
-      {ctx.launch_label(), "draft KV cache dtype", ctx.resolved.draft_kv_cache_dtype},
+      ctx.launch_evidence("speculative_algorithm", "speculative algorithm",
+                          ctx.flags().speculative_algorithm),
+      ctx.launch_evidence("speculative_draft_kv_cache_dtype", "draft KV cache dtype",
+                          ctx.resolved.draft_kv_cache_dtype),
       {ctx.data_file(), "draft_kv." + rule->id, rule->consequence}};
   add_provenance(ctx, rule->provenance, evidence);
   // Speculative decoding verifies every draft token with the target, so the draft cache

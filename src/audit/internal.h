@@ -50,6 +50,11 @@ struct Context {
   std::string keep_quantized_text(const std::string& dtype) const;
   // The release's KV dtype setting: "--kv-cache-dtype", or a config key where it has no flag.
   std::string setting_name() const;
+  // Evidence for a launch field (engines' field names: "kv_cache_dtype", "dtype"): the file,
+  // line and key path that set it when the launch was read from a file; the line of the
+  // engine's command when the field was left to its default; else the launch's label.
+  report::Evidence launch_evidence(const std::string& field, const std::string& key,
+                                   const std::string& value) const;
 };
 
 // What a format does to values at scale 1.0: thresholds in real units.

@@ -44,6 +44,32 @@ std::string Context::setting_name() const {
   return engines::kv_dtype_setting_name(engine(), resolved.version);
 }
 
+Evidence Context::launch_evidence(const std::string& field, const std::string& key,
+                                  const std::string& value) const {
+  const engines::LaunchFlags& f = flags();
+  const std::string document = f.workload.empty() ? "" : f.workload + ": ";
+  if (auto site = f.sites.find(field); site != f.sites.end() && !site->second.file.empty()) {
+    const std::string& path = site->second.key_path;
+    return Evidence{site->second.file,
+                    document + (path.empty() || path == key ? key : path + " (" + key + ")"), value,
+                    site->second.line};
+  }
+  if (!f.command_site.file.empty()) {
+    // The setting is absent: the command that leaves it to its default is the cause.
+    auto spellings = engine().launch.flags.find(field);
+    const std::string flag = spellings == engine().launch.flags.end() || spellings->second.empty()
+                                 ? field
+                                 : spellings->second.front();
+    const std::string absent = fmt::format("{}; the launch sets no {}", key, flag);
+    return Evidence{f.command_site.file,
+                    document + (f.command_site.key_path.empty()
+                                    ? absent
+                                    : f.command_site.key_path + " (" + absent + ")"),
+                    value, f.command_site.line};
+  }
+  return Evidence{launch_label(), key, value};
+}
+
 std::optional<FormatLimits> limits_of(const engines::KvDtype* dtype) {
   if (!dtype || !dtype->quantized) return std::nullopt;
   const numerics::ElementTraits& traits = numerics::element_traits(dtype->element);
@@ -136,8 +162,9 @@ void rule_auto_quantized(Context& ctx) {
                           r.kv_cache_dtype != r.model_dtype;
   std::vector<Evidence> evidence = {
       {model.quant->source_file, key, declared},
-      {ctx.launch_label(), ctx.setting_name(),
-       ctx.flags().kv_cache_dtype_flag.empty() ? "auto (default)" : ctx.flags().kv_cache_dtype},
+      ctx.launch_evidence(
+          "kv_cache_dtype", ctx.setting_name(),
+          ctx.flags().kv_cache_dtype_flag.empty() ? "auto (default)" : ctx.flags().kv_cache_dtype),
       {ctx.data_file(), "auto_resolution." + r.rule_id, r.reason}};
   add_provenance(ctx, r.rule_provenance, evidence);
   if (r.quantized && auto_chose) {
@@ -236,7 +263,7 @@ void rule_e5m2(Context& ctx) {
       "FP8 E5M2 KV cache: 2 mantissa bits",
       "Every cached value carries up to 12.5% relative rounding error (E4M3: 6.25%); the range is "
       "wide, so nothing clips, but precision is lost everywhere.",
-      {{ctx.launch_label(), "--kv-cache-dtype", ctx.flags().kv_cache_dtype}},
+      {ctx.launch_evidence("kv_cache_dtype", "--kv-cache-dtype", ctx.flags().kv_cache_dtype)},
       fmt::format("prefer fp8_e4m3 with calibrated scales, or {}", ctx.fix_flag("bf16")),
       "ENGINE-FACTS 1"});
 }
@@ -253,7 +280,8 @@ void rule_dtype_hazards(Context& ctx) {
       continue;
     std::vector<Evidence> evidence = {
         {ctx.model().config_file, "torch_dtype", ctx.model().torch_dtype},
-        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype},
+        ctx.launch_evidence("kv_cache_dtype", "resolved kv_cache_dtype",
+                            ctx.resolved.kv_cache_dtype),
         {ctx.data_file(), "dtype_hazards." + hazard.id,
          std::string(engines::rule_status_name(hazard.provenance.status))}};
     add_provenance(ctx, hazard.provenance, evidence);
@@ -289,8 +317,9 @@ void rule_fp16_serving(Context& ctx) {
       "float16 tops out at 65504: activations and keys that bfloat16 holds easily overflow to inf "
       "and turn outputs into NaN or garbage.",
       {{ctx.model().config_file, "torch_dtype", trained},
-       {ctx.launch_label(), fp16_weights ? "--dtype" : "--kv-cache-dtype",
-        fp16_weights ? ctx.flags().dtype : ctx.flags().kv_cache_dtype}},
+       ctx.launch_evidence(fp16_weights ? "dtype" : "kv_cache_dtype",
+                           fp16_weights ? "--dtype" : "--kv-cache-dtype",
+                           fp16_weights ? ctx.flags().dtype : ctx.flags().kv_cache_dtype)},
       "serve with --dtype bfloat16 (and a bf16 KV cache)",
       "ENGINE-FACTS 1"});
 }
@@ -311,7 +340,7 @@ void rule_skip_layers(Context& ctx) {
         fmt::format("Every attention layer is stored as {}; the layers meant to stay in {} are "
                     "quantized too.",
                     ctx.resolved.kv_cache_dtype, ctx.resolved.model_dtype),
-        {{ctx.launch_label(), "--kv-cache-dtype-skip-layers", spec},
+        {ctx.launch_evidence("kv_cache_dtype_skip_layers", "--kv-cache-dtype-skip-layers", spec),
          {ctx.model().config_file, "sliding-window layers",
           std::to_string(std::count_if(
               ctx.model().layers.begin(), ctx.model().layers.end(),
@@ -331,7 +360,7 @@ void rule_skip_layers(Context& ctx) {
                   ctx.resolved.kv_cache_dtype),
       "The skipped layers keep full precision and their own (larger) page size; scale findings "
       "below count only the quantized layers.",
-      {{ctx.launch_label(), "--kv-cache-dtype-skip-layers", spec},
+      {ctx.launch_evidence("kv_cache_dtype_skip_layers", "--kv-cache-dtype-skip-layers", spec),
        {ctx.model().config_file, "skipped layers", names_preview(names, 8)}},
       "none",
       "vllm/config/cache.py kv_cache_dtype_skip_layers"});
@@ -399,7 +428,7 @@ void rule_context_length(Context& ctx) {
                   *context, max_positions),
       "Positions past the trained range get rotary angles the model never saw: quality collapses "
       "beyond that point with no error.",
-      {{ctx.launch_label(), "context length", std::to_string(*context)},
+      {ctx.launch_evidence("context_length", "context length", std::to_string(*context)),
        {ctx.model().config_file, "max_position_embeddings", std::to_string(max_positions)},
        {ctx.model().config_file, "rope_scaling", "absent"}},
       fmt::format("keep the context at or below {}, or configure rope scaling (e.g. yarn) the "
@@ -479,7 +508,8 @@ void rule_lossless_policy(Context& ctx) {
       "Every cached key and value is rounded to the quantized format; under --kv-policy "
       "lossless (\"context should use no quantization\") that is a failure whatever the "
       "evidence says about its damage.",
-      {{ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype},
+      {ctx.launch_evidence("kv_cache_dtype", "resolved kv_cache_dtype",
+                           ctx.resolved.kv_cache_dtype),
        {ctx.launch_label(), "--kv-policy", "lossless"}},
       ctx.fix_flag(ctx.resolved.model_dtype == "fp16" ? "fp16" : "bf16"),
       reference_text(ctx.resolved.rule_provenance)};
@@ -584,6 +614,16 @@ CheckResult run_check(const CheckInput& input) {
   const RangeAssessment range = assess_kv_range(input, result.resolved);
   Context ctx{input, result.resolved, result.findings, range};
   for (const auto& rule : kRules) rule.rule(ctx);
+  // A launch read from a file: every finding points at the line that sets the KV dtype (or
+  // the command that leaves it to its default), which decides what each finding judges.
+  if (!input.flags.launch_file.empty())
+    for (Finding& finding : result.findings)
+      if (std::none_of(finding.evidence.begin(), finding.evidence.end(),
+                       [](const Evidence& e) { return e.line > 0; }))
+        finding.evidence.push_back(ctx.launch_evidence("kv_cache_dtype", ctx.setting_name(),
+                                                       input.flags.kv_cache_dtype_flag.empty()
+                                                           ? "auto (default)"
+                                                           : input.flags.kv_cache_dtype));
   std::stable_sort(result.findings.begin(), result.findings.end(),
                    [](const Finding& a, const Finding& b) { return a.severity > b.severity; });
   return result;

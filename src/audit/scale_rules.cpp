@@ -68,7 +68,7 @@ void rule_unit_scale(Context& ctx) {
                     ctx.resolved.kv_cache_dtype, ctx.engine_label()),
         "At scale 1.0 large keys clip and small values lose precision or flush to zero; nothing "
         "is logged per layer, and long-context recall suffers first.",
-        {{ctx.launch_label(), "kv_cache_dtype", ctx.resolved.kv_cache_dtype},
+        {ctx.launch_evidence("kv_cache_dtype", "kv_cache_dtype", ctx.resolved.kv_cache_dtype),
          {ctx.launch_label(), "scale source", "not reported"},
          {ctx.data_file(), "fallback.both_missing",
           fmt::format("scale {:g} when the checkpoint's k/v scales are missing or not loaded",
@@ -81,8 +81,8 @@ void rule_unit_scale(Context& ctx) {
     return;
   }
   if (ctx.resolved.scale_source == ScaleSource::unit_default) {
-    std::vector<Evidence> evidence = {
-        {ctx.launch_label(), "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype}};
+    std::vector<Evidence> evidence = {ctx.launch_evidence(
+        "kv_cache_dtype", "resolved kv_cache_dtype", ctx.resolved.kv_cache_dtype)};
     if (model.has_weights && model.kv_scales.empty()) {
       // Name the tensors a ModelOpt export writes beside each K/V projection.
       std::vector<std::string> expected;
@@ -181,7 +181,7 @@ void rule_nvfp4_global_scale(Context& ctx) {
       "The E4M3 block scales are computed per 16 values, but relative to a global scale of 1.0 "
       "they run out of range: blocks whose largest value exceeds 2688 clip, and blocks below "
       "0.09 get subnormal block scales and lose precision.",
-      {{ctx.launch_label(), "resolved kv_cache_dtype", dtype->name},
+      {ctx.launch_evidence("kv_cache_dtype", "resolved kv_cache_dtype", dtype->name),
        {ctx.model().dir.string(), "k/v scale tensors loaded",
         std::to_string(ctx.resolved.loaded_scale_names.size())}},
       fmt::format("ship calibrated k/v scales (amax / (6 x 448)) or {}", ctx.fix_flag("bf16")),
@@ -401,7 +401,8 @@ void rule_param_path(Context& ctx) {
         !rule.versions.contains(ctx.resolved.version))
       continue;
     std::vector<Evidence> evidence = {
-        {ctx.launch_label(), "--quantization-param-path", ctx.flags().quantization_param_path},
+        ctx.launch_evidence("quantization_param_path", "--quantization-param-path",
+                            ctx.flags().quantization_param_path),
         {ctx.data_file(), "quantization_param_path." + rule.id,
          std::string(engines::rule_status_name(rule.provenance.status))}};
     add_provenance(ctx, rule.provenance, evidence);

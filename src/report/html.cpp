@@ -129,7 +129,8 @@ std::string html_table(const Table& table) {
 std::string evidence_item(const Evidence& evidence) {
   std::string item = "<li>";
   if (!evidence.file.empty())
-    item += "<div class=\"ev-file\">" + escape_html(evidence.file) + "</div>";
+    item += "<div class=\"ev-file\">" + escape_html(evidence.file) +
+            (evidence.line > 0 ? ":" + std::to_string(evidence.line) : "") + "</div>";
   std::string what;
   if (!evidence.key.empty()) what += "<code>" + escape_html(evidence.key) + "</code>";
   if (!evidence.value.empty()) {

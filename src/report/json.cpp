@@ -139,11 +139,10 @@ nlohmann::json chart_to_json(const Chart& chart) {
 nlohmann::json finding_to_json(const Finding& finding) {
   nlohmann::json evidence = nlohmann::json::array();
   for (const Evidence& item : finding.evidence) {
-    nlohmann::json entry = {{"file", to_valid_utf8(item.file)},
-                            {"key", to_valid_utf8(item.key)},
-                            {"value", to_valid_utf8(item.value)}};
-    if (item.line > 0) entry["line"] = item.line;
-    evidence.push_back(std::move(entry));
+    evidence.push_back({{"file", to_valid_utf8(item.file)},
+                        {"key", to_valid_utf8(item.key)},
+                        {"value", to_valid_utf8(item.value)},
+                        {"line", item.line}});
   }
   nlohmann::json out = {{"id", to_valid_utf8(finding.id)},
                         {"severity", severity_name(finding.severity)},
