@@ -32,6 +32,8 @@ struct CheckOptions {
   std::string skip_layers;
   std::string launch;
   std::string unit;
+  std::string launch_from;  // a manifest, compose file, --config file or unit
+  std::string container;    // which of its launches (--container NAME)
   std::string fail_on = "critical";
   std::string kv_policy = "evidence";
   std::string kv_stats;
@@ -53,6 +55,8 @@ constexpr const char* kCheckUsage =
     "usage: kvaudit check CHECKPOINT_DIR --engine ENGINE [--engine-version V] [--tp N] ...\n"
     "       kvaudit check CHECKPOINT_DIR --launch \"python -m sglang.launch_server ...\"\n"
     "       kvaudit check CHECKPOINT_DIR --unit sglang.service\n"
+    "       kvaudit check CHECKPOINT_DIR --launch-from deployment.yaml   (Kubernetes, compose,\n"
+    "                                    helm template output, an engine's --config file)\n"
     "Try the bundled example: make demo   (runs kvaudit check on "
     "examples/qwen3.5-397b-a17b-nvfp4)\n"
     "kvaudit check --help lists every flag.\n";
@@ -104,9 +108,60 @@ std::vector<std::string> line_diff(const std::string& before, const std::string&
   return out;
 }
 
+// The launch file's corrected text, with the lines that changed and where it goes.
+void fix_launch_file(const CheckOptions& options, const std::vector<engines::LaunchFlags>& launches,
+                     const std::string& value, const std::string& change,
+                     std::vector<std::string>& fix_lines) {
+  std::vector<engines::TextEdit> edits;
+  for (const auto& launch : launches)
+    if (launch.kv_dtype_edit) edits.push_back(*launch.kv_dtype_edit);
+  const engines::LaunchFlags& first = launches.front();
+  if (edits.size() != launches.size()) {
+    if (!options.write_unit.empty())
+      throw InputError(options.write_unit,
+                       fmt::format("kvaudit cannot tell where {} takes the KV dtype of {}; set {} "
+                                   "there by hand",
+                                   first.launch_file, first.workload, change));
+    fix_lines.push_back(
+        fmt::format("set {} in {} ({})", change, first.launch_file,
+                    first.workload.empty() ? first.launch_file_kind : first.workload));
+    return;
+  }
+  const std::string& target = edits.front().file;
+  for (const auto& edit : edits)
+    if (edit.file != target)
+      throw InputError(options.launch_from, "the KV dtype is set in more than one file (" + target +
+                                                ", " + edit.file +
+                                                "): correct them one --container at a time");
+  const std::string original = read_text_file(target);
+  const std::string corrected = decide::fix_launch_file(original, edits, value, target);
+  for (const auto& line : line_diff(original, corrected)) fix_lines.push_back(line);
+  if (options.write_unit.empty()) {
+    fix_lines.push_back(fmt::format(
+        "kvaudit check ... --launch-from {} --write-unit {}.fixed writes the corrected file",
+        options.launch_from, std::filesystem::path(target).filename().string()));
+    return;
+  }
+  std::error_code same;
+  if (std::filesystem::equivalent(target, options.write_unit, same))
+    throw InputError(options.write_unit,
+                     "is the file itself; the original stays untouched, name another file");
+  write_file_atomically(options.write_unit, corrected);
+  fix_lines.push_back(fmt::format("wrote {} ({} with {}, every other byte kept)",
+                                  options.write_unit, target, change));
+  if (first.launch_file_kind.rfind("Kubernetes", 0) == 0)
+    fix_lines.push_back(fmt::format(
+        "kubectl apply -f {} (for `helm template` output, make the same change in the chart's "
+        "values: the rendered file is regenerated)",
+        options.write_unit));
+  else if (first.launch_file_kind == "docker-compose file")
+    fix_lines.push_back(
+        fmt::format("cp {} {} && docker compose -f {} up -d", options.write_unit, target, target));
+}
+
 void add_decision(const engines::Registry& registry, const CheckOptions& options,
                   const audit::CheckInput& input, const audit::CheckResult& result,
-                  report::Report& report) {
+                  const std::vector<engines::LaunchFlags>& file_launches, report::Report& report) {
   decide::DecisionOptions request;
   if (!options.contexts.empty())
     request.contexts = parse_token_counts(options.contexts, "--context", "32k,128k");
@@ -117,8 +172,8 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
   const decide::KvOption* fixed = nullptr;
   for (const auto& option : decision.options)
     if (option.id == decision.recommended) fixed = &option;
-  if (!options.write_unit.empty() && options.unit.empty())
-    throw InputError("--write-unit", "needs --unit (the unit to correct)");
+  if (!options.write_unit.empty() && options.unit.empty() && options.launch_from.empty())
+    throw InputError("--write-unit", "needs --unit or --launch-from (the file to correct)");
   decide::Verification where;
   if (!options.unit.empty()) where.unit_name = std::filesystem::path(options.unit).stem().string();
   const decide::ServerAddress address = decide::server_address(input.flags, *input.engine);
@@ -159,7 +214,13 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
     // This release sets the KV dtype in its config file, not with a flag: say where.
     const engines::KvDtypeFix spelled =
         engines::kv_dtype_fix(*input.engine, result.resolved.version, fixed->kv_cache_dtype);
-    if (!options.write_unit.empty())
+    if (input.flags.kv_dtype_edit && input.flags.kv_dtype_edit->file == input.flags.config_file) {
+      // The launch names its config file: correct that file.
+      CheckOptions config_options = options;
+      config_options.launch_from = input.flags.config_file;
+      fix_launch_file(config_options, {input.flags}, spelled.value,
+                      spelled.setting + ": " + spelled.value, fix_lines);
+    } else if (!options.write_unit.empty()) {
       throw InputError("--write-unit",
                        fmt::format("{} {} sets the KV dtype in its config file, not on the "
                                    "command line: {}",
@@ -168,7 +229,9 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
                                        ? input.engine->latest_known_version
                                        : engines::version_text(result.resolved.version),
                                    spelled.text));
-    fix_lines.push_back(spelled.text);
+    } else {
+      fix_lines.push_back(spelled.text);
+    }
   } else if (fixed) {
     const std::string change =
         engines::kv_dtype_fix(*input.engine, result.resolved.version, fixed->kv_cache_dtype)
@@ -196,6 +259,8 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
             "kvaudit check ... --unit {} --write-unit {}.fixed.service writes the corrected unit",
             options.unit, where.unit_name));
       }
+    } else if (!file_launches.empty()) {
+      fix_launch_file(options, file_launches, fixed->flag_value, change, fix_lines);
     } else if (!options.launch.empty()) {
       fix_lines.push_back(decide::fix_command(options.launch, *input.engine, fixed->flag_value));
     } else {
@@ -212,15 +277,9 @@ void add_decision(const engines::Registry& registry, const CheckOptions& options
   decide::add_to_report(decision, fix_lines, verify_lines, report);
 }
 
-int run_check_command(const engines::Registry& registry, CheckOptions& options) {
-  if (options.checkpoint.empty() && options.launch.empty() && options.unit.empty()) {
-    std::cerr << kCheckUsage;
-    return kExitInputError;
-  }
-  engines::LaunchFlags flags;
-  if (!options.launch.empty())
-    flags = engines::parse_launch_command(registry, options.launch, "--launch");
-  if (!options.unit.empty()) flags = engines::parse_systemd_unit(registry, options.unit);
+// The check's own flags over what the launch says (--engine must agree with it).
+void apply_flag_overrides(const engines::Registry& registry, const CheckOptions& options,
+                          engines::LaunchFlags& flags) {
   if (!options.engine.empty()) {
     if (!flags.engine.empty() && flags.engine != options.engine)
       throw InputError("--engine",
@@ -253,6 +312,101 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
   if (!options.skip_layers.empty()) flags.kv_cache_dtype_skip_layers = options.skip_layers;
   if (!options.attention_backend.empty())
     flags.attention_backend = ascii_lower(options.attention_backend);
+}
+
+// The launches of a file that --container names (all when it is empty).
+std::vector<engines::LaunchFlags> select_launches(std::vector<engines::LaunchFlags> launches,
+                                                  const std::string& container,
+                                                  const std::string& file) {
+  if (container.empty()) return launches;
+  std::vector<engines::LaunchFlags> chosen;
+  std::vector<std::string> names;
+  for (auto& launch : launches) {
+    names.push_back(launch.workload);
+    const std::string& w = launch.workload;
+    for (const std::string& marker : {" container " + container, "service " + container})
+      if (const size_t at = w.find(marker); at != std::string::npos) {
+        const size_t end = at + marker.size();
+        if (end == w.size() || w[end] == ',' || w[end] == ' ') {
+          chosen.push_back(launch);
+          break;
+        }
+      }
+  }
+  if (chosen.empty())
+    throw InputError("--container", fmt::format("{} runs no container or service named {}: {}",
+                                                file, container, fmt::join(names, "; ")));
+  return chosen;
+}
+
+// Whether two launches run the same settings (two containers of one LeaderWorkerSet).
+bool same_settings(const engines::LaunchFlags& a, const engines::LaunchFlags& b) {
+  return a.engine == b.engine && a.kv_cache_dtype == b.kv_cache_dtype &&
+         a.model_path == b.model_path && a.tp == b.tp && a.pp == b.pp && a.dp == b.dp &&
+         a.dcp == b.dcp && a.dp_attention == b.dp_attention &&
+         a.quantization_param_path == b.quantization_param_path &&
+         a.quantization == b.quantization && a.dtype == b.dtype &&
+         a.context_length == b.context_length && a.memory_fraction == b.memory_fraction &&
+         a.mamba_ssm_dtype == b.mamba_ssm_dtype &&
+         a.kv_cache_dtype_skip_layers == b.kv_cache_dtype_skip_layers &&
+         a.speculative_algorithm == b.speculative_algorithm &&
+         a.speculative_draft_kv_cache_dtype == b.speculative_draft_kv_cache_dtype &&
+         a.calculate_kv_scales == b.calculate_kv_scales &&
+         a.attention_backend == b.attention_backend && a.page_size == b.page_size &&
+         a.config_file == b.config_file;
+}
+
+int run_check_command(const engines::Registry& registry, CheckOptions& options) {
+  if (options.checkpoint.empty() && options.launch.empty() && options.unit.empty() &&
+      options.launch_from.empty()) {
+    std::cerr << kCheckUsage;
+    return kExitInputError;
+  }
+  engines::LaunchFlags flags;
+  if (int given = !options.launch.empty() + !options.unit.empty() + !options.launch_from.empty();
+      given > 1)
+    throw InputError("check", "give one launch: --launch, --unit or --launch-from");
+  if (!options.launch.empty())
+    flags = engines::parse_launch_command(registry, options.launch, "--launch");
+  if (!options.unit.empty()) flags = engines::parse_systemd_unit(registry, options.unit);
+  std::vector<engines::LaunchFlags> file_launches;   // the launches checked as one
+  std::vector<engines::LaunchFlags> other_launches;  // launches of the file that differ
+  std::string same_launch_note;
+  if (!options.launch_from.empty()) {
+    file_launches =
+        select_launches(engines::read_launch_file(registry, options.launch_from, options.engine),
+                        options.container, options.launch_from);
+    if (file_launches.front().launch_file_kind == "systemd unit") {
+      options.unit = options.launch_from;  // --write-unit corrects it as --unit does
+      options.launch_from.clear();
+      flags = file_launches.front();
+      file_launches.clear();
+    } else {
+      // Launches that run the same settings are checked once; the fix changes each.
+      for (size_t i = 1; i < file_launches.size();) {
+        if (same_settings(file_launches[i], file_launches.front())) {
+          ++i;
+          continue;
+        }
+        other_launches.push_back(file_launches[i]);
+        file_launches.erase(file_launches.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      flags = file_launches.front();
+      if (file_launches.size() > 1) {
+        std::vector<std::string> names;
+        for (const auto& launch : file_launches) names.push_back(launch.workload);
+        same_launch_note =
+            fmt::format("{} launches of {} run the same settings, checked once: {}",
+                        file_launches.size(), options.launch_from, fmt::join(names, "; "));
+      }
+      if (!other_launches.empty() && !options.write_unit.empty())
+        throw InputError("--write-unit",
+                         fmt::format("{} holds launches with different settings; pass "
+                                     "--container NAME to correct one",
+                                     options.launch_from));
+    }
+  }
+  apply_flag_overrides(registry, options, flags);
   std::string checkpoint_path = options.checkpoint.empty() ? flags.model_path : options.checkpoint;
   if (checkpoint_path.empty())
     throw InputError("check", "no checkpoint folder given and the launch command names none");
@@ -280,12 +434,33 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
 
   audit::CheckResult result = audit::run_check(input);
   report::Report report = audit::to_report(input, result);
-  add_decision(registry, options, input, result, report);
+  if (!same_launch_note.empty()) report.notes.push_back(same_launch_note);
+  // The file's other launches: their findings join this report, each named by its workload.
+  std::vector<report::Finding> all_findings = result.findings;
+  for (const auto& other : other_launches) {
+    audit::CheckInput other_input = input;
+    other_input.flags = other;
+    apply_flag_overrides(registry, options, other_input.flags);
+    other_input.flags.gpu_arch = input.flags.gpu_arch;
+    other_input.flags.platform = input.flags.platform;
+    const audit::CheckResult other_result = audit::run_check(other_input);
+    for (report::Finding finding : other_result.findings) {
+      finding.title = other.workload + ": " + finding.title;
+      all_findings.push_back(finding);
+      report.findings.push_back(std::move(finding));
+    }
+    report.notes.push_back(fmt::format(
+        "{} also runs {} with other settings ({} KV cache: {}); its findings are named by it, "
+        "and the decision table is for {} (--container picks one)",
+        options.launch_from, other.workload, other.kv_cache_dtype,
+        other_result.resolved.kv_cache_dtype, flags.workload));
+  }
+  add_decision(registry, options, input, result, file_launches, report);
   emit(report, options.output);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never
                           : options.fail_on == "warning" ? audit::FailOn::warning
                                                          : audit::FailOn::critical;
-  return audit::fails_gate(result.findings, fail_on) ? kExitGateFailed : kExitOk;
+  return audit::fails_gate(all_findings, fail_on) ? kExitGateFailed : kExitOk;
 }
 
 }  // namespace
@@ -319,6 +494,12 @@ void add_check_command(CLI::App& app, Runner& run, EngineData& engines) {
   check->add_option("--kv-cache-dtype-skip-layers", options->skip_layers,
                     "vLLM: layers kept in the model dtype (indices or sliding_window)");
   check->add_option("--launch", options->launch, "The engine's launch command line");
+  check->add_option("--launch-from", options->launch_from,
+                    "A file that launches the engine: Kubernetes manifests (helm template "
+                    "output too), a docker-compose file, a systemd unit, or the engine's own "
+                    "--config YAML (with --engine)");
+  check->add_option("--container", options->container,
+                    "With --launch-from: the container (or compose service) to check");
   check->add_option("--unit", options->unit,
                     "A systemd unit file whose ExecStart launches the engine");
   check->add_option("--gpu", options->gpu,
@@ -333,8 +514,10 @@ void add_check_command(CLI::App& app, Runner& run, EngineData& engines) {
   check->add_option("--write-overlay", options->write_overlay,
                     "Write the checkpoint-config overlay the fix needs where the engine has no "
                     "16-bit KV value (TensorRT-LLM): a new folder, the original untouched");
-  check->add_option("--write-unit", options->write_unit,
-                    "Write the corrected --unit here (atomically; the original stays untouched)");
+  check->add_option(
+      "--write-unit", options->write_unit,
+      "Write the corrected --unit or --launch-from file here (atomically; only the KV dtype "
+      "setting changes; the original stays untouched)");
   check->add_option("--fail-on", options->fail_on, "Exit 1 when a finding is at least this severe")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
   check

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# kvaudit check --launch-from end to end: the motivating deployment as a Kubernetes
+# Deployment, a helm-rendered manifest, a compose file and SGLang's --config file gives the
+# systemd unit's verdict, with evidence at the file and line of the launch; --write-unit
+# writes each file with only the KV dtype setting changed; bad files get one line, exit 2.
+set -uo pipefail
+kvaudit=$1; root=$2; build=$3
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+failures=0; passed=0
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
+# Under ASan+UBSan each check of the demo's 371444-tensor header takes ~10 s: the sanitizer
+# build checks the unit and one manifest; the release build checks every form.
+sanitized=0
+grep -q "KVAUDIT_SANITIZE:BOOL=ON" "$build/CMakeCache.txt" 2>/dev/null && sanitized=1
+deploy=examples/qwen3.5-397b-a17b-nvfp4/deploy
+cd "$root" || exit 1
+
+verdict_of() { grep -E '^Verdict' <<< "$1"; }
+unit_out=$("$kvaudit" check "$demo" --launch-from examples/qwen3.5-397b-a17b-nvfp4/sglang.service \
+  --kv-policy lossless --no-color --quiet); unit_status=$?
+[[ $unit_status -eq 1 ]] && pass || fail "unit exit $unit_status, expected 1"
+
+forms=("$deploy/kubernetes-deployment.yaml")
+[[ $sanitized -eq 0 ]] && forms+=("$deploy/helm-rendered.yaml" "$deploy/compose.yaml" "$deploy/sglang-config.yaml")
+for form in "${forms[@]}"; do
+  engine=(); [[ $form == *sglang-config.yaml ]] && engine=(--engine sglang)
+  out=$("$kvaudit" check "$demo" --launch-from "$form" "${engine[@]}" --kv-policy lossless \
+    --no-color --quiet); status=$?
+  [[ $status -eq $unit_status ]] && pass || fail "$form exit $status, the unit's $unit_status"
+  [[ "$(verdict_of "$out")" == "$(verdict_of "$unit_out")" ]] && pass \
+    || fail "$form verdict '$(verdict_of "$out")' is not the unit's '$(verdict_of "$unit_out")'"
+  json=$("$kvaudit" check "$demo" --launch-from "$form" "${engine[@]}" --kv-policy lossless --json)
+  /usr/bin/python3 - "$json" "$form" <<'PY' && pass || fail "$form: evidence does not point at the launch"
+import json, sys
+doc, form = json.loads(sys.argv[1]), sys.argv[2]
+unit = [f for f in doc["findings"] if f["id"] == "fp8-unit-scale"]
+assert unit, [f["id"] for f in doc["findings"]]
+sited = [e for e in unit[0]["evidence"] if e.get("line")]
+assert sited and sited[0]["file"] == form, unit[0]["evidence"]
+text = open(form).read().split("\n")
+assert 1 <= sited[0]["line"] <= len(text), sited[0]
+PY
+  fixed="$work/$(basename "$form").fixed"
+  "$kvaudit" check "$demo" --launch-from "$form" "${engine[@]}" --kv-policy lossless \
+    --write-unit "$fixed" > /dev/null
+  # The corrected file: the original plus the flag (or key), nothing else.
+  changed=$(diff <(tr -s ' \n' '\n\n' < "$form") <(tr -s ' \n' '\n\n' < "$fixed") | grep -E '^[<>]')
+  grep -qE '^> .*kv-cache-dtype' <<< "$changed" && pass || fail "$form: no KV dtype in the fix: $changed"
+  ! grep -qE '^<' <<< "$changed" && pass || fail "$form: the fix removed words: $changed"
+  [[ $(grep -cE '^>' <<< "$changed") -le 2 ]] && pass || fail "$form: the fix added more: $changed"
+  out=$("$kvaudit" check "$demo" --launch-from "$fixed" "${engine[@]}" --kv-policy lossless --no-color --quiet)
+  [[ $? -eq 0 ]] && pass || fail "$form: the corrected file still fails: $out"
+done
+
+# A file that runs no engine, a template, a missing file: one line naming it, exit 2.
+printf 'apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: web\n    image: nginx\n' > "$work/pod.yaml"
+printf 'kind: Deployment\nmetadata:\n  name: {{ .Values.name }}\n' > "$work/template.yaml"
+for bad in "$work/pod.yaml" "$work/template.yaml" "$work/missing.yaml"; do
+  err=$("$kvaudit" check "$demo" --launch-from "$bad" 2>&1 >/dev/null); status=$?
+  [[ $status -eq 2 ]] && pass || fail "$bad: exit $status, expected 2"
+  [[ $(wc -l <<< "$err") -eq 1 && $err == *"$bad"* ]] && pass || fail "$bad: '$err'"
+done
+err=$("$kvaudit" check "$demo" --launch-from "$deploy/kubernetes-deployment.yaml" --container nope 2>&1 >/dev/null)
+[[ $err == *"sglang"* && $err == *"nope"* ]] && pass || fail "--container nope: '$err'"
+err=$("$kvaudit" check "$demo" --launch-from "$deploy/compose.yaml" --unit x.service 2>&1 >/dev/null)
+[[ $? -eq 2 && $err == *"one launch"* ]] && pass || fail "two launches accepted: '$err'"
+
+echo "launch_files_cli: $passed passed, $failures failed"
+[[ $failures -eq 0 ]]
