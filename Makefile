@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 FUZZ_SECONDS ?= 6
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps deps-full build asan fuzz check test test-release test-asan test-fuzz demo demo-live ledger bench format format-check clean
+.PHONY: all deps deps-full build asan fuzz check test test-release test-asan test-fuzz demo demo-live deb ledger bench format format-check clean
 
 all: build
 
@@ -103,6 +103,12 @@ test: deps-full
 demo: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS) --target kvaudit kvaudit_make_checkpoint
 	tools/demo.sh $(BUILD)/kvaudit
+
+# The Debian package: $(BUILD)/kvaudit_<version>_<arch>.deb (binary, data, docs under /usr;
+# Depends from dpkg-shlibdeps). Only the binary is built for it.
+deb: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target kvaudit
+	cd $(BUILD) && cpack -G DEB
 
 demo-live: build
 	tools/demo-live.sh $(BUILD)
