@@ -7,7 +7,8 @@ set -euo pipefail
 core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
       libcpp-httplib-dev libssl-dev libhwy-dev libpcre2-dev libutf8proc-dev
-      libgtest-dev libgmock-dev libyaml-cpp-dev libboost-dev libvalijson-dev python3 python3-numpy ccache)
+      libgtest-dev libgmock-dev libyaml-cpp-dev libboost-dev libvalijson-dev python3 python3-numpy ccache
+      dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
 full=(python3-torch libopenblas0-openmp chromium chromium-driver fonts-dejavu-core curl wrk)
 want=("${core[@]}")
 [[ "${1:-}" == "--full" ]] && want+=("${full[@]}")

@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -64,15 +65,57 @@ void write_file_atomically(const fs::path& path, std::string_view content) {
   }
 }
 
-fs::path data_dir() {
-  if (const char* env = std::getenv("KVAUDIT_DATA_DIR"); env && *env) return fs::path(env);
+namespace {
+
+// Whether `path` lies inside `folder` (both made canonical as far as they exist).
+bool lies_within(const fs::path& path, const fs::path& folder) {
   std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    fs::path installed = self.parent_path().parent_path() / "share" / "kvaudit";
-    if (fs::exists(installed / "engines", ec)) return installed;
+  const fs::path inner = fs::weakly_canonical(path, ec);
+  if (ec) return false;
+  const fs::path outer = fs::weakly_canonical(folder, ec);
+  if (ec) return false;
+  const fs::path relative = inner.lexically_relative(outer);
+  return !relative.empty() && *relative.begin() != "..";
+}
+
+bool holds_engine_data(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir / "engines", ec);
+}
+
+}  // namespace
+
+fs::path data_dir() {
+  static constexpr std::string_view kHint =
+      "set KVAUDIT_DATA_DIR to the folder holding engines/, gpus.json and evidence/";
+  if (const char* env = std::getenv("KVAUDIT_DATA_DIR"); env && *env) {
+    // An explicit choice is never second-guessed by looking elsewhere.
+    if (!holds_engine_data(env))
+      throw InputError(fmt::format("KVAUDIT_DATA_DIR={}", env),
+                       "has no engines/ folder (it must name the folder holding engines/, "
+                       "gpus.json and evidence/)");
+    return fs::path(env);
   }
-  return fs::path(KVAUDIT_SOURCE_DIR) / "data";
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    throw InputError("/proc/self/exe",
+                     fmt::format("cannot locate this binary ({}); {}", ec.message(), kHint));
+  const fs::path installed = self.parent_path().parent_path() / "share" / "kvaudit";
+  if (holds_engine_data(installed)) return installed;
+  // The source tree only for a binary still in the build tree it was compiled in: an installed
+  // or copied binary that read the build machine's checkout would hide a package without its
+  // data (and would break the day that checkout moves).
+  const fs::path source = fs::path(KVAUDIT_SOURCE_DIR) / "data";
+  if (lies_within(self, KVAUDIT_BINARY_DIR)) {
+    if (holds_engine_data(source)) return source;
+    throw InputError(source.string(), fmt::format("has no engines/ folder (the source tree of "
+                                                  "this build binary; {})",
+                                                  kHint));
+  }
+  throw InputError(installed.lexically_normal().string(),
+                   fmt::format("has no engines/ folder, and {} is not a build-tree binary ({})",
+                               self.string(), kHint));
 }
 
 std::string gib_text(double bytes) {

@@ -47,8 +47,16 @@ std::string gib_text(double bytes);
 std::string to_valid_utf8(std::string_view bytes);
 bool is_valid_utf8(std::string_view bytes);
 
-// The folder holding engines/ and gpus.json: $KVAUDIT_DATA_DIR, then ../share/kvaudit
-// next to the binary, then the source tree's data/.
+// The folder holding engines/, gpus.json and evidence/, the first of:
+//  1. $KVAUDIT_DATA_DIR when set and not empty; without engines/ it is an error, never a
+//     reason to look elsewhere (an override that is ignored hides a typo);
+//  2. <binary's folder>/../share/kvaudit when it holds engines/: cmake --install and the .deb
+//     put the data there, so a relocated prefix (~/.local, a DESTDIR) works;
+//  3. the source tree's data/ (KVAUDIT_SOURCE_DIR), only when the binary lies inside the build
+//     tree it was compiled in (KVAUDIT_BINARY_DIR): the tests, benchmarks and fuzzers there.
+// Anything else, an installed or copied binary without its data in particular, is an
+// InputError naming the folder looked at and the variable to set (one line, exit 2): falling
+// back to the build machine's checkout would hide a package that lost its data.
 std::filesystem::path data_dir();
 // A path as reports show it: relative to the working directory when it lies inside it
 // ("data/engines/sglang.json"), else as given; reports never carry a build machine's root.
