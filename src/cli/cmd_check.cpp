@@ -281,10 +281,16 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
   audit::CheckResult result = audit::run_check(input);
   report::Report report = audit::to_report(input, result);
   add_decision(registry, options, input, result, report);
-  emit(report, options.output);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never
                           : options.fail_on == "warning" ? audit::FailOn::warning
                                                          : audit::FailOn::critical;
+  report::ExitGate gate;
+  if (fail_on != audit::FailOn::never)
+    gate.fail_on =
+        fail_on == audit::FailOn::warning ? report::Severity::warning : report::Severity::critical;
+  // A finding no evidence places is shown on the unit it judges (code scanning needs a file).
+  if (options.output.sarif_fallback_file.empty()) options.output.sarif_fallback_file = options.unit;
+  emit(report, options.output, gate);
   return audit::fails_gate(result.findings, fail_on) ? kExitGateFailed : kExitOk;
 }
 

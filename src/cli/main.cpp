@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
       "Exit codes: 0 done, 1 the report fails its gate (--fail-on, --expect, ...), 2 bad input "
       "(one line names the file or flag), 3 internal error (a kvaudit bug: please report it)"};
   app.require_subcommand(0, 1);
-  app.set_version_flag("--version", "kvaudit 0.1.0");
+  app.set_version_flag("--version", std::string("kvaudit ") + cli::kVersion);
   cli::Runner run;
   cli::EngineData engines;  // read on first use, then shared by the command that runs
   cli::add_check_command(app, run, engines);
