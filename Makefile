@@ -85,10 +85,10 @@ ASAN_DEMO_E2E = Decision.MotivatingDeploymentSizedFromItsJournal:Decision.Withou
 # The sanitizer build runs each test binary whole, in shards (tests/CMakeLists.txt): the
 # tests above are left out by gtest's own filter, the shell scripts by ctest's.
 ASAN_GTEST_FILTER ?= -$(ASAN_GTEST_SKIP):$(ASAN_DEMO_E2E)
-# shell.ci_outputs audits the demo three times to validate the SARIF and
+# shell.ci_outputs and shell.ci_examples audit the demo seven times to validate the SARIF and
 # JUnit files (minutes under ASan, like check_cli); the renderers run under the sanitizers in
 # test_report (Sarif.*, Junit.*). Without them the ci_schemas fixture has nothing to serve.
-ASAN_EXCLUDE ?= ^(shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli|check_cli|ci_outputs)|ci_schemas)$$
+ASAN_EXCLUDE ?= ^(shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli|check_cli|ci_outputs|ci_examples)|ci_schemas)$$
 test-asan: asan
 	$(call seed-ctest-costs,$(ASAN_BUILD),asan)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
