@@ -289,7 +289,7 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
     gate.fail_on =
         fail_on == audit::FailOn::warning ? report::Severity::warning : report::Severity::critical;
   // A finding no evidence places is shown on the unit it judges (code scanning needs a file).
-  if (options.output.sarif_fallback_file.empty()) options.output.sarif_fallback_file = options.unit;
+  options.output.sarif_fallback_file = options.unit;
   emit(report, options.output, gate);
   return audit::fails_gate(result.findings, fail_on) ? kExitGateFailed : kExitOk;
 }

@@ -137,7 +137,9 @@ std::string render_html(const Report& report);  // one self-contained file, inli
 // pass/fail test the command runs (a logs --expect expectation, a probe --gate limit, a
 // plan --from-log figure against its range).
 struct GateCheck {
-  std::string kind;  // what sort of check: "expect", "gate", "figure", "probe"
+  // What sort of check, JUnit's classname after "kvaudit.COMMAND.": "expect" (logs),
+  // "figure" (plan), "smoke", "gate", "verdict", "load" (probe).
+  std::string kind;
   std::string name;  // what it checks, e.g. "kv_cache_dtype=bf16"
   bool passed = false;
   std::string message;  // why it failed or what passed: "expected bf16, log says fp8_e4m3"

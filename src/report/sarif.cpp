@@ -38,13 +38,14 @@ std::string_view sarif_level(Severity severity) {
 }
 
 // RFC 3986 path characters stay, everything else (spaces, '%', '#', '?', bytes of non-ASCII
-// names) is percent-encoded, so a file name never breaks the URI.
+// names) is percent-encoded, so a file name never breaks the URI. ':' is encoded too: in the
+// first segment of a relative URI it would read as a scheme ("c:x.json").
 std::string percent_encode_path(std::string_view path) {
   std::string out;
   for (unsigned char c : path) {
     bool keep =
         (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-        std::string_view("-._~!$&'()*+,;=:@/").find(static_cast<char>(c)) != std::string_view::npos;
+        std::string_view("-._~!$&'()*+,;=@/").find(static_cast<char>(c)) != std::string_view::npos;
     if (keep)
       out += static_cast<char>(c);
     else

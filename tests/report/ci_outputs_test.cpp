@@ -120,12 +120,12 @@ TEST(Sarif, WithoutALineTheFirstExistingFileWinsAndAUnitLabelNamesItsFile) {
 
 TEST(Sarif, FilesOutsideTheWorkingDirectoryAreAbsoluteAndPercentEncoded) {
   Workspace repo("repo"), elsewhere("elsewhere");
-  fs::path odd = elsewhere.write("my model#1/config 100%.json");
+  fs::path odd = elsewhere.write("my model#1/c:onfig 100%.json");
   Report report = report_of({finding("x", Severity::info, {{odd.string(), "k", "v", 3}})});
   const nlohmann::json artifact = only_location(
       sarif(report, repo.root())["runs"][0]["results"][0])["physicalLocation"]["artifactLocation"];
   EXPECT_EQ(artifact["uri"],
-            "file://" + elsewhere.root().string() + "/my%20model%231/config%20100%25.json");
+            "file://" + elsewhere.root().string() + "/my%20model%231/c%3Aonfig%20100%25.json");
   EXPECT_FALSE(artifact.contains("uriBaseId"));
 }
 
