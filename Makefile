@@ -89,7 +89,10 @@ ASAN_GTEST_FILTER ?= -$(ASAN_GTEST_SKIP):$(ASAN_DEMO_E2E)
 # binary is not what ships, and the data-folder code it drives is a few lines of util.
 # shell.launch_files_cli checks the demo through each launch file (~10 s a check under ASan);
 # the readers it drives run under the sanitizers in test_engines (LaunchFiles.*).
-ASAN_EXCLUDE ?= ^shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli|check_cli|install|launch_files_cli)$$
+# shell.ci_outputs and shell.ci_examples audit the demo seven times to validate the SARIF and
+# JUnit files (minutes under ASan, like check_cli); the renderers run under the sanitizers in
+# test_report (Sarif.*, Junit.*). Without them the ci_schemas fixture has nothing to serve.
+ASAN_EXCLUDE ?= ^(shell[.](live_story|calibrate_cli|probe_cli|html_render|decide_cli|check_cli|install|launch_files_cli|ci_outputs|ci_examples)|ci_schemas)$$
 test-asan: asan
 	$(call seed-ctest-costs,$(ASAN_BUILD),asan)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

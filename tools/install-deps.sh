@@ -2,18 +2,22 @@
 # Installs every build/test dependency by Debian package name. Idempotent: does
 # nothing (and needs no network) when everything is already present.
 # Usage: tools/install-deps.sh [--full]   (--full adds the heavy test oracles:
-# python3-torch, numpy, chromium, node for tokenizer goldens).
+# python3-torch, numpy, chromium, node for tokenizer goldens; npm, which fetches the SARIF
+# and JUnit schemas the CI-output tests validate against: tools/fetch-ci-schemas.sh).
 set -euo pipefail
 core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
       libcpp-httplib-dev libssl-dev libhwy-dev libpcre2-dev libutf8proc-dev
       libgtest-dev libgmock-dev libyaml-cpp-dev libboost-dev libvalijson-dev python3 python3-numpy ccache
+      python3-jsonschema libxml2-utils python3-yaml
       dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
-full=(python3-torch libopenblas0-openmp chromium chromium-driver fonts-dejavu-core curl wrk)
+full=(python3-torch libopenblas0-openmp chromium chromium-driver fonts-dejavu-core curl wrk npm)
 want=("${core[@]}")
 [[ "${1:-}" == "--full" ]] && want+=("${full[@]}")
 missing=()
 for p in "${want[@]}"; do
+  # A NodeSource nodejs bundles npm and conflicts with Debian's npm package: any npm will do.
+  [[ $p == npm ]] && command -v npm > /dev/null && continue
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]} == 0)); then exit 0; fi

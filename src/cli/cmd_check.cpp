@@ -456,10 +456,17 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
         other_result.resolved.kv_cache_dtype, flags.workload));
   }
   add_decision(registry, options, input, result, file_launches, report);
-  emit(report, options.output);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never
                           : options.fail_on == "warning" ? audit::FailOn::warning
                                                          : audit::FailOn::critical;
+  report::ExitGate gate;
+  if (fail_on != audit::FailOn::never)
+    gate.fail_on =
+        fail_on == audit::FailOn::warning ? report::Severity::warning : report::Severity::critical;
+  // A finding no evidence places is shown on the launch file it judges (code scanning needs a
+  // file).
+  options.output.sarif_fallback_file = !options.unit.empty() ? options.unit : flags.launch_file;
+  emit(report, options.output, gate);
   return audit::fails_gate(all_findings, fail_on) ? kExitGateFailed : kExitOk;
 }
 

@@ -98,10 +98,16 @@ int run_logs(const engines::Registry& registry, LogsFlags& f) {
   auto results = logs::check_expectations(registry, scan.launches.back(), expectations);
   report::Report report = logs::to_report(scan, f.all, results);
   for (auto& finding : check_findings) report.findings.push_back(std::move(finding));
-  emit(report, f.output);
-  for (const auto& r : results)
-    if (!r.met) return kExitGateFailed;
-  return kExitOk;
+  // The expectations are the gate (findings do not set logs' exit code): one JUnit test each.
+  report::ExitGate gate;
+  for (const auto& r : results) {
+    std::string said = r.actual.empty() ? "nothing" : r.actual;
+    gate.checks.push_back({"expect", r.expected.key + "=" + r.expected.value, r.met,
+                           fmt::format("expected {}, log says {}", r.expected.value, said)});
+  }
+  if (f.file != "-") f.output.sarif_fallback_file = f.file;
+  emit(report, f.output, gate);
+  return report::gate_fails(report, gate) ? kExitGateFailed : kExitOk;
 }
 
 }  // namespace

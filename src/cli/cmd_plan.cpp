@@ -114,11 +114,17 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
   plan::CapacityPlan capacity = plan::plan_capacity(registry, model, options);
   report::Report report =
       plan::to_report(model, capacity, prediction ? &*prediction : nullptr, f.explain);
-  emit(report, f.output);
+  // The figures the log printed, each against the range kvaudit predicts, are the gate.
+  report::ExitGate gate;
   if (prediction)
     for (const auto& check : prediction->checks)
-      if (!check.inside) return kExitGateFailed;
-  return kExitOk;
+      gate.checks.push_back(
+          {"figure", check.id, check.inside,
+           fmt::format("{}: the log printed {}, kvaudit predicts {}..{}", check.what, check.printed,
+                       check.predicted.lo, check.predicted.hi)});
+  if (!f.from_log.empty() && f.from_log != "-") f.output.sarif_fallback_file = f.from_log;
+  emit(report, f.output, gate);
+  return report::gate_fails(report, gate) ? kExitGateFailed : kExitOk;
 }
 
 }  // namespace

@@ -118,12 +118,18 @@ int run_load_command(const engines::Registry& registry, const ProbeFlags& flags,
   std::signal(SIGINT, on_interrupt);
   probe::LoadResult result = probe::run_load(registry, urls, client, options);
   std::signal(SIGINT, SIG_DFL);
-  emit(probe::to_report(result, options), flags.output);
   // Failed requests, or a server that stopped answering, fail the command (the report
-  // keeps what was measured); reaching the time limit or the budget does not.
-  int64_t failures = 0;
-  for (const probe::LoadLevel& level : result.levels) failures += level.failures;
-  return failures > 0 ? kExitGateFailed : kExitOk;
+  // keeps what was measured); reaching the time limit or the budget does not. One check per
+  // level, so JUnit names the level that failed.
+  report::ExitGate gate;
+  for (const probe::LoadLevel& level : result.levels)
+    gate.checks.push_back({"load",
+                           fmt::format("{} {} prompts @ concurrency {}", level.server,
+                                       level.prompts, level.concurrency),
+                           level.failures == 0, fmt::format("{} failed requests", level.failures)});
+  report::Report out = probe::to_report(result, options);
+  emit(out, flags.output, gate);
+  return report::gate_fails(out, gate) ? kExitGateFailed : kExitOk;
 }
 
 int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags) {
@@ -176,13 +182,12 @@ int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags
   if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
   probe::RunResult result = probe::run_probes(registry, urls, client, options, flags.checkpoint);
   report::Report out = probe::to_report(result, options);
-  emit(out, flags.output);
-  bool gate = false;
-  for (const auto& finding : out.findings) {
-    if (flags.fail_on == "critical") gate |= finding.severity == report::Severity::critical;
-    if (flags.fail_on == "warning") gate |= finding.severity >= report::Severity::warning;
-  }
-  return probe::probe_failed(result) || gate ? kExitGateFailed : kExitOk;
+  report::ExitGate gate;
+  gate.checks = probe::gate_checks(result);
+  if (flags.fail_on == "critical") gate.fail_on = report::Severity::critical;
+  if (flags.fail_on == "warning") gate.fail_on = report::Severity::warning;
+  emit(out, flags.output, gate);
+  return report::gate_fails(out, gate) ? kExitGateFailed : kExitOk;
 }
 
 }  // namespace

@@ -24,16 +24,27 @@ inline constexpr int kExitGateFailed = 1;
 inline constexpr int kExitInputError = 2;
 inline constexpr int kExitInternalError = 3;
 
+// `kvaudit --version` and the SARIF tool record.
+inline constexpr const char* kVersion = KVAUDIT_VERSION;  // project(VERSION) in CMakeLists.txt
+
 struct OutputOptions {
   bool json = false;
   std::string html_path;
+  std::string sarif_path;  // --sarif FILE
+  std::string junit_path;  // --junit FILE
   bool quiet = false;
   bool no_color = false;
+  // Set by the command, not a flag: the input file a SARIF result points at when none of its
+  // evidence names a file (check's --unit, the log of logs); see report::SarifOptions.
+  std::string sarif_fallback_file = {};
 };
 void add_output_options(CLI::App& command, OutputOptions& options);
 
-// Prints the report (terminal or --json) on stdout and writes --html atomically.
-void emit(const report::Report& report, const OutputOptions& options);
+// Writes --html, --sarif and --junit atomically (before the exit code is known to the
+// caller: a failed gate still leaves its files for CI), then prints the report (terminal or
+// --json) on stdout. `gate` is what the command's exit code is decided on; JUnit shows it.
+void emit(const report::Report& report, const OutputOptions& options,
+          const report::ExitGate& gate = {});
 
 // "1k,4k,32k" -> {1024, 4096, 32768}; throws InputError naming `flag` with `example`.
 std::vector<int64_t> parse_token_counts(const std::string& list, const char* flag,

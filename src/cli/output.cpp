@@ -14,13 +14,25 @@ void add_output_options(CLI::App& command, OutputOptions& options) {
   command.add_flag("--json", options.json,
                    "Print the report as JSON (schema: docs/json-schema.md)");
   command.add_option("--html", options.html_path, "Also write a self-contained HTML report here");
+  command.add_option("--sarif", options.sarif_path,
+                     "Also write the findings as SARIF 2.1.0 here, for code scanning (docs/ci.md)");
+  command.add_option("--junit", options.junit_path,
+                     "Also write JUnit XML here: a test case per finding, expectation and gate");
   command.add_flag("-q,--quiet", options.quiet, "Print only the verdict line");
   command.add_flag("--no-color", options.no_color, "Never use ANSI colours (NO_COLOR also works)");
 }
 
-void emit(const report::Report& report, const OutputOptions& options) {
+void emit(const report::Report& report, const OutputOptions& options,
+          const report::ExitGate& gate) {
   if (!options.html_path.empty())
     write_file_atomically(options.html_path, report::render_html(report));
+  if (!options.sarif_path.empty()) {
+    report::SarifOptions sarif{.tool_version = kVersion,
+                               .fallback_file = options.sarif_fallback_file};
+    write_file_atomically(options.sarif_path, report::render_sarif(report, sarif));
+  }
+  if (!options.junit_path.empty())
+    write_file_atomically(options.junit_path, report::render_junit(report, gate));
   if (options.json) {
     std::cout << report::render_json(report).dump(2) << '\n';
     return;

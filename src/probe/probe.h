@@ -371,6 +371,9 @@ report::Report to_report(const RunResult& result, const ProbeOptions& options);
 // Exit gate: a smoke probe failed, a --gate failed, or (without gates) the comparison
 // verdict is "different".
 bool probe_failed(const RunResult& result);
+// The same gate as checks, one per smoke probe of each server, per --gate limit (or, without
+// gates, one for the comparison's verdict): JUnit's test cases. probe_failed is "one failed".
+std::vector<report::GateCheck> gate_checks(const RunResult& result);
 
 // ---------------------------------------------------------------- load tests
 

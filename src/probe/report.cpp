@@ -110,17 +110,34 @@ report::Chart recall_heatmap(const Cells& cells, size_t side, size_t sides,
 
 }  // namespace
 
-bool probe_failed(const RunResult& result) {
+std::vector<report::GateCheck> gate_checks(const RunResult& result) {
+  std::vector<report::GateCheck> checks;
   for (const auto& run : result.servers)
-    for (const auto& record : run.records)
-      if (record.kind == "smoke" && !record.passed) return true;
-  if (!result.compare) return false;
+    for (const auto& record : run.records) {
+      if (record.kind != "smoke") continue;
+      std::string message = record.passed ? fmt::format("answered '{}'", record.output)
+                            : record.error.empty()
+                                ? fmt::format("expected '{}', the server answered '{}'",
+                                              record.expected, record.output)
+                                : "the server refused the probe: " + record.error;
+      checks.push_back({"smoke", record.id + " @ " + record.server, record.passed, message});
+    }
+  if (!result.compare) return checks;
   if (!result.compare->gates.empty()) {
     for (const auto& gate : result.compare->gates)
-      if (gate.status != "passed") return true;
-    return false;
+      checks.push_back({"gate", gate.gate.text, gate.status == "passed", gate.message});
+    return checks;
   }
-  return result.compare->verdict == "different";
+  checks.push_back({"verdict", "A/B verdict is not \"different\"",
+                    result.compare->verdict != "different",
+                    result.compare->verdict + ": " + result.compare->reason});
+  return checks;
+}
+
+bool probe_failed(const RunResult& result) {
+  for (const report::GateCheck& check : gate_checks(result))
+    if (!check.passed) return true;
+  return false;
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// report: the one place that turns a command's result into words, JSON or HTML.
+// report: the one place that turns a command's result into words, JSON, HTML, SARIF or JUnit.
 // Commands build a Report value (facts, tables, charts, findings, a machine payload)
 // and call a renderer; no command formats its own output. Renderers never print:
 // they return strings, the CLI writes them.
@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -129,6 +130,48 @@ struct TerminalOptions {
 std::string render_terminal(const Report& report, const TerminalOptions& options);
 nlohmann::json render_json(const Report& report);
 std::string render_html(const Report& report);  // one self-contained file, inline SVG
+
+// What a command's exit code is decided on, as CI outputs show it. A finding fails the
+// command when its severity is at or above `fail_on` (check's and probe's --fail-on; empty
+// where findings never set the exit code: logs, plan, quant ...); each check is one more
+// pass/fail test the command runs (a logs --expect expectation, a probe --gate limit, a
+// plan --from-log figure against its range).
+struct GateCheck {
+  // What sort of check, JUnit's classname after "kvaudit.COMMAND.": "expect" (logs),
+  // "figure" (plan), "smoke", "gate", "verdict", "load" (probe).
+  std::string kind;
+  std::string name;  // what it checks, e.g. "kv_cache_dtype=bf16"
+  bool passed = false;
+  std::string message;  // why it failed or what passed: "expected bf16, log says fp8_e4m3"
+};
+struct ExitGate {
+  std::optional<Severity> fail_on;
+  std::vector<GateCheck> checks;
+};
+// True when a finding reaches gate.fail_on or a check failed: the command exits 1.
+bool gate_fails(const Report& report, const ExitGate& gate);
+
+// SARIF 2.1.0 for code scanning (docs/ci.md): one rule per finding id the report holds, one
+// result per finding, located at the first evidence with a line, else at the first evidence
+// whose `file` is an existing regular file, else at `fallback_file`, else at no file (a
+// logical location only).
+struct SarifOptions {
+  std::string tool_version;  // tool.driver.version, as `kvaudit --version` prints it
+  // Evidence files inside this folder are written relative to it under uriBaseId %SRCROOT%
+  // (code scanning resolves them against the repository); others as absolute file: URIs.
+  // Empty: the process's current directory.
+  std::string working_directory = {};
+  // Where a result goes when no evidence of it names a file: the command's own input (the
+  // --unit file of check, the log of logs), at line 1. Code scanning refuses an upload with
+  // a result that has no file (docs/ci.md). Empty: such a result has a logical location only.
+  std::string fallback_file = {};
+};
+std::string render_sarif(const Report& report, const SarifOptions& options);
+
+// JUnit XML as jenkins-junit.xsd reads it: one <testsuite> "kvaudit COMMAND" with a test case
+// per finding (failing when it reaches gate.fail_on) and per gate check; one passing test
+// case naming what was checked when there is neither.
+std::string render_junit(const Report& report, const ExitGate& gate);
 
 // Formats a value as the terminal and HTML show it (same digits in both).
 std::string format_value(const Value& value, const Column& column);

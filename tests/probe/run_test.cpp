@@ -68,6 +68,15 @@ TEST(ProbeRun, SmokeFailureIsReported) {
   // Break the arithmetic answer after the fact: the gate reads records.
   result.servers[0].records[1].passed = false;
   EXPECT_TRUE(probe_failed(result));
+  // One JUnit check per smoke probe, named by probe and server; only the broken one fails.
+  std::vector<report::GateCheck> checks = gate_checks(result);
+  ASSERT_EQ(checks.size(), 3u);
+  EXPECT_EQ(checks[1].kind, "smoke");
+  EXPECT_EQ(checks[1].name, "smoke/arithmetic @ " + server.url());
+  EXPECT_FALSE(checks[1].passed);
+  EXPECT_TRUE(checks[0].passed && checks[2].passed);
+  EXPECT_THAT(report::render_junit(to_report(result, options), {.fail_on = {}, .checks = checks}),
+              HasSubstr("tests=\"3\" failures=\"1\""));
   EXPECT_THAT(to_report(result, options).verdict, HasSubstr("smoke: 1 of 3 FAILED"));
 }
 
@@ -260,6 +269,14 @@ TEST(ProbeRun, GatesPassOrFailJunitStyleAndDecideTheExit) {
   EXPECT_EQ(result.compare->gates[2].status, "failed");  // no MRCR probe ran: no data
   EXPECT_THAT(result.compare->gates[2].message, HasSubstr("no data"));
   EXPECT_TRUE(probe_failed(result));
+  // The same gates as --junit's test cases (this A/B runs no smoke probe: gates only).
+  std::vector<report::GateCheck> checks = gate_checks(result);
+  ASSERT_EQ(checks.size(), 3u);
+  EXPECT_EQ(checks[0].kind, "gate");
+  EXPECT_EQ(checks[0].name, "kl<=0.001");
+  EXPECT_EQ(std::vector<bool>({checks[0].passed, checks[1].passed, checks[2].passed}),
+            std::vector<bool>({false, true, false}));
+  EXPECT_EQ(checks[2].message, result.compare->gates[2].message);
   nlohmann::json json = report::render_json(to_report(result, options));
   EXPECT_EQ(json["compare"]["gates"]["tests"], 3);
   EXPECT_EQ(json["compare"]["gates"]["failures"], 2);
