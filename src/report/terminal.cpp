@@ -196,7 +196,7 @@ std::string terminal_table(const Table& table, size_t width, const Painter& pain
 std::string evidence_text(const Evidence& evidence) {
   // file:line, as compilers and editors spell a place.
   std::string text = terminal_safe(evidence.file);
-  if (evidence.line > 0) text += ":" + std::to_string(evidence.line);
+  if (evidence.line > 0) text += fmt::format(":{}", evidence.line);
   if (!evidence.key.empty()) text += (text.empty() ? "" : ": ") + terminal_safe(evidence.key);
   if (!evidence.value.empty()) {
     text += (text.empty() ? "" : " = ") + terminal_safe(evidence.value);

@@ -156,6 +156,8 @@ sed 's/--trust-remote-code$/--trust-remote-code --kv-cache-dtype bf16/' "$work/r
   > "$work/repo/fixed.service"
 grep -q -- '--kv-cache-dtype bf16' "$work/repo/fixed.service" || fail "could not write the fixed unit"
 cp "$root/README.md" "$work/repo/README.md"
+cp "$root/examples/qwen3.5-397b-a17b-nvfp4/deploy/kubernetes-deployment.yaml" "$work/repo/deploy.yaml"
+cp "$root/.pre-commit-hooks.yaml" "$work/repo/other.yaml"  # YAML that launches nothing
 # hook_command FILES...: the argv pre-commit would run, one per line.
 hook_command() {
   /usr/bin/python3 - "$root" "$@" <<'PY'
@@ -176,13 +178,14 @@ cd "$work/repo" || exit 1
 export HOOK_ARGS
 HOOK_ARGS=$(printf '%s\x1f' "$demo" --kv-policy lossless --)
 HOOK_ARGS=${HOOK_ARGS%$'\x1f'}
-mapfile -t argv < <(hook_command old.service fixed.service README.md)
-[[ " ${argv[*]} " == *" old.service fixed.service "* && " ${argv[*]} " != *README.md* ]] && pass ||
+mapfile -t argv < <(hook_command old.service fixed.service README.md deploy.yaml other.yaml)
+[[ " ${argv[*]} " == *" old.service fixed.service deploy.yaml other.yaml"* && " ${argv[*]} " != *README.md* ]] && pass ||
   fail "the hook's file filter: ${argv[*]}"
 out=$(PATH="$work/bin:$PATH" "${argv[@]}" 2>&1); status=$?
 [[ $status -eq 1 ]] && pass || fail "hook on the old and fixed units: exit $status, expected 1: $out"
-[[ $out == *"old.service: Verdict [critical]"* && $out != *fixed.service* ]] && pass ||
-  fail "the hook's output should name the old unit only: $out"
+[[ $out == *"old.service: Verdict [critical]"* && $out == *"deploy.yaml: Verdict [critical]"* &&
+   $out != *fixed.service* && $out != *other.yaml* ]] && pass ||
+  fail "the hook's output should name the old unit and the manifest only: $out"
 mapfile -t argv < <(hook_command fixed.service)
 out=$(PATH="$work/bin:$PATH" "${argv[@]}" 2>&1); status=$?
 [[ $status -eq 0 && -z $out ]] && pass || fail "hook on the fixed unit: exit $status: $out"
