@@ -398,13 +398,22 @@ struct FileReader {
     launches.push_back(std::move(flags));
   }
 
-  void kubernetes(const YAML::Node& object, int document) {
+  // YAML aliases let a few lines name a List of Lists of ... items (9 aliases per level, 8
+  // levels: 43 million pods): nesting and the containers visited are bounded.
+  static constexpr int kMaxListDepth = 4;
+  static constexpr size_t kMaxContainers = 1024;
+  size_t containers_seen = 0;
+
+  void kubernetes(const YAML::Node& object, int document, int list_depth = 0) {
     const std::string kind = child(object, "kind").IsScalar() ? child(object, "kind").Scalar() : "";
     if (kind == "List") {
+      if (list_depth >= kMaxListDepth)
+        throw InputError(file, fmt::format("document {}: Lists nested more than {} deep", document,
+                                           kMaxListDepth));
       const YAML::Node items = child(object, "items");
       if (items.IsSequence())
         for (const auto& item : items)
-          if (item.IsMap()) kubernetes(item, document);
+          if (item.IsMap()) kubernetes(item, document, list_depth + 1);
       return;
     }
     const std::string name = child(child(object, "metadata"), "name").IsScalar()
@@ -416,6 +425,8 @@ struct FileReader {
       for (size_t c = 0; c < containers.size(); ++c) {
         const YAML::Node container = containers[c];
         if (!container.IsMap()) continue;
+        if (++containers_seen > kMaxContainers)
+          throw InputError(file, fmt::format("more than {} containers", kMaxContainers));
         const std::string path = fmt::format("{}.containers[{}]", pod_path, c);
         const std::string container_name = child(container, "name").IsScalar()
                                                ? child(container, "name").Scalar()
@@ -451,6 +462,8 @@ struct FileReader {
   void compose(const YAML::Node& services) {
     const std::map<std::string, std::string> dot_env = read_dot_env(file);
     for (const auto& service : services) {
+      if (++containers_seen > kMaxContainers)
+        throw InputError(file, fmt::format("more than {} services", kMaxContainers));
       const std::string name = service.first.Scalar();
       const YAML::Node spec = service.second;
       if (!spec.IsMap()) continue;

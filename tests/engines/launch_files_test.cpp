@@ -344,6 +344,19 @@ TEST(LaunchFiles, TensorrtLlmConfigFilesTakeTheKvDtypeUnderKvCacheConfig) {
   EXPECT_EQ(after, "max_batch_size: 8\nkv_cache_config:\n  dtype: fp8\n");
 }
 
+// Nine aliases per level of nested Lists name 9^8 pods in ten lines: refused, not walked.
+std::string list_of_lists_by_alias() {
+  std::string text =
+      "apiVersion: v1\nkind: List\na0: &a0 {apiVersion: v1, kind: Pod, metadata: {name: p}, "
+      "spec: {containers: [{name: c, command: [vllm, serve, m]}]}}\n";
+  for (int level = 1; level <= 8; ++level) {
+    text += fmt::format("a{}: &a{} {{apiVersion: v1, kind: List, items: [", level, level);
+    for (int k = 0; k < 9; ++k) text += fmt::format("{}*a{}", k ? ", " : "", level - 1);
+    text += "]}\n";
+  }
+  return text + "items: [*a8, *a8, *a8]\n";
+}
+
 TEST(LaunchFiles, BadFilesGetOneLineNamingTheFile) {
   Scratch scratch;
   for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
@@ -351,6 +364,7 @@ TEST(LaunchFiles, BadFilesGetOneLineNamingTheFile) {
            {"broken.yaml", "a: [1, 2\n"},
            {"deep.yaml", std::string(100, '[') + std::string(100, ']') + "\n"},
            {"scalar.yaml", "just words\n"},
+           {"laughs.yaml", list_of_lists_by_alias()},
            {"lists.yaml",
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n"
             "    command: [vllm, serve, m, [nested]]\n"}}) {
