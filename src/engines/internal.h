@@ -4,6 +4,10 @@
 #include "engines/engines.h"
 #include "util/json.h"
 
+namespace YAML {
+class Node;
+}
+
 namespace kvaudit::engines {
 
 // Compiles log.text into log.compiled and sets log.anchor; throws std::invalid_argument
@@ -50,5 +54,10 @@ void site_lines_from_text(const std::string& file, std::string_view text, Launch
 // yaml-cpp recurses per nesting level: throws InputError(where) for text nested deeper
 // than 64 levels, before it is parsed.
 void refuse_deep_nesting(std::string_view text, const std::string& where);
+// The documents of a YAML stream (refuse_deep_nesting first): throws InputError(where) for
+// a stream of more than `most_documents` documents or one yaml-cpp would read forever, and
+// YAML::Exception for text that is not YAML.
+std::vector<YAML::Node> load_yaml_documents(const std::string& text, const std::string& where,
+                                            size_t most_documents);
 
 }  // namespace kvaudit::engines

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "engines/engines.h"
@@ -229,6 +230,57 @@ void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::
 }
 
 }  // namespace
+
+namespace {
+
+// Counts the documents of a YAML stream from the parser's events, refusing a stream that
+// would not end. yaml-cpp 0.7's LoadAll never returns on a document that opens with a flow
+// entry (",") outside a flow: its parser reports an empty document without consuming the
+// token and is asked for the next one, forever, growing the list until memory runs out
+// (fuzz_launch found it; regression input fuzz/corpus/launch/regression-leading-flow-entry).
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  DocumentStarts(const std::string& where, size_t most) : where_(where), most_(most) {}
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (count_ > 0 && mark.pos == last_pos_)
+      throw InputError(where_, fmt::format("line {}, column {}: YAML that does not parse (a "
+                                           "document cannot start with ',')",
+                                           mark.line + 1, mark.column + 1));
+    if (++count_ > most_)
+      throw InputError(where_, fmt::format("more than {} YAML documents", most_));
+    last_pos_ = mark.pos;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+ private:
+  const std::string& where_;
+  size_t most_;
+  size_t count_ = 0;
+  int last_pos_ = -1;
+};
+
+}  // namespace
+
+std::vector<YAML::Node> load_yaml_documents(const std::string& text, const std::string& where,
+                                            size_t most_documents) {
+  refuse_deep_nesting(text, where);
+  std::istringstream stream(text);
+  YAML::Parser parser(stream);
+  DocumentStarts starts(where, most_documents);
+  while (parser.HandleNextDocument(starts)) {
+  }
+  return YAML::LoadAll(text);
+}
 
 void refuse_deep_nesting(std::string_view text, const std::string& where) {
   int depth = 0, deepest = 0;

@@ -551,6 +551,10 @@ struct FileReader {
   }
 };
 
+// `helm template` of a large chart renders a few hundred documents; an endless stream of
+// "---" lines (4 bytes each, a million in the 4 MiB a file may hold) is not a launch.
+constexpr size_t kMostDocuments = 4096;
+
 }  // namespace
 
 std::vector<LaunchFlags> read_launch_file(const Registry& registry, const fs::path& path,
@@ -558,11 +562,10 @@ std::vector<LaunchFlags> read_launch_file(const Registry& registry, const fs::pa
   const std::string file = path.string();
   FileReader reader{registry, file, read_text_file(path, 4 << 20), engine, {}, {}};
   if (is_unit(reader.text)) return {parse_systemd_unit(registry, path)};
-  refuse_deep_nesting(reader.text, file);
   const bool templated = reader.text.find("{{") != std::string::npos;
   std::vector<YAML::Node> documents;
   try {
-    documents = YAML::LoadAll(reader.text);
+    documents = load_yaml_documents(reader.text, file, kMostDocuments);
   } catch (const YAML::Exception& error) {
     throw InputError(file, templated
                                ? fmt::format("a template, not YAML ({}): render it first "

@@ -364,6 +364,13 @@ TEST(LaunchFiles, BadFilesGetOneLineNamingTheFile) {
            {"broken.yaml", "a: [1, 2\n"},
            {"deep.yaml", std::string(100, '[') + std::string(100, ']') + "\n"},
            {"scalar.yaml", "just words\n"},
+           // yaml-cpp 0.7 alone reads this forever (a document opening with a flow entry).
+           {"leading-comma.yaml", ",image: vllm\n"},
+           {"many-documents.yaml", [] {
+              std::string text;
+              for (int i = 0; i < 5000; ++i) text += "---\n";
+              return text;
+            }()},
            {"laughs.yaml", list_of_lists_by_alias()},
            {"lists.yaml",
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n"
