@@ -14,7 +14,7 @@ connections=${CONNECTIONS:-32}
 max_tokens=${MAX_TOKENS:-8}
 kv=${KV:-bf16}
 command -v wrk > /dev/null || {
-  echo "bench-serve: wrk is not installed (tools/install-deps.sh --full)" >&2
+  echo "bench-serve: wrk is not installed (tools/install-deps.sh --dev)" >&2
   exit 2
 }
 work=$(mktemp -d)

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs every build/test dependency by Debian package name. Idempotent: does
 # nothing (and needs no network) when everything is already present.
-# Usage: tools/install-deps.sh [--full]   (--full adds the heavy test oracles:
-# python3-torch, numpy, chromium, node for tokenizer goldens; npm, which fetches the SARIF
-# and JUnit schemas the CI-output tests validate against: tools/fetch-ci-schemas.sh).
+# Usage: tools/install-deps.sh [--full | --dev]
+#   (none)  what `make demo` and `make check` need: build tools, libraries, gtest.
+#   --full  adds what the rest of `make test` uses: chromium (the HTML render and browser
+#           tests), curl (serve_cli), npm (fetches the SARIF and JUnit schemas the CI-output
+#           tests validate against: tools/fetch-ci-schemas.sh).
+#   --dev   adds the developer tools no test runs: python3-torch for regenerating the tiny
+#           models' reference logits and fixture models (tools/torch_reference*.py,
+#           tools/train_*.py: their outputs are committed), wrk for tools/bench-serve.sh.
 set -euo pipefail
 core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
@@ -11,9 +16,15 @@ core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libgtest-dev libgmock-dev libyaml-cpp-dev libboost-dev libvalijson-dev python3 python3-numpy ccache
       python3-jsonschema libxml2-utils python3-yaml
       dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
-full=(python3-torch libopenblas0-openmp chromium chromium-driver fonts-dejavu-core curl wrk npm)
+full=(chromium chromium-driver fonts-dejavu-core curl npm)
+dev=(python3-torch libopenblas0-openmp wrk)
 want=("${core[@]}")
-[[ "${1:-}" == "--full" ]] && want+=("${full[@]}")
+case "${1:-}" in
+  --full) want+=("${full[@]}") ;;
+  --dev) want+=("${full[@]}" "${dev[@]}") ;;
+  "") ;;
+  *) echo "install-deps: unknown option '$1' (--full or --dev)" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${want[@]}"; do
   # A NodeSource nodejs bundles npm and conflicts with Debian's npm package: any npm will do.
