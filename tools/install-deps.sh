@@ -14,7 +14,7 @@ core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
       libcpp-httplib-dev libssl-dev libhwy-dev libpcre2-dev libutf8proc-dev
       libgtest-dev libgmock-dev libyaml-cpp-dev libboost-dev libvalijson-dev python3 python3-numpy ccache
-      python3-jsonschema libxml2-utils python3-yaml
+      python3-jsonschema libxml2-utils python3-yaml python3-prometheus-client
       dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
 full=(chromium chromium-driver fonts-dejavu-core curl npm)
 dev=(python3-torch libopenblas0-openmp wrk)

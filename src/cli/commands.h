@@ -102,5 +102,6 @@ void add_eval_command(CLI::App& app, Runner& run);
 void add_probe_command(CLI::App& app, Runner& run, EngineData& engines);
 void add_calibrate_command(CLI::App& app, Runner& run, EngineData& engines);
 void add_serve_command(CLI::App& app, Runner& run, EngineData& engines);
+void add_watch_command(CLI::App& app, Runner& run, EngineData& engines);
 
 }  // namespace kvaudit::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   cli::add_probe_command(app, run, engines);
   cli::add_calibrate_command(app, run, engines);
   cli::add_serve_command(app, run, engines);
+  cli::add_watch_command(app, run, engines);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

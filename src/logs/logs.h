@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <istream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -172,6 +173,28 @@ LogScan scan_log_file(const engines::Registry& registry, const std::filesystem::
                       const ScanOptions& options = {});
 LogScan scan_log_text(const engines::Registry& registry, std::string_view text,
                       const std::string& label = "log");
+
+// A log read as it grows (kvaudit watch): lines are added as they arrive and the launches
+// read so far can be looked at after any of them. Memory is bounded as scan_log's is: the
+// oldest launches beyond options.max_launches are dropped, a line is read up to
+// options.max_line_bytes. Lines that carry no fact cost one sampled filter pass.
+class LogStream {
+ public:
+  LogStream(const engines::Registry& registry, std::string label, const ScanOptions& options = {});
+  ~LogStream();
+  LogStream(const LogStream&) = delete;
+  LogStream& operator=(const LogStream&) = delete;
+  // One line (a trailing '\n' is dropped). True when it matched a scan pattern: only then
+  // can the launches have changed.
+  bool add_line(std::string_view line);
+  // The scan so far, as scan_log would return it had the log ended after the last line.
+  LogScan snapshot() const;
+  int64_t lines() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // The literal patterns the scanner looks for; a line matching none is skipped.
 // (The benchmark hands the same list to grep -c -E.)

@@ -33,6 +33,9 @@ uint32_t hash16(uint32_t w) {
   return (w * 2654435761u) >> 16;
 }
 
+}  // namespace
+
+// (Outside the anonymous namespace: LogStream's state, declared in logs.h, holds one.)
 class PatternFilter {
  public:
   explicit PatternFilter(const engines::Registry& registry)
@@ -91,6 +94,8 @@ class PatternFilter {
   std::vector<Entry> entries_;
   size_t max_len_ = 0;
 };
+
+namespace {
 
 // Scans complete lines in [data, data + size) (size ends after a '\n' or at EOF).
 class BlockScanner {
@@ -211,6 +216,62 @@ LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const
 }
 
 }  // namespace
+
+struct LogStream::State {
+  State(const engines::Registry& registry, std::string label, const ScanOptions& options)
+      : registry(registry),
+        label(std::move(label)),
+        max_line_bytes(std::max<size_t>(options.max_line_bytes, 4096)),
+        builder(registry, options.max_launches, options.kv_policy),
+        filter(registry) {}
+  const engines::Registry& registry;
+  std::string label;
+  size_t max_line_bytes;
+  LaunchBuilder builder;
+  PatternFilter filter;
+  int64_t lines = 0, matched = 0, truncated = 0;
+  uint64_t bytes = 0;
+};
+
+LogStream::LogStream(const engines::Registry& registry, std::string label,
+                     const ScanOptions& options)
+    : state_(std::make_unique<State>(registry, std::move(label), options)) {}
+LogStream::~LogStream() = default;
+
+bool LogStream::add_line(std::string_view line) {
+  State& s = *state_;
+  ++s.lines;
+  s.bytes += line.size() + 1;
+  if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+  if (line.size() > s.max_line_bytes) {
+    line = line.substr(0, s.max_line_bytes);
+    ++s.truncated;
+  }
+  // The sampled 4-gram filter verifies what it finds (every pattern is longer than its
+  // stride, so one sample falls on any occurrence): a miss means no pattern is in the line.
+  if (line.size() < 4 || s.filter.find(line.data(), line.size(), 0).first == std::string::npos)
+    return false;
+  s.builder.handle(line, s.lines);
+  ++s.matched;
+  return true;
+}
+
+LogScan LogStream::snapshot() const {
+  const State& s = *state_;
+  LaunchBuilder builder = s.builder;  // finish() resolves a copy: the stream goes on
+  LogScan scan;
+  scan.source = s.label;
+  scan.bytes = s.bytes;
+  scan.lines = s.lines;
+  scan.matched_lines = s.matched;
+  scan.truncated_lines = s.truncated;
+  builder.finish(scan);
+  return scan;
+}
+
+int64_t LogStream::lines() const {
+  return state_->lines;
+}
 
 LogScan scan_log(const engines::Registry& registry, std::istream& in, const std::string& label,
                  const ScanOptions& options) {
