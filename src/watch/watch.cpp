@@ -126,10 +126,9 @@ std::vector<logs::Expectation> expectations_from_check_json(const std::filesyste
   } catch (const nlohmann::json::exception& error) {
     throw InputError(where, fmt::format("not JSON: {}", error.what()));
   }
-  const nlohmann::json* decision = nullptr;
-  if (doc.is_object() && doc.contains("payload") && doc["payload"].is_object() &&
-      doc["payload"].contains("decision"))
-    decision = &doc["payload"]["decision"];
+  // check's payload sits at the top level of its report (docs/json-schema.md, check).
+  const nlohmann::json* decision =
+      doc.is_object() && doc.contains("decision") ? &doc["decision"] : nullptr;
   if (!decision || !decision->is_object() || !decision->contains("options") ||
       !(*decision)["options"].is_array())
     throw InputError(where, "no decision in it: expected the output of kvaudit check --json");

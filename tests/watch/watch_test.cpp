@@ -278,15 +278,15 @@ TEST(Watch, PendingExpectationsFailOnceTheLaunchIsReadyWithoutShowingThem) {
 TEST(Watch, ExpectationsComeFromChecksJsonOrItsFileIsNamed) {
   Scratch scratch;
   const fs::path json = scratch.dir / "check.json";
-  std::ofstream(json) << R"({"payload": {"decision": {"recommended": "bf16", "options": [
+  std::ofstream(json) << R"({"command": "check", "decision": {"recommended": "bf16", "options": [
       {"id": "as-launched", "expect": ["kv_cache_dtype=fp8_e4m3"]},
-      {"id": "bf16", "expect": ["kv_cache_dtype=bf16", "scale_fallback=false"]}]}}})";
+      {"id": "bf16", "expect": ["kv_cache_dtype=bf16", "scale_fallback=false"]}]}})";
   const auto expectations = expectations_from_check_json(json);
   ASSERT_EQ(expectations.size(), 2u);
   EXPECT_EQ(expectations[0].key, "kv_cache_dtype");
   EXPECT_EQ(expectations[0].value, "bf16");
   EXPECT_EQ(expectations[1].key, "scale_fallback");
-  std::ofstream(json, std::ios::trunc) << R"({"payload": {}})";
+  std::ofstream(json, std::ios::trunc) << R"({"command": "logs"})";
   try {
     expectations_from_check_json(json);
     FAIL() << "accepted";
