@@ -17,8 +17,7 @@ namespace kvaudit::watch {
 namespace {
 
 double now_unix_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Waits up to `seconds` in short steps, returning early when `stopping` says so.
@@ -92,9 +91,9 @@ WatchState run(const engines::Registry& registry, const RunOptions& options,
   const auto started = std::chrono::steady_clock::now();
   auto over = [&] {
     return stopping() ||
-           (options.for_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                               started)
-                                         .count() >= options.for_s);
+           (options.for_s > 0 &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() >=
+                options.for_s);
   };
   const SourceKind kind = source_kind(options.source);
   if (kind == SourceKind::server) {

@@ -146,8 +146,8 @@ std::vector<logs::Expectation> expectations_from_check_json(const std::filesyste
     if (out.empty()) throw InputError(where, fmt::format("option '{}' expects nothing", wanted));
     return out;
   }
-  throw InputError(where, fmt::format("the decision names option '{}' but lists no such option",
-                                      wanted));
+  throw InputError(where,
+                   fmt::format("the decision names option '{}' but lists no such option", wanted));
 }
 
 std::string describe(const LaunchState& s) {
@@ -167,7 +167,8 @@ std::string describe(const LaunchState& s) {
     if (s.expectation_pending[i])
       pending.push_back(what);
     else if (!r.met)
-      failing.push_back(fmt::format("{} (shows {})", what, unknown(r.actual) ? "nothing" : r.actual));
+      failing.push_back(
+          fmt::format("{} (shows {})", what, unknown(r.actual) ? "nothing" : r.actual));
   }
   if (!failing.empty()) text += fmt::format("; EXPECTATION FAILED: {}", fmt::join(failing, ", "));
   if (!pending.empty()) text += fmt::format("; waiting to see {}", fmt::join(pending, ", "));
@@ -265,13 +266,12 @@ std::string render_metrics(const WatchState& w) {
   return m.take();
 }
 
-LogWatcher::LogWatcher(const engines::Registry& registry, std::string source,
-                       WatchOptions options)
+LogWatcher::LogWatcher(const engines::Registry& registry, std::string source, WatchOptions options)
     : registry_(registry),
       options_(std::move(options)),
-      stream_(registry, source,
-              logs::ScanOptions{options_.max_line_bytes, options_.max_launches,
-                                options_.kv_policy}) {
+      stream_(
+          registry, source,
+          logs::ScanOptions{options_.max_line_bytes, options_.max_launches, options_.kv_policy}) {
   state_.source = std::move(source);
   state_.source_up = true;
 }
@@ -332,15 +332,16 @@ bool ServerWatcher::poll(double now_unix_s) {
   launch.max_total_tokens = facts.capacity_tokens;
   launch.tp = facts.tp;
   launch.ready = true;  // it answered
-  const std::string key = fmt::format("{}|{}|{}|{}|{}", launch.engine, launch.engine_version,
-                                      launch.model_path, facts.kv_cache_dtype,
-                                      facts.capacity_tokens.value_or(-1));
+  const std::string key =
+      fmt::format("{}|{}|{}|{}|{}", launch.engine, launch.engine_version, launch.model_path,
+                  facts.kv_cache_dtype, facts.capacity_tokens.value_or(-1));
   const bool new_launch = was_down || key != fingerprint_;
   fingerprint_ = key;
   if (new_launch) ++state_.launches;
   LaunchState next = state_of(registry_, launch, options_.expectations, state_.launches);
   next.kv_requested = facts.kv_cache_dtype;
-  if (!new_launch && state_.latest && fingerprint(*state_.latest) == fingerprint(next)) return false;
+  if (!new_launch && state_.latest && fingerprint(*state_.latest) == fingerprint(next))
+    return false;
   state_.latest = std::move(next);
   ++state_.changes;
   return true;

@@ -38,7 +38,7 @@ struct LaunchState {
   std::optional<bool> scale_fallback;
   std::optional<int64_t> capacity_tokens;
   bool ready = false;
-  bool failed = false;  // a traceback, OOM or exit after its start
+  bool failed = false;                                  // a traceback, OOM or exit after its start
   std::map<std::string, int64_t> findings_by_severity;  // "critical" -> count
   std::vector<logs::ExpectationResult> expectations;
   // An unmet expectation whose value the launch has not shown yet waits until the launch is
@@ -48,13 +48,13 @@ struct LaunchState {
 };
 
 struct WatchState {
-  std::string source;       // the file, "stdin" or the server URL
-  bool source_up = false;   // the file exists / the server answered its last poll
-  int64_t lines = 0;        // lines read from the stream
-  int64_t launches = 0;     // launches seen
-  int64_t changes = 0;      // times what the latest launch shows changed
-  int64_t rotations = 0;    // the followed path named a new file
-  int64_t truncations = 0;  // the followed file shrank (copytruncate)
+  std::string source;        // the file, "stdin" or the server URL
+  bool source_up = false;    // the file exists / the server answered its last poll
+  int64_t lines = 0;         // lines read from the stream
+  int64_t launches = 0;      // launches seen
+  int64_t changes = 0;       // times what the latest launch shows changed
+  int64_t rotations = 0;     // the followed path named a new file
+  int64_t truncations = 0;   // the followed file shrank (copytruncate)
   int64_t polls_failed = 0;  // server polls that got no answer
   double last_check_unix_s = 0;
   std::optional<LaunchState> latest;

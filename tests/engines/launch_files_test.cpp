@@ -366,7 +366,8 @@ TEST(LaunchFiles, BadFilesGetOneLineNamingTheFile) {
            {"scalar.yaml", "just words\n"},
            // yaml-cpp 0.7 alone reads this forever (a document opening with a flow entry).
            {"leading-comma.yaml", ",image: vllm\n"},
-           {"many-documents.yaml", [] {
+           {"many-documents.yaml",
+            [] {
               std::string text;
               for (int i = 0; i < 5000; ++i) text += "---\n";
               return text;

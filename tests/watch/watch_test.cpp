@@ -12,10 +12,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -72,13 +72,17 @@ TEST(Watch, TheMetricFlipsOnTheLineThatShowsTheThirdLaunchsFp8Cache) {
     const int64_t line = static_cast<int64_t>(i + 1);
     if (line == 110) {  // launch 2, fixed and ready
       EXPECT_TRUE(contains(metrics, "resolved=\"bf16\"")) << metrics;
-      EXPECT_TRUE(contains(metrics, "kvaudit_expectation_failures{source=\"journal\",launch=\"2\"} 0"));
+      EXPECT_TRUE(
+          contains(metrics, "kvaudit_expectation_failures{source=\"journal\",launch=\"2\"} 0"));
     }
     if (line == 111) {  // launch 3 opened: nothing shown yet, so pending, not failed
-      EXPECT_TRUE(contains(metrics, "kvaudit_kv_cache_resolved{source=\"journal\",launch=\"3\"} 0"));
-      EXPECT_TRUE(contains(metrics, "kvaudit_expectation_failures{source=\"journal\",launch=\"3\"} 0"));
-      EXPECT_TRUE(contains(metrics, "kvaudit_expectation_pending{source=\"journal\",launch=\"3\","
-                                    "key=\"kv_cache_dtype\",expected=\"bf16\",actual=\"\"} 1"));
+      EXPECT_TRUE(
+          contains(metrics, "kvaudit_kv_cache_resolved{source=\"journal\",launch=\"3\"} 0"));
+      EXPECT_TRUE(
+          contains(metrics, "kvaudit_expectation_failures{source=\"journal\",launch=\"3\"} 0"));
+      EXPECT_TRUE(contains(metrics,
+                           "kvaudit_expectation_pending{source=\"journal\",launch=\"3\","
+                           "key=\"kv_cache_dtype\",expected=\"bf16\",actual=\"\"} 1"));
     }
     if (!flipped_at &&
         contains(metrics, "kvaudit_expectation_failures{source=\"journal\",launch=\"3\"} 1"))
@@ -93,8 +97,9 @@ TEST(Watch, TheMetricFlipsOnTheLineThatShowsTheThirdLaunchsFp8Cache) {
   EXPECT_EQ(state.latest->capacity_tokens, 3147708);
   EXPECT_TRUE(state.latest->ready);
   EXPECT_EQ(state.latest->expectation_failures, 1);
-  EXPECT_TRUE(contains(describe(*state.latest), "EXPECTATION FAILED: kv_cache_dtype=bf16 "
-                                                "(shows fp8_e4m3)"));
+  EXPECT_TRUE(contains(describe(*state.latest),
+                       "EXPECTATION FAILED: kv_cache_dtype=bf16 "
+                       "(shows fp8_e4m3)"));
 }
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -127,10 +132,11 @@ TEST(Watch, AnEndlessLogKeepsItsMemoryFlat) {
   while (fed < total) {
     for (const auto& line : journal) watcher.add_line(line, 1.0), ++fed;
     for (int i = 0; i < 20'000; ++i, ++fed)
-      watcher.add_line(fmt::format("Mar 07 18:20:{:02d} gpu-node-3 python3[102385]: INFO:     "
-                                   "10.0.0.{}:5{:04d} - \"POST /v1/chat/completions HTTP/1.1\" 200 OK",
-                                   i % 60, i % 250, i % 10000),
-                       1.0);
+      watcher.add_line(
+          fmt::format("Mar 07 18:20:{:02d} gpu-node-3 python3[102385]: INFO:     "
+                      "10.0.0.{}:5{:04d} - \"POST /v1/chat/completions HTTP/1.1\" 200 OK",
+                      i % 60, i % 250, i % 10000),
+          1.0);
     if (++round == 10) rss_warm = resident_bytes();
   }
   const WatchState& state = watcher.state();
@@ -162,9 +168,9 @@ TEST(Watch, LinesAreJoinedAcrossReadsAndCutAtTheCap) {
 }
 
 struct Scratch {
-  fs::path dir = fs::temp_directory_path() /
-                 ("kvaudit-watch-" + std::to_string(::getpid()) + "-" +
-                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::path dir =
+      fs::temp_directory_path() / ("kvaudit-watch-" + std::to_string(::getpid()) + "-" +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
   Scratch() { fs::create_directories(dir); }
   ~Scratch() { fs::remove_all(dir); }
 };
@@ -262,9 +268,9 @@ TEST(Watch, PendingExpectationsFailOnceTheLaunchIsReadyWithoutShowingThem) {
   logs::Launch launch;
   launch.engine = "vllm";
   launch.kv_cache_dtype_requested = "auto";
-  const std::vector<logs::Expectation> expect = {
-      logs::parse_expectation("kv_cache_dtype=bf16"), logs::parse_expectation("ready=true"),
-      logs::parse_expectation("engine=sglang")};
+  const std::vector<logs::Expectation> expect = {logs::parse_expectation("kv_cache_dtype=bf16"),
+                                                 logs::parse_expectation("ready=true"),
+                                                 logs::parse_expectation("engine=sglang")};
   LaunchState state;
   judge(registry(), launch, expect, state);
   EXPECT_EQ(state.expectation_pending, (std::vector<bool>{true, true, false}));
@@ -376,8 +382,8 @@ TEST(Watch, AServerThatGoesAwayAndReturnsIsANewLaunch) {
   EXPECT_TRUE(watcher->poll(3.0));  // gone
   EXPECT_FALSE(watcher->state().source_up);
   EXPECT_EQ(watcher->state().polls_failed, 1);
-  EXPECT_TRUE(contains(render_metrics(watcher->state()), "kvaudit_watch_source_up{source=\"" +
-                                                             url + "\"} 0"));
+  EXPECT_TRUE(contains(render_metrics(watcher->state()),
+                       "kvaudit_watch_source_up{source=\"" + url + "\"} 0"));
   FakeSglang back(port, "fp8_e4m3");  // restarted on the old FP8 setting
   if (back.port() != port) GTEST_SKIP() << "port " << port << " was taken meanwhile";
   EXPECT_TRUE(watcher->poll(4.0));
