@@ -265,7 +265,7 @@ void rule_e5m2(Context& ctx) {
       "wide, so nothing clips, but precision is lost everywhere.",
       {ctx.launch_evidence("kv_cache_dtype", "--kv-cache-dtype", ctx.flags().kv_cache_dtype)},
       fmt::format("prefer fp8_e4m3 with calibrated scales, or {}", ctx.fix_flag("bf16")),
-      "ENGINE-FACTS 1"});
+      "OCP 8-bit Floating Point Specification (OFP8) 1.0: E5M2 keeps 2 mantissa bits, E4M3 3"});
 }
 
 // Accepted dtypes that corrupt on some models (vLLM float16 cache on a bf16 model).
@@ -321,7 +321,7 @@ void rule_fp16_serving(Context& ctx) {
                            fp16_weights ? "--dtype" : "--kv-cache-dtype",
                            fp16_weights ? ctx.flags().dtype : ctx.flags().kv_cache_dtype)},
       "serve with --dtype bfloat16 (and a bf16 KV cache)",
-      "ENGINE-FACTS 1"});
+      "IEEE 754 binary16: largest finite value 65504 (bfloat16: ~3.4e38)"});
 }
 
 // vLLM --kv-cache-dtype-skip-layers: which layers stay in the model dtype.

@@ -191,7 +191,7 @@ struct ScaleConvention {
   std::string_view pattern;      // ECMAScript regex over the tensor name
   std::string_view description;  // who produces it
 };
-// The naming conventions the reader recognises (ENGINE-FACTS §3).
+// The naming conventions the reader recognises (the engines' scale names: data/engines/*.json).
 const std::vector<ScaleConvention>& scale_conventions();
 // Classifies a tensor name as a KV-cache scale (values left empty), or nullopt.
 std::optional<ScaleTensor> classify_scale_tensor(std::string_view name);

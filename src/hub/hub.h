@@ -8,7 +8,9 @@
 // second audit of the same commit fetches nothing; the user's Hugging Face cache is used
 // directly when it holds the files. Hub conventions (token sources, Authorization only to
 // the endpoint's host, redirects, X-Repo-Commit, X-Error-Code, Retry-After) follow
-// ../shared/HUB-FACTS.md.
+// huggingface_hub's (docs/source/en/guides/manage-cache.md, huggingface_hub#4739 on
+// redirects) and huggingface.js (file-download-info.ts); the cache layout is
+// https://huggingface.co/docs/hub/local-cache.
 #pragma once
 
 #include <cstdint>

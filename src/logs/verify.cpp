@@ -169,7 +169,9 @@ void add_kv_findings(const engines::Registry& registry, Launch& launch, const st
          {{launch.resolved_evidence, "kv_cache_dtype", launch.kv_cache_dtype_resolved}},
          "pass --kv-cache-dtype bf16 (or auto with a checkpoint whose KV scales load) and verify "
          "with kvaudit logs --expect kv_cache_dtype=bf16",
-         "ENGINE-FACTS §2: ModelOpt kv_cache_quant_algo FP8 under auto resolves to fp8_e4m3"});
+         "auto follows the checkpoint's kv_cache_quant_algo: SGLang configure_kv_cache_dtype "
+         "(python/sglang/srt/mem_cache/kv_cache_dtype.py), vLLM get_kv_cache_quant_algo_string "
+         "(vllm/utils/torch_utils.py)"});
   }
   // One evidence row per distinct message (each TP rank prints the same warning).
   std::vector<Evidence> scale_evidence;

@@ -1,5 +1,6 @@
 // The 2026-12 source audit of the engine data, as verdicts: the five findings of the audit
-// that ENGINE-FACTS section 8 gives as examples (each failed on the data before it), and
+// that its report gives as examples (each failed on the data before it; the data's audit
+// blocks hold what was read), and
 // checkpoint + launch scenarios users hit today, each with the verdict the engines' released
 // source gives and the rule that decides it.
 #include <gtest/gtest.h>
@@ -56,7 +57,7 @@ ModelFacts demo_config() {
                                      "qwen3.5-397b-a17b-nvfp4" / "config.json");
 }
 
-// ---------------------------------------------------------------- ENGINE-FACTS 8
+// ---------------------------------------------------------------- the audit's examples
 
 // 1. vLLM's compressed-tensors KV method (PR #30141) starts its scales at 1.0 and copies what
 // loads: a lone v_scale runs K at 1.0 without the BaseKVCacheMethod assertion, missing

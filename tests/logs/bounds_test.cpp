@@ -76,7 +76,7 @@ TEST(Bounds, LinesSplitAcrossReadBlocksAreWhole) {
 namespace kvaudit::logs {
 namespace {
 
-// Message texts as ENGINE-FACTS §3 quotes them from vLLM's source.
+// Message texts as vLLM's source prints them (the engine data's log templates cite where).
 TEST(ScaleMessages, VllmUnitScaleIsProofOfFallback) {
   LogScan scan = scan_log_text(
       kvaudit::testing::registry(),

@@ -1,5 +1,6 @@
 // Hand-built ModelFacts for the architectures the plan tests use, from the models'
-// published config.json values (ENGINE-FACTS §5 for Qwen3.5 and DeepSeek-V3).
+// published config.json values (Qwen3.5-397B-A17B and DeepSeek-V3 on the hub; the demo's
+// copy is examples/qwen3.5-397b-a17b-nvfp4/config.json).
 #pragma once
 
 #include "checkpoint/checkpoint.h"
