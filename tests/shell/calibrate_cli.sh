@@ -2,12 +2,7 @@
 # kvaudit calibrate end to end on the trained fixture model: the overlay, the stats file
 # round trip, check on checkpoint + overlay, eval with the scales, and refusals (exit 2,
 # one line naming the reason, nothing left behind).
-set -uo pipefail
-kvaudit=$1; root=$(cd "$2" && pwd)
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 model=$root/tests/fixtures/model/qwen3-pystd
 head -c 20000 "$model/heldout.txt" > "$work/calib.txt"
 
@@ -102,5 +97,4 @@ printf '{"format": ' > "$work/truncated.json"
 expect_refusal "truncated stats" "not valid JSON" --model "$model" \
   --from-stats "$work/truncated.json" --engine vllm --out "$work/refused5"
 
-echo "$passed passed, $failures failed"
-exit $((failures > 0))
+finish calibrate_cli

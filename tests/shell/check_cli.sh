@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # kvaudit check end to end: the demo finding, JSON schema keys, gates, usage, and
 # malformed input (one line on stderr naming the file, exit 2, no crash).
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 
 demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 # Under ASan+UBSan each check of the demo's 371444-tensor header takes ~10 s: the first two
@@ -115,5 +110,4 @@ if ((sanitized == 0)); then
 ls "$work"/.report.html.tmp* > /dev/null 2>&1 && fail "temporary HTML file left behind" || pass
 fi
 
-echo "$passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish check_cli

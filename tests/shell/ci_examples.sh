@@ -6,13 +6,7 @@
 # name must exist and validate against their schemas. .pre-commit-hooks.yaml: the hook's
 # entry on fixture units, with the file filter applied, the way pre-commit calls it.
 # usage: ci_examples.sh KVAUDIT_BINARY SOURCE_DIR BUILD_DIR
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 
 # shellcheck source=tests/shell/ci_validate.bash
 source "$root/tests/shell/ci_validate.bash"
@@ -192,5 +186,4 @@ out=$(PATH="$work/bin:$PATH" "${argv[@]}" 2>&1); status=$?
 out=$(PATH=/usr/bin:/bin "${argv[@]}" 2>&1); status=$?
 [[ $status -eq 2 && $out == *"put kvaudit on PATH"* ]] && pass || fail "hook without kvaudit: exit $status: $out"
 
-echo "ci_examples: $passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish ci_examples

@@ -7,19 +7,9 @@
 # expectation, and probe (smoke, and an A/B with --gate) against two `kvaudit serve`s of the
 # fixture model on 127.0.0.1.
 # usage: ci_outputs.sh KVAUDIT_BINARY SOURCE_DIR BUILD_DIR
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d)
+source "$(dirname "$0")/lib.bash" "$@"
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2> /dev/null; done
-  wait 2> /dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+at_exit 'for pid in "${pids[@]}"; do kill "$pid"; done; wait'
 
 # shellcheck source=tests/shell/ci_validate.bash
 source "$root/tests/shell/ci_validate.bash"
@@ -155,5 +145,4 @@ assert all(c.find("failure") is None for c in ab.findall("testcase")
 PY
 fi
 
-echo "ci_outputs: $passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish ci_outputs

@@ -3,12 +3,7 @@
 # journal (JSON), --write-unit (atomic, original untouched, only the dtype flag differs),
 # the corrected --launch command, the verification commands, bad uses of --write-unit,
 # and tools/demo.sh (what `make demo` runs) from start to end.
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 
 demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 unit=$root/examples/qwen3.5-397b-a17b-nvfp4/sglang.service
@@ -92,5 +87,4 @@ for needle in "Every KV option" "16-bit KV cache (the fix)" "+    --trust-remote
 done
 [[ $out != *"$root"* ]] && pass || fail "demo output shows the machine's path $root"
 
-echo "$passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish decide_cli

@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # kvaudit eval end to end on the trained fixture model: JSON payload, recall grid, and
 # malformed input (one line on stderr, exit 2, no partial HTML file).
-set -uo pipefail
-kvaudit=$1; root=$2
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 model=$root/tests/fixtures/model/qwen3-pystd
 
 json=$("$kvaudit" eval --model "$model" --kv bf16 --kv fp8_e5m2 --text "$model/heldout.txt" \
@@ -36,5 +31,4 @@ done
 err=$("$kvaudit" eval --model "$work" --text "$model/heldout.txt" 2>&1 >/dev/null); status=$?
 [[ $status -eq 2 && $err == *config.json* ]] && pass || fail "missing model: exit $status, $err"
 
-echo "eval_cli: $passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish eval_cli

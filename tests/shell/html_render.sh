@@ -5,19 +5,16 @@
 # table and chart (with every series) that the same command's --json lists.
 # Chromium is required (tools/install-deps.sh --full); KVAUDIT_SKIP_BROWSER=1 skips.
 # Usage: html_render.sh KVAUDIT_BINARY SOURCE_DIR BUILD_DIR
-set -euo pipefail
-kvaudit="$1"
-source_dir="$2"
-build_dir="$3"
+source "$(dirname "$0")/lib.bash" "$@"
+set -e  # a command that fails (the demo checkpoint, a render) fails the test
+source_dir=$root
+build_dir=$build
 if [[ "${KVAUDIT_SKIP_BROWSER:-}" == 1 ]]; then
   echo "html_render: skipped (KVAUDIT_SKIP_BROWSER=1)"
   exit 0
 fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 out="$build_dir/html_render"
 mkdir -p "$out"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # The same sparse, headers-only checkpoint `make demo` builds.
 generated=$("$source_dir/tools/ensure-demo-checkpoint.sh" "$build_dir")
@@ -89,3 +86,4 @@ render_and_check demo-check 1200x1800
   "$out/quant.json" || fail "quant report has no charts to check"
 render_and_check quant 1200x2400
 echo "html_render: PNGs in $out"
+finish html_render

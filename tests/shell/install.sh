@@ -5,12 +5,7 @@
 # build-tree binary's verdict while reading its own data. Then the data-folder rule (util.h,
 # data_dir()): KVAUDIT_DATA_DIR overrides, and an empty one or a binary copied without its
 # data is a one-line error (exit 2), never a silent read of the source tree.
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 unset KVAUDIT_DATA_DIR
 
 demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
@@ -148,5 +143,4 @@ cp "$kvaudit" "$work/alone/bin/kvaudit"
   grep -q "$work/alone/share/kvaudit" "$work/err" && grep -q "KVAUDIT_DATA_DIR" "$work/err" &&
   pass || fail "a binary without its data: exit $status, stderr: $(cat "$work/err")"
 
-echo "$passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish install

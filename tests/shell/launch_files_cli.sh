@@ -3,12 +3,7 @@
 # Deployment, a helm-rendered manifest, a compose file and SGLang's --config file gives the
 # systemd unit's verdict, with evidence at the file and line of the launch; --write-unit
 # writes each file with only the KV dtype setting changed; bad files get one line, exit 2.
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.bash" "$@"
 
 demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 deploy=examples/qwen3.5-397b-a17b-nvfp4/deploy
@@ -65,5 +60,4 @@ err=$("$kvaudit" check "$demo" --launch-from "$deploy/kubernetes-deployment.yaml
 err=$("$kvaudit" check "$demo" --launch-from "$deploy/compose.yaml" --unit x.service 2>&1 >/dev/null)
 [[ $? -eq 2 && $err == *"one launch"* ]] && pass || fail "two launches accepted: '$err'"
 
-echo "launch_files_cli: $passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish launch_files_cli

@@ -2,15 +2,9 @@
 # kvaudit probe end to end against `kvaudit serve` on the fixture model (127.0.0.1 only):
 # detection and findings in JSON, smoke with a results file and its resume, and every bad
 # input or dead server as one line on stderr, exit 2, no partial HTML.
-set -uo pipefail
-kvaudit=$1; root=$2
-work=$(mktemp -d)
+source "$(dirname "$0")/lib.bash" "$@"
 server_pid=""
-cleanup() { [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+at_exit '[[ -n $server_pid ]] && kill "$server_pid"; wait'
 model=$root/tests/fixtures/model/qwen3-pystd
 
 # Bad input and unreachable servers: exit 2, one line, no HTML file.
@@ -74,5 +68,4 @@ err=$("$kvaudit" probe "$url" --smoke --retries 1 --backoff 0.05 2>&1 >/dev/null
 [[ $status -eq 2 && $err == *"connection refused"* && $(wc -l <<< "$err") -eq 1 ]] && pass \
   || fail "dead server: exit $status, $err"
 
-echo "probe_cli: $passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish probe_cli

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # kvaudit quant from the command line: a small synthetic run in every output mode, and the
 # exit codes for bad input (2, one line on stderr, no output file).
-set -u
-KVAUDIT="$1"
-BUILD="$3"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lib.bash" "$@"
+KVAUDIT=$kvaudit
+BUILD=$build
 
 args=(quant --formats fp8_e4m3:none,fp8_e4m3:tensor,int4:kivi --synthetic outlier-keys
       --ctx 512,1k --kv-heads 2 --q-heads 4 --head-dim 64 --queries 2 --threads 2)
@@ -45,4 +42,4 @@ printf 'not a safetensors file' > "$work/junk.safetensors"
 expect_input_error "junk file" quant --formats bf16 --input "$work/junk.safetensors" \
   --html "$work/junk.html"
 [ ! -e "$work/junk.html" ] || fail "partial HTML written on error"
-echo "quant_cli: ok"
+finish quant_cli

@@ -4,24 +4,12 @@
 # printed and with `check`), SIGTERM during a request (the request completes, exit 0), the
 # motivating FP8-without-scales launch, and bad flags (one line on stderr, exit 2).
 # usage: serve_cli.sh KVAUDIT_BINARY SOURCE_DIR BUILD_DIR
-set -uo pipefail
-BIN=$1
-SRC=$2
-work=$(mktemp -d)
+source "$(dirname "$0")/lib.bash" "$@"
+BIN=$kvaudit
+SRC=$root
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2> /dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+at_exit 'for pid in "${pids[@]}"; do kill "$pid"; done'
 MODEL=$SRC/tests/fixtures/model/qwen3-pystd
-failures=0
-passed=0
-pass() { passed=$((passed + 1)); }
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
 json() { # json 'JSON TEXT' PYTHON_EXPR -> prints the value (d is the document)
   /usr/bin/python3 -c "import json,sys; d=json.loads(sys.argv[1]); print($2)" "$1"
 }
@@ -149,5 +137,4 @@ check_bad "port in use" --model "$MODEL" --port "$PORT"
 kill -TERM "$busy_pid"
 wait "$busy_pid"
 
-echo "serve_cli: $passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish serve_cli

@@ -2,14 +2,10 @@
 # kvaudit tokenize: ids on stdout (plain and --json) equal the committed Hugging Face
 # goldens, broken UTF-8 is accepted, and bad tokenizer folders exit 2 with one line.
 # Usage: tokenize.sh KVAUDIT_BINARY SOURCE_DIR BUILD_DIR
-set -euo pipefail
-kvaudit="$1"
-source_dir="$2"
-tokenizer_dir="${KVAUDIT_QWEN3_TOKENIZER:-$3/fixtures/qwen3-tokenizer}"  # vendored, extracted by CMake
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/lib.bash" "$@"
+set -e  # a command that fails (the golden's extraction) fails the test
+source_dir=$root
+tokenizer_dir="${KVAUDIT_QWEN3_TOKENIZER:-$build/fixtures/qwen3-tokenizer}"  # vendored, extracted by CMake
 
 # The chat_template golden: text and ids straight from golden.json.
 /usr/bin/python3 - "$source_dir/tests/fixtures/tokenizer/golden.json" "$work" <<'PY'
@@ -45,4 +41,4 @@ for bad_dir in "$work/missing" "$work"; do
   [[ $(wc -l < "$work/stderr") -eq 1 ]] || fail "stderr not one line: $(cat "$work/stderr")"
   [[ ! -s "$work/stdout" ]] || fail "partial output for $bad_dir"
 done
-echo "tokenize: ok"
+finish tokenize

@@ -3,15 +3,9 @@
 # on stdin as journalctl -f would (three launches, the third back on FP8) flips
 # /metrics, which a Prometheus parser (python3-prometheus-client) reads; --once gates on
 # the expectations; a rotated log file is followed; bad input gets one line and exit 2.
-set -uo pipefail
-kvaudit=$1; root=$2; build=$3
-work=$(mktemp -d)
+source "$(dirname "$0")/lib.bash" "$@"
 watcher=""
-cleanup() { [[ -n $watcher ]] && kill "$watcher" 2> /dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-failures=0; passed=0
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+at_exit '[[ -n $watcher ]] && kill "$watcher"'
 cd "$root" || exit 1
 demo=$("$root/tools/ensure-demo-checkpoint.sh" "$build") || exit 1
 journal=tests/fixtures/logs/journal_qwen35_fp8_bf16_fp8.log
@@ -136,5 +130,4 @@ bad "not check's JSON" "$journal" --once --expect-from "$work/not-check.json"
 "$kvaudit" watch "$journal" --listen 192.0.2.1:9477 --for 1 > /dev/null 2> "$work/bad.err"; s=$?
 [[ $s -eq 2 ]] && grep -q '192.0.2.1:9477' "$work/bad.err" && pass || fail "foreign address: exit $s"
 
-echo "watch_cli: $passed passed, $failures failed"
-((failures == 0))
+finish watch_cli
