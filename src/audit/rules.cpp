@@ -366,12 +366,16 @@ void rule_skip_layers(Context& ctx) {
       "vllm/config/cache.py kv_cache_dtype_skip_layers"});
 }
 
+namespace {
+
 int state_rank(const engines::DtypeVocabulary& dtypes, const std::string& dtype) {
   const std::string canonical = dtypes.normalise(dtype);
   if (canonical == "fp32") return 32;
   if (canonical == "bf16" || canonical == "fp16") return 16;
   return 0;
 }
+
+}  // namespace
 
 void rule_hybrid_state(Context& ctx) {
   const auto& linear = ctx.model().linear_attention;

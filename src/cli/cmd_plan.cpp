@@ -104,8 +104,8 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
     prediction = plan::predict_from_log(registry, model, setup);
     if (std::string note = logs::chosen_launch_note(scan, launch); !note.empty())
       prediction->notes.insert(prediction->notes.begin(), note);
-    for (const report::Finding& f : launch.findings)
-      if (f.id == "log-figures-inconsistent") prediction->findings.push_back(f);
+    for (const report::Finding& finding : launch.findings)
+      if (finding.id == "log-figures-inconsistent") prediction->findings.push_back(finding);
     options = setup.options;
     // The page the prediction assumed (and said so): the plan runs the same pool.
     if (prediction->assumed_page_size && !options.page_size)

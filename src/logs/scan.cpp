@@ -218,12 +218,12 @@ LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const
 }  // namespace
 
 struct LogStream::State {
-  State(const engines::Registry& registry, std::string label, const ScanOptions& options)
-      : registry(registry),
-        label(std::move(label)),
+  State(const engines::Registry& engines, std::string source, const ScanOptions& options)
+      : registry(engines),
+        label(std::move(source)),
         max_line_bytes(std::max<size_t>(options.max_line_bytes, 4096)),
-        builder(registry, options.max_launches, options.kv_policy),
-        filter(registry) {}
+        builder(engines, options.max_launches, options.kv_policy),
+        filter(engines) {}
   const engines::Registry& registry;
   std::string label;
   size_t max_line_bytes;

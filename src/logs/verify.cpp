@@ -513,6 +513,8 @@ std::string fallback_under(const engines::EngineModel& engine, const engines::Ve
 
 }  // namespace
 
+namespace {
+
 // The releases whose rules decide a launch: the log's when it printed one, else every
 // release the engine data distinguishes (a verdict stands only when they all agree).
 std::vector<engines::Version> candidate_versions(const engines::EngineModel& engine,
@@ -556,6 +558,8 @@ void resolve_inferred_dtype(const engines::EngineModel& engine, Launch& launch,
   launch.resolved_evidence =
       fmt::format("kv_cache_dtype auto with the checkpoint {}: {}", model.dir.string(), reason);
 }
+
+}  // namespace
 
 void cross_check_checkpoint(const engines::Registry& registry, Launch& launch,
                             const checkpoint::ModelFacts& model, bool is_latest) {

@@ -159,7 +159,7 @@ struct Client::Connection {
 };
 
 struct Client::State {
-  explicit State(int slots) : slots(slots) {}
+  explicit State(int concurrency) : slots(concurrency) {}
   std::counting_semaphore<4096> slots;
   std::atomic<int64_t> requests{0}, attempts{0}, retries{0}, connections{0};
   std::mutex pool_mutex;

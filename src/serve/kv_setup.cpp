@@ -278,15 +278,15 @@ KvSetup resolve_kv_setup(const engines::Registry& registry, const checkpoint::Mo
     const engines::EngineDefaults& defaults = engine.defaults_for(*version);
     const engines::MambaSsmDtype ssm = engines::resolve_mamba_ssm_dtype(
         defaults, options.mamba_ssm_dtype, facts.linear_attention->ssm_dtype);
-    const auto& choices = defaults.mamba_ssm_dtype_choices;
+    const auto& ssm_choices = defaults.mamba_ssm_dtype_choices;
     const bool sglang_choice =
-        std::find(choices.begin(), choices.end(), ssm.dtype) != choices.end();
+        std::find(ssm_choices.begin(), ssm_choices.end(), ssm.dtype) != ssm_choices.end();
     if (!sglang_choice && ssm.dtype != "int8")
       throw InputError(
           ssm.origin == "launch flag" ? "--mamba-ssm-dtype" : facts.config_file,
           fmt::format("mamba_ssm_dtype '{}' ({}) is not a choice of SGLang {} ({}; "
                       "int8 as a kvaudit extension)",
-                      ssm.dtype, ssm.origin, kv.engine_version, fmt::join(choices, ", ")));
+                      ssm.dtype, ssm.origin, kv.engine_version, fmt::join(ssm_choices, ", ")));
     kv.state = model::parse_state_format(ssm.dtype, 0);
     kv.load_messages.push_back(
         {"INFO", fmt::format("Mamba/linear-attention state dtype: {} ({}; stored after each "

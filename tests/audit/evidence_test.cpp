@@ -15,6 +15,7 @@
 
 namespace kvaudit::audit {
 namespace evidence_test {
+namespace {
 
 namespace fs = std::filesystem;
 using report::Finding;
@@ -270,5 +271,6 @@ TEST(Published, TableIsLinted) {
   fs::remove(bad);
 }
 
+}  // namespace
 }  // namespace evidence_test
 }  // namespace kvaudit::audit

@@ -13,6 +13,7 @@
 
 namespace kvaudit::audit {
 namespace source_audit {
+namespace {
 
 namespace fs = std::filesystem;
 using checkpoint::ModelFacts;
@@ -315,5 +316,6 @@ TEST(Scenario, SkippedLayersAreRecordedPerLayer) {
   EXPECT_GT(quantized, 0);
 }
 
+}  // namespace
 }  // namespace source_audit
 }  // namespace kvaudit::audit

@@ -90,8 +90,8 @@ TEST_P(RegistrySweep, RealServerAnswersExist) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, RegistrySweep,
                          ::testing::ValuesIn(kvaudit::testing::registry().names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+                         [](const ::testing::TestParamInfo<std::string>& param_info) {
+                           return param_info.param;
                          });
 
 }  // namespace

@@ -84,7 +84,7 @@ TEST_P(HybridVsTorch, ResultsIndependentOfThreadsAndBatching) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Qwen35, HybridVsTorch, ::testing::ValuesIn(kHybridCases),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
 
 TEST(HybridLoad, ReadsTheLayerMixAndIgnoresVisionAndMtp) {
   auto model = Model::load(hybrid_dir("qwen35_vl_bf16"));

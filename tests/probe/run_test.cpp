@@ -179,12 +179,12 @@ TEST(ProbeRun, CompareShiftedLogprobsIsDifferentAtTheStatedLevel) {
   for (const auto& chart : report.charts) charts.push_back(chart.id);
   EXPECT_THAT(charts,
               ::testing::ElementsAre("recall_A", "recall_B", "recall_difference", "kl_per_probe"));
-  nlohmann::json json = report::render_json(report);
-  EXPECT_EQ(json["compare"]["verdict"], "different");
-  EXPECT_EQ(json["servers"].size(), 2u);
-  EXPECT_EQ(json["control"]["records"].size(), json["servers"][0]["records"].size());
-  EXPECT_EQ(json["compare"]["metrics"][0]["metric"], "kl");
-  EXPECT_LT(json["compare"]["metrics"][0]["p_adjusted"].get<double>(), 0.01);
+  nlohmann::json doc = report::render_json(report);
+  EXPECT_EQ(doc["compare"]["verdict"], "different");
+  EXPECT_EQ(doc["servers"].size(), 2u);
+  EXPECT_EQ(doc["control"]["records"].size(), doc["servers"][0]["records"].size());
+  EXPECT_EQ(doc["compare"]["metrics"][0]["metric"], "kl");
+  EXPECT_LT(doc["compare"]["metrics"][0]["p_adjusted"].get<double>(), 0.01);
   EXPECT_NE(report::render_html(report).find("kl_per_probe"), std::string::npos);
 }
 
@@ -277,16 +277,16 @@ TEST(ProbeRun, GatesPassOrFailJunitStyleAndDecideTheExit) {
   EXPECT_EQ(std::vector<bool>({checks[0].passed, checks[1].passed, checks[2].passed}),
             std::vector<bool>({false, true, false}));
   EXPECT_EQ(checks[2].message, result.compare->gates[2].message);
-  nlohmann::json json = report::render_json(to_report(result, options));
-  EXPECT_EQ(json["compare"]["gates"]["tests"], 3);
-  EXPECT_EQ(json["compare"]["gates"]["failures"], 2);
-  EXPECT_EQ(json["compare"]["gates"]["testcases"][0]["name"], "kl<=0.001");
-  EXPECT_TRUE(json["compare"]["gates"]["testcases"][0]["failure"].is_object());
-  EXPECT_TRUE(json["compare"]["gates"]["testcases"][1]["failure"].is_null());
+  nlohmann::json doc = report::render_json(to_report(result, options));
+  EXPECT_EQ(doc["compare"]["gates"]["tests"], 3);
+  EXPECT_EQ(doc["compare"]["gates"]["failures"], 2);
+  EXPECT_EQ(doc["compare"]["gates"]["testcases"][0]["name"], "kl<=0.001");
+  EXPECT_TRUE(doc["compare"]["gates"]["testcases"][0]["failure"].is_object());
+  EXPECT_TRUE(doc["compare"]["gates"]["testcases"][1]["failure"].is_null());
   // The payload against docs/json-schema.md's probe.* tables, both ways.
   kvaudit::testing::SchemaValidator validator(
       kvaudit::testing::load_schema_tables("## Payload object: "));
-  validator.validate(json["compare"], "probe.compare", "$.compare");
+  validator.validate(doc["compare"], "probe.compare", "$.compare");
   EXPECT_TRUE(validator.problems.empty()) << [&] {
     std::string all;
     for (const auto& p : validator.problems) all += p + "\n";
