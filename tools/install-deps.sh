@@ -8,7 +8,8 @@
 #           tests validate against: tools/fetch-ci-schemas.sh).
 #   --dev   adds the developer tools no test runs: python3-torch for regenerating the tiny
 #           models' reference logits and fixture models (tools/torch_reference*.py,
-#           tools/train_*.py: their outputs are committed), wrk for tools/bench-serve.sh.
+#           tools/train_*.py: their outputs are committed), wrk for tools/bench-serve.sh,
+#           clang-tidy for make tidy.
 set -euo pipefail
 core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
@@ -17,7 +18,7 @@ core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       python3-jsonschema libxml2-utils python3-yaml python3-prometheus-client
       dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
 full=(chromium chromium-driver fonts-dejavu-core curl npm)
-dev=(python3-torch libopenblas0-openmp wrk)
+dev=(python3-torch libopenblas0-openmp wrk clang-tidy)
 want=("${core[@]}")
 case "${1:-}" in
   --full) want+=("${full[@]}") ;;
