@@ -12,6 +12,7 @@
 #include <chrono>
 #include <thread>
 
+#include "common/loopback_server.h"
 #include "net/net.h"
 
 namespace kvaudit::net {
@@ -20,25 +21,10 @@ namespace {
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-// An httplib server on 127.0.0.1 at an ephemeral port, stopped on destruction.
-// Declare whatever a handler captures before the LocalServer: the server's worker threads
-// may still run a handler while the test's locals are being destroyed.
-struct LocalServer {
-  httplib::Server server;
-  std::thread thread;
-  int port = 0;
-  void start() {
-    port = server.bind_to_any_port("127.0.0.1");
-    ASSERT_GT(port, 0);
-    thread = std::thread([this] { server.listen_after_bind(); });
-    // A stop() before the accept loop runs would be lost and join() would hang.
-    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
-  ~LocalServer() {
-    server.stop();
-    if (thread.joinable()) thread.join();
-  }
+// The shared loopback server, started by the test once its routes are set.
+struct LocalServer : kvaudit::testing::LoopbackServer {
+  httplib::Server& server = http;
+  void start() { ASSERT_TRUE(LoopbackServer::start()); }
 };
 
 ClientOptions fast_options() {

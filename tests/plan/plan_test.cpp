@@ -1,6 +1,6 @@
 // Tests for plan: the engines' per-token sizes and pools, with the motivating
-// deployment's numbers (Qwen3.5-397B-A17B-NVFP4, SGLang, TP 8; README) pinned exactly, and the from-log intervals
-// checked on real start-up logs (tests/fixtures/logs/SOURCES.md).
+// deployment's numbers (Qwen3.5-397B-A17B-NVFP4, SGLang, TP 8; README) pinned exactly, and the
+// from-log intervals checked on real start-up logs (tests/fixtures/logs/SOURCES.md).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_server.h"
 #include "common/registry.h"
 #include "util/util.h"
 
@@ -337,25 +338,17 @@ class FakeSglang {
         fs::path(KVAUDIT_TEST_DIR) / "fixtures/servers/sglang/get_server_info-0.5.6.json"));
     info["kv_cache_dtype"] = kv_cache_dtype;
     body_ = info.dump();
-    http_.Get("/get_server_info", [this](const httplib::Request&, httplib::Response& response) {
-      response.set_content(body_, "application/json");
-    });
-    port_ = port == 0 ? http_.bind_to_any_port("127.0.0.1")
-                      : (http_.bind_to_port("127.0.0.1", port) ? port : -1);
-    thread_ = std::thread([this] { http_.listen_after_bind(); });
-    while (!http_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    server_.http.Get("/get_server_info",
+                     [this](const httplib::Request&, httplib::Response& response) {
+                       response.set_content(body_, "application/json");
+                     });
+    server_.start(port);
   }
-  ~FakeSglang() {
-    http_.stop();
-    thread_.join();
-  }
-  int port() const { return port_; }
+  int port() const { return server_.port; }
 
  private:
   std::string body_;
-  httplib::Server http_;
-  int port_ = -1;
-  std::thread thread_;
+  kvaudit::testing::LoopbackServer server_;
 };
 
 TEST(Watch, AServerThatGoesAwayAndReturnsIsANewLaunch) {
