@@ -10,6 +10,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/loopback_server.h"
 #include "net/net.h"
 
 namespace kvaudit::net {
@@ -125,48 +126,39 @@ TEST(NetProtocol, RequestBodies) {
 // /tokenize: vLLM takes {"prompt"}, SGLang's older native form {"text"}; the client tries
 // both, and reports "no endpoint" when the server has neither.
 TEST(NetProtocol, TokenizeForms) {
-  httplib::Server server;
-  server.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
-    auto body = json::parse(req.body);
-    if (!body.contains("text")) {
-      res.status = 422;
-      res.set_content(R"({"detail": "field required: text"})", "application/json");
-      return;
-    }
-    std::string text = body["text"];
-    json tokens = json::array();
-    for (unsigned char c : text) tokens.push_back(int(c));
-    res.set_content(
-        json({{"tokens", tokens}, {"count", text.size()}, {"max_model_len", 1e30}}).dump(),
-        "application/json");
-  });
-  int port = server.bind_to_any_port("127.0.0.1");
-  std::thread thread([&] { server.listen_after_bind(); });
-  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ClientOptions options;
   options.max_retries = 0;
   {
+    kvaudit::testing::LoopbackServer server;
+    server.http.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+      auto body = json::parse(req.body);
+      if (!body.contains("text")) {
+        res.status = 422;
+        res.set_content(R"({"detail": "field required: text"})", "application/json");
+        return;
+      }
+      std::string text = body["text"];
+      json tokens = json::array();
+      for (unsigned char c : text) tokens.push_back(int(c));
+      res.set_content(
+          json({{"tokens", tokens}, {"count", text.size()}, {"max_model_len", 1e30}}).dump(),
+          "application/json");
+    });
+    ASSERT_TRUE(server.start());
     // Clients close their keep-alive connections when they go; a server stopped under an
     // open one waits out its keep-alive timeout.
-    Client client(parse_url("127.0.0.1:" + std::to_string(port)), options);
+    Client client(parse_url(server.url()), options);
     auto tokens = tokenize(client, "abc");
     ASSERT_TRUE(tokens);
     EXPECT_EQ(tokens->ids, (std::vector<int32_t>{97, 98, 99}));
     EXPECT_FALSE(tokens->max_model_len);  // 1e30 is "no limit", not a length
   }
-  server.stop();
-  thread.join();
-
-  httplib::Server bare;
-  int bare_port = bare.bind_to_any_port("127.0.0.1");
-  std::thread bare_thread([&] { bare.listen_after_bind(); });
-  while (!bare.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   {
-    Client bare_client(parse_url("127.0.0.1:" + std::to_string(bare_port)), options);
+    kvaudit::testing::LoopbackServer bare;
+    ASSERT_TRUE(bare.start());
+    Client bare_client(parse_url(bare.url()), options);
     EXPECT_FALSE(tokenize(bare_client, "abc"));
   }
-  bare.stop();
-  bare_thread.join();
 }
 
 TEST(NetPrometheus, VllmCacheConfigInfo) {
