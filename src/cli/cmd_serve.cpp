@@ -1,14 +1,11 @@
 // kvaudit serve: the reference engine behind an OpenAI-compatible HTTP API that starts, logs
 // and resolves its KV cache like SGLang (see serve/serve.h). The start-up log goes to stderr;
 // SIGTERM / SIGINT stop accepting, finish every accepted request and exit 0.
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
-
-#include <pthread.h>
 
 #include "cli/commands.h"
 #include "serve/serve.h"
@@ -35,13 +32,7 @@ int run_serve_command(const engines::Registry& registry, ServeFlags flags) {
   flags.options.context_length = token_flag(flags.context_length, "--context-length");
   flags.options.max_total_tokens = token_flag(flags.max_total_tokens, "--max-total-tokens");
 
-  // Signals go to one waiting thread (blocked everywhere else; threads inherit the mask).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGUSR1);  // internal: wakes the waiter when the server ends otherwise
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  block_stop_signals();  // before the server starts its threads
 
   auto log_mutex = std::make_shared<std::mutex>();
   serve::Server server(registry, flags.options, [log_mutex](std::string_view line) {
@@ -51,19 +42,7 @@ int run_serve_command(const engines::Registry& registry, ServeFlags flags) {
     std::fflush(stderr);
   });
   server.bind();
-  std::thread waiter([&server, signals] {
-    int received = 0;
-    sigwait(&signals, &received);
-    server.stop();
-  });
-  // Wakes the waiter when run() ends without a signal (or throws); harmless once it returned.
-  struct WakeAndJoin {
-    std::thread& thread;
-    ~WakeAndJoin() {
-      pthread_kill(thread.native_handle(), SIGUSR1);
-      thread.join();
-    }
-  } wake_and_join{waiter};
+  StopSignalWaiter waiter([&server] { server.stop(); });
   server.run();
   return kExitOk;
 }

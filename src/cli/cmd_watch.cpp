@@ -2,12 +2,10 @@
 // (journalctl -f -o short-iso -u UNIT | kvaudit watch -), a log file through rotation, or a
 // live server, checks each new launch against the expectations check printed, and serves
 // Prometheus metrics on /metrics.
-#include <pthread.h>
 
 #include <fmt/format.h>
 
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <thread>
@@ -76,26 +74,9 @@ int run_watch(const engines::Registry& registry, const WatchFlags& f) {
   options.client.max_retries = 1;
   options.client.max_response_bytes = 16 << 20;
 
-  // Signals go to one waiting thread (blocked everywhere else; threads inherit the mask).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGUSR1);  // internal: wakes the waiter when the watch ends otherwise
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  block_stop_signals();  // before the metrics endpoint starts its threads
   std::atomic<bool> stop{false};
-  std::thread waiter([&stop, signals] {
-    int received = 0;
-    sigwait(&signals, &received);
-    stop = true;
-  });
-  struct WakeAndJoin {
-    std::thread& thread;
-    ~WakeAndJoin() {
-      pthread_kill(thread.native_handle(), SIGUSR1);
-      thread.join();
-    }
-  } wake_and_join{waiter};
+  StopSignalWaiter waiter([&stop] { stop = true; });
 
   std::unique_ptr<watch::MetricsServer> endpoint;
   if (!f.once && !f.listen.empty()) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -89,6 +90,22 @@ class EngineData {
 audit::PublishedEvidence load_published_damage(const engines::Registry& registry);
 // K/V maxima measured on a model, from a kvaudit-kv-stats/1 file (InputError naming it).
 audit::MeasuredKvRange measured_range(const std::string& stats_file);
+
+// Long-running commands (serve, watch) end on SIGTERM or SIGINT. block_stop_signals() blocks
+// them in this thread and every thread started after it; a StopSignalWaiter then waits for
+// one in its own thread and calls on_stop once. Its destructor wakes and joins that thread,
+// so a command that ends on its own does not leave it waiting.
+void block_stop_signals();
+class StopSignalWaiter {
+ public:
+  explicit StopSignalWaiter(std::function<void()> on_stop);
+  ~StopSignalWaiter();
+  StopSignalWaiter(const StopSignalWaiter&) = delete;
+  StopSignalWaiter& operator=(const StopSignalWaiter&) = delete;
+
+ private:
+  std::thread thread_;
+};
 
 // A command registers its flags on `app` and sets `run` to what executes it once
 // the command line is parsed. run returns the exit code.
