@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 
 #include "logs/logs.h"
@@ -38,23 +39,30 @@ uint32_t hash16(uint32_t w) {
 // (Outside the anonymous namespace: LogStream's state, declared in logs.h, holds one.)
 class PatternFilter {
  public:
+  // Built per scan: the entries (a few thousand 4-grams) are sorted by hash rather than
+  // pushed into 65,536 bucket vectors, which cost more than scanning a small log.
   explicit PatternFilter(const engines::Registry& registry)
       : patterns_(scan_patterns(registry)), bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
     const auto& patterns = patterns_;
-    std::vector<std::vector<Entry>> buckets(1 << 16);
+    std::vector<std::pair<uint32_t, Entry>> hashed;
     for (size_t p = 0; p < patterns.size(); ++p) {
       const std::string& text = patterns[p];
       max_len_ = std::max(max_len_, text.size());
       for (size_t j = 0; j + 4 <= text.size(); ++j) {
         uint32_t h = hash16(load32(text.data() + j));
         bits_[h >> 6] |= uint64_t{1} << (h & 63);
-        buckets[h].push_back({static_cast<uint16_t>(p), static_cast<uint16_t>(j)});
+        hashed.push_back({h, {static_cast<uint16_t>(p), static_cast<uint16_t>(j)}});
       }
     }
-    for (size_t h = 0; h < buckets.size(); ++h) {
-      bucket_begin_[h + 1] = bucket_begin_[h] + static_cast<uint32_t>(buckets[h].size());
-      for (const auto& e : buckets[h]) entries_.push_back(e);
+    // Stable: within a bucket, entries keep pattern order (the first pattern found wins).
+    std::stable_sort(hashed.begin(), hashed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    entries_.reserve(hashed.size());
+    for (const auto& [h, entry] : hashed) {
+      ++bucket_begin_[h + 1];
+      entries_.push_back(entry);
     }
+    for (size_t h = 0; h < (1u << 16); ++h) bucket_begin_[h + 1] += bucket_begin_[h];
   }
 
   size_t max_len() const { return max_len_; }
@@ -154,21 +162,22 @@ LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const
   LogScan result;
   result.source = label;
   const size_t cap = std::max<size_t>(options.max_line_bytes, 4096);
-  std::vector<char> buffer(kBlockBytes + cap + 1);
+  // Not zeroed: a short log touches a few pages of it, not 2 MiB.
+  std::unique_ptr<char[]> buffer(new char[kBlockBytes + cap + 1]);
   size_t carry = 0;
   bool skipping = false;  // inside the tail of an over-long line
   bool first = true;
   for (;;) {
-    size_t n = read(buffer.data() + carry, kBlockBytes);
+    size_t n = read(buffer.get() + carry, kBlockBytes);
     if (first) {
       first = false;
       size_t probe = std::min<size_t>(n, 65536);
-      if (std::memchr(buffer.data(), '\0', probe) != nullptr)
+      if (std::memchr(buffer.get(), '\0', probe) != nullptr)
         throw InputError(label, "binary data (NUL bytes), not a text log");
     }
     result.bytes += n;
     if (n == 0) break;
-    char* data = buffer.data();
+    char* data = buffer.get();
     size_t size = carry + n;
     size_t begin = 0;
     if (skipping) {
@@ -205,7 +214,7 @@ LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const
     }
   }
   if (carry > 0 && !skipping) {
-    scanner.scan(buffer.data(), carry);
+    scanner.scan(buffer.get(), carry);
     scanner.add_lines(1);
   }
   result.lines = scanner.lines();
