@@ -28,10 +28,12 @@ struct LoopbackServer {
     return true;
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
-  ~LoopbackServer() {
+  // Stops serving and joins the thread; again, or from the destructor, it does nothing.
+  void stop() {
     http.stop();
     if (thread.joinable()) thread.join();
   }
+  ~LoopbackServer() { stop(); }
 };
 
 }  // namespace kvaudit::testing

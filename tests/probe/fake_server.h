@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/loopback_server.h"
 #include "net/net.h"
 
 namespace kvaudit::probe::testing {
@@ -56,18 +57,13 @@ class FakeServer {
  public:
   explicit FakeServer(FakeConfig config, int port = 0) : config_(std::move(config)) {
     setup();
-    port_ = port ? (server_.bind_to_port("127.0.0.1", port) ? port : -1)
-                 : server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // stop() before the accept loop runs would be lost and join() would hang.
-    while (port_ > 0 && !server_.is_running())
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    loop_.start(port);  // port -1 when the port cannot be had
+    port_ = loop_.port;
   }
   ~FakeServer() { stop(); }
   void stop() {
     stopping_ = true;
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
+    loop_.stop();
   }
   int port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
@@ -340,8 +336,8 @@ class FakeServer {
   }
 
   FakeConfig config_;
-  httplib::Server server_;
-  std::thread thread_;
+  kvaudit::testing::LoopbackServer loop_;
+  httplib::Server& server_ = loop_.http;
   int port_ = 0;
   std::atomic<int> completions_{0}, greedy_{0}, chats_{0}, tokenizes_{0};
   mutable std::mutex noise_mutex_;
