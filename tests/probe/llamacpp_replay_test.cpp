@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/loopback_server.h"
 #include "common/registry.h"
 #include "net/net.h"
 #include "probe/probe.h"
@@ -48,15 +49,9 @@ class ReplayServer {
     };
     server_.Get(".*", handle);
     server_.Post(".*", handle);
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    loop_.start();
   }
-  ~ReplayServer() {
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return loop_.url(); }
 
  private:
   // The recorded exchange for this request: same method and path, and every recorded
@@ -79,9 +74,8 @@ class ReplayServer {
 
   std::vector<json> exchanges_;
   json not_found_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
+  kvaudit::testing::LoopbackServer loop_;
+  httplib::Server& server_ = loop_.http;
 };
 
 net::ClientOptions quick() {
