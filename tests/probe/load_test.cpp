@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/loopback_server.h"
 #include "common/registry.h"
 #include "common/schema_doc.h"
 #include "probe/probe.h"
@@ -108,15 +109,12 @@ class LoadFake {
     // 3.6): without it, Nagle holds each event behind the client's delayed ACK (40 ms on
     // Linux) once a keep-alive connection is warm, which is the fake's delay, not a server's.
     server_.set_tcp_nodelay(true);
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    loop_.start();
   }
   ~LoadFake() {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
+    loop_.stop();  // before the counters the handlers touch are destroyed
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const { return loop_.url(); }
   int completions() const { return completions_; }
   int64_t generated() const { return generated_; }
   int extended() const { return extended_; }  // prompts that began with a whole earlier one
@@ -222,9 +220,8 @@ class LoadFake {
   }
 
   LoadFakeConfig config_;
-  httplib::Server server_;
-  std::thread thread_;
-  int port_ = 0;
+  kvaudit::testing::LoopbackServer loop_;
+  httplib::Server& server_ = loop_.http;
   std::atomic<int> completions_{0}, in_flight_{0}, extended_{0};
   std::mutex seen_mutex_;
   std::vector<std::vector<int>> seen_;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 
+#include "common/loopback_server.h"
 #include "net/net.h"
 #include "probe/probe.h"
 #include "util/json.h"
@@ -191,8 +192,8 @@ TEST(RealAnswerNegotiation, LogprobRefusalsLowerTheRequestOrDropEcho) {
     const int granted = a.facts.at("granted_logprobs").get<int>();
     const bool refuses_echo = a.facts.contains("prompt_logprobs");
     const std::string body = body_text(a);
-    httplib::Server server;
-    server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    kvaudit::testing::LoopbackServer server;
+    server.http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
       const json request = json::parse(req.body);
       const bool echo = request.value("echo", false);
       if ((refuses_echo && echo) || (!refuses_echo && request.value("logprobs", 0) > granted)) {
@@ -211,14 +212,11 @@ TEST(RealAnswerNegotiation, LogprobRefusalsLowerTheRequestOrDropEcho) {
               .dump(),
           "application/json");
     });
-    const int port = server.bind_to_any_port("127.0.0.1");
-    std::thread thread([&] { server.listen_after_bind(); });
-    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    net::Client client(net::parse_url("http://127.0.0.1:" + std::to_string(port)), {});
+    ASSERT_TRUE(server.start());
+    net::Client client(net::parse_url(server.url()), {});
     ServerFacts facts;
     negotiate_logprobs(client, "m", a.facts.at("asked_logprobs").get<int>(), facts);
     server.stop();
-    thread.join();
     EXPECT_EQ(facts.top_logprobs_granted, granted) << a.file << ": " << facts.logprobs_note;
     if (refuses_echo) {
       EXPECT_EQ(facts.prompt_logprobs, false) << a.file;
