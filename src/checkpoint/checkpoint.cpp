@@ -119,38 +119,46 @@ std::optional<QuantFacts> read_quant_facts(const fs::path& dir, const json& conf
   return quant;
 }
 
+}  // namespace
+
+void read_safetensors_index(
+    std::string_view text, const std::string& where,
+    const std::function<void(std::string_view tensor, std::string_view shard)>& each) {
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(text);
+  simdjson::dom::element doc;
+  if (auto error = parser.parse(padded).get(doc))
+    throw InputError(where, fmt::format("invalid JSON ({})", simdjson::error_message(error)));
+  simdjson::dom::object map;
+  if (doc["weight_map"].get_object().get(map) != simdjson::SUCCESS)
+    throw InputError(where, "has no \"weight_map\" object");
+  for (auto [tensor, file] : map) {
+    std::string_view name;
+    if (file.get_string().get(name) != simdjson::SUCCESS)
+      throw InputError(where, fmt::format("weight_map['{}'] is not a file name", tensor));
+    if (name.find('/') != std::string_view::npos || name == ".." || name.empty())
+      throw InputError(
+          where, fmt::format("weight_map names shard '{}' outside the checkpoint folder", name));
+    each(tensor, name);
+  }
+}
+
+namespace {
+
 // Shard files named by the index (each must exist), or every *.safetensors.
 std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, below
   fs::path index = dir / "model.safetensors.index.json";
   std::error_code ec;
   std::vector<std::string> shards;
   if (fs::exists(index, ec)) {
-    // The index of a 400B MoE lists ~400K tensors: parse it with simdjson, not nlohmann.
-    std::string text = read_text_file(index, 512ull << 20);
-    simdjson::dom::parser parser;
-    simdjson::padded_string padded(text);
-    simdjson::dom::element doc;
-    if (auto error = parser.parse(padded).get(doc))
-      throw InputError(index.string(),
-                       fmt::format("invalid JSON ({})", simdjson::error_message(error)));
-    simdjson::dom::object map;
-    if (doc["weight_map"].get_object().get(map) != simdjson::SUCCESS)
-      throw InputError(index.string(), "has no \"weight_map\" object");
     std::set<std::string, std::less<>> unique;
-    std::string_view last;
-    for (auto [tensor, file] : map) {
-      std::string_view name;
-      if (file.get_string().get(name) != simdjson::SUCCESS)
-        throw InputError(index.string(),
-                         fmt::format("weight_map['{}'] is not a file name", tensor));
-      if (name == last) continue;  // consecutive entries usually share a shard
-      last = name;
-      if (name.find('/') != std::string_view::npos || name == ".." || name.empty())
-        throw InputError(index.string(), fmt::format("weight_map names shard '{}' outside the "
-                                                     "checkpoint folder",
-                                                     name));
-      unique.emplace(name);
-    }
+    std::string last;
+    read_safetensors_index(read_text_file(index, 512ull << 20), index.string(),
+                           [&](std::string_view, std::string_view shard) {
+                             if (shard == last) return;  // neighbours usually share a shard
+                             last = shard;
+                             unique.emplace(shard);
+                           });
     for (const auto& name : unique) {
       if (!fs::exists(dir / name, ec))
         throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));

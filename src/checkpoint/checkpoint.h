@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -282,6 +283,15 @@ struct ReadOptions {
 // file and the problem for anything malformed.
 ModelFacts read_checkpoint(const std::filesystem::path& dir_or_config,
                            const ReadOptions& options = {});
+
+// The one reader of a safetensors index (model.safetensors.index.json): calls `each` for
+// every weight_map entry, tensor name and shard file, in file order. Throws InputError(where)
+// for invalid JSON, no weight_map object, an entry that is not a file name, or a shard
+// outside the checkpoint folder. simdjson, since a 400B MoE's index lists ~400K tensors;
+// check (which needs the shard names only) and the hub (which fetches by shard) both use it.
+void read_safetensors_index(
+    std::string_view text, const std::string& where,
+    const std::function<void(std::string_view tensor, std::string_view shard)>& each);
 
 // The checkpoint's shard files, relative to dir: the index's weight_map when
 // model.safetensors.index.json exists (every file it names must exist), else every

@@ -153,29 +153,15 @@ std::string repo_folder(const std::string& repo) {
 
 constexpr const char* kManifest = ".kvaudit-hub.json";
 
-// The shard names an index's weight_map lists, with the tensors of each (simdjson: a
-// 500K-tensor index is tens of MB).
+// The shard names an index's weight_map lists, with the tensors of each (checkpoint's reader
+// of the index, so a remote audit refuses what a local one refuses).
 std::map<std::string, std::vector<std::string>> index_shards(const std::string& text,
                                                              const std::string& where) {
-  simdjson::dom::parser parser;
-  simdjson::padded_string padded(text);
-  simdjson::dom::element doc;
-  if (auto error = parser.parse(padded).get(doc))
-    throw InputError(where, fmt::format("invalid JSON ({})", simdjson::error_message(error)));
-  simdjson::dom::object map;
-  if (doc["weight_map"].get_object().get(map) != simdjson::SUCCESS)
-    throw InputError(where, "has no \"weight_map\" object");
   std::map<std::string, std::vector<std::string>> shards;
-  for (auto [tensor, file] : map) {
-    std::string_view name;
-    if (file.get_string().get(name) != simdjson::SUCCESS)
-      throw InputError(where, fmt::format("weight_map['{}'] is not a file name", tensor));
-    if (name.empty() || name.find('/') != std::string_view::npos || name == "..")
-      throw InputError(where, fmt::format("weight_map names shard '{}' outside the repository "
-                                          "folder",
-                                          name));
-    shards[std::string(name)].emplace_back(tensor);
-  }
+  checkpoint::read_safetensors_index(text, where,
+                                     [&](std::string_view tensor, std::string_view shard) {
+                                       shards[std::string(shard)].emplace_back(tensor);
+                                     });
   return shards;
 }
 
