@@ -146,7 +146,6 @@ WatchState run(const engines::Registry& registry, const RunOptions& options,
   }
 
   FileFollower follower(options.source, options.watch.max_line_bytes);
-  bool reported_absent = false;
   do {
     const FileFollower::Poll poll = follower.poll(on_line);
     WatchState& state = watcher.state();
@@ -154,9 +153,7 @@ WatchState run(const engines::Registry& registry, const RunOptions& options,
     state.last_check_unix_s = now_unix_s();
     state.rotations += poll.rotated ? 1 : 0;
     state.truncations += poll.truncated ? 1 : 0;
-    if (!poll.present && options.once && !reported_absent)
-      throw InputError(options.source, "no such file");
-    reported_absent = !poll.present;
+    if (!poll.present && options.once) throw InputError(options.source, "no such file");
     on_metrics(render_metrics(state));
     if (options.once) break;
     wait(options.interval_s, over);

@@ -120,12 +120,7 @@ void judge(const engines::Registry& registry, const logs::Launch& launch,
 
 std::vector<logs::Expectation> expectations_from_check_json(const std::filesystem::path& path) {
   const std::string where = path.string();
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(read_text_file(path, 64 << 20));
-  } catch (const nlohmann::json::exception& error) {
-    throw InputError(where, fmt::format("not JSON: {}", error.what()));
-  }
+  const nlohmann::json doc = read_json_file(path, 64 << 20);
   // check's payload sits at the top level of its report (docs/json-schema.md, check).
   const nlohmann::json* decision =
       doc.is_object() && doc.contains("decision") ? &doc["decision"] : nullptr;
