@@ -102,6 +102,11 @@ int run_watch(const engines::Registry& registry, const WatchFlags& f) {
         if (endpoint) endpoint->set(metrics);
         last_metrics = metrics;
       });
+  // --once over input with no launch in it judged nothing: that is not a pass.
+  if (f.once && !state.latest)
+    throw InputError(state.source, fmt::format("no start-up lines of a known engine ({}) in {} "
+                                               "lines",
+                                               fmt::join(registry.names(), ", "), state.lines));
   if (f.once) std::fwrite(last_metrics.data(), 1, last_metrics.size(), stdout);
   // Only --once gates: a watch that ends (a signal, its input closed) did its job, and the
   // failures are in the metrics it served.

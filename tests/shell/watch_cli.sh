@@ -124,6 +124,9 @@ bad "binary" "$work/binary.log" --once
 bad "bad URL" "http://[::1" --once
 bad "bad --listen" "$journal" --listen nowhere
 bad "bad --expect" "$journal" --once --expect colour=blue
+bad "--once over empty input" - --once --expect kv_cache_dtype=bf16 < /dev/null
+printf 'GET /health 200\n' > "$work/no-launch.log"
+bad "--once over a log with no launch" "$work/no-launch.log" --once
 echo '{"command": "logs"}' > "$work/not-check.json"
 bad "not check's JSON" "$journal" --once --expect-from "$work/not-check.json"
 # 192.0.2.1 (TEST-NET-1) is no address of this machine.
