@@ -12,7 +12,6 @@
 #include <map>
 
 #include <unistd.h>
-#include <regex>
 
 #include "calibrate/calibrate.h"
 #include "util/util.h"
@@ -45,14 +44,11 @@ constexpr const char* kMarkerFile = "kvaudit-calibration.json";
 // "model.language_model.layers.3.self_attn." for each layer that has a K projection.
 std::map<int, std::string> attention_prefixes(const checkpoint::ModelFacts& model,
                                               const std::vector<LayerScales>& scales) {
-  static const std::regex k_proj(
-      R"(^(.*\.layers\.(\d+)\.(?:self_attn|attention)\.)k_proj\.weight$)");
+  static const Regex k_proj(R"((.*\.layers\.(\d+)\.(?:self_attn|attention)\.)k_proj\.weight)");
   std::map<int, std::string> prefixes;
-  for (const std::string& name : model.kv_projection_weights) {
-    std::smatch match;
-    if (std::regex_match(name, match, k_proj))
-      prefixes.emplace(std::stoi(match[2].str()), match[1].str());
-  }
+  for (const std::string& name : model.kv_projection_weights)
+    if (auto match = k_proj.full_match(name))
+      prefixes.emplace(std::stoi(std::string(*match->at(2))), std::string(*match->at(1)));
   if (prefixes.empty())  // a bare config or an unusual layout: the Hugging Face default
     for (const LayerScales& layer : scales)
       prefixes.emplace(layer.layer, fmt::format("model.layers.{}.self_attn.", layer.layer));

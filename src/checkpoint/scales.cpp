@@ -1,9 +1,9 @@
 // KV-scale tensor naming conventions and their classification; the per-head key norms
 // whose weights bound the cached keys.
 #include <algorithm>
-#include <regex>
 
 #include "checkpoint/checkpoint.h"
+#include "util/util.h"
 
 namespace kvaudit::checkpoint {
 
@@ -36,14 +36,14 @@ namespace {
 
 struct CompiledConvention {
   const ScaleConvention* convention;
-  std::regex pattern;
+  Regex pattern;
 };
 
 const std::vector<CompiledConvention>& compiled() {
   static const std::vector<CompiledConvention> list = [] {
     std::vector<CompiledConvention> out;
     for (const auto& convention : scale_conventions())
-      out.push_back({&convention, std::regex(std::string(convention.pattern))});
+      out.push_back({&convention, Regex(convention.pattern)});
     return out;
   }();
   return list;
@@ -76,17 +76,16 @@ std::optional<ScaleTensor> classify_scale_tensor(std::string_view name) {
   if (ends_with(name, "output_scale") && !ends_with(name, "k_proj.output_scale") &&
       !ends_with(name, "v_proj.output_scale"))
     return std::nullopt;
-  std::string text(name);
   for (const auto& entry : compiled()) {
-    std::smatch match;
-    if (!std::regex_search(text, match, entry.pattern)) continue;
+    auto match = entry.pattern.search(name);
+    if (!match) continue;
     ScaleTensor scale;
-    scale.name = text;
+    scale.name = std::string(name);
     scale.convention = std::string(entry.convention->id);
-    std::string layer_digits = match[1].str();
+    std::string layer_digits(match->at(1).value_or(""));
     if (layer_digits.size() > 6) return std::nullopt;  // not a real layer index
     scale.layer = std::stoi(layer_digits);
-    std::string which = match[2].str();
+    std::string which(match->at(2).value_or(""));
     if (which.find("kv") != std::string::npos)
       scale.role = ScaleRole::kv_shared;
     else if (which.find("k_") == 0 || which.find("k_proj") != std::string::npos ||

@@ -2,27 +2,19 @@
 // `%.2f`, or Python `{}` / `{name:,}` / `{x:.2f}`), compiled once into a PCRE2 matcher
 // that captures each placeholder. Literal text matches exactly; numeric placeholders
 // match numbers (thousands commas allowed), the others any text up to the next literal.
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
-#include <pcre2.h>
-
-#include <mutex>
 
 #include "engines/internal.h"
 #include "util/util.h"
 
 namespace kvaudit::engines {
 
+// Regex JIT-compiles on the first line that reaches the matcher: a registry load compiles
+// every template of every engine, and most never meet a line (JIT at load was a quarter of
+// the engine-data mutation test's time).
 struct CompiledTemplate {
-  pcre2_code* code = nullptr;
+  Regex regex;
   size_t placeholders = 0;
-  // JIT-compiled on the first line that reaches the matcher: a registry load compiles every
-  // template of every engine, and most never meet a line (JIT at load was a quarter of the
-  // engine-data mutation test's time).
-  mutable std::once_flag jit_once;
-  ~CompiledTemplate() {
-    if (code) pcre2_code_free(code);
-  }
 };
 
 namespace {
@@ -143,48 +135,19 @@ void compile_log_template(LogTemplate& log) {
   // everywhere (and the filter needs 7 bytes).
   if (log.anchor.size() < 7)
     throw std::invalid_argument("no literal run of at least 7 characters to find the line by");
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), 0,
-                                   &error_code, &error_offset, nullptr);
-  if (!code) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error_code, message, sizeof(message));
-    throw std::invalid_argument(
-        fmt::format("regex does not compile: {}", reinterpret_cast<const char*>(message)));
-  }
-  auto compiled = std::make_shared<CompiledTemplate>();
-  compiled->code = code;
-  compiled->placeholders = placeholders;
-  log.compiled = std::move(compiled);
+  log.compiled = std::make_shared<CompiledTemplate>(CompiledTemplate{Regex(pattern), placeholders});
 }
 
 std::optional<std::vector<std::string>> match_log_template(const LogTemplate& log,
                                                            std::string_view message) {
   if (!log.compiled || message.find(log.anchor) == std::string_view::npos) return std::nullopt;
-  // Optional speed-up; on an error the interpreter matches.
-  std::call_once(log.compiled->jit_once,
-                 [&] { pcre2_jit_compile(log.compiled->code, PCRE2_JIT_COMPLETE); });
-  pcre2_match_data* data = pcre2_match_data_create_from_pattern(log.compiled->code, nullptr);
-  if (!data) return std::nullopt;
   // Byte mode: log lines are not validated UTF-8, and every literal is plain bytes.
-  int rc = pcre2_match(log.compiled->code, reinterpret_cast<PCRE2_SPTR>(message.data()),
-                       message.size(), 0, 0, data, nullptr);
-  std::optional<std::vector<std::string>> out;
-  if (rc > 0) {
-    PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
-    std::vector<std::string> captures;
-    for (size_t i = 1; i <= log.compiled->placeholders; ++i) {
-      if (static_cast<int>(i) >= rc || ovector[2 * i] == PCRE2_UNSET) {
-        captures.emplace_back();
-        continue;
-      }
-      captures.emplace_back(message.substr(ovector[2 * i], ovector[2 * i + 1] - ovector[2 * i]));
-    }
-    out = std::move(captures);
-  }
-  pcre2_match_data_free(data);
-  return out;
+  auto groups = log.compiled->regex.search(message);
+  if (!groups) return std::nullopt;
+  std::vector<std::string> captures;
+  for (size_t i = 1; i <= log.compiled->placeholders; ++i)
+    captures.emplace_back(i < groups->size() ? groups->at(i).value_or("") : "");
+  return captures;
 }
 
 }  // namespace kvaudit::engines

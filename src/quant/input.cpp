@@ -5,7 +5,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -82,10 +81,12 @@ Array read_npy(const std::filesystem::path& path) {
   }
   if (offset + header_len > bytes.size()) throw InputError(where, "truncated header");
   const std::string header = bytes.substr(offset, header_len);
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']*)')")))
-    throw InputError(where, "header has no 'descr'");
-  const std::string descr = m[1];
+  static const Regex descr_entry(R"('descr'\s*:\s*'([^']*)')");
+  static const Regex fortran_order_entry(R"('fortran_order'\s*:\s*True)");
+  static const Regex shape_entry(R"('shape'\s*:\s*\(([^)]*)\))");
+  const auto descr_match = descr_entry.search(header);
+  if (!descr_match) throw InputError(where, "header has no 'descr'");
+  const std::string descr(*descr_match->at(1));
   DType dtype;
   uint64_t item = 0;
   if (descr == "<f4") {
@@ -96,12 +97,12 @@ Array read_npy(const std::filesystem::path& path) {
     throw InputError(
         where, fmt::format("dtype '{}' not supported (float32 or float16, little-endian)", descr));
   }
-  if (std::regex_search(header, m, std::regex(R"('fortran_order'\s*:\s*True)")))
+  if (fortran_order_entry.search(header))
     throw InputError(where, "Fortran-ordered arrays are not supported");
-  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))")))
-    throw InputError(where, "header has no 'shape'");
+  const auto shape_match = shape_entry.search(header);
+  if (!shape_match) throw InputError(where, "header has no 'shape'");
   Array array;
-  const std::string dims = m[1];
+  const std::string dims(*shape_match->at(1));
   for (const std::string& part : split_list(dims)) {
     std::optional<int64_t> value = parse_token_count(part);
     if (!value || *value < 0 || part.find_first_not_of("0123456789") != std::string::npos)

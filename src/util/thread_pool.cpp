@@ -28,6 +28,8 @@ constexpr int kFieldBits = 20;
 constexpr uint64_t kFieldMask = (uint64_t{1} << kFieldBits) - 1;
 constexpr uint64_t kGenerationMask = (uint64_t{1} << (64 - 2 * kFieldBits)) - 1;
 constexpr int kMaxTasks = static_cast<int>(kFieldMask);
+// run_on_threads' ceiling: a mistaken thread count must not start thousands of threads.
+constexpr int kMaxIoThreads = 1024;
 
 uint64_t generation_of(uint64_t word) {
   return word >> (2 * kFieldBits);
@@ -169,6 +171,31 @@ void ThreadPool::parallel_for(int64_t count, int tasks,
   std::lock_guard<std::mutex> lock(s.mutex);
   s.body = nullptr;
   if (s.error) std::rethrow_exception(s.error);
+}
+
+void run_on_threads(size_t count, int threads, const std::function<bool(size_t index)>& body) {
+  std::atomic<size_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  auto worker = [&] {
+    for (size_t index; (index = next++) < count;) {
+      bool go_on = false;
+      try {
+        go_on = body(index);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+      if (!go_on) next = count;  // ends the hand-out; indices taken after are >= count
+    }
+  };
+  const size_t thread_count =
+      std::min(count, static_cast<size_t>(std::clamp(threads, 1, kMaxIoThreads)));
+  std::vector<std::thread> started;
+  for (size_t t = 1; t < thread_count; ++t) started.emplace_back(worker);
+  worker();
+  for (auto& thread : started) thread.join();
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace kvaudit

@@ -102,6 +102,14 @@ struct SplitMix64 {
   }
 };
 
+// Runs body(index) for each index in [0, count) on `threads` threads started for the call (the
+// caller's among them), each taking the next index from one shared counter; returns when all
+// have finished. For waiting work (HTTP requests, downloads), where a thread per request in
+// flight is the point; compute goes through ThreadPool. body returns false to stop handing out
+// indices: those already running finish, the rest are never started. An exception escaping
+// body stops the hand-out too and is rethrown here once every thread has finished.
+void run_on_threads(size_t count, int threads, const std::function<bool(size_t index)>& body);
+
 // A fixed pool of worker threads owned by the caller (cli/, tests, benchmarks), who passes it
 // down: modules never start compute threads of their own. parallel_for splits [0, count) into
 // `tasks` contiguous chunks (independent of the thread count) and runs body(task, begin,
@@ -120,6 +128,31 @@ class ThreadPool {
   struct State;
   int thread_count_ = 1;
   std::unique_ptr<State> state_;
+};
+
+// A PCRE2 regular expression: the project's one regex engine (std::regex is slow, recurses
+// on long subjects, and its ECMAScript dialect is not the Python `re` dialect the engines'
+// own patterns are written in). Byte mode: subjects are not validated as UTF-8; `$` is the
+// end of the subject only (not before a final newline). Compiled
+// once; JIT-compiled on the first match (an interpreter fallback if JIT is unavailable).
+// Thread-safe to share once built.
+class Regex {
+ public:
+  // Throws std::invalid_argument carrying PCRE2's message when the pattern does not compile.
+  explicit Regex(std::string_view pattern);
+  // Group texts of a match (index 0: the whole match; a group that took no part: nullopt),
+  // viewing into the subject.
+  using Groups = std::vector<std::optional<std::string_view>>;
+  // The first match anywhere in subject.
+  std::optional<Groups> search(std::string_view subject) const;
+  // A match of the whole subject.
+  std::optional<Groups> full_match(std::string_view subject) const;
+  size_t group_count() const;
+
+ private:
+  std::optional<Groups> match(std::string_view subject, bool whole) const;
+  struct Code;
+  std::shared_ptr<const Code> code_;
 };
 
 }  // namespace kvaudit
