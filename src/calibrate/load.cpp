@@ -7,6 +7,7 @@
 #include <map>
 
 #include "calibrate/calibrate.h"
+#include "engines/engines.h"
 #include "util/util.h"
 
 namespace kvaudit::calibrate {
@@ -15,38 +16,16 @@ using nlohmann::json;
 
 namespace {
 
+// SGLang's --quantization-param-path JSON, read by engines/' reader of the format; TP rank
+// 0's scales (calibrate writes the same scales for every rank).
 std::vector<LayerScales> load_param_path_json(const std::filesystem::path& file, int num_layers) {
   const std::string label = file.string();
-  json doc = json::parse(read_text_file(file), nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) throw InputError(label, "is not a JSON object");
-  auto kv = doc.find("kv_cache");
-  if (kv == doc.end() || !kv->is_object()) throw InputError(label, "has no \"kv_cache\" object");
-  auto factors = kv->find("scaling_factor");
-  if (factors == kv->end() || !factors->is_object())
-    throw InputError(label, "has no kv_cache.scaling_factor object");
-  auto rank = factors->find("0");
-  if (rank == factors->end() || !rank->is_object())
-    throw InputError(label, "kv_cache.scaling_factor has no entry for TP rank 0");
-  std::vector<LayerScales> result(static_cast<size_t>(num_layers));
-  std::vector<bool> seen(static_cast<size_t>(num_layers), false);
-  for (auto it = rank->begin(); it != rank->end(); ++it) {
-    char* end = nullptr;
-    long layer = std::strtol(it.key().c_str(), &end, 10);
-    if (it.key().empty() || *end != '\0' || layer < 0 || layer >= num_layers)
-      throw InputError(label, fmt::format("scaling_factor[\"0\"] names layer \"{}\", outside 0..{}",
-                                          it.key(), num_layers - 1));
-    if (!it.value().is_number())
-      throw InputError(label, fmt::format("layer {} scaling factor is not a number", layer));
-    float scale = it.value().get<float>();
-    if (!(scale > 0.0f) || !std::isfinite(scale))
-      throw InputError(label, fmt::format("layer {} scaling factor {} is not positive and finite",
-                                          layer, scale));
-    result[size_t(layer)] = {int(layer), {scale}, {scale}, 0.0f, 0.0f};
-    seen[size_t(layer)] = true;
-  }
+  const engines::QuantParamFile param =
+      engines::parse_quant_param_file(json::parse(read_text_file(file), nullptr, false), label);
+  const std::vector<float> scales = engines::quant_param_layer_scales(param, 0, num_layers, label);
+  std::vector<LayerScales> result;
   for (int layer = 0; layer < num_layers; ++layer)
-    if (!seen[size_t(layer)])
-      throw InputError(label, fmt::format("has no scaling factor for layer {}", layer));
+    result.push_back({layer, {scales[size_t(layer)]}, {scales[size_t(layer)]}, 0.0f, 0.0f});
   return result;
 }
 

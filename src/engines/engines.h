@@ -927,4 +927,24 @@ LayerScales apply_fallback(const FallbackRule& fallback, std::optional<float> k,
 std::string served_model_dtype(const DtypeVocabulary& dtypes, const checkpoint::ModelFacts& model,
                                const LaunchFlags& flags);
 
+// SGLang's --quantization-param-path file, as its loader reads it (kv_cache_scales_loader in
+// python/sglang/srt/model_loader/weight_utils.py, a pydantic QuantParamSchema):
+// {"model_type": ..., "kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor":
+// {"<tp rank>": {"<layer>": scale}}}}. The one reader of the format: serve loads it as SGLang
+// does, calibrate reads back what it wrote.
+struct QuantParamFile {
+  std::string model_type;                                      // "" when absent
+  std::map<int64_t, std::map<int64_t, float>> scales_by_rank;  // tp rank -> layer -> scale
+};
+// Parses the document with the schema's rules: an object with kv_cache.dtype
+// "float8_e4m3fn" and a scaling_factor object of objects whose keys are integers as pydantic
+// reads them (" 1", "+2") and whose values are numbers. Throws InputError(where, problem)
+// for the first thing the loader would refuse.
+QuantParamFile parse_quant_param_file(const nlohmann::json& doc, const std::string& where);
+// `rank`'s scale for each layer in [0, num_layers): InputError when the rank or a layer is
+// missing, the rank lists another layer count, or a scale is not positive and finite (SGLang
+// would divide by it; kvaudit refuses it).
+std::vector<float> quant_param_layer_scales(const QuantParamFile& file, int64_t rank,
+                                            int num_layers, const std::string& where);
+
 }  // namespace kvaudit::engines
