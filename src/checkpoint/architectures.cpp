@@ -6,6 +6,7 @@
 #include <array>
 
 #include "checkpoint/checkpoint.h"
+#include "util/json.h"
 #include "util/util.h"
 
 namespace kvaudit::checkpoint {
@@ -14,18 +15,15 @@ namespace {
 
 using nlohmann::json;
 
+// Typed reads of config.json's keys through util's JsonReader (its one error policy: a key
+// of the wrong type is an InputError naming the key; absent or null takes the fallback).
+// "config.json" stands for the file until fill_from_config names it.
 int64_t int_or(const json& config, const char* key, int64_t fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_number_integer() && !it->is_number_unsigned())
-    throw InputError("config.json", fmt::format("'{}' must be an integer", key));
-  return it->get<int64_t>();
+  return JsonReader(config, "config.json").integer_or(key, fallback);
 }
 
-std::string string_or(const json& config, const char* key, std::string fallback = {}) {
-  auto it = config.find(key);
-  if (it == config.end() || !it->is_string()) return fallback;
-  return it->get<std::string>();
+std::string string_or(const json& config, const char* key, std::string_view fallback = {}) {
+  return JsonReader(config, "config.json").string_or(key, fallback);
 }
 
 enum class Family { dense, mistral, qwen2, hybrid_gdn, mla, gemma2, gemma3, gpt_oss, nas };
@@ -35,18 +33,11 @@ constexpr int64_t kQwenMaxWindowLayers = 28;
 constexpr int64_t kQwenSlidingWindow = 4096;
 
 double number_or(const json& config, const char* key, double fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_number()) throw InputError("config.json", fmt::format("'{}' must be a number", key));
-  return it->get<double>();
+  return JsonReader(config, "config.json").number_or(key, fallback);
 }
 
 bool bool_or(const json& config, const char* key, bool fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_boolean())
-    throw InputError("config.json", fmt::format("'{}' must be true/false", key));
-  return it->get<bool>();
+  return JsonReader(config, "config.json").boolean_or(key, fallback);
 }
 
 struct KnownArchitecture {
@@ -169,7 +160,7 @@ LayerKind default_layer_kind(Family family, const json& config, int layer) {
 int positive_int(const json& config, const char* key, int64_t fallback, int64_t max) {
   int64_t value = int_or(config, key, fallback);
   if (value < 0 || value > max)
-    throw InputError("config.json", fmt::format("'{}' = {} is out of range", key, value));
+    throw InputError("config.json", fmt::format("{}: {} is out of range 0..{}", key, value, max));
   return static_cast<int>(value);
 }
 
@@ -209,15 +200,11 @@ int ModelFacts::attention_layer_count() const {
   }));
 }
 
-void fill_architecture(const json& config, ModelFacts& facts) {
-  facts.model_type = string_or(config, "model_type");
-  const KnownArchitecture* known = find_architecture(facts.model_type);
-  if (!known && !facts.outer_model_type.empty()) known = find_architecture(facts.outer_model_type);
-  std::optional<Family> family;
-  if (known) family = known->family;
-  facts.architecture_known = known != nullptr;
-  facts.qk_norm = known ? known->qk_norm : QkNorm::none;
+namespace {
 
+// The model-wide sizes and options: head counts and dimensions, vocabulary, context, RoPE,
+// experts, norms, activation, dtype, draft layers.
+void read_model_dimensions(const json& config, std::optional<Family> family, ModelFacts& facts) {
   facts.num_layers = positive_int(config, "num_hidden_layers", 0, 100000);
   facts.hidden_size = positive_int(config, "hidden_size", 0, 1 << 24);
   facts.num_attention_heads = positive_int(config, "num_attention_heads", 0, 1 << 16);
@@ -261,11 +248,10 @@ void fill_architecture(const json& config, ModelFacts& facts) {
                    config.contains("num_nextn_predict_layers") ? "num_nextn_predict_layers"
                                                                : "mtp_num_hidden_layers",
                    0, 64);
+}
 
-  if (facts.num_layers == 0)
-    throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
-                     "num_hidden_layers is missing or 0");
-
+// The family's own blocks: MLA's latent sizes, the gated-delta-net's recurrent state.
+void read_family_blocks(const json& config, std::optional<Family> family, ModelFacts& facts) {
   if (family == Family::mla) {
     MlaFacts mla;
     mla.kv_lora_rank = positive_int(config, "kv_lora_rank", 512, 1 << 16);
@@ -287,7 +273,11 @@ void fill_architecture(const json& config, ModelFacts& facts) {
     facts.linear_attention = linear;
     facts.attention_output_gate = bool_or(config, "attn_output_gate", true);
   }
+}
 
+// One LayerFacts per layer: its kind (the family's pattern, layer_types, or NAS's
+// block_configs) and the KV heads and widths it caches.
+void read_layers(const json& config, std::optional<Family> family, ModelFacts& facts) {
   const json* layer_types = nullptr;
   if (auto it = config.find("layer_types"); it != config.end() && it->is_array()) {
     if (static_cast<int>(it->size()) != facts.num_layers)
@@ -342,6 +332,26 @@ void fill_architecture(const json& config, ModelFacts& facts) {
     }
     facts.layers.push_back(layer);
   }
+}
+
+}  // namespace
+
+void fill_architecture(const json& config, ModelFacts& facts) {
+  facts.model_type = string_or(config, "model_type");
+  const KnownArchitecture* known = find_architecture(facts.model_type);
+  if (!known && !facts.outer_model_type.empty()) known = find_architecture(facts.outer_model_type);
+  std::optional<Family> family;
+  if (known) family = known->family;
+  facts.architecture_known = known != nullptr;
+  facts.qk_norm = known ? known->qk_norm : QkNorm::none;
+
+  read_model_dimensions(config, family, facts);
+  if (facts.num_layers == 0)
+    throw InputError(facts.config_file.empty() ? "config.json" : facts.config_file,
+                     "num_hidden_layers is missing or 0");
+
+  read_family_blocks(config, family, facts);
+  read_layers(config, family, facts);
   if (family == Family::nas) {
     // The model-wide KV head count is the first attending layer's, as vLLM reads it.
     auto first = std::find_if(facts.layers.begin(), facts.layers.end(),

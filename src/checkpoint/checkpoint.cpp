@@ -11,6 +11,7 @@
 
 #include <simdjson.h>
 
+#include "util/json.h"
 #include "util/util.h"
 
 namespace kvaudit::checkpoint {
@@ -36,9 +37,7 @@ json read_json_file(const fs::path& path) {
 
 std::string text_of(const json& object, const char* key) {
   auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return {};
-  if (it->is_string()) return it->get<std::string>();
-  return it->dump();
+  return it == object.end() ? std::string() : json_text(*it);
 }
 
 // Fills the KV-relevant parts of a quantization declaration (ModelOpt's
@@ -204,6 +203,14 @@ void fill_from_config(const json& config, ModelFacts& facts) {
       facts.tie_word_embeddings = it->get<bool>();
   if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "torch_dtype");
   if (facts.torch_dtype.empty()) facts.torch_dtype = text_of(config, "dtype");
+  // An integer or a list of them; anything else names no end token (generation_config.json,
+  // not read here, may name more).
+  if (auto it = config.find("eos_token_id"); it != config.end()) {
+    if (it->is_number_integer()) facts.eos_token_ids.push_back(it->get<int64_t>());
+    if (it->is_array())
+      for (const json& id : *it)
+        if (id.is_number_integer()) facts.eos_token_ids.push_back(id.get<int64_t>());
+  }
 }
 
 ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& options) {

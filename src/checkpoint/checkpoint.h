@@ -255,6 +255,7 @@ struct ModelFacts {
   // Qwen3-Next / Qwen3.5 full attention: q_proj also emits a per-head output gate
   // (attn_output_gate, default true for those families).
   bool attention_output_gate = false;
+  std::vector<int64_t> eos_token_ids;  // config.json's eos_token_id (an integer or a list)
   std::vector<LayerFacts> layers;
   std::optional<MlaFacts> mla;
   std::optional<LinearAttentionFacts> linear_attention;

@@ -95,6 +95,37 @@ uint64_t TensorInfo::element_count() const {
 
 namespace {
 
+// Spans must not overlap. Writers lay tensors out in header order, so check that first in
+// one pass; sort (start, end, index) triples only when it fails.
+void check_spans_disjoint(const SafetensorsHeader& header, const std::string& label) {
+  struct Span {
+    uint64_t begin, end;
+    uint32_t index;
+  };
+  std::vector<Span> spans;
+  spans.reserve(header.tensors.size());
+  bool ordered = true;
+  for (uint32_t i = 0; i < header.tensors.size(); ++i) {
+    const auto& tensor = header.tensors[i];
+    if (!spans.empty() && tensor.data_begin < spans.back().begin) ordered = false;
+    spans.push_back({tensor.data_begin, tensor.data_end, i});
+  }
+  if (!ordered)
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& previous = spans[i - 1];
+    const Span& current = spans[i];
+    if (current.begin < previous.end && current.end > current.begin)
+      fail(label,
+           fmt::format("safetensors header: tensors '{}' and '{}' overlap ([{}, {}) and "
+                       "[{}, {}))",
+                       header.tensors[previous.index].name, header.tensors[current.index].name,
+                       previous.begin, previous.end, current.begin, current.end));
+  }
+}
+
 // buffer_is_padded: the caller guarantees SIMDJSON_PADDING readable bytes past the
 // end, so simdjson parses in place instead of copying the header.
 SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padded,
@@ -193,34 +224,7 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
     header.tensors.push_back(std::move(tensor));
   }
 
-  // Spans must not overlap. Writers lay tensors out in header order, so check that
-  // first in one pass; sort (start, end, index) triples only when it fails.
-  struct Span {
-    uint64_t begin, end;
-    uint32_t index;
-  };
-  std::vector<Span> spans;
-  spans.reserve(header.tensors.size());
-  bool ordered = true;
-  for (uint32_t i = 0; i < header.tensors.size(); ++i) {
-    const auto& tensor = header.tensors[i];
-    if (!spans.empty() && tensor.data_begin < spans.back().begin) ordered = false;
-    spans.push_back({tensor.data_begin, tensor.data_end, i});
-  }
-  if (!ordered)
-    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-  for (size_t i = 1; i < spans.size(); ++i) {
-    const Span& previous = spans[i - 1];
-    const Span& current = spans[i];
-    if (current.begin < previous.end && current.end > current.begin)
-      fail(label,
-           fmt::format("safetensors header: tensors '{}' and '{}' overlap ([{}, {}) and "
-                       "[{}, {}))",
-                       header.tensors[previous.index].name, header.tensors[current.index].name,
-                       previous.begin, previous.end, current.begin, current.end));
-  }
+  check_spans_disjoint(header, label);
   return header;
 }
 

@@ -7,19 +7,12 @@
 #include <numbers>
 
 #include "model/model.h"
+#include "util/json.h"
 #include "util/util.h"
 
 namespace kvaudit::model {
 
 namespace {
-
-double number_in(const nlohmann::json& object, const char* key, const std::string& label,
-                 double fallback) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_number()) throw InputError(label, fmt::format("\"{}\" must be a number", key));
-  return it->get<double>();
-}
 
 // rope_scaling (or a non-default rope_parameters), as checkpoint/ kept it.
 RopeConfig rope_from(const checkpoint::ModelFacts& facts, const ModelConfig& model,
@@ -36,31 +29,27 @@ RopeConfig rope_from(const checkpoint::ModelFacts& facts, const ModelConfig& mod
   if (scaling.is_null()) return rope;
   if (!scaling.is_object()) throw InputError(label, "\"rope_scaling\" must be an object");
   std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
-  rope.factor = number_in(scaling, "factor", label, 1.0);
-  auto original = scaling.find("original_max_position_embeddings");
-  rope.original_max_position = model.max_position_embeddings;
-  if (original != scaling.end() && !original->is_null()) {
-    if (!original->is_number_integer() && !original->is_number_unsigned())
-      throw InputError(label, "\"original_max_position_embeddings\" must be an integer");
-    rope.original_max_position = original->get<int64_t>();
-  }
+  JsonReader fields(scaling, label, "rope_scaling");
+  rope.factor = fields.number_or("factor", 1.0);
+  rope.original_max_position =
+      fields.integer_or("original_max_position_embeddings", model.max_position_embeddings);
   if (type == "default") {
     rope.type = RopeType::standard;
   } else if (type == "linear") {
     rope.type = RopeType::linear;
   } else if (type == "llama3") {
     rope.type = RopeType::llama3;
-    rope.low_freq_factor = number_in(scaling, "low_freq_factor", label, 1.0);
-    rope.high_freq_factor = number_in(scaling, "high_freq_factor", label, 4.0);
+    rope.low_freq_factor = fields.number_or("low_freq_factor", 1.0);
+    rope.high_freq_factor = fields.number_or("high_freq_factor", 4.0);
     if (rope.high_freq_factor <= rope.low_freq_factor)
       throw InputError(label, "llama3 rope_scaling needs high_freq_factor > low_freq_factor");
   } else if (type == "yarn") {
     rope.type = RopeType::yarn;
-    rope.beta_fast = number_in(scaling, "beta_fast", label, 32.0);
-    rope.beta_slow = number_in(scaling, "beta_slow", label, 1.0);
+    rope.beta_fast = fields.number_or("beta_fast", 32.0);
+    rope.beta_slow = fields.number_or("beta_slow", 1.0);
     // YaRN's default attention temperature: 0.1 ln(s) + 1 (get_mscale in transformers).
     double fallback = rope.factor > 1.0 ? 0.1 * std::log(rope.factor) + 1.0 : 1.0;
-    rope.attention_factor = number_in(scaling, "attention_factor", label, fallback);
+    rope.attention_factor = fields.number_or("attention_factor", fallback);
   } else {
     throw InputError(label, fmt::format("rope_scaling type \"{}\" is not supported (supported: "
                                         "default, linear, llama3, yarn)",

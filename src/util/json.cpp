@@ -25,6 +25,12 @@ json read_json_file(const std::filesystem::path& path, uint64_t max_bytes) {
   }
 }
 
+std::string json_text(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_null()) return "";
+  return value.dump();
+}
+
 namespace {
 
 const char* type_name(const json& value) {

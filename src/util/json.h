@@ -16,6 +16,11 @@
 
 namespace kvaudit {
 
+// A value as text: a string as it is, null as "", anything else as its JSON ("4", "true",
+// "[1,2]"), for fields that hold free-form values (a quantization block's algorithm names, a
+// server's answers).
+std::string json_text(const nlohmann::json& value);
+
 // Reads and parses a JSON file (InputError naming the file on any problem: missing,
 // larger than max_bytes, invalid JSON, a number out of range).
 nlohmann::json read_json_file(const std::filesystem::path& path, uint64_t max_bytes = 16u << 20);

@@ -335,11 +335,29 @@ TEST_F(Malformed, MissingPath) {
 }
 TEST_F(Malformed, WrongTypedField) {
   write("config.json", R"({"model_type":"llama","num_hidden_layers":"two"})");
-  expect_error("config.json", "'num_hidden_layers' must be an integer");
+  expect_error("config.json", "num_hidden_layers: expected an integer");
 }
 TEST_F(Malformed, TrailingGarbageInHeader) {
   write_safetensors("model.safetensors", std::string("{") + kGoodEntry + "} trailing", 8);
   expect_error("model.safetensors", "not valid JSON");
+}
+
+// serve stops generation on these (with the tokenizer's own); checkpoint/ is the one reader of
+// config.json, so the ids come from here, as a list (Llama 3.2) or a single integer.
+TEST(Reader, EosTokenIdsAsAListOrOneInteger) {
+  const fs::path configs = fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "configs";
+  ModelFacts llama = read_checkpoint(configs / "meta-llama-llama-3.2-1b-instruct" / "config.json");
+  EXPECT_EQ(llama.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  nlohmann::json config = nlohmann::json::parse(R"({"model_type": "llama",
+      "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+      "eos_token_id": 7})");
+  ModelFacts one;
+  fill_from_config(config, one);
+  EXPECT_EQ(one.eos_token_ids, (std::vector<int64_t>{7}));
+  config["eos_token_id"] = "7";  // not an id: names no end token
+  ModelFacts text;
+  fill_from_config(config, text);
+  EXPECT_TRUE(text.eos_token_ids.empty());
 }
 
 }  // namespace
