@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "serve/internal.h"
+#include "util/json.h"
 #include "util/util.h"
 
 namespace kvaudit::serve {
@@ -29,26 +30,35 @@ bool present(const json& body, const char* key) {
   return body.contains(key) && !body[key].is_null();
 }
 
+// Typed fields go through util's JsonReader, the one policy for every JSON kvaudit reads; its
+// InputError (the key and what was wrong with it) becomes the 400 the client sees. The
+// ranges are the API's own.
+template <class Read>
+auto read_field(const json& body, Read read) {
+  try {
+    JsonReader fields(body, "request body");
+    return read(fields);
+  } catch (const InputError& error) {
+    bad(error.problem());
+  }
+}
+
 double number_field(const json& body, const char* key, double fallback, double lo, double hi) {
-  if (!present(body, key)) return fallback;
-  if (!body[key].is_number()) bad(fmt::format("'{}' must be a number", key));
-  double value = body[key].get<double>();
+  const double value =
+      read_field(body, [&](JsonReader& fields) { return fields.number_or(key, fallback); });
   if (!(value >= lo && value <= hi)) bad(fmt::format("'{}' must be in [{}, {}]", key, lo, hi));
   return value;
 }
 
 int64_t int_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
-  if (!present(body, key)) return fallback;
-  if (!body[key].is_number_integer()) bad(fmt::format("'{}' must be an integer", key));
-  int64_t value = body[key].get<int64_t>();
+  const int64_t value =
+      read_field(body, [&](JsonReader& fields) { return fields.integer_or(key, fallback); });
   if (value < lo || value > hi) bad(fmt::format("'{}' must be in [{}, {}]", key, lo, hi));
   return value;
 }
 
 bool bool_field(const json& body, const char* key, bool fallback) {
-  if (!present(body, key)) return fallback;
-  if (!body[key].is_boolean()) bad(fmt::format("'{}' must be true or false", key));
-  return body[key].get<bool>();
+  return read_field(body, [&](JsonReader& fields) { return fields.boolean_or(key, fallback); });
 }
 
 void check_model(const json& body, const ServedModel& served) {
