@@ -100,6 +100,12 @@ void add_serve_command(CLI::App& app, Runner& run, EngineData& engines) {
                    "Largest max_tokens a request may ask for")
       ->capture_default_str();
   command
+      ->add_option("--api-key", o.api_key,
+                   "Require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                   "(or set $KVAUDIT_API_KEY, which keeps the key out of the process list); the "
+                   "key is never logged or reported")
+      ->envname("KVAUDIT_API_KEY");
+  command
       ->add_option("--random-seed", o.random_seed, "Seeds sampling for requests that give no seed")
       ->capture_default_str();
   command->callback([&run, flags, &engines] {

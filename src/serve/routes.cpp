@@ -2,6 +2,7 @@
 // cache-config info gauge, so probe/ can read it), /tokenize and /detokenize, the OpenAI
 // completions endpoints, the API key check and JSON error bodies ({"error": {...}}).
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include <chrono>
 
@@ -18,6 +19,15 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 
 namespace {
+
+// "Bearer KEY" compared in time that does not depend on where the first difference lies (as
+// SGLang's and vLLM's secrets.compare_digest), so the key cannot be guessed byte by byte from
+// response times; only its length shows.
+bool bearer_matches(const std::string& authorization, const std::string& api_key) {
+  const std::string expected = "Bearer " + api_key;
+  return authorization.size() == expected.size() &&
+         CRYPTO_memcmp(authorization.data(), expected.data(), expected.size()) == 0;
+}
 
 json parse_body(const httplib::Request& req) {
   json body = json::parse(req.body, nullptr, false);
@@ -236,7 +246,7 @@ void Server::Impl::add_access_handlers() {
     http.set_pre_routing_handler([this](const Request& req, Response& res) {
       if (req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics")
         return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == "Bearer " + options.api_key)
+      if (bearer_matches(req.get_header_value("Authorization"), options.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
       ++metrics.http_requests;
       ++metrics.http_errors;

@@ -308,6 +308,13 @@ TEST(ServeHttp, ApiKeyGuardsEverythingButHealthAndMetrics) {
   client.set_bearer_token_auth("wrong");
   EXPECT_EQ(client.Get("/v1/models")->status, 401);
   EXPECT_EQ(json::parse(server.server().server_info().dump())["api_key"], "<redacted>");
+  client.set_bearer_token_auth("s3cre");  // a prefix of the key is not the key
+  EXPECT_EQ(client.Get("/v1/models")->status, 401);
+  client.set_bearer_token_auth("s3crett");
+  EXPECT_EQ(client.Get("/v1/models")->status, 401);
+  server.stop();
+  for (const std::string& line : server.log())
+    EXPECT_EQ(line.find("s3cret"), std::string::npos) << "the key was logged: " << line;
 }
 
 TEST(ServeHttp, FullQueueAnswers429AndStopDrainsInFlightRequests) {

@@ -116,6 +116,27 @@ wait "$fp8_pid" && pass || fail "SIGINT exit status"
 [[ $(json "$(cat "$work/plan8.json")" "[c['inside'] for c in d['from_log']['checks']]") == "[True, True]" ]] &&
   pass || fail "plan --from-log fp8"
 
+# --- --api-key from $KVAUDIT_API_KEY (out of the process list): 401 without it, the probe
+# sends it from the same variable, and the key is in no log line or report.
+key=k-$RANDOM-secret
+KVAUDIT_API_KEY=$key start keyed --model "$MODEL" --kv-cache-dtype bf16 || exit 1
+url=http://127.0.0.1:$PORT
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$url/v1/models") == 401 ]] && pass || fail "no key: not 401"
+[[ $(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer ${key}x" "$url/v1/models") == 401 ]] &&
+  pass || fail "a longer key was accepted"
+[[ $(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $key" "$url/v1/models") == 200 ]] &&
+  pass || fail "the key was refused"
+[[ $(curl -s -o /dev/null -w '%{http_code}' "$url/health") == 200 ]] && pass || fail "health needs no key"
+KVAUDIT_API_KEY=$key "$BIN" probe "$url" --json > "$work/keyed-probe.json" 2> "$work/keyed-probe.err"
+probe_status=$?
+((probe_status <= 1)) && pass || fail "probe with the key exited $probe_status: $(tail -2 "$work/keyed-probe.err")"
+kill "$keyed_pid"; wait "$keyed_pid" 2> /dev/null
+if grep -q -- "$key" "$work/keyed.log" "$work/keyed-probe.json" "$work/keyed-probe.err"; then
+  fail "the key appears in a log or report: $(grep -l -- "$key" "$work"/keyed*)"
+else
+  pass
+fi
+
 # --- Bad input: one line on stderr, exit 2, nothing served.
 check_bad() { # check_bad LABEL ARGS...
   local label=$1
