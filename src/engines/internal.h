@@ -1,6 +1,14 @@
 // engines internals shared by the module's files. Private to src/engines/.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <string_view>
+#include <utility>
+
 #include "engines/engines.h"
 #include "util/json.h"
 
@@ -59,5 +67,69 @@ void refuse_deep_nesting(std::string_view text, const std::string& where);
 // YAML::Exception for text that is not YAML.
 std::vector<YAML::Node> load_yaml_documents(const std::string& text, const std::string& where,
                                             size_t most_documents);
+
+// ---- Reading an engine file (load.cpp and the load_*.cpp beside it)
+
+// The fields every rule carries (load_fields.cpp). Each fails through the reader, which names
+// the file and key: a version range with full x.y.z bounds, the provenance with its audit
+// record, the model facts a rule matches, and a canonical dtype (or "auto" when allowed).
+VersionRange read_range(JsonReader& r, std::string_view key);
+Provenance read_provenance(JsonReader& r);
+QuantMatch read_match(JsonReader& parent, std::string_view key);
+void check_dtype(const EngineModel& model, JsonReader& r, std::string_view key,
+                 const std::string& dtype, bool allow_auto);
+// An enum field: one of `names`, or `fallback` when the key is absent and there is one.
+template <typename Enum>
+Enum read_enum(JsonReader& r, std::string_view key,
+               std::initializer_list<std::pair<const char*, Enum>> names,
+               std::optional<Enum> fallback = std::nullopt) {
+  if (!r.has(key) && fallback) {
+    r.raw(key);
+    return *fallback;
+  }
+  std::string text = r.string(key);
+  std::string known;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  r.fail(key, fmt::format("'{}' is not one of {}", text, known));
+}
+// The launch section (load_serving.cpp).
+void read_launch(JsonReader& top, EngineModel& model);
+// Every rule section, in file order (load_rules.cpp); the sections about the running server
+// come last (read_serving_rules, load_serving.cpp).
+void read_rules(JsonReader& top, EngineModel& model);
+void read_serving_rules(JsonReader& top, EngineModel& model);
+// Cross-rule checks: what no single object can see (load_lint.cpp).
+void lint_model(EngineModel& model);
+
+// ---- Resolving a launch (resolve.cpp, resolve_scales.cpp)
+
+// Whether `value` matches one of the globs (any value, when there are none).
+bool any_glob(const std::vector<std::string>& patterns, const std::string& value);
+// Which checkpoint scales reach the attention layers, where the scales in effect come from,
+// and what the engine does with the loaded values (resolve_scales.cpp).
+void resolve_scales(const EngineModel& engine, const Version& version,
+                    const checkpoint::ModelFacts& model, const LaunchFlags& flags,
+                    ResolvedKv& resolved);
+
+// ---- Reading a launch (launch.cpp, launch_config.cpp, launch_edit.cpp)
+
+// Sets one launch field from its text, as a flag (`word`) or a config key gave it.
+void set_launch_field(LaunchFlags& flags, const std::string& field, const std::string& value,
+                      const std::string& word, bool on, const std::string& label);
+// The text of the config file the launch names (flags.config_file); InputError(where), saying
+// why kvaudit needs it, when it cannot be read.
+std::string read_config_text(const LaunchFlags& flags, const std::string& where);
+// Sets the launch fields the YAML file a launch names (TensorRT-LLM --config) holds, under
+// the keys the engine data lists (launch_config.cpp).
+void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::string& label);
+// Where a launch file takes its KV dtype: the present value's bytes, or where a new flag
+// goes (launch_edit.cpp).
+std::optional<TextEdit> kv_dtype_edit(const LaunchFlags& flags, const LaunchSpec& launch,
+                                      const std::string& file, std::string_view text,
+                                      const std::vector<LaunchWord>& words,
+                                      const std::map<std::string, FieldOrigin>& origins);
 
 }  // namespace kvaudit::engines
