@@ -1,9 +1,9 @@
-// logs parse: what each recognised line says about its launch. Lines are recognised by
-// the engines' own log messages (the templates in data/engines/<engine>.json), plus the
-// generic Python and systemd lines no engine data owns (tracebacks, exception lines,
-// OOM, unit start and exit). Launch boundaries come from start-up markers: a marker
-// opens a new launch when the current one has already passed that stage. Memory figures
-// printed once per TP rank keep the minimum, as the engines do.
+// logs parse: which launch each recognised line belongs to. Lines are recognised by the
+// engines' own log messages (the templates in data/engines/<engine>.json), plus the generic
+// Python and systemd lines no engine data owns (tracebacks, exception lines, OOM, unit start
+// and exit). Launch boundaries come from start-up markers: a marker opens a new launch when
+// the current one has already passed that stage. What a line says about its launch:
+// parse_args.cpp (the start-up markers) and parse_facts.cpp (the rest).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,49 +19,8 @@ namespace {
 
 using engines::LogKind;
 
-enum Stage { kSystemd = 0, kVersion = 1, kArgs = 2, kEngineInit = 3, kLoading = 5, kReady = 8 };
-
 bool contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
-}
-
-std::string clip(std::string_view text, size_t n = 300) {
-  return std::string(text.substr(0, std::min(n, text.size())));
-}
-
-// A number as the engines print it ("1,573,854", "94.57", "-1.05").
-std::optional<double> parse_number(std::string_view text) {
-  std::string digits;
-  for (char c : text)
-    if (c != ',') digits.push_back(c);
-  while (!digits.empty() && digits.back() == ' ') digits.pop_back();
-  while (!digits.empty() && digits.front() == ' ') digits.erase(digits.begin());
-  if (digits.empty()) return std::nullopt;
-  char* end = nullptr;
-  double value = std::strtod(digits.c_str(), &end);
-  if (end != digits.c_str() + digits.size() || !std::isfinite(value)) return std::nullopt;
-  return value;
-}
-
-std::optional<int64_t> parse_count(std::string_view text) {
-  auto v = parse_number(text);
-  if (!v || *v < 0 || *v > 9.0e18 || *v != std::floor(*v)) return std::nullopt;
-  return static_cast<int64_t>(*v);
-}
-
-void keep_min(std::optional<double>& slot, std::optional<double> value) {
-  if (value && (!slot || *value < *slot)) slot = value;
-}
-
-std::string word_after(std::string_view text, std::string_view key) {
-  size_t at = text.find(key);
-  if (at == std::string_view::npos) return "";
-  size_t i = at + key.size();
-  while (i < text.size() && text[i] == ' ') ++i;
-  size_t j = i;
-  while (j < text.size() && text[j] != ' ' && text[j] != ',' && text[j] != ')' && text[j] != ';')
-    ++j;
-  return std::string(text.substr(i, j - i));
 }
 
 // "DP0 TP3", "PP1 TP3", "rank=2": the TP and DP indices, for the rank counts.
@@ -85,34 +44,39 @@ void note_rank_indices(Launch& launch, std::string_view rank) {
 
 }  // namespace
 
-// One template that matched a line, with its captures by field name.
-struct TemplateHit {
-  const engines::EngineModel* engine;
-  const engines::LogTemplate* log;
-  std::vector<std::string> captures;
-  std::optional<std::string> text(std::string_view field) const {
-    for (size_t i = 0; i < log->fields.size() && i < captures.size(); ++i)
-      if (log->fields[i] == field) return captures[i];
-    return std::nullopt;
-  }
-  // A number is the capture's first word: a last placeholder captures the rest of the
-  // line ("8192, available_gpu_mem=3.63 GB" after context_len=).
-  static std::string_view first_word(std::string_view t) {
-    size_t end = t.find(' ');
-    if (end != std::string_view::npos) t = t.substr(0, end);
-    while (!t.empty() && (t.back() == ',' || t.back() == ';')) t.remove_suffix(1);
-    return t;
-  }
-  std::optional<double> number(std::string_view field) const {
-    auto t = text(field);
-    return t ? parse_number(first_word(*t)) : std::nullopt;
-  }
-  std::optional<int64_t> count(std::string_view field) const {
-    auto t = text(field);
-    return t ? parse_count(first_word(*t)) : std::nullopt;
-  }
-};
+std::string clip(std::string_view text, size_t n) {
+  return std::string(text.substr(0, std::min(n, text.size())));
+}
 
+std::optional<double> parse_number(std::string_view text) {
+  std::string digits;
+  for (char c : text)
+    if (c != ',') digits.push_back(c);
+  while (!digits.empty() && digits.back() == ' ') digits.pop_back();
+  while (!digits.empty() && digits.front() == ' ') digits.erase(digits.begin());
+  if (digits.empty()) return std::nullopt;
+  char* end = nullptr;
+  double value = std::strtod(digits.c_str(), &end);
+  if (end != digits.c_str() + digits.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+std::optional<int64_t> parse_count(std::string_view text) {
+  auto v = parse_number(text);
+  if (!v || *v < 0 || *v > 9.0e18 || *v != std::floor(*v)) return std::nullopt;
+  return static_cast<int64_t>(*v);
+}
+
+std::string word_after(std::string_view text, std::string_view key) {
+  size_t at = text.find(key);
+  if (at == std::string_view::npos) return "";
+  size_t i = at + key.size();
+  while (i < text.size() && text[i] == ' ') ++i;
+  size_t j = i;
+  while (j < text.size() && text[j] != ' ' && text[j] != ',' && text[j] != ')' && text[j] != ';')
+    ++j;
+  return std::string(text.substr(i, j - i));
+}
 namespace {
 
 // Every engine's log templates (engine models live for the process).
@@ -202,441 +166,6 @@ void LaunchBuilder::record_failure(Launch& launch, const std::string& kind,
   event.text = clip(message);
   event.after_ready = launch.ready;
   launch.failures.push_back(std::move(event));
-}
-
-void LaunchBuilder::apply_args(Launch& launch, const engines::EngineModel& engine,
-                               const nlohmann::json& args, bool complete, bool omits_defaults,
-                               bool fill_only, const std::string& what, int64_t line_no) {
-  if (!args.is_object()) return;
-  launch.server_args_read_by = engine.log_args.provenance.reference;
-  auto value_of = [&](const std::string& field) -> std::pair<const nlohmann::json*, std::string> {
-    auto keys = engine.log_args.keys.find(field);
-    if (keys == engine.log_args.keys.end()) return {nullptr, ""};
-    for (const std::string& key : keys->second)
-      if (auto it = args.find(key); it != args.end() && !it->is_null()) return {&*it, key};
-    return {nullptr, ""};
-  };
-  auto text = [&](const std::string& field) -> std::string {
-    auto [v, key] = value_of(field);
-    return v && v->is_string() ? v->get<std::string>() : std::string();
-  };
-  auto number = [&](const std::string& field) -> std::optional<double> {
-    auto [v, key] = value_of(field);
-    if (v && v->is_number()) return v->get<double>();
-    return std::nullopt;
-  };
-  // A parallel size: a whole number in [1, 65536].
-  auto size = [&](const std::string& field) -> int {
-    auto n = number(field);
-    return n && *n >= 1 && *n <= 1 << 16 && *n == std::floor(*n) ? static_cast<int>(*n) : 0;
-  };
-  if (std::string model = text("model_path"); !model.empty() && launch.model_path.empty())
-    launch.model_path = model;
-  if (auto [v, key] = value_of("kv_cache_dtype"); v && v->is_string()) {
-    if (!fill_only || launch.kv_cache_dtype_requested.empty())
-      launch.kv_cache_dtype_requested = v->get<std::string>();
-  } else if (omits_defaults && complete && launch.kv_cache_dtype_requested.empty()) {
-    // A repr of the non-default arguments leaves the default out.
-    if (auto d = engine.log_args.omitted_defaults.find("kv_cache_dtype");
-        d != engine.log_args.omitted_defaults.end())
-      launch.kv_cache_dtype_requested = d->second;
-  }
-  if (std::string path = text("quantization_param_path"); !path.empty())
-    launch.quantization_param_path = path;
-  if (std::string q = text("quantization"); !q.empty() && q != "None") launch.quantization = q;
-  if (int tp = size("tp"); tp && (!fill_only || launch.tp == 0)) {
-    launch.tp = tp, launch.memory.tp = tp;
-    launch.tp_source = fmt::format("log:{} {} {}", line_no, what, value_of("tp").second);
-  }
-  if (int pp = size("pp"); pp && (!fill_only || launch.pp == 0))
-    launch.pp = pp, launch.memory.pp = pp;
-  if (int dp = size("dp"); dp && (!fill_only || launch.dp == 0))
-    launch.dp = dp, launch.memory.dp = dp;
-  if (auto [v, key] = value_of("dp_attention"); v && v->is_boolean())
-    launch.dp_attention = v->get<bool>(), launch.memory.dp_attention = launch.dp_attention;
-  if (std::string ssm = text("mamba_ssm_dtype"); !ssm.empty() && ssm != "auto")
-    launch.memory.mamba_ssm_dtype = ssm;
-  if (auto f = number("memory_fraction")) launch.memory.mem_fraction_static = f;
-  if (auto page = number("page_size"); page && *page >= 1 && *page <= 1 << 20) {
-    // SGLang's page and vLLM's block: each pool model reads its own.
-    launch.memory.page_size = static_cast<int>(*page);
-    launch.memory.block_size = static_cast<int>(*page);
-  }
-  if (auto ratio = number("mamba_full_memory_ratio")) launch.memory.mamba_full_memory_ratio = ratio;
-  if (auto n = number("max_running_requests"); n && *n >= 1 && *n < 1e9)
-    launch.memory.requested_running_requests = static_cast<int64_t>(*n);
-  if (std::string s = text("mamba_radix_cache_strategy"); !s.empty())
-    launch.memory.mamba_radix_cache_strategy = s;
-  auto flag = [&](const std::string& field) {
-    auto [v, key] = value_of(field);
-    return v && v->is_boolean() && v->get<bool>();
-  };
-  launch.memory.disable_radix_cache |= flag("disable_radix_cache");
-  launch.memory.disable_overlap_schedule |= flag("disable_overlap_schedule");
-  if (std::string spec = text("speculative_algorithm"); !spec.empty() && spec != "None")
-    launch.memory.speculative = true;
-  if (auto cap = number("max_total_tokens"))
-    launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
-  if (auto ctx = number("context_length"); ctx && *ctx > 0 && *ctx < 9e15)
-    launch.context_length = static_cast<int64_t>(*ctx);
-  if (std::string dtype = text("dtype"); !dtype.empty() && dtype != "auto") {
-    std::string d = registry_.dtypes().normalise(dtype);
-    if (!d.empty() && d != "auto" && (!fill_only || launch.model_dtype.empty()))
-      launch.model_dtype = d;
-  }
-}
-
-namespace {
-
-// vLLM's engine-config line ("model='/m', dtype=torch.bfloat16, kv_cache_dtype=fp8, ..."):
-// the value of each argument name the engine data lists, as JSON (quotes stripped, numbers
-// as numbers, None as null).
-nlohmann::json config_line_values(std::string_view config, const engines::LogArgs& args) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [field, keys] : args.keys)
-    for (const std::string& key : keys) {
-      // The name at the start of the text or after a separator, not inside another name
-      // (" dtype=" is not "kv_cache_dtype=").
-      size_t at = 0;
-      std::string value;
-      bool found = false;
-      while ((at = config.find(key + "=", at)) != std::string_view::npos) {
-        if (at == 0 || config[at - 1] == ' ' || config[at - 1] == ',' || config[at - 1] == '(') {
-          value = word_after(config.substr(at), key + "=");
-          found = true;
-          break;
-        }
-        at += key.size();
-      }
-      if (!found || value.empty()) continue;
-      if (value.size() >= 2 && (value.front() == '\'' || value.front() == '"'))
-        value = value.substr(1, value.size() - 2);
-      if (value == "None") {
-        out[key] = nullptr;
-      } else if (auto n = parse_number(value);
-                 n && value.find_first_not_of("0123456789.") == std::string::npos) {
-        out[key] = *n;
-      } else {
-        out[key] = value;
-      }
-    }
-  return out;
-}
-
-}  // namespace
-
-void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& ts) {
-  const LogKind kind = hit.log->kind;
-  if (kind == LogKind::engine_version) {
-    // Every process of one launch may print it (TensorRT-LLM's MPI workers import the
-    // package again): the same version again before anything loaded is the same launch.
-    const std::string version = word_after(hit.text("engine_version").value_or(""), "");
-    if (!launches_.empty()) {
-      const Launch& last = launches_.back();
-      if (last.engine == hit.engine->engine && last.engine_version == version &&
-          last.stage < kLoading && last.failures.empty())
-        return;
-    }
-    Launch& launch = start_marker(kVersion, line_no, ts);
-    launch.engine = hit.engine->engine;
-    launch.engine_version = word_after(hit.text("engine_version").value_or(""), "");
-    return;
-  }
-  const engines::EngineModel& engine = *hit.engine;
-  if (kind == LogKind::engine_config) {
-    Launch& launch = start_marker(kEngineInit, line_no, ts);
-    if (auto v = hit.text("engine_version")) launch.engine_version = *v;
-    apply_args(launch, engine,
-               config_line_values(hit.text("engine_config").value_or(""), engine.log_args), true,
-               false, true, "engine config", line_no);
-    launch.engine = engine.engine;
-    return;
-  }
-  Launch& launch = start_marker(kArgs, line_no, ts);
-  if (auto repr = hit.text("server_args_repr")) {
-    // The whole ServerArgs(...): every argument, defaults included.
-    ReprResult parsed = parse_python_repr(*repr);
-    launch.server_args = parsed.value;
-    launch.server_args_complete = parsed.complete;
-    launch.server_args_cuts = parsed.cuts;
-    launch.server_args_line = line_no;
-    apply_args(launch, engine, parsed.value, parsed.complete, false, false, "server_args", line_no);
-  } else if (auto ns = hit.text("namespace_args_repr")) {
-    // "args: Namespace(...)": every argument, defaults included.
-    ReprResult parsed = parse_python_repr("Namespace(" + *ns);
-    if (launch.server_args.is_null()) launch.server_args = parsed.value;
-    apply_args(launch, engine, parsed.value, parsed.complete, true, false, "non-default args",
-               line_no);
-  } else if (auto args = hit.text("non_default_args_repr")) {
-    ReprResult parsed = parse_python_repr(*args);
-    if (launch.server_args.is_null()) launch.server_args = parsed.value;
-    apply_args(launch, engine, parsed.value, parsed.complete, true, false, "non-default args",
-               line_no);
-  }
-  launch.engine = engine.engine;
-}
-
-namespace {
-
-// A fact line of the loading stage moves the launch there (never back).
-void mark_loading(Launch& launch) {
-  launch.stage = std::max<int>(launch.stage, kLoading);
-}
-
-// "log:LINE: message" (clipped): the evidence a resolved KV dtype carries.
-std::string fact_evidence(int64_t line_no, const std::string& message) {
-  return fmt::format("log:{}: {}", line_no, clip(message, 120));
-}
-
-// Settings a line names, whatever its kind ("Automatically reduce --mem-fraction-static
-// to 0.760", "under --mem-fraction-static=0.88", "max_total_tokens=131072 is larger").
-void apply_named_settings(Launch& launch, const TemplateHit& hit) {
-  auto& memory = launch.memory;
-  if (auto f = hit.number("mem_fraction_static"); f && *f > 0 && *f <= 1)
-    memory.mem_fraction_static = f;
-  if (auto cap = hit.count("max_total_tokens_arg")) memory.max_total_tokens_arg = cap;
-  if (auto block = hit.count("block_size"); block && *block > 0 && *block < 1 << 20)
-    memory.block_size = static_cast<int>(*block);
-  if (auto n = hit.count("max_num_batched_tokens"); n && *n > 0 && *n < 1LL << 40)
-    memory.max_num_batched_tokens = n;
-  if (auto dp = hit.count("dp_size"); dp && *dp >= 1 && *dp <= 1 << 16 && launch.dp == 0)
-    launch.dp = static_cast<int>(*dp), memory.dp = launch.dp;
-  if (auto q = hit.text("quantization"); q && !q->empty()) launch.quantization = *q;
-  if (auto f = hit.number("memory_fraction"); f && *f > 0 && *f <= 1) memory.printed_fraction = f;
-}
-
-// The weights' load (load_begin, load_end, weights_loaded): free memory before and after,
-// the weights' size, and the dtype and quantization the load names.
-void apply_weights_fact(Launch& launch, const TemplateHit& hit) {
-  auto& memory = launch.memory;
-  switch (hit.log->kind) {
-    case LogKind::load_begin:
-      keep_min(memory.total_before_load_gib, hit.number("avail_mem_gib"));
-      break;
-    case LogKind::load_end: {
-      keep_min(memory.avail_after_weights_gib, hit.number("avail_mem_gib"));
-      if (auto usage = hit.number("mem_usage_gib")) launch.weights_gib = usage;
-      const std::string details = hit.text("load_details").value_or("");
-      std::string dtype = word_after(details, "dtype=");
-      if (!dtype.empty() && launch.model_dtype.empty())
-        launch.model_dtype = hit.engine->dtypes->normalise(dtype);
-      if (std::string q = word_after(details, "quant="); !q.empty()) launch.quantization = q;
-      break;
-    }
-    case LogKind::weights_loaded:
-      launch.weights_gib = hit.number("weights_gib");
-      break;
-    default:
-      break;
-  }
-}
-
-// "Using fp8 data type": the cache dtype the engine says it uses. Older vLLM prints a bare
-// "fp8" for every FP8 cache, which says less than an explicit request, which then decides
-// (see finish()).
-void apply_kv_dtype_used(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                         const std::string& message) {
-  std::string raw = hit.text("kv_dtype").value_or("");
-  std::string d = hit.engine->dtypes->normalise(raw);
-  if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || raw != "fp8")) {
-    launch.kv_cache_dtype_resolved = d;
-    launch.resolved_evidence = fact_evidence(line_no, message);
-    launch.resolved_generic = raw == "fp8";
-  }
-}
-
-// The pools the engine allocated (kv_pool_allocated, state_pool_allocated, swa_pool,
-// token_summary): their tokens, slots and sizes, and the cache dtype the KV pool names.
-void apply_pool_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                     const std::string& message) {
-  auto& memory = launch.memory;
-  switch (hit.log->kind) {
-    case LogKind::kv_pool_allocated: {
-      if (auto n = hit.count("pool_tokens")) memory.pool_tokens = n;
-      if (auto k = hit.number("k_gib")) memory.k_gib = k;
-      if (auto v = hit.number("v_gib")) memory.v_gib = v;
-      if (auto kv = hit.number("kv_gib")) memory.kv_gib = kv;
-      std::string d = hit.engine->dtypes->normalise(hit.text("kv_dtype").value_or(""));
-      if (!d.empty() && (launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic)) {
-        launch.kv_cache_dtype_resolved = d;
-        launch.resolved_evidence = fact_evidence(line_no, message);
-        launch.resolved_generic = false;
-      }
-      // An engine that allocates twice (a profiling cache, then the real one) prints the
-      // one in effect last.
-      if (!launch.max_total_tokens || hit.log->last_wins)
-        launch.max_total_tokens = memory.pool_tokens;
-      break;
-    }
-    case LogKind::state_pool_allocated:
-      if (auto n = hit.count("mamba_slots")) memory.mamba_slots = n;
-      if (auto c = hit.number("conv_gib")) memory.conv_gib = c;
-      if (auto s = hit.number("ssm_gib")) memory.ssm_gib = s;
-      break;
-    case LogKind::swa_pool:
-      if (auto n = hit.count("full_tokens")) memory.full_tokens = n;
-      if (auto n = hit.count("swa_tokens")) memory.swa_tokens = n;
-      break;
-    case LogKind::token_summary:
-      memory.max_total_num_tokens = hit.count("max_total_num_tokens");
-      launch.max_total_tokens = memory.max_total_num_tokens;
-      launch.max_running_requests = hit.count("max_running_requests");
-      if (launch.max_running_requests) memory.max_running_requests = launch.max_running_requests;
-      if (auto ctx = hit.count("context_len"))
-        launch.context_length = ctx, memory.context_len = ctx;
-      break;
-    default:
-      break;
-  }
-}
-
-// What the memory profile found (available_kv_memory, kv_cache_size, max_concurrency,
-// gpu_blocks): the KV memory, the cache's tokens and blocks, the concurrency it allows.
-void apply_profile_fact(Launch& launch, const TemplateHit& hit) {
-  auto& memory = launch.memory;
-  switch (hit.log->kind) {
-    case LogKind::available_kv_memory: {
-      std::optional<double> gib = hit.number("available_kv_gib");
-      if (auto details = hit.text("load_details")) {  // "... kv_cache_size=61.84GiB ..."
-        std::string size = word_after(*details, "kv_cache_size=");
-        gib = parse_number(size.substr(0, size.find("GiB")));
-      }
-      keep_min(memory.available_kv_gib, gib);
-      // TensorRT-LLM's profile line carries the terms of its own arithmetic.
-      if (auto peak = hit.number("peak_gib")) memory.peak_gib = peak;
-      if (auto total = hit.number("total_gpu_gib")) memory.total_gpu_gib = total;
-      if (auto tmp = hit.number("tmp_kv_gib")) memory.tmp_kv_gib = tmp;
-      if (auto bytes = hit.count("kv_bytes_per_token")) memory.kv_bytes_per_token = bytes;
-      // V0 profiles print the weights on the same line (V1 logs them separately).
-      if (hit.text("weights_gib") || hit.text("load_details")) {
-        memory.vllm_v0 = true;
-        if (auto w = hit.number("weights_gib")) launch.weights_gib = w;
-      }
-      break;
-    }
-    case LogKind::kv_cache_size:
-      // Each worker prints its own; the engine allocates the smallest (min over ranks).
-      if (auto n = hit.count("kv_cache_tokens");
-          n && (!memory.gpu_kv_cache_tokens || *n < *memory.gpu_kv_cache_tokens))
-        memory.gpu_kv_cache_tokens = n;
-      launch.max_total_tokens = memory.gpu_kv_cache_tokens;
-      break;
-    case LogKind::max_concurrency:
-      // Proportional to the worker's token count, so its minimum pairs with the minimum.
-      memory.concurrency_context = hit.count("concurrency_context");
-      keep_min(memory.concurrency_x, hit.number("concurrency_x"));
-      break;
-    case LogKind::gpu_blocks:
-      memory.num_gpu_blocks = hit.count("gpu_blocks");
-      if (hit.text("cpu_blocks")) memory.vllm_v0 = true;  // CPU swap blocks exist only in V0
-      break;
-    default:
-      break;
-  }
-}
-
-// A line about scales, fallbacks, ignored flags or deprecations, kept as it was printed
-// (at most 64 per launch) with the template's id and reference.
-void record_scale_message(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                          const std::string& message) {
-  if (launch.scale_messages.size() >= 64) return;
-  const engines::Provenance& p = hit.log->provenance;
-  launch.scale_messages.push_back(
-      {line_no, std::string(engines::log_kind_name(hit.log->kind)), clip(message), launch.ready,
-       hit.log->kind, hit.log->id, hit.engine->engine,
-       p.verified ? p.reference
-                  : fmt::format("{} (version bound inferred: {})", p.reference, p.bound)});
-}
-
-}  // namespace
-
-void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                               const std::string& message) {
-  if (launch.engine.empty()) launch.engine = hit.engine->engine;
-  apply_named_settings(launch, hit);
-  switch (hit.log->kind) {
-    case LogKind::load_begin:
-    case LogKind::load_end:
-    case LogKind::weights_loaded:
-      apply_weights_fact(launch, hit);
-      mark_loading(launch);
-      break;
-    case LogKind::kv_dtype_used:
-      // No stage: vLLM validates the cache dtype before it prints its engine config, so
-      // this line must not make the config line look like a new launch.
-      apply_kv_dtype_used(launch, hit, line_no, message);
-      break;
-    case LogKind::kv_pool_allocated:
-    case LogKind::state_pool_allocated:
-    case LogKind::swa_pool:
-    case LogKind::token_summary:
-      apply_pool_fact(launch, hit, line_no, message);
-      mark_loading(launch);
-      break;
-    case LogKind::available_kv_memory:
-    case LogKind::kv_cache_size:
-    case LogKind::max_concurrency:
-    case LogKind::gpu_blocks:
-      apply_profile_fact(launch, hit);
-      mark_loading(launch);
-      break;
-    case LogKind::memory_pool_end:
-    case LogKind::startup_progress:
-      mark_loading(launch);
-      break;
-    case LogKind::launch_setting:
-      break;  // its settings were read above; no stage
-    case LogKind::running_requests_capped: {
-      RunningRequestsCap cap;
-      cap.effective = hit.count("max_running_requests").value_or(0);
-      cap.requested = hit.count("requested_running_requests");
-      cap.state_slots = hit.count("mamba_slots");
-      cap.slots_per_request = hit.count("state_slots_per_request");
-      cap.by = cap.slots_per_request ? "mamba state cache" : "KV cache capacity";
-      cap.line = line_no;
-      cap.message = message;
-      launch.running_requests_cap = cap;
-      // The scheduler's summary line, later, prints the same value; a log cut before it
-      // still has the cap in effect.
-      if (cap.effective > 0)
-        launch.max_running_requests = cap.effective,
-        launch.memory.max_running_requests = cap.effective;
-      if (cap.requested) launch.memory.requested_running_requests = cap.requested;
-      if (cap.slots_per_request) launch.memory.state_slots_per_request = cap.slots_per_request;
-      if (cap.state_slots && !launch.memory.mamba_slots)
-        launch.memory.mamba_slots = cap.state_slots;
-      mark_loading(launch);
-      break;
-    }
-    case LogKind::kv_dtype_requested:
-      // No stage: the engine validates the request before it loads anything.
-      if (auto requested = hit.text("kv_dtype"); requested && !requested->empty())
-        launch.kv_cache_dtype_requested = *requested;
-      break;
-    case LogKind::scale_unit_fallback:
-    case LogKind::scale_warning:
-    case LogKind::scale_not_loaded:
-    case LogKind::scales_loaded:
-    case LogKind::nvfp4_unit_global:
-    case LogKind::flag_ignored:
-    case LogKind::dtype_fallback:
-    case LogKind::deprecation:
-      record_scale_message(launch, hit, line_no, message);
-      break;
-    case LogKind::ready:
-      launch.ready = true, launch.ready_line = line_no;
-      launch.stage = std::max<int>(launch.stage, kReady);
-      break;
-    case LogKind::startup_error:
-      record_failure(launch, "engine_error", message, line_no);
-      if (!launch.failures.empty() && launch.failures.back().line == line_no)
-        launch.failures.back().reference = hit.log->provenance.reference;
-      break;
-    case LogKind::launch_args:
-    case LogKind::engine_version:
-    case LogKind::engine_config:
-      break;  // markers: apply_marker
-  }
 }
 
 // A weights load is printed once per rank and process. The same rank loading again is a

@@ -8,7 +8,46 @@
 
 namespace kvaudit::logs {
 
-struct TemplateHit;
+// How far a launch got: a start-up marker opens a new launch when the current one already
+// reached its stage.
+enum Stage { kSystemd = 0, kVersion = 1, kArgs = 2, kEngineInit = 3, kLoading = 5, kReady = 8 };
+
+// `text`'s first n bytes.
+std::string clip(std::string_view text, size_t n = 300);
+// A number as the engines print it ("1,573,854", "94.57", "-1.05").
+std::optional<double> parse_number(std::string_view text);
+// A whole, non-negative number as the engines print it.
+std::optional<int64_t> parse_count(std::string_view text);
+// The word after `key` in `text` (past blanks, up to a blank, ',', ')' or ';').
+std::string word_after(std::string_view text, std::string_view key);
+
+// One template that matched a line, with its captures by field name.
+struct TemplateHit {
+  const engines::EngineModel* engine;
+  const engines::LogTemplate* log;
+  std::vector<std::string> captures;
+  std::optional<std::string> text(std::string_view field) const {
+    for (size_t i = 0; i < log->fields.size() && i < captures.size(); ++i)
+      if (log->fields[i] == field) return captures[i];
+    return std::nullopt;
+  }
+  // A number is the capture's first word: a last placeholder captures the rest of the
+  // line ("8192, available_gpu_mem=3.63 GB" after context_len=).
+  static std::string_view first_word(std::string_view t) {
+    size_t end = t.find(' ');
+    if (end != std::string_view::npos) t = t.substr(0, end);
+    while (!t.empty() && (t.back() == ',' || t.back() == ';')) t.remove_suffix(1);
+    return t;
+  }
+  std::optional<double> number(std::string_view field) const {
+    auto t = text(field);
+    return t ? parse_number(first_word(*t)) : std::nullopt;
+  }
+  std::optional<int64_t> count(std::string_view field) const {
+    auto t = text(field);
+    return t ? parse_count(first_word(*t)) : std::nullopt;
+  }
+};
 
 // Decides from a launch's scale messages whether it ran at scale 1.0 (null when the log
 // cannot tell).
