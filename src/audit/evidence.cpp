@@ -1,8 +1,8 @@
-// Severity from evidence and intent. What is known about this model's K/V range under the
+// The evidence behind a severity: what is known about this model's K/V range under the
 // scales the engine will use, strongest first: measured maxima (check --kv-stats), bounds
 // from the checkpoint (key-norm weights, scale values the checkpoint ships), published
-// damage on the model family (data/evidence/kv_damage.json), or nothing; and how the
-// user's --kv-policy turns that into a severity. The rules say what is wrong; this file
+// damage on the model family (data/evidence/kv_damage.json), or nothing. How the user's
+// --kv-policy turns that into a severity: policy.cpp. The rules say what is wrong; this file
 // says how sure kvaudit is that it hurts.
 #include <fmt/format.h>
 
@@ -18,122 +18,6 @@
 namespace kvaudit::audit {
 
 using report::Evidence;
-using report::Severity;
-
-std::string_view kv_policy_name(KvPolicy policy) {
-  switch (policy) {
-    case KvPolicy::lossless:
-      return "lossless";
-    case KvPolicy::evidence:
-      return "evidence";
-    case KvPolicy::permissive:
-      return "permissive";
-  }
-  return "?";
-}
-
-std::optional<KvPolicy> parse_kv_policy(std::string_view text) {
-  for (KvPolicy policy : {KvPolicy::lossless, KvPolicy::evidence, KvPolicy::permissive})
-    if (kv_policy_name(policy) == text) return policy;
-  return std::nullopt;
-}
-
-std::string_view damage_name(Damage damage) {
-  switch (damage) {
-    case Damage::none:
-      return "none";
-    case Damage::minor:
-      return "minor";
-    case Damage::damaging:
-      return "damaging";
-    case Damage::catastrophic:
-      return "catastrophic";
-  }
-  return "?";
-}
-
-// ---------------------------------------------------------------- the published table
-
-PublishedEvidence load_published_evidence(const std::filesystem::path& file,
-                                          const engines::DtypeVocabulary& dtypes) {
-  PublishedEvidence out;
-  out.file = display_path(file);
-  nlohmann::json document = read_json_file(file, 1 << 20);
-  JsonReader top(document, out.file);
-  if (top.integer("schema_version") != 1) top.fail("schema_version", "expected 1");
-  top.allow_descriptive({"notes", "checked"});
-  JsonReader threshold = top.object("threshold");
-  out.recovery_threshold = threshold.number("recovery_below");
-  if (!(out.recovery_threshold > 0.5 && out.recovery_threshold <= 1.0))
-    threshold.fail("recovery_below", "must lie in (0.5, 1]");
-  out.threshold_reference = threshold.string("reference");
-  out.threshold_cite = threshold.string("cite");
-  threshold.allow_descriptive({"quote"});
-  threshold.finish();
-  std::set<std::string> ids;
-  for (JsonReader& r : top.objects("measurements")) {
-    PublishedMeasurement m;
-    m.id = r.string("id");
-    if (!ids.insert(m.id).second) r.fail("id", "is used twice");
-    m.model_types = r.strings("model_types");
-    if (m.model_types.empty()) r.fail("model_types", "name at least one config model_type");
-    m.models = r.strings("models");
-    m.kv_dtype = r.string("kv_dtype");
-    if (!dtypes.find(m.kv_dtype) || dtypes.normalise(m.kv_dtype) != m.kv_dtype)
-      r.fail("kv_dtype", fmt::format("'{}' is not a canonical dtype of dtypes.json", m.kv_dtype));
-    m.scales = r.string("scales");
-    if (m.scales != "unit" && m.scales != "calibrated" && m.scales != "dynamic" &&
-        m.scales != "any")
-      r.fail("scales", "expected unit, calibrated, dynamic or any");
-    m.engine = r.string("engine");
-    m.measured_on = r.string_or("measured_on", "");
-    if (auto only = r.optional_object("platform_specific")) {
-      m.only_gpu_arch = only->string_or("gpu_arch", "");
-      m.only_backend = only->string_or("backend", "");
-      only->finish();
-      if (m.only_gpu_arch.empty() && m.only_backend.empty())
-        r.fail("platform_specific", "name a gpu_arch or a backend");
-    }
-    m.context_tokens = r.integer_or("context_tokens", 0);
-    m.metric = r.string("metric");
-    m.baseline = r.optional_number("baseline");
-    m.quantized = r.optional_number("quantized");
-    m.recovery = r.optional_number("recovery");
-    if (!m.recovery && m.baseline && m.quantized && *m.baseline > 0)
-      m.recovery = *m.quantized / *m.baseline;
-    const std::string damage = r.string("damage");
-    bool known = false;
-    for (Damage d : {Damage::none, Damage::minor, Damage::damaging, Damage::catastrophic})
-      if (damage_name(d) == damage) m.damage = d, known = true;
-    if (!known) r.fail("damage", "expected none, minor, damaging or catastrophic");
-    m.within_noise = r.boolean_or("within_noise", false);
-    m.damage_basis = r.string_or("damage_basis", "");
-    m.note = r.string_or("note", "");
-    // The damage call follows the threshold whenever a recovery is given; without one the
-    // row must say what the call rests on.
-    if (m.recovery) {
-      const bool below = *m.recovery < out.recovery_threshold;
-      if (below && m.damage <= Damage::minor && !m.within_noise)
-        r.fail("damage", fmt::format("recovery {:.3f} is below the threshold {} but the row says "
-                                     "{} (set within_noise, with a note, if the source says so)",
-                                     *m.recovery, out.recovery_threshold, damage));
-      if (!below && m.damage >= Damage::damaging)
-        r.fail("damage", fmt::format("recovery {:.3f} keeps the threshold {} but the row says {}",
-                                     *m.recovery, out.recovery_threshold, damage));
-      if (m.within_noise && m.note.empty())
-        r.fail("note", "within_noise needs the source's words in the note");
-    } else if (m.damage_basis.empty()) {
-      r.fail("damage_basis", "a row without a recovery figure must say what its call rests on");
-    }
-    m.reference = r.string("reference");
-    m.cite = r.string("cite");
-    m.date = r.string("date");
-    r.finish();
-    out.measurements.push_back(std::move(m));
-  }
-  top.finish();
-  return out;
-}
 
 namespace {
 
@@ -489,6 +373,52 @@ std::string scale_kind_text(std::string_view kind) {
   return "unknown scales";
 }
 
+// The published rows, each in a few words, for a sentence.
+std::string briefs_text(const std::vector<const PublishedMeasurement*>& rows) {
+  std::vector<std::string> parts;
+  for (const auto* m : rows) parts.push_back(row_brief(*m));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// The verdict when the checkpoint bounds nothing: what the published rows on the family say
+// (taken on other checkpoints), else nothing known; both with why no bound applies.
+void assess_without_bounds(const CheckInput& input, const engines::ResolvedKv& resolved,
+                           const Bounds& bounds, const Published& published,
+                           const std::string& published_text, const std::string& other_backend_text,
+                           RangeAssessment& out) {
+  std::string missing_bound;
+  if (input.model.qk_norm == checkpoint::QkNorm::none)
+    missing_bound = "this architecture has no key norm, so the checkpoint bounds nothing";
+  else if (bounds.stand_in_norms)
+    missing_bound =
+        "the key-norm weights read are all zeros (a sparse stand-in), so they bound "
+        "nothing";
+  else if (!input.model.has_weights)
+    missing_bound = "no safetensors were read, so no key-norm weights";
+  else
+    missing_bound =
+        fmt::format("key-norm weights missing for layer(s) {}", layers_text(bounds.k_missing));
+  if (!published.rows.empty()) {
+    out.verdict = RangeVerdict::unknown;
+    out.basis = "published";
+    out.judged_on = fmt::format(
+        "published measurements on this model family with a {} cache at {} keep at least "
+        "{:.0f}% (the damage threshold [{}]): {}. They were taken on other checkpoints, and "
+        "{}.{} To settle for this one: {}",
+        resolved.kv_cache_dtype, scale_kind_text(scale_kind(resolved)),
+        input.published->recovery_threshold * 100, input.published->threshold_cite, published_text,
+        missing_bound, other_backend_text, settle_text(input));
+    return;
+  }
+  out.verdict = RangeVerdict::unknown;
+  out.basis = "none";
+  out.judged_on = fmt::format(
+      "nothing is known about this model's K/V range: {}, and nothing is published for this "
+      "family with a {} cache at {}.{} To settle: {}",
+      missing_bound, resolved.kv_cache_dtype, scale_kind_text(scale_kind(resolved)),
+      other_backend_text, settle_text(input));
+}
+
 }  // namespace
 
 RangeAssessment assess_kv_range(const CheckInput& input, const engines::ResolvedKv& resolved) {
@@ -506,20 +436,13 @@ RangeAssessment assess_kv_range(const CheckInput& input, const engines::Resolved
                             "published " + m->id + " (another GPU, backend or context length)",
                             row_text(*m)});
   std::string published_text;
-  if (!published.rows.empty()) {
-    std::vector<std::string> parts;
-    for (const auto* m : published.rows) parts.push_back(row_brief(*m));
-    published_text = fmt::format("{}", fmt::join(parts, "; "));
-  }
+  if (!published.rows.empty()) published_text = briefs_text(published.rows);
   std::string other_backend_text;
-  if (!published.elsewhere.empty()) {
-    std::vector<std::string> parts;
-    for (const auto* m : published.elsewhere) parts.push_back(row_brief(*m));
+  if (!published.elsewhere.empty())
     other_backend_text = fmt::format(
         " Not counted: {} measured on a GPU or backend this launch is not known to use, or at a "
         "longer context (pass --gpu and --attention-backend).",
-        fmt::join(parts, "; "));
-  }
+        briefs_text(published.elsewhere));
 
   // 1. Measured maxima: the strongest evidence.
   if (limits && static_scales)
@@ -607,114 +530,9 @@ RangeAssessment assess_kv_range(const CheckInput& input, const engines::Resolved
     return out;
   }
   // 3. Published damage on the family, no bound on this checkpoint.
-  std::string missing_bound;
-  if (input.model.qk_norm == checkpoint::QkNorm::none)
-    missing_bound = "this architecture has no key norm, so the checkpoint bounds nothing";
-  else if (bounds.stand_in_norms)
-    missing_bound =
-        "the key-norm weights read are all zeros (a sparse stand-in), so they bound "
-        "nothing";
-  else if (!input.model.has_weights)
-    missing_bound = "no safetensors were read, so no key-norm weights";
-  else
-    missing_bound =
-        fmt::format("key-norm weights missing for layer(s) {}", layers_text(bounds.k_missing));
-  if (!published.rows.empty()) {
-    out.verdict = RangeVerdict::unknown;
-    out.basis = "published";
-    out.judged_on = fmt::format(
-        "published measurements on this model family with a {} cache at {} keep at least "
-        "{:.0f}% (the damage threshold [{}]): {}. They were taken on other checkpoints, and "
-        "{}.{} To settle for this one: {}",
-        resolved.kv_cache_dtype, scale_kind_text(scale_kind(resolved)),
-        input.published->recovery_threshold * 100, input.published->threshold_cite, published_text,
-        missing_bound, other_backend_text, settle_text(input));
-    return out;
-  }
-  out.verdict = RangeVerdict::unknown;
-  out.basis = "none";
-  out.judged_on = fmt::format(
-      "nothing is known about this model's K/V range: {}, and nothing is published for this "
-      "family with a {} cache at {}.{} To settle: {}",
-      missing_bound, resolved.kv_cache_dtype, scale_kind_text(scale_kind(resolved)),
-      other_backend_text, settle_text(input));
+  assess_without_bounds(input, resolved, bounds, published, published_text, other_backend_text,
+                        out);
   return out;
-}
-
-// ---------------------------------------------------------------- the policy
-
-std::string engine_basis_text(const engines::Provenance& provenance) {
-  std::string text = provenance.reference.empty() ? "the engine data"
-                                                  : "the engine's source: " + provenance.reference;
-  if (!provenance.audit.checked.empty())
-    text += fmt::format(" ({} {})", engines::audit_verdict_name(provenance.audit.verdict),
-                        provenance.audit.checked);
-  if (!provenance.verified) text += "; the version bound is inferred: " + provenance.bound;
-  return text;
-}
-
-void judge(const Context& ctx, Category category, report::Finding& finding) {
-  const KvPolicy policy = ctx.input.policy;
-  const std::string policy_text = fmt::format("--kv-policy {}", kv_policy_name(policy));
-  switch (category) {
-    case Category::broken:
-      finding.severity = Severity::critical;
-      if (finding.basis.empty()) finding.basis = "engine";
-      break;
-    case Category::scales_not_as_shipped:
-      finding.severity = policy == KvPolicy::permissive ? Severity::warning : Severity::critical;
-      if (finding.basis.empty()) finding.basis = "engine";
-      break;
-    case Category::precision: {
-      const RangeAssessment& range = ctx.range;
-      finding.basis = range.basis;
-      if (policy == KvPolicy::lossless) {
-        finding.severity = Severity::critical;
-        finding.judged_on = fmt::format(
-            "{}: any quantized KV cache is critical, whatever the evidence. The evidence, for "
-            "the record: {}",
-            policy_text, range.judged_on);
-        return;
-      }
-      const Severity when_unknown =
-          policy == KvPolicy::permissive ? Severity::info : Severity::warning;
-      finding.severity =
-          range.verdict == RangeVerdict::damaging
-              ? (policy == KvPolicy::permissive ? Severity::warning : Severity::critical)
-          : range.verdict == RangeVerdict::safe ? Severity::info
-                                                : when_unknown;
-      finding.judged_on = range.judged_on;
-      for (const auto& item : range.evidence) finding.evidence.push_back(item);
-      return;
-    }
-  }
-  if (finding.judged_on.empty())
-    finding.judged_on = fmt::format("{}; severity under {}",
-                                    finding.reference.empty()
-                                        ? "the engine's behaviour"
-                                        : "the engine's behaviour (" + finding.reference + ")",
-                                    policy_text);
-}
-
-void judge_as_unit_scale(const Context& ctx, report::Finding& finding) {
-  judge(ctx, Category::precision, finding);
-  // The scale finding carries the verdict; this one says why the cache is quantized.
-  if (ctx.input.policy != KvPolicy::lossless && finding.severity == Severity::critical)
-    finding.severity = Severity::warning;
-  if (ctx.resolved.scale_source == engines::ScaleSource::unit_default) {
-    finding.judged_on = fmt::format("{}the evidence of the fp8-unit-scale finding ({})",
-                                    ctx.input.policy == KvPolicy::lossless
-                                        ? "--kv-policy lossless (any quantized KV cache is "
-                                          "critical); "
-                                        : "",
-                                    ctx.range.basis);
-    std::erase_if(finding.evidence, [&](const Evidence& e) {
-      return std::find_if(ctx.range.evidence.begin(), ctx.range.evidence.end(),
-                          [&](const Evidence& r) {
-                            return r.file == e.file && r.key == e.key && r.value == e.value;
-                          }) != ctx.range.evidence.end();
-    });
-  }
 }
 
 }  // namespace kvaudit::audit
