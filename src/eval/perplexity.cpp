@@ -19,6 +19,25 @@ bool needs_calibration(const numerics::KvFormat& format) {
          format.strategy == ScaleStrategy::channel || format.kind == numerics::KvFormatKind::nvfp4;
 }
 
+// The scored positions [first, first + scored_per_chunk) cut into `buckets` equal ranges,
+// each summarised over the samples that fall in it.
+std::vector<PositionBucket> bucket_summaries(const std::vector<TokenComparison>& samples,
+                                             int64_t first, int64_t scored_per_chunk, int buckets) {
+  std::vector<PositionBucket> out;
+  for (int b = 0; b < buckets; ++b) {
+    PositionBucket bucket;
+    bucket.first_position = first + scored_per_chunk * b / buckets;
+    bucket.last_position = first + scored_per_chunk * (b + 1) / buckets - 1;
+    std::vector<TokenComparison> in_bucket;
+    for (const TokenComparison& s : samples)
+      if (s.position >= bucket.first_position && s.position <= bucket.last_position)
+        in_bucket.push_back(s);
+    bucket.summary = summarize(in_bucket);
+    out.push_back(bucket);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::array<numerics::StaticAmax, 2>> loaded_scales_for(
@@ -182,17 +201,7 @@ PerplexityResult run_perplexity(const model::Model& model, const std::vector<int
     fr.tokens_per_second =
         seconds[f] > 0.0 ? static_cast<double>(result.chunks * ctx) / seconds[f] : 0.0;
     fr.counts = sessions[f]->encode_counts();
-    for (int b = 0; b < buckets; ++b) {
-      PositionBucket bucket;
-      bucket.first_position = first + scored_per_chunk * b / buckets;
-      bucket.last_position = first + scored_per_chunk * (b + 1) / buckets - 1;
-      std::vector<TokenComparison> in_bucket;
-      for (const TokenComparison& s : samples[f])
-        if (s.position >= bucket.first_position && s.position <= bucket.last_position)
-          in_bucket.push_back(s);
-      bucket.summary = summarize(in_bucket);
-      fr.buckets.push_back(bucket);
-    }
+    fr.buckets = bucket_summaries(samples[f], first, scored_per_chunk, buckets);
   }
   return result;
 }

@@ -49,9 +49,8 @@ double percentile_value(const std::vector<Percentile>& values, double fraction) 
   return 0.0;
 }
 
-}  // namespace
-
-void add_to_report(const PerplexityResult& result, report::Report& out) {
+// The run's shape: chunks, the scored positions, the SIMD target, how the state was stored.
+void add_perplexity_facts(const PerplexityResult& result, report::Report& out) {
   out.facts.push_back({"chunks", "Chunks x context",
                        Value(fmt::format("{} x {} tokens", result.chunks, result.ctx_tokens)), ""});
   out.facts.push_back({"scored_positions", "Scored positions per chunk",
@@ -69,7 +68,10 @@ void add_to_report(const PerplexityResult& result, report::Report& out) {
                                  "chunked prefill stores it",
                                  result.state_store_every_tokens)),
          ""});
+}
 
+// The main table's title and columns, a row per format to come.
+report::Table formats_table(const PerplexityResult& result) {
   report::Table main{
       "formats",
       (result.state_axis ? "KV formats x recurrent state precisions against the baseline "
@@ -94,6 +96,15 @@ void add_to_report(const PerplexityResult& result, report::Report& out) {
                   {"nonfinite", "NaN/inf positions", "", 0}};
   if (result.state_axis)
     main.columns.insert(main.columns.begin() + 2, {"state_bytes", "state bytes", "B", 0});
+  return main;
+}
+
+}  // namespace
+
+void add_to_report(const PerplexityResult& result, report::Report& out) {
+  add_perplexity_facts(result, out);
+
+  report::Table main = formats_table(result);
   report::Table kld{
       "kld_percentiles", "KL divergence percentiles", {{"format", "format", "", 0}}, {}, ""};
   report::Table delta{"delta_p_percentiles",
