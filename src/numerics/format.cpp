@@ -66,19 +66,10 @@ std::string_view kv_role_name(KvRole role) {
   return role == KvRole::key ? "K" : "V";
 }
 
-KvFormat parse_kv_format(std::string_view spec_text) {
-  std::string spec(spec_text);
-  KvFormat format;
-  std::vector<std::string> parts = split_list(spec, '+');
-  if (parts.empty()) bad_spec(spec, "empty format");
-  std::string base = parts[0];
-  std::string strategy_text;
-  if (size_t colon = base.find(':'); colon != std::string::npos) {
-    strategy_text = base.substr(colon + 1);
-    base = base.substr(0, colon);
-  }
-  for (char& c : base) c = char(std::tolower(static_cast<unsigned char>(c)));
+namespace {
 
+// The element type (and for nvfp4/mxfp4 the block kind) a spec's base names.
+void set_element(const std::string& base, const std::string& spec, KvFormat& format) {
   if (base == "bf16" || base == "bfloat16") {
     format.element = ElementType::bf16;
   } else if (base == "f16" || base == "fp16" || base == "float16") {
@@ -106,6 +97,43 @@ KvFormat parse_kv_format(std::string_view spec_text) {
              "unknown element type (bf16, f16, f32, fp8_e4m3, fp8_e4m3fnuz, fp8_e5m2, int8, int4, "
              "nvfp4, mxfp4)");
   }
+}
+
+// The canonical spelling of a parsed format (what reports print as its spec).
+std::string canonical_spec(const KvFormat& format, bool plain_float) {
+  std::string canonical(element_traits(format.element).name);
+  if (format.kind == KvFormatKind::nvfp4) canonical = "nvfp4";
+  if (format.kind == KvFormatKind::mxfp4) canonical = "mxfp4";
+  if (format.kind == KvFormatKind::plain && !plain_float) {
+    canonical += ":";
+    if (format.strategy == ScaleStrategy::group) {
+      canonical += fmt::format("g{}", format.group_size);
+    } else {
+      canonical += scale_strategy_name(format.strategy);
+    }
+  }
+  if (format.asymmetric && format.strategy != ScaleStrategy::kivi) canonical += "+asym";
+  if (format.overflow == Overflow::nan_inf) canonical += "+nan";
+  if (format.hadamard) canonical += "+hadamard";
+  return canonical;
+}
+
+}  // namespace
+
+KvFormat parse_kv_format(std::string_view spec_text) {
+  std::string spec(spec_text);
+  KvFormat format;
+  std::vector<std::string> parts = split_list(spec, '+');
+  if (parts.empty()) bad_spec(spec, "empty format");
+  std::string base = parts[0];
+  std::string strategy_text;
+  if (size_t colon = base.find(':'); colon != std::string::npos) {
+    strategy_text = base.substr(colon + 1);
+    base = base.substr(0, colon);
+  }
+  for (char& c : base) c = char(std::tolower(static_cast<unsigned char>(c)));
+
+  set_element(base, spec, format);
 
   // Scale strategy.
   const bool plain_float = format.element == ElementType::bf16 ||
@@ -177,22 +205,7 @@ KvFormat parse_kv_format(std::string_view spec_text) {
     }
   }
 
-  // Canonical spelling.
-  std::string canonical(element_traits(format.element).name);
-  if (format.kind == KvFormatKind::nvfp4) canonical = "nvfp4";
-  if (format.kind == KvFormatKind::mxfp4) canonical = "mxfp4";
-  if (format.kind == KvFormatKind::plain && !plain_float) {
-    canonical += ":";
-    if (format.strategy == ScaleStrategy::group) {
-      canonical += fmt::format("g{}", format.group_size);
-    } else {
-      canonical += scale_strategy_name(format.strategy);
-    }
-  }
-  if (format.asymmetric && format.strategy != ScaleStrategy::kivi) canonical += "+asym";
-  if (format.overflow == Overflow::nan_inf) canonical += "+nan";
-  if (format.hadamard) canonical += "+hadamard";
-  format.spec = canonical;
+  format.spec = canonical_spec(format, plain_float);
   return format;
 }
 
