@@ -100,6 +100,43 @@ std::unique_ptr<Model::Mapping> map_file(const fs::path& path) {
   return mapping;
 }
 
+// Every shard mapped (the mappings kept in `mappings`), and each tensor's bytes in them by
+// name.
+std::map<std::string, BoundTensor> map_shards(
+    const std::vector<fs::path>& shards, std::vector<std::unique_ptr<Model::Mapping>>& mappings) {
+  std::map<std::string, BoundTensor> tensors;
+  for (const fs::path& shard : shards) {
+    checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(shard);
+    mappings.push_back(map_file(shard));
+    const Model::Mapping& mapping = *mappings.back();
+    if (mapping.bytes != header.file_bytes)
+      throw InputError(shard.string(), "file size changed while reading");
+    const auto* base = static_cast<const uint8_t*>(mapping.base) + header.data_offset();
+    for (const checkpoint::TensorInfo& info : header.tensors) {
+      BoundTensor bound{base + info.data_begin, info, shard.string()};
+      if (!tensors.emplace(info.name, bound).second)
+        throw InputError(shard.string(), fmt::format("tensor {} appears in two shards", info.name));
+    }
+  }
+  return tensors;
+}
+
+// The checkpoint's parts the text-only reference engine does not run (a vision tower, a
+// multi-token-prediction head), as notes.
+void note_parts_not_run(const std::map<std::string, BoundTensor>& tensors,
+                        std::vector<std::string>& notes) {
+  size_t vision = 0, mtp = 0;
+  for (const auto& [name, tensor] : tensors) {
+    vision += name.starts_with("model.visual.") || name.starts_with("visual.");
+    mtp += name.starts_with("mtp.");
+  }
+  if (vision > 0)
+    notes.push_back(fmt::format("vision tower ({} tensors) not run: text only", vision));
+  if (mtp > 0)
+    notes.push_back(fmt::format(
+        "multi-token-prediction head ({} tensors) not run: no speculative drafts", mtp));
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const fs::path& dir) {
@@ -119,20 +156,7 @@ std::unique_ptr<Model> Model::load(const fs::path& dir) {
   for (const std::string& name : checkpoint::list_shards(dir)) shards.push_back(dir / name);
   if (shards.empty()) throw InputError(dir.string(), "no *.safetensors files (weights) found");
 
-  std::map<std::string, BoundTensor> tensors;
-  for (const fs::path& shard : shards) {
-    checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(shard);
-    model->mappings_.push_back(map_file(shard));
-    const Mapping& mapping = *model->mappings_.back();
-    if (mapping.bytes != header.file_bytes)
-      throw InputError(shard.string(), "file size changed while reading");
-    const auto* base = static_cast<const uint8_t*>(mapping.base) + header.data_offset();
-    for (const checkpoint::TensorInfo& info : header.tensors) {
-      BoundTensor bound{base + info.data_begin, info, shard.string()};
-      if (!tensors.emplace(info.name, bound).second)
-        throw InputError(shard.string(), fmt::format("tensor {} appears in two shards", info.name));
-    }
-  }
+  std::map<std::string, BoundTensor> tensors = map_shards(shards, model->mappings_);
 
   auto bind = [&](const std::string& name, std::vector<int64_t> shape) -> Matrix {
     auto it = tensors.find(name);
@@ -161,16 +185,7 @@ std::unique_ptr<Model> Model::load(const fs::path& dir) {
   const std::string base = tensors.count("model.language_model.embed_tokens.weight") != 0
                                ? "model.language_model."
                                : "model.";
-  size_t vision = 0, mtp = 0;
-  for (const auto& [name, tensor] : tensors) {
-    vision += name.starts_with("model.visual.") || name.starts_with("visual.");
-    mtp += name.starts_with("mtp.");
-  }
-  if (vision > 0)
-    model->notes_.push_back(fmt::format("vision tower ({} tensors) not run: text only", vision));
-  if (mtp > 0)
-    model->notes_.push_back(fmt::format(
-        "multi-token-prediction head ({} tensors) not run: no speculative drafts", mtp));
+  note_parts_not_run(tensors, model->notes_);
   model->embedding_ = bind(base + "embed_tokens.weight", {c.vocab_size, hidden});
   model->final_norm_ = bind(base + "norm.weight", {hidden});
   if (tensors.count("lm_head.weight") != 0 && !c.tie_word_embeddings) {
