@@ -421,30 +421,25 @@ std::vector<ShardResult> fetch_shards(const Remote& remote, const ShardNames& sh
   std::vector<std::pair<std::string, const std::vector<std::string>*>> work;
   for (const auto& [name, tensors] : shards) work.push_back({name, indexed ? &tensors : nullptr});
   std::vector<ShardResult> results(work.size());
-  std::atomic<size_t> next{0};
   std::atomic<int64_t> done{0};
   std::mutex progress_mutex;
-  auto worker = [&] {
-    for (size_t i; (i = next++) < work.size();) {
-      try {
-        fetch_shard(remote, work[i].first, work[i].second, scratch, results[i]);
-      } catch (...) {
-        results[i].error = std::current_exception();
-        next = work.size();  // the first failure stops the rest
-      }
-      int64_t finished = ++done;
-      if (options.on_progress) {
-        std::lock_guard lock(progress_mutex);
-        options.on_progress(finished, static_cast<int64_t>(work.size()));
-      }
+  // The shard's failure is kept in its result (record_shards rethrows the first, in shard
+  // order) and stops the shards not yet started.
+  run_on_threads(work.size(), std::clamp(options.concurrency, 1, 64), [&](size_t i) {
+    bool fetched = true;
+    try {
+      fetch_shard(remote, work[i].first, work[i].second, scratch, results[i]);
+    } catch (...) {
+      results[i].error = std::current_exception();
+      fetched = false;
     }
-  };
-  std::vector<std::thread> threads;
-  const size_t thread_count =
-      std::min<size_t>(work.size(), static_cast<size_t>(std::clamp(options.concurrency, 1, 64)));
-  for (size_t t = 1; t < thread_count; ++t) threads.emplace_back(worker);
-  worker();
-  for (auto& thread : threads) thread.join();
+    const int64_t finished = ++done;
+    if (options.on_progress) {
+      std::lock_guard lock(progress_mutex);
+      options.on_progress(finished, static_cast<int64_t>(work.size()));
+    }
+    return fetched;
+  });
   return results;
 }
 
