@@ -31,8 +31,27 @@ std::optional<KvPolicy> parse_kv_policy(std::string_view text) {
 }
 
 std::string engine_basis_text(const engines::Provenance& provenance) {
-  std::string text = provenance.reference.empty() ? "the engine data"
-                                                  : "the engine's source: " + provenance.reference;
+  // What kind of source the rule rests on: a report on a tracker is not the engine's code.
+  const char* kind = "the engine's source";
+  switch (provenance.audit.source) {
+    case engines::SourceKind::release_code:
+      break;
+    case engines::SourceKind::merged_pr:
+      kind = "a merged change to the engine";
+      break;
+    case engines::SourceKind::issue_report:
+      kind = "a report on the tracker";
+      break;
+    case engines::SourceKind::release_log:
+      kind = "a released engine's log";
+      break;
+    case engines::SourceKind::docs:
+      kind = "the documentation";
+      break;
+  }
+  std::string text = provenance.reference.empty()
+                         ? "the engine data"
+                         : fmt::format("{}: {}", kind, provenance.reference);
   if (!provenance.audit.checked.empty())
     text += fmt::format(" ({} {})", engines::audit_verdict_name(provenance.audit.verdict),
                         provenance.audit.checked);
