@@ -1,5 +1,5 @@
 // kvaudit probe: verify a live OpenAI-compatible server (SGLang, vLLM, kvaudit serve), or
-// A/B two deployments on long-context code recall.
+// A/B two deployments on long-context code recall; with --load, the load bench (loadbench/).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "loadbench/loadbench.h"
 #include "plan/plan.h"
 #include "probe/probe.h"
 #include "util/util.h"
@@ -93,7 +94,7 @@ extern "C" void on_interrupt(int) {
 
 int run_load_command(const engines::Registry& registry, const ProbeFlags& flags,
                      const net::ClientOptions& client) {
-  probe::LoadOptions options;
+  loadbench::LoadOptions options;
   options.concurrency.clear();
   for (int64_t c : parse_token_counts(flags.load_concurrency, "--load-concurrency", "1,4,16,32"))
     options.concurrency.push_back(static_cast<int>(std::min<int64_t>(c, 1 << 20)));
@@ -116,18 +117,18 @@ int run_load_command(const engines::Registry& registry, const ProbeFlags& flags,
   std::vector<std::string> urls = {flags.url};
   if (!flags.compare_url.empty()) urls.push_back(flags.compare_url);
   std::signal(SIGINT, on_interrupt);
-  probe::LoadResult result = probe::run_load(registry, urls, client, options);
+  loadbench::LoadResult result = loadbench::run_load(registry, urls, client, options);
   std::signal(SIGINT, SIG_DFL);
   // Failed requests, or a server that stopped answering, fail the command (the report
   // keeps what was measured); reaching the time limit or the budget does not. One check per
   // level, so JUnit names the level that failed.
   report::ExitGate gate;
-  for (const probe::LoadLevel& level : result.levels)
+  for (const loadbench::LoadLevel& level : result.levels)
     gate.checks.push_back({"load",
                            fmt::format("{} {} prompts @ concurrency {}", level.server,
                                        level.prompts, level.concurrency),
                            level.failures == 0, fmt::format("{} failed requests", level.failures)});
-  report::Report out = probe::to_report(result, options);
+  report::Report out = loadbench::to_report(result, options);
   emit(out, flags.output, gate);
   return report::gate_fails(out, gate) ? kExitGateFailed : kExitOk;
 }

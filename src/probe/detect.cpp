@@ -1,12 +1,12 @@
-// Engine detection (what the server says about itself, read by one adapter per server) and
-// the findings that apply. TensorRT-LLM: /v1/models owned_by "tensorrt_llm", /version, and
-// /metrics as a JSON array of iteration stats (tensorrt_llm/serve/openai_server.py); no
-// route reports its KV dtype.
-// SGLang: GET /server_info (older: /get_server_info) returns its ServerArgs flattened plus
-// scheduler info (max_total_num_tokens) and internal_states[] (python/sglang/srt/entrypoints/
-// http_server.py). vLLM: /metrics carries vllm:cache_config_info, an info gauge whose
-// labels are the CacheConfig fields; /version the release; /v1/models max_model_len.
-// llama.cpp's llama-server: /props (default_generation_settings.n_ctx, total_slots,
+// Engine detection (what the server says about itself, read by one adapter per server), the
+// findings that apply, and what the engine data says each server adds to a completion and
+// counts on /metrics (for the load bench). TensorRT-LLM: /v1/models owned_by "tensorrt_llm",
+// /version, and /metrics as a JSON array of iteration stats (tensorrt_llm/serve/openai_server.py);
+// no route reports its KV dtype. SGLang: GET /server_info (older: /get_server_info) returns its
+// ServerArgs flattened plus scheduler info (max_total_num_tokens) and internal_states[]
+// (python/sglang/srt/entrypoints/ http_server.py). vLLM: /metrics carries vllm:cache_config_info,
+// an info gauge whose labels are the CacheConfig fields; /version the release; /v1/models
+// max_model_len. llama.cpp's llama-server: /props (default_generation_settings.n_ctx, total_slots,
 // build_info); it does not report its KV cache types (-ctk/-ctv) over HTTP at all.
 #include <fmt/format.h>
 
@@ -599,6 +599,30 @@ std::vector<report::Finding> server_findings(const engines::Registry& registry,
                         engine.server_info ? engine.server_info->provenance.reference : ""});
   }
   return findings;
+}
+
+std::map<std::string, std::vector<std::string>> load_counter_names(
+    const engines::Registry& registry, const std::string& engine) {
+  // llama.cpp's llama-server has no engine data: its one name is here.
+  const std::map<std::string, std::vector<std::string>> llamacpp = {
+      {"generated_tokens", {"llamacpp:tokens_predicted_total"}}};
+  if (engine == "llama.cpp") return llamacpp;
+  if (const engines::EngineModel* model = registry.find(engine))
+    return model->server_info ? model->server_info->counters
+                              : std::map<std::string, std::vector<std::string>>{};
+  // A server no adapter recognised: every name kvaudit knows (the names carry their prefix).
+  std::map<std::string, std::vector<std::string>> all = llamacpp;
+  for (const std::string& name : registry.names())
+    if (const auto& info = registry.engine(name).server_info)
+      for (const auto& [kind, names] : info->counters)
+        all[kind].insert(all[kind].end(), names.begin(), names.end());
+  return all;
+}
+
+json completion_extra_fields(const engines::Registry& registry, const std::string& engine) {
+  const engines::EngineModel* served = registry.find(engine);
+  if (!served || !served->server_info) return json::object();
+  return json::parse(served->server_info->completion_extra_json);
 }
 
 }  // namespace kvaudit::probe

@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "eval/eval.h"
-#include "probe/probe.h"
+#include "loadbench/loadbench.h"
 #include "util/json.h"
 #include "util/util.h"
 
-namespace kvaudit::probe {
+namespace kvaudit::loadbench {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -687,30 +687,6 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
 
 // ---------------------------------------------------------------- the run
 
-std::map<std::string, std::vector<std::string>> load_counter_names(
-    const engines::Registry& registry, const std::string& engine) {
-  // llama.cpp's llama-server has no engine data: its one name is here.
-  const std::map<std::string, std::vector<std::string>> llamacpp = {
-      {"generated_tokens", {"llamacpp:tokens_predicted_total"}}};
-  if (engine == "llama.cpp") return llamacpp;
-  if (const engines::EngineModel* model = registry.find(engine))
-    return model->server_info ? model->server_info->counters
-                              : std::map<std::string, std::vector<std::string>>{};
-  // A server no adapter recognised: every name kvaudit knows (the names carry their prefix).
-  std::map<std::string, std::vector<std::string>> all = llamacpp;
-  for (const std::string& name : registry.names())
-    if (const auto& info = registry.engine(name).server_info)
-      for (const auto& [kind, names] : info->counters)
-        all[kind].insert(all[kind].end(), names.begin(), names.end());
-  return all;
-}
-
-json completion_extra_fields(const engines::Registry& registry, const std::string& engine) {
-  const engines::EngineModel* served = registry.find(engine);
-  if (!served || !served->server_info) return json::object();
-  return json::parse(served->server_info->completion_extra_json);
-}
-
 LoadResult run_load(const engines::Registry& registry, const std::vector<std::string>& urls,
                     const net::ClientOptions& client_options, const LoadOptions& options) {
   if (urls.empty() || urls.size() > 2) throw InputError("probe --load", "give one or two URLs");
@@ -732,7 +708,7 @@ LoadResult run_load(const engines::Registry& registry, const std::vector<std::st
     const int widest = *std::max_element(options.concurrency.begin(), options.concurrency.end());
     per_server.max_concurrency = std::max(per_server.max_concurrency, widest);
     clients.push_back(std::make_unique<net::Client>(net::parse_url(url), per_server));
-    result.servers.push_back(detect_server(registry, *clients.back()));
+    result.servers.push_back(probe::detect_server(registry, *clients.back()));
     std::string model = options.model.empty() ? result.servers.back().model_id : options.model;
     if (model.empty()) throw InputError(url, "reports no model (/v1/models); pass --model");
     models.push_back(model);
@@ -772,7 +748,7 @@ LoadResult run_load(const engines::Registry& registry, const std::vector<std::st
   // Every server gets the same prompts, so they must fit the smallest context (for a
   // llama-server, /props' n_ctx is already one slot's: recorded a-get-props.json).
   std::optional<int64_t> request_limit;
-  for (const ServerFacts& facts : result.servers)
+  for (const probe::ServerFacts& facts : result.servers)
     if (facts.context_length)
       request_limit =
           std::min(request_limit.value_or(*facts.context_length), *facts.context_length);
@@ -826,10 +802,10 @@ LoadResult run_load(const engines::Registry& registry, const std::vector<std::st
           }
           // Per-request counters some engines add only when asked (engine data:
           // server_info.completion_extra; SGLang's speculative counts in meta_info).
-          const json extra = completion_extra_fields(registry, result.servers[s].engine);
-          LoadLevel level =
-              run_level(*clients[s], models[s], level_prompts, concurrency, *streams[s], budget,
-                        failing, extra, load_counter_names(registry, result.servers[s].engine));
+          const json extra = probe::completion_extra_fields(registry, result.servers[s].engine);
+          LoadLevel level = run_level(
+              *clients[s], models[s], level_prompts, concurrency, *streams[s], budget, failing,
+              extra, probe::load_counter_names(registry, result.servers[s].engine));
           level.server = urls[s];
           level.prompts = kind;
           result.requests_sent += level.requests;
@@ -886,4 +862,4 @@ LoadResult run_load(const engines::Registry& registry, const std::vector<std::st
   return result;
 }
 
-}  // namespace kvaudit::probe
+}  // namespace kvaudit::loadbench

@@ -6,9 +6,9 @@
 #include <map>
 #include <set>
 
-#include "probe/probe.h"
+#include "loadbench/loadbench.h"
 
-namespace kvaudit::probe {
+namespace kvaudit::loadbench {
 
 using nlohmann::json;
 using report::Value;
@@ -321,7 +321,7 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
                                 result.servers[1].url)
                   : fmt::format("kvaudit probe --load: {}", result.servers[0].url);
   for (size_t s = 0; s < result.servers.size(); ++s) {
-    const ServerFacts& f = result.servers[s];
+    const probe::ServerFacts& f = result.servers[s];
     out.facts.push_back(
         {s == 0 ? "server_a" : "server_b", s == 0 ? "A" : "B",
          Value(fmt::format("{} ({}{}, model {})", f.url, f.engine,
@@ -423,4 +423,4 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
   return out;
 }
 
-}  // namespace kvaudit::probe
+}  // namespace kvaudit::loadbench

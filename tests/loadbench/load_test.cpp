@@ -17,11 +17,11 @@
 #include "common/loopback_server.h"
 #include "common/registry.h"
 #include "common/schema_doc.h"
-#include "probe/probe.h"
+#include "loadbench/loadbench.h"
 #include "report/report.h"
 #include "util/util.h"
 
-namespace kvaudit::probe {
+namespace kvaudit::loadbench {
 namespace {
 
 using json = nlohmann::json;
@@ -660,4 +660,4 @@ TEST(Load, LatencyPercentilesAreNearestRank) {
 }
 
 }  // namespace
-}  // namespace kvaudit::probe
+}  // namespace kvaudit::loadbench
