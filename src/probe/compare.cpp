@@ -3,17 +3,16 @@
 // where every arm scored the same tokens, else over each pair's greedy prefix), log-prob per
 // token and task accuracy; per metric the effect and the control's floor with bootstrap
 // intervals, a sign-flip test of B's excess over the control, Holm across metrics, the
-// probes a verdict would need, and the acceptance gates.
+// probes a verdict would need, the verdict, and the acceptance gates judged on the metrics.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <set>
 
-#include "probe/probe.h"
+#include "probe/internal.h"
 #include "util/util.h"
 
 namespace kvaudit::probe {
@@ -83,61 +82,6 @@ double kl_from_top(const std::vector<TopEntry>& p, const std::vector<TopEntry>& 
   for (size_t i = 0; i < pp.size(); ++i)
     if (pp[i] > 0) kl += pp[i] * std::log(pp[i] / std::max(qq[i], kFloor));
   return std::max(0.0, kl);
-}
-
-std::vector<Gate> parse_gates(const std::string& text) {
-  static const std::map<std::string, bool> kMetrics = {
-      // metric -> limit in points
-      {"kl", false},       {"logprob_drop", false}, {"recall_drop", true},
-      {"mrcr_drop", true}, {"toolcall_drop", true}, {"smoke_drop", true}};
-  std::vector<Gate> gates;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    std::string part =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    start = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    part.erase(0, part.find_first_not_of(" \t"));
-    part.erase(part.find_last_not_of(" \t") + 1);
-    if (part.empty()) continue;
-    const size_t op = part.find("<=");
-    if (op == std::string::npos)
-      throw InputError("--gate", fmt::format("'{}': expected METRIC<=LIMIT, e.g. kl<=0.01 or "
-                                             "mrcr_drop<=2pt",
-                                             part));
-    Gate gate;
-    gate.text = part;
-    gate.metric = part.substr(0, op);
-    auto known = kMetrics.find(gate.metric);
-    if (known == kMetrics.end())
-      throw InputError("--gate", fmt::format("'{}': unknown metric '{}' (kl, logprob_drop, "
-                                             "recall_drop, mrcr_drop, toolcall_drop, smoke_drop)",
-                                             part, gate.metric));
-    std::string number = part.substr(op + 2);
-    bool points = false;
-    for (const char* suffix : {"pt", "%"})
-      if (number.size() > std::strlen(suffix) &&
-          number.compare(number.size() - std::strlen(suffix), std::string::npos, suffix) == 0) {
-        number.resize(number.size() - std::strlen(suffix));
-        points = true;
-      }
-    if (points != known->second)
-      throw InputError("--gate",
-                       fmt::format("'{}': {} limits are {}", part, gate.metric,
-                                   known->second ? "in points, e.g. 2pt" : "in nats, e.g. 0.01"));
-    size_t used = 0;
-    try {
-      gate.limit = std::stod(number, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != number.size() || number.empty() || !std::isfinite(gate.limit) || gate.limit < 0)
-      throw InputError("--gate", fmt::format("'{}': the limit must be a number >= 0", part));
-    if (points) gate.limit /= 100.0;
-    gates.push_back(gate);
-  }
-  if (gates.empty()) throw InputError("--gate", "no gate given");
-  return gates;
 }
 
 namespace {
@@ -230,25 +174,105 @@ std::string format_value(const MetricTest& m, double value) {
   return fmt::format("{:.4g} {}", value, m.unit);
 }
 
-}  // namespace
+// Per metric: (effect, floor) per paired probe.
+using MetricSamples = std::map<std::string, std::pair<std::vector<double>, std::vector<double>>>;
 
-CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vector<ProbeRecord>& b,
-                               const std::vector<ProbeRecord>& control,
-                               const CompareOptions& options) {
-  CompareSummary summary;
-  summary.alpha = options.alpha;
-  summary.control = !control.empty();
-  summary.control_label = options.control_label;
-  std::map<std::string, const ProbeRecord*> b_by_id, c_by_id;
-  for (const auto& record : b) b_by_id[record.id] = &record;
-  for (const auto& record : control) c_by_id[record.id] = &record;
-
-  // Per metric: (effect, floor) per paired probe.
-  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> samples;
+// Sums over the paired probes for the summary's means.
+struct PairTotals {
   double kl_sum = 0.0;
   int64_t kl_count = 0, exact_a = 0, exact_b = 0;
   double logprob_sum_a = 0.0, logprob_sum_b = 0.0;
   int64_t logprob_tokens_a = 0, logprob_tokens_b = 0;
+};
+
+// The first greedy token where A and B part (or where one output ends, or differs in text).
+void mark_divergence(const ProbeRecord& left, const ProbeRecord& right, ProbeComparison& c,
+                     CompareSummary& summary) {
+  const size_t shared = std::min(left.generated.size(), right.generated.size());
+  size_t diverge = shared;
+  for (size_t i = 0; i < shared; ++i)
+    if (left.generated[i].token != right.generated[i].token) {
+      diverge = i;
+      break;
+    }
+  if (diverge < shared || left.generated.size() != right.generated.size() ||
+      left.output != right.output) {
+    c.first_divergence = static_cast<int64_t>(diverge);
+    c.token_a = diverge < left.generated.size() ? left.generated[diverge].token : "(end)";
+    c.token_b = diverge < right.generated.size() ? right.generated[diverge].token : "(end)";
+    summary.diverged++;
+  }
+}
+
+// KL of A against B and against the control on the basis all arms share, into the KL sample
+// when the control (if any) has one too.
+void compare_kl(const ProbeRecord& left, const ProbeRecord& right, const ProbeRecord* ctrl,
+                ProbeComparison& c, CompareSummary& summary, MetricSamples& samples,
+                PairTotals& totals) {
+  const bool forced_ok =
+      same_tokens(left.forced, right.forced) && (!ctrl || same_tokens(left.forced, ctrl->forced));
+  PairKl ab = pair_kl(left, right, forced_ok);
+  c.kl = ab.kl;
+  c.kl_positions = ab.positions;
+  c.kl_basis = ab.basis;
+  if (ctrl) c.kl_control = pair_kl(left, *ctrl, forced_ok).kl;
+  if (c.kl) {
+    totals.kl_sum += *c.kl;
+    ++totals.kl_count;
+    summary.max_kl = std::max(summary.max_kl.value_or(0.0), *c.kl);
+    if (!ctrl || c.kl_control) {
+      samples["kl"].first.push_back(*c.kl);
+      samples["kl"].second.push_back(c.kl_control.value_or(0.0));
+    }
+  }
+}
+
+// Log-prob per token and accuracy on each arm; B's and the control's differences from A into
+// the samples (without a control, A stands in for it: a floor of 0).
+void compare_values(const ProbeRecord& left, const ProbeRecord& right, const ProbeRecord* ctrl,
+                    ProbeComparison& c, MetricSamples& samples) {
+  const ArmValues va = arm_values(left), vb = arm_values(right);
+  const ArmValues vc = ctrl ? arm_values(*ctrl) : va;
+  c.logprob_a = va.logprob;
+  c.logprob_b = vb.logprob;
+  c.logprob_control = ctrl ? vc.logprob : std::nullopt;
+  c.accuracy_a = va.accuracy;
+  c.accuracy_b = vb.accuracy;
+  c.accuracy_control = ctrl ? vc.accuracy : std::nullopt;
+  if (va.logprob && vb.logprob && vc.logprob) {
+    samples["logprob"].first.push_back(*vb.logprob - *va.logprob);
+    samples["logprob"].second.push_back(*vc.logprob - *va.logprob);
+  }
+  if (va.accuracy && vb.accuracy && vc.accuracy) {
+    samples[left.kind].first.push_back(*vb.accuracy - *va.accuracy);
+    samples[left.kind].second.push_back(*vc.accuracy - *va.accuracy);
+  }
+}
+
+// A recall probe's exact matches and expected-text log-probs on A and B.
+void count_recall(const ProbeRecord& left, const ProbeRecord& right, CompareSummary& summary,
+                  PairTotals& totals) {
+  summary.recall_probes++;
+  totals.exact_a += left.passed;
+  totals.exact_b += right.passed;
+  if (left.expected_logprob) {
+    totals.logprob_sum_a += *left.expected_logprob;
+    totals.logprob_tokens_a += left.expected_tokens;
+  }
+  if (right.expected_logprob) {
+    totals.logprob_sum_b += *right.expected_logprob;
+    totals.logprob_tokens_b += right.expected_tokens;
+  }
+}
+
+// Pairs A's probes with B's and the control's by id (probes missing or unusable on an arm are
+// not compared): a comparison per pair, the metrics' samples and the totals.
+void pair_probes(const std::vector<ProbeRecord>& a, const std::vector<ProbeRecord>& b,
+                 const std::vector<ProbeRecord>& control, CompareSummary& summary,
+                 MetricSamples& samples, PairTotals& totals) {
+  std::map<std::string, const ProbeRecord*> b_by_id, c_by_id;
+  for (const auto& record : b) b_by_id[record.id] = &record;
+  for (const auto& record : control) c_by_id[record.id] = &record;
   for (const auto& left : a) {
     auto it = b_by_id.find(left.id);
     if (it == b_by_id.end()) continue;
@@ -266,75 +290,30 @@ CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vec
     c.passed_a = left.passed;
     c.passed_b = right.passed;
     c.passed_control = ctrl && ctrl->passed;
-    const size_t shared = std::min(left.generated.size(), right.generated.size());
-    size_t diverge = shared;
-    for (size_t i = 0; i < shared; ++i)
-      if (left.generated[i].token != right.generated[i].token) {
-        diverge = i;
-        break;
-      }
-    if (diverge < shared || left.generated.size() != right.generated.size() ||
-        left.output != right.output) {
-      c.first_divergence = static_cast<int64_t>(diverge);
-      c.token_a = diverge < left.generated.size() ? left.generated[diverge].token : "(end)";
-      c.token_b = diverge < right.generated.size() ? right.generated[diverge].token : "(end)";
-      summary.diverged++;
-    }
-    const bool forced_ok =
-        same_tokens(left.forced, right.forced) && (!ctrl || same_tokens(left.forced, ctrl->forced));
-    PairKl ab = pair_kl(left, right, forced_ok);
-    c.kl = ab.kl;
-    c.kl_positions = ab.positions;
-    c.kl_basis = ab.basis;
-    if (ctrl) c.kl_control = pair_kl(left, *ctrl, forced_ok).kl;
-    if (c.kl) {
-      kl_sum += *c.kl;
-      ++kl_count;
-      summary.max_kl = std::max(summary.max_kl.value_or(0.0), *c.kl);
-      if (!ctrl || c.kl_control) {
-        samples["kl"].first.push_back(*c.kl);
-        samples["kl"].second.push_back(c.kl_control.value_or(0.0));
-      }
-    }
-    const ArmValues va = arm_values(left), vb = arm_values(right);
-    const ArmValues vc = ctrl ? arm_values(*ctrl) : va;
-    c.logprob_a = va.logprob;
-    c.logprob_b = vb.logprob;
-    c.logprob_control = ctrl ? vc.logprob : std::nullopt;
-    c.accuracy_a = va.accuracy;
-    c.accuracy_b = vb.accuracy;
-    c.accuracy_control = ctrl ? vc.accuracy : std::nullopt;
-    if (va.logprob && vb.logprob && vc.logprob) {
-      samples["logprob"].first.push_back(*vb.logprob - *va.logprob);
-      samples["logprob"].second.push_back(*vc.logprob - *va.logprob);
-    }
-    if (va.accuracy && vb.accuracy && vc.accuracy) {
-      samples[left.kind].first.push_back(*vb.accuracy - *va.accuracy);
-      samples[left.kind].second.push_back(*vc.accuracy - *va.accuracy);
-    }
-    if (left.kind == "recall") {
-      summary.recall_probes++;
-      exact_a += left.passed;
-      exact_b += right.passed;
-      if (left.expected_logprob) {
-        logprob_sum_a += *left.expected_logprob;
-        logprob_tokens_a += left.expected_tokens;
-      }
-      if (right.expected_logprob) {
-        logprob_sum_b += *right.expected_logprob;
-        logprob_tokens_b += right.expected_tokens;
-      }
-    }
+    mark_divergence(left, right, c, summary);
+    compare_kl(left, right, ctrl, c, summary, samples, totals);
+    compare_values(left, right, ctrl, c, samples);
+    if (left.kind == "recall") count_recall(left, right, summary, totals);
     summary.probes.push_back(std::move(c));
   }
-  if (kl_count > 0) summary.mean_kl = kl_sum / static_cast<double>(kl_count);
-  if (summary.recall_probes > 0) {
-    summary.recall_exact_a = double(exact_a) / double(summary.recall_probes);
-    summary.recall_exact_b = double(exact_b) / double(summary.recall_probes);
-  }
-  if (logprob_tokens_a > 0) summary.recall_logprob_a = logprob_sum_a / double(logprob_tokens_a);
-  if (logprob_tokens_b > 0) summary.recall_logprob_b = logprob_sum_b / double(logprob_tokens_b);
+}
 
+// The summary's means over the paired probes.
+void add_means(const PairTotals& totals, CompareSummary& summary) {
+  if (totals.kl_count > 0) summary.mean_kl = totals.kl_sum / static_cast<double>(totals.kl_count);
+  if (summary.recall_probes > 0) {
+    summary.recall_exact_a = double(totals.exact_a) / double(summary.recall_probes);
+    summary.recall_exact_b = double(totals.exact_b) / double(summary.recall_probes);
+  }
+  if (totals.logprob_tokens_a > 0)
+    summary.recall_logprob_a = totals.logprob_sum_a / double(totals.logprob_tokens_a);
+  if (totals.logprob_tokens_b > 0)
+    summary.recall_logprob_b = totals.logprob_sum_b / double(totals.logprob_tokens_b);
+}
+
+// A test per metric that has samples, in a fixed order, each with its own seed.
+void run_metric_tests(const MetricSamples& samples, const CompareOptions& options,
+                      CompareSummary& summary) {
   static const MetricSpec kSpecs[] = {
       {"kl", "mean KL(A || B) per position", "nats", stats::Alternative::greater, kDifferentKl,
        "kl"},
@@ -356,52 +335,68 @@ CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vec
         test_metric(spec, it->second.first, it->second.second, options, seed));
     seed += 17;
   }
+}
+
+// One metric's verdict at options.alpha (given its Holm-adjusted p) and the sentence that
+// says it, with the effect, the control's floor and the excess's interval.
+void judge_metric(MetricTest& m, bool control, const CompareOptions& options) {
+  const std::string interval = fmt::format("[{}, {}]", format_value(m, m.excess_interval.low),
+                                           format_value(m, m.excess_interval.high));
+  const std::string floor_text =
+      control ? fmt::format(", control {}", format_value(m, m.floor)) : "";
+  const stats::Alternative alternative =
+      m.metric == "kl" ? stats::Alternative::greater : stats::Alternative::two_sided;
+  // Too few paired probes: even all of them on one side could not reach alpha. (Probes whose
+  // difference is 0 count: with enough of them, none differing is evidence too.)
+  if (m.probes < stats::min_samples_for(options.alpha, alternative)) {
+    m.verdict = "inconclusive";
+    m.sentence = fmt::format(
+        "{}: inconclusive: {} paired {} cannot reach p < {} (at least {} needed); effect {}{}",
+        m.label, m.probes, m.probes == 1 ? "probe" : "probes", options.alpha,
+        stats::min_samples_for(options.alpha, alternative), format_value(m, m.effect), floor_text);
+  } else if (m.p_adjusted < options.alpha) {
+    m.verdict = "different";
+    m.sentence = fmt::format(
+        "{}: different at p < {} (p = {:.2g}, Holm-adjusted {:.2g}): effect "
+        "{}{}, excess {} {}",
+        m.label, options.alpha, m.test.p_value, m.p_adjusted, format_value(m, m.effect), floor_text,
+        format_value(m, m.excess), interval);
+  } else {
+    m.verdict = "no difference detectable";
+    const int64_t more = std::max<int64_t>(0, m.probes_needed - m.probes);
+    const std::string detectable = m.unit == "points"
+                                       ? fmt::format("{:.1f} points", 100 * m.detectable)
+                                       : fmt::format("{:.3g} {}", m.detectable, m.unit);
+    m.sentence = fmt::format(
+        "{}: no difference detectable at this sample size (p = {:.2g}; excess {} {}{}); {}",
+        m.label, m.test.p_value, format_value(m, m.excess), interval, floor_text,
+        more > 0 ? fmt::format("{} more probes would detect {}", more, detectable)
+                 : fmt::format("these {} probes would have detected {} with power {:.0f}%",
+                               m.probes, detectable, 100 * options.power));
+  }
+}
+
+// Holm over the metrics' p-values, then each metric judged; the sentences, in metric order.
+std::vector<std::string> judge_metrics(const CompareOptions& options, CompareSummary& summary) {
   std::vector<double> p_values;
   for (const auto& m : summary.metrics) p_values.push_back(m.test.p_value);
   const std::vector<double> adjusted = stats::holm_adjust(p_values);
-  bool any_different = false, any_testable = false;
   std::vector<std::string> parts;
   for (size_t i = 0; i < summary.metrics.size(); ++i) {
     MetricTest& m = summary.metrics[i];
     m.p_adjusted = adjusted[i];
-    const std::string interval = fmt::format("[{}, {}]", format_value(m, m.excess_interval.low),
-                                             format_value(m, m.excess_interval.high));
-    const std::string floor_text =
-        summary.control ? fmt::format(", control {}", format_value(m, m.floor)) : "";
-    const stats::Alternative alternative =
-        m.metric == "kl" ? stats::Alternative::greater : stats::Alternative::two_sided;
-    // Too few paired probes: even all of them on one side could not reach alpha. (Probes whose
-    // difference is 0 count: with enough of them, none differing is evidence too.)
-    if (m.probes < stats::min_samples_for(options.alpha, alternative)) {
-      m.verdict = "inconclusive";
-      m.sentence = fmt::format(
-          "{}: inconclusive: {} paired {} cannot reach p < {} (at least {} needed); effect {}{}",
-          m.label, m.probes, m.probes == 1 ? "probe" : "probes", options.alpha,
-          stats::min_samples_for(options.alpha, alternative), format_value(m, m.effect),
-          floor_text);
-    } else if (m.p_adjusted < options.alpha) {
-      m.verdict = "different";
-      any_testable = any_different = true;
-      m.sentence = fmt::format(
-          "{}: different at p < {} (p = {:.2g}, Holm-adjusted {:.2g}): effect "
-          "{}{}, excess {} {}",
-          m.label, options.alpha, m.test.p_value, m.p_adjusted, format_value(m, m.effect),
-          floor_text, format_value(m, m.excess), interval);
-    } else {
-      m.verdict = "no difference detectable";
-      any_testable = true;
-      const int64_t more = std::max<int64_t>(0, m.probes_needed - m.probes);
-      const std::string detectable = m.unit == "points"
-                                         ? fmt::format("{:.1f} points", 100 * m.detectable)
-                                         : fmt::format("{:.3g} {}", m.detectable, m.unit);
-      m.sentence = fmt::format(
-          "{}: no difference detectable at this sample size (p = {:.2g}; excess {} {}{}); {}",
-          m.label, m.test.p_value, format_value(m, m.excess), interval, floor_text,
-          more > 0 ? fmt::format("{} more probes would detect {}", more, detectable)
-                   : fmt::format("these {} probes would have detected {} with power {:.0f}%",
-                                 m.probes, detectable, 100 * options.power));
-    }
+    judge_metric(m, summary.control, options);
     parts.push_back(m.sentence);
+  }
+  return parts;
+}
+
+// The comparison's verdict from its metrics' (`parts`: their sentences), and why.
+void set_compare_verdict(const std::vector<std::string>& parts, CompareSummary& summary) {
+  bool any_different = false, any_testable = false;
+  for (const auto& m : summary.metrics) {
+    any_different |= m.verdict == "different";
+    any_testable |= m.verdict == "different" || m.verdict == "no difference detectable";
   }
   if (summary.probes.empty()) {
     summary.verdict = "not compared";
@@ -420,7 +415,10 @@ CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vec
     summary.reason += "; no control arm: the noise floor was taken as 0";
   if (!summary.mean_kl && summary.verdict != "not compared")
     summary.reason += "; no KL estimate (the servers returned no top-k log-probs)";
+}
 
+// Which side does better (summary.better "a", "b" or "" for a tie).
+void pick_better(CompareSummary& summary) {
   // Which side does better: accuracy metrics first, then log-prob.
   for (const char* metric : {"recall", "mrcr", "toolcall", "logprob"})
     for (const auto& m : summary.metrics)
@@ -437,46 +435,28 @@ CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vec
     const double gap = summary.recall_exact_b - summary.recall_exact_a;
     if (gap != 0) summary.better.assign(1, gap > 0 ? 'b' : 'a');
   }
+}
 
+}  // namespace
+
+CompareSummary compare_records(const std::vector<ProbeRecord>& a, const std::vector<ProbeRecord>& b,
+                               const std::vector<ProbeRecord>& control,
+                               const CompareOptions& options) {
+  CompareSummary summary;
+  summary.alpha = options.alpha;
+  summary.control = !control.empty();
+  summary.control_label = options.control_label;
+  MetricSamples samples;
+  PairTotals totals;
+  pair_probes(a, b, control, summary, samples, totals);
+  add_means(totals, summary);
+  run_metric_tests(samples, options, summary);
+  const std::vector<std::string> parts = judge_metrics(options, summary);
+  set_compare_verdict(parts, summary);
+  pick_better(summary);
   // Gates: each metric's excess over the control against its limit (drops are -excess).
-  for (const Gate& gate : options.gates) {
-    GateResult g;
-    g.gate = gate;
-    const std::string metric = gate.metric == "kl" ? "kl"
-                               : gate.metric == "logprob_drop"
-                                   ? "logprob"
-                                   : gate.metric.substr(0, gate.metric.find("_drop"));
-    const MetricTest* m = nullptr;
-    for (const auto& candidate : summary.metrics)
-      if (candidate.metric == metric) m = &candidate;
-    if (m == nullptr) {
-      g.status = "failed";
-      g.message = fmt::format("{}: no data (no probe measured {}); run the probes it needs",
-                              gate.text, metric);
-      summary.gates.push_back(g);
-      continue;
-    }
-    const bool drop = gate.metric != "kl";
-    g.value = drop ? -m->excess : m->excess;
-    g.interval = drop ? stats::Interval{-m->excess_interval.high, -m->excess_interval.low}
-                      : m->excess_interval;
-    const bool within = *g.value <= gate.limit;
-    g.status = within ? "passed" : "failed";
-    g.settled = within ? g.interval.high <= gate.limit : g.interval.low > gate.limit;
-    const double scale = m->unit == "points" ? 100.0 : 1.0;
-    const char* unit = m->unit == "points" ? " points"
-                       : m->unit == "nats" ? " nats"
-                                           : " nats/token";
-    g.message =
-        fmt::format("{}: {:.4g}{} (interval [{:.4g}, {:.4g}]) {} the limit {:.4g}{}{}", gate.text,
-                    scale * *g.value, unit, scale * g.interval.low, scale * g.interval.high,
-                    within ? "within" : "exceeds", scale * gate.limit, unit,
-                    g.settled ? ""
-                              : fmt::format("; the interval straddles the limit: {} "
-                                            "paired probes would settle it",
-                                            m->probes_needed));
-    summary.gates.push_back(g);
-  }
+  for (const Gate& gate : options.gates)
+    summary.gates.push_back(evaluate_gate(gate, summary.metrics));
   return summary;
 }
 

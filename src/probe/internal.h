@@ -1,5 +1,5 @@
 // What probe's files share and nothing outside the module uses: the probes of a run and their
-// prompts, running one probe, the workers and failure state of a run.
+// prompts, running one probe, the workers and failure state of a run, a comparison's gates.
 #pragma once
 
 #include <algorithm>
@@ -132,5 +132,11 @@ std::vector<Prepared> prepare_prompts(const std::vector<Spec>& specs,
 ProbeRecord run_one(net::Client& client, const std::string& model, const Spec& spec,
                     const Prepared& prepared, const ProbeOptions& options,
                     const RunSettings& settings);
+
+// ---------------------------------------------------------------- gates (gates.cpp)
+
+// A gate against the comparison's metrics: the metric's excess over the control (drops are
+// -excess) against the limit, failed when no probe measured the metric.
+GateResult evaluate_gate(const Gate& gate, const std::vector<MetricTest>& metrics);
 
 }  // namespace kvaudit::probe
