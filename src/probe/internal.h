@@ -1,5 +1,6 @@
 // What probe's files share and nothing outside the module uses: the probes of a run and their
-// prompts, running one probe, the workers and failure state of a run, a comparison's gates.
+// prompts, running one probe, the workers and failure state of a run, a comparison's gates,
+// and the report's helpers.
 #pragma once
 
 #include <algorithm>
@@ -138,5 +139,15 @@ ProbeRecord run_one(net::Client& client, const std::string& model, const Spec& s
 // A gate against the comparison's metrics: the metric's excess over the control (drops are
 // -excess) against the limit, failed when no probe measured the metric.
 GateResult evaluate_gate(const Gate& gate, const std::vector<MetricTest>& metrics);
+
+// ---------------------------------------------------------------- the report (report.cpp)
+
+// `text` on one line, cut to `limit` bytes (at a character boundary) with "...".
+std::string excerpt(std::string text, size_t limit = 60);
+report::Value optional_double(const std::optional<double>& value);
+
+// The A/B table, chart and facts; the payload's "compare" (null without --compare). In
+// compare_report.cpp.
+nlohmann::json add_compare(const RunResult& result, report::Report& out);
 
 }  // namespace kvaudit::probe
