@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "loadbench/internal.h"
+#include "util/util.h"
 
 namespace kvaudit::loadbench {
 
@@ -61,30 +62,25 @@ LoadLevel run_level(net::Client& client, const std::string& model,
   for (size_t i = 0; i < prompts.size(); ++i)
     if (prompts[i].turn == 0 || i == 0) session_starts.push_back(i);
   session_starts.push_back(prompts.size());
-  std::atomic<size_t> next{0};
   const auto started = Clock::now();
-  std::vector<std::thread> workers;
-  for (int w = 0; w < concurrency; ++w)
-    workers.emplace_back([&] {
-      for (;;) {
-        const size_t session = next++;
-        if (session + 1 >= session_starts.size()) return;
-        for (size_t index = session_starts[session]; index < session_starts[session + 1]; ++index) {
-          if (server_failing || budget.stop() || Clock::now() >= budget.deadline) return;
-          if (budget.left.fetch_sub(1) <= 0) return;
-          timings[index] = run_request(client, model, prompts[index], stream, budget.deadline,
-                                       budget.interrupted, extra_fields);
-          if (stream && !timings[index].ok && timings[index].error.rfind("HTTP 400", 0) == 0 &&
-              timings[index].error.find("stream") != std::string::npos) {
-            stream = false;
-            timings[index] = run_request(client, model, prompts[index], false, budget.deadline,
-                                         budget.interrupted, extra_fields);
-          }
-          if (timings[index].unavailable) server_failing = true;
-        }
+  // `concurrency` sessions in flight; a stop (the server failing, the budget, the deadline)
+  // ends the hand-out, and the sessions in flight stop at their next turn.
+  run_on_threads(session_starts.size() - 1, concurrency, [&](size_t session) {
+    for (size_t index = session_starts[session]; index < session_starts[session + 1]; ++index) {
+      if (server_failing || budget.stop() || Clock::now() >= budget.deadline) return false;
+      if (budget.left.fetch_sub(1) <= 0) return false;
+      timings[index] = run_request(client, model, prompts[index], stream, budget.deadline,
+                                   budget.interrupted, extra_fields);
+      if (stream && !timings[index].ok && timings[index].error.rfind("HTTP 400", 0) == 0 &&
+          timings[index].error.find("stream") != std::string::npos) {
+        stream = false;
+        timings[index] = run_request(client, model, prompts[index], false, budget.deadline,
+                                     budget.interrupted, extra_fields);
       }
-    });
-  for (auto& worker : workers) worker.join();
+      if (timings[index].unavailable) server_failing = true;
+    }
+    return true;
+  });
   level.wall_seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const SpecCounters after = read_spec_counters(client, counters);
 

@@ -17,18 +17,13 @@
 #include "audit/audit.h"
 #include "engines/engines.h"
 #include "probe/probe.h"
+#include "util/json.h"
 
 namespace kvaudit::probe {
 
 using nlohmann::json;
 
 namespace {
-
-std::string text_of(const json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_null()) return "";
-  return value.dump();
-}
 
 std::optional<int64_t> integer_of(const json& value) {
   if (value.is_number_integer()) return value.get<int64_t>();
@@ -58,18 +53,18 @@ void read_sglang_server_info(const json& info, ServerFacts& facts, const std::st
     auto it = info.find(key);
     return it == info.end() || it->is_null() ? nullptr : &*it;
   };
-  if (auto* v = field("version")) facts.engine_version = text_of(*v);
-  if (auto* v = field("model_path")) facts.model_path = text_of(*v);
+  if (auto* v = field("version")) facts.engine_version = json_text(*v);
+  if (auto* v = field("model_path")) facts.model_path = json_text(*v);
   if (auto* v = field("served_model_name"); v && facts.model_id.empty())
-    facts.model_id = text_of(*v);
+    facts.model_id = json_text(*v);
   if (auto* v = field("kv_cache_dtype")) {
-    facts.kv_cache_dtype = text_of(*v);
+    facts.kv_cache_dtype = json_text(*v);
     facts.kv_cache_dtype_source = where + " kv_cache_dtype";
     facts.evidence.push_back({where, "kv_cache_dtype", facts.kv_cache_dtype});
   }
-  if (auto* v = field("quantization_param_path")) facts.quantization_param_path = text_of(*v);
-  if (auto* v = field("quantization")) facts.quantization = text_of(*v);
-  if (auto* v = field("dtype")) facts.dtype = text_of(*v);
+  if (auto* v = field("quantization_param_path")) facts.quantization_param_path = json_text(*v);
+  if (auto* v = field("quantization")) facts.quantization = json_text(*v);
+  if (auto* v = field("dtype")) facts.dtype = json_text(*v);
   if (auto* v = field("context_length")) facts.context_length = integer_of(*v);
   if (auto* v = field("page_size")) facts.page_size = integer_of(*v);
   if (auto* v = field("tp_size"); v && integer_of(*v)) facts.tp = static_cast<int>(*integer_of(*v));
@@ -277,7 +272,7 @@ bool vllm_adapter(const engines::EngineModel* engine, ServerAnswers& answers, Se
     if (!engine->server_info->version_endpoint.empty())
       if (auto version = answers.get_json(engine->server_info->version_endpoint);
           version && version->is_object() && version->contains("version"))
-        facts.engine_version = text_of((*version)["version"]);
+        facts.engine_version = json_text((*version)["version"]);
     return true;
   }
   return false;
@@ -302,7 +297,7 @@ bool trtllm_adapter(const engines::EngineModel* engine, ServerAnswers& answers,
   if (!info.version_endpoint.empty())
     if (auto version = answers.get_json(info.version_endpoint);
         version && version->is_object() && version->contains("version")) {
-      facts.engine_version = text_of((*version)["version"]);
+      facts.engine_version = json_text((*version)["version"]);
       facts.evidence.push_back(
           {answers.where(info.version_endpoint), "version", facts.engine_version});
     }

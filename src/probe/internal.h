@@ -20,6 +20,7 @@
 #include "net/net.h"
 #include "probe/probe.h"
 #include "report/report.h"
+#include "util/util.h"
 
 namespace kvaudit::probe {
 
@@ -68,20 +69,15 @@ struct RunControl {
   }
 };
 
-// Runs f(i) for i in [0, n) on `threads` workers until done or `abort` is set.
+// Runs f(i) for i in [0, n) on util's run_on_threads with `threads` in flight, until done or
+// `abort` is set (checked before each i is handed out).
 template <class F>
 void run_parallel(size_t n, int threads, std::atomic<bool>& abort, F f) {
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> workers;
-  for (int t = 0; t < std::max(1, threads); ++t)
-    workers.emplace_back([&] {
-      while (!abort) {
-        size_t i = next++;
-        if (i >= n) break;
-        f(i);
-      }
-    });
-  for (auto& worker : workers) worker.join();
+  if (abort) return;
+  run_on_threads(n, threads, [&](size_t i) {
+    f(i);
+    return !abort.load();
+  });
 }
 
 // ---------------------------------------------------------------- prompts (prompts.cpp)

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <regex>
 
 #include "probe/probe.h"
 
@@ -18,7 +17,7 @@ void negotiate_logprobs(net::Client& client, const std::string& model, int wante
   net::ClientOptions quick = client.options();
   quick.max_retries = 0;
   net::Client probe_client(client.url(), quick);
-  static const std::regex allowed(R"((?:max allowed|more than)[^0-9]{0,12}([0-9]{1,6}))");
+  static const Regex allowed(R"((?:max allowed|more than)[^0-9]{0,12}([0-9]{1,6}))");
   int asking = std::max(1, wanted);
   std::vector<std::string> said;
   const std::string text = "The quick brown fox jumps over the lazy dog.";
@@ -65,9 +64,8 @@ void negotiate_logprobs(net::Client& client, const std::string& model, int wante
         continue;
       }
       if (error.status() >= 500) break;  // overload, not an answer about log-probs
-      std::smatch match;
-      if (std::regex_search(problem, match, allowed)) {
-        const int limit = std::stoi(match[1]);
+      if (auto match = allowed.search(problem)) {
+        const int limit = std::stoi(std::string(*match->at(1)));
         if (limit >= 1 && limit < asking) {
           asking = limit;
           continue;
