@@ -5,7 +5,8 @@
 #   (none)  what `make demo` and `make check` need: build tools, libraries, gtest.
 #   --full  adds what the rest of `make test` uses: chromium (the HTML render and browser
 #           tests), curl (serve_cli), npm (fetches the SARIF and JUnit schemas the CI-output
-#           tests validate against: tools/fetch-ci-schemas.sh).
+#           tests validate against: tools/fetch-ci-schemas.sh), universal-ctags (the
+#           function-size limit: tools/house-sizes.sh).
 #   --dev   adds the developer tools no test runs: python3-torch for regenerating the tiny
 #           models' reference logits and fixture models (tools/torch_reference*.py,
 #           tools/train_*.py: their outputs are committed), wrk for tools/bench-serve.sh,
@@ -17,7 +18,8 @@ core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libgtest-dev libgmock-dev libyaml-cpp-dev libboost-dev libvalijson-dev python3 python3-numpy ccache
       python3-jsonschema libxml2-utils python3-yaml python3-prometheus-client
       dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
-full=(chromium chromium-driver fonts-dejavu-core curl npm)
+full=(chromium chromium-driver fonts-dejavu-core curl npm
+      universal-ctags)  # shell.house_sizes: function extents for tools/house-sizes.sh
 dev=(python3-torch libopenblas0-openmp wrk clang-tidy)
 want=("${core[@]}")
 case "${1:-}" in
