@@ -251,11 +251,19 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   auto entry = find_entry_point(registry, texts);
   if (!entry) {
     // `bash -c '...'` wrappers: look inside the quoted command; its words share its site.
+    // The words after the script are its $0, $1, ...: a "$@" in it stands for $1 on (a
+    // Kubernetes `command: [sh, -c, 'exec engine "$@"', --]` with the flags in `args:`).
     for (size_t i = 0; i + 2 < words.size(); ++i)
       if (is_wrapper_shell(texts[i]) && texts[i + 1] == "-c") {
         std::vector<LaunchWord> inner;
-        for (std::string& text : split_shell_words(texts[i + 2], label))
+        for (std::string& text : split_shell_words(texts[i + 2], label)) {
+          if ((text == "$@" || text == "${@}") && i + 3 < words.size()) {
+            inner.insert(inner.end(), words.begin() + static_cast<std::ptrdiff_t>(i + 4),
+                         words.end());
+            continue;
+          }
           inner.push_back({std::move(text), words[i + 2].site, words[i + 2].offset});
+        }
         return flags_from_launch_words(registry, inner, label, environment, origins);
       }
     throw_no_known_engine(registry, label);
@@ -263,7 +271,11 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   LaunchFlags flags;
   flags.engine = entry->first;
   flags.source = label;
-  const LaunchSpec& launch = registry.engine(flags.engine).launch;
+  const EngineModel& engine = registry.engine(flags.engine);
+  const LaunchSpec& launch = engine.launch;
+  std::map<std::string, std::string> tier_setting_by_flag;  // the engine data's kv_tier_flags
+  for (const auto& [setting, spellings] : engine.tier_flags)
+    for (const auto& spelling : spellings) tier_setting_by_flag[spelling] = setting;
   const size_t entry_word = entry->second == 0 ? 0 : entry->second - 1;
   flags.command_site = words[entry_word].site;
   std::map<std::string, std::string> field_by_flag;
@@ -316,7 +328,7 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
     }
     word = normalised_flag(launch, word);
     auto field_it = field_by_flag.find(word);
-    bool boolean = is_boolean(word);
+    bool boolean = is_boolean(word) || engine.tier_boolean_flags.count(word) > 0;
     size_t value_index = flag_index;
     if (!has_inline_value && !boolean) {
       if (i + 1 < arguments.size() && arguments[i + 1].text.rfind("--", 0) != 0) {
@@ -329,6 +341,10 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
       if (value.empty()) throw InputError(label, word + " needs a file");
       flags.config_file = value;
       flags.config_file_flag = word;
+      continue;
+    }
+    if (auto tier = tier_setting_by_flag.find(word); tier != tier_setting_by_flag.end()) {
+      record_tier_setting(tier->second, boolean && !has_inline_value ? "true" : value, flags);
       continue;
     }
     if (field_it == field_by_flag.end()) {
