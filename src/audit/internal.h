@@ -102,6 +102,7 @@ void rule_unknown_architecture(Context& ctx);
 void rule_version(Context& ctx);
 void rule_lossless_policy(Context& ctx);
 void rule_known_bad(Context& ctx);
+void rule_tier_hazards(Context& ctx);  // tier_rules.cpp
 void rule_platform_substitution(Context& ctx);
 void rule_draft_kv(Context& ctx);
 void rule_unit_scale(Context& ctx);

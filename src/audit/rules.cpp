@@ -505,6 +505,7 @@ const NamedRule kRules[] = {
     {"engine-version", rule_version},
     {"kv-cache-quantized", rule_lossless_policy},
     {"known-bad-combination", rule_known_bad},
+    {"kv-tier-hazard", rule_tier_hazards},
     {"kv-dtype-substituted", rule_platform_substitution},
     {"draft-kv-quantized", rule_draft_kv},
 };

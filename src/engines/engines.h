@@ -617,6 +617,27 @@ const std::vector<std::string>& server_counter_kinds();
 // The fields log_args.keys may name: the launch fields, plus the memory settings plan reads.
 const std::vector<std::string>& log_arg_fields();
 
+// ---------------------------------------------------------------- KV tiers
+
+// A place the KV cache travels besides the GPU pool (a host tier, a connector, a persistent
+// store, a disaggregated transfer) in a combination the engine's or the tier's own tracker
+// reports to corrupt it, or to lose what a tier must keep. Matched on the launch's tier
+// settings (LaunchFlags::tier_settings), the resolved KV dtype and the model.
+struct TierHazard {
+  std::string id;
+  VersionRange versions;
+  std::string tier;  // the tier, in words ("HiCache host tier", "LMCache in-process connector")
+  // setting -> value globs it takes ("*": the setting is given at all); every one must match.
+  std::map<std::string, std::vector<std::string>> settings;
+  std::vector<std::string> kv_dtypes;  // resolved KV dtypes it hits (empty: any)
+  std::optional<bool> hybrid;          // only models with (or without) recurrent layers
+  std::string severity;                // "critical", "warning" or "info"
+  std::string consequence;             // what goes wrong, as the source describes it
+  std::string fix;                     // what to launch instead
+  std::string fixed_in;                // the first release with the fix ("": none known)
+  Provenance provenance;
+};
+
 struct EngineModel {
   std::string engine;
   std::string file;
@@ -640,6 +661,11 @@ struct EngineModel {
   std::vector<EngineDefaults> defaults;
   std::vector<MambaSlotRules> mamba_slots;  // SGLang hybrids: state slots per request
   std::vector<KnownBad> known_bad;
+  // Tier settings the launch may give: setting -> its flag spellings (data: kv_tier_flags),
+  // and which of those flags take no value.
+  std::map<std::string, std::vector<std::string>> tier_flags;
+  std::set<std::string> tier_boolean_flags;
+  std::vector<TierHazard> tier_hazards;
   std::vector<DefaultBackend> default_backends;
   std::vector<PlatformSubstitution> platform_substitutions;
   std::vector<StateDtypeRule> state_dtypes;
@@ -766,6 +792,11 @@ struct LaunchFlags {
   std::string gpu_arch, platform;
   std::string speculative_draft_kv_cache_dtype;  // SGLang --speculative-draft-kv-cache-dtype
   std::vector<std::string> ignored_arguments;
+  // Where the KV cache travels, as the launch sets it: setting -> value ("true" for a flag
+  // without one), from the engine data's kv_tier_flags, plus what the engine reads out of a
+  // JSON-valued one (vLLM's --kv-transfer-config: kv_connector, offloading_spec,
+  // secondary_tiers). See tier_settings_from_flag.
+  std::map<std::string, std::string> tier_settings;
   // The config file the launch names (TensorRT-LLM --config), and what it set.
   std::string config_file, config_file_flag;
   std::set<std::string> fields_from_flags, fields_from_config;
@@ -882,7 +913,23 @@ struct ResolvedKv {
   // A speculative draft model's cache (empty when no speculative decoding is launched).
   std::string draft_kv_cache_dtype;
   const DraftKvRule* draft_rule = nullptr;
+  // Tier hazards this launch meets (find_tier_hazards).
+  std::vector<const TierHazard*> tier_hazards;
 };
+
+// Records one tier flag of the launch: `setting` (a key of the engine's tier_flags) = `value`,
+// and what the engine itself reads out of a JSON-valued one: vLLM's --kv-transfer-config
+// gives kv_connector (its "kv_connector"), offloading_spec (kv_connector_extra_config
+// .spec_name) and secondary_tiers (the "type" of each kv_connector_extra_config
+// .secondary_tiers entry, comma-joined). A value that is not JSON is kept as given.
+void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags);
+// The tier hazards of `engine` at `version` that this launch (its tier settings, the resolved
+// KV dtype, the model) meets. Settings name LaunchFlags::tier_settings keys, plus
+// "speculative_algorithm" and "kv_cache_dtype_requested" (the launch's own fields).
+std::vector<const TierHazard*> find_tier_hazards(const EngineModel& engine, const Version& version,
+                                                 const checkpoint::ModelFacts& model,
+                                                 const LaunchFlags& flags,
+                                                 std::string_view resolved_kv_dtype);
 
 // Whether the launch sets the field that `flag` (a spelling in the engine's launch data)
 // belongs to.

@@ -101,6 +101,8 @@ void read_launch(JsonReader& top, EngineModel& model);
 // come last (read_serving_rules, load_serving.cpp).
 void read_rules(JsonReader& top, EngineModel& model);
 void read_serving_rules(JsonReader& top, EngineModel& model);
+// kv_tier_flags and tier_hazards (tiers.cpp); after the launch section and the dtypes.
+void read_tier_data(JsonReader& top, EngineModel& model);
 // Cross-rule checks: what no single object can see (load_lint.cpp).
 void lint_model(EngineModel& model);
 

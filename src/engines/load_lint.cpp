@@ -63,6 +63,7 @@ std::vector<Version> boundary_versions(const EngineModel& model) {
   for (const auto& r : model.dtype_hazards) add_range(r.versions);
   for (const auto& r : model.defaults) add_range(r.versions);
   for (const auto& r : model.log_templates) add_range(r.versions);
+  for (const auto& r : model.tier_hazards) add_range(r.versions);
   for (const auto& r : model.capacity.mem_fraction_tables) add_range(r.versions);
   std::sort(out.begin(), out.end(), [](const Version& a, const Version& b) {
     return VersionRange{"", {{VersionRange::Op::lt, b}}}.contains(a);
@@ -88,6 +89,7 @@ void lint_model(EngineModel& model) {
   for (const auto& r : model.checkpoint_aborts) unique("checkpoint_aborts", r.id);
   for (const auto& r : model.dtype_hazards) unique("dtype_hazards", r.id);
   for (const auto& r : model.known_bad) unique("known_bad", r.id);
+  for (const auto& r : model.tier_hazards) unique("tier_hazards", r.id);
   for (const auto& r : model.platform_substitutions) unique("platform_substitutions", r.id);
   for (const auto& r : model.state_dtypes) unique("state_dtypes", r.id);
   for (const auto& r : model.draft_kv) unique("draft_kv", r.id);

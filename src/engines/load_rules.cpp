@@ -378,6 +378,7 @@ void read_rules(JsonReader& top, EngineModel& model) {
   read_checkpoint_aborts(top, model);
   read_dtype_hazards(top, model);
   read_known_bad(top, model);
+  read_tier_data(top, model);
   read_platform_substitutions(top, model);
   read_state_and_draft(top, model);
   read_serving_rules(top, model);

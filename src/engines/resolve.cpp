@@ -451,6 +451,8 @@ ResolvedKv resolve_kv(const ModelFacts& model, const LaunchFlags& flags,
   pick_scale_warning(engine, *version, model, flags, resolved);
   // 6. The combinations known to break, the per-layer dtypes, and the draft model's cache.
   find_known_bad(engine, *version, model, flags, resolved);
+  resolved.tier_hazards =
+      find_tier_hazards(engine, *version, model, flags, resolved.kv_cache_dtype);
   record_layer_dtypes(model, resolved);
   resolve_draft(engine, *version, flags, resolved);
   return resolved;

@@ -143,6 +143,14 @@ struct Battery {
   std::vector<checkpoint::ModelFacts> plan_models;
   std::vector<std::pair<std::string, checkpoint::ModelFacts>> from_logs;  // log text, its model
   std::map<std::string, std::vector<std::string>> launches;               // engine -> command lines
+  // Launches that meet each tier hazard (built from the data as read, then checked under
+  // each mutation): engine, release, model, flags.
+  struct TierLaunch {
+    std::string engine, version;
+    size_t model = 0;
+    engines::LaunchFlags flags;
+  };
+  std::vector<TierLaunch> tier_launches;
 };
 
 // One representative release per distinct set of matching rules.
@@ -158,6 +166,7 @@ std::vector<std::string> representatives(const engines::EngineModel& engine) {
     add(engine.scale_warnings), add(engine.param_path_rules), add(engine.checkpoint_aborts);
     add(engine.dtype_hazards), add(engine.defaults), add(engine.log_templates);
     add(engine.known_bad), add(engine.default_backends), add(engine.platform_substitutions);
+    add(engine.tier_hazards);
     add(engine.state_dtypes), add(engine.draft_kv);
     for (const auto& r : engine.flag_rules)
       signature += fmt::format("{}{}{}", r.exists.contains(v), r.deprecated.contains(v),
@@ -389,6 +398,18 @@ Battery build_battery() {
       // Flags that take no value: the word after one is an argument of its own.
       for (const auto& flag : engine.launch.boolean_flags)
         b.launches[e].push_back(prefix + " " + flag + " trailing");
+      // Tier flags (booleans among them), and a --kv-transfer-config JSON with a connector, an
+      // offloading spec and a secondary tier.
+      for (const auto& [setting, spellings] : engine.tier_flags)
+        for (const auto& spelling : spellings)
+          b.launches[e].push_back(prefix + " " + spelling +
+                                  (engine.tier_boolean_flags.count(spelling)
+                                       ? " trailing"
+                                       : " '{\"kv_connector\":"
+                                         "\"C\",\"kv_connector_extra_config\":"
+                                         "{\"spec_name\":\"S\","
+                                         "\"secondary_tiers\":[{\"type\":"
+                                         "\"fs\"}]}}'"));
       // A config file that sets every field its keys name, and a key the engine refuses;
       // beside a flag for the same field (which one wins is data).
       if (!engine.launch.config_file_flags.empty()) {
@@ -420,6 +441,35 @@ Battery build_battery() {
       for (const auto& [field, names] : engine.launch.environment)
         for (const auto& name : names) b.launches[e].push_back(name + "=FLASHINFER " + prefix);
     }
+  }
+  // Tier hazards: a launch that meets each one, on a model with recurrent layers and on one
+  // without, at every representative release.
+  size_t hybrid_model = 0, dense_model = 0;
+  for (size_t m = 0; m < b.models.size(); ++m)
+    (b.models[m].linear_attention ? hybrid_model : dense_model) = m;
+  for (const auto& e : kvaudit::testing::registry().names()) {
+    const engines::EngineModel& engine = kvaudit::testing::registry().engine(e);
+    for (const engines::TierHazard& hazard : engine.tier_hazards)
+      for (const auto& v : b.versions.at(e)) {
+        engines::LaunchFlags flags;
+        flags.engine = e;
+        flags.engine_version = v;
+        for (const auto& [setting, globs] : hazard.settings) {
+          const std::string value = globs.front() == "*" ? "EAGLE" : globs.front();
+          if (setting == "speculative_algorithm")
+            flags.speculative_algorithm = value;
+          else if (setting == "kv_cache_dtype_requested")
+            flags.kv_cache_dtype = value;
+          else
+            flags.tier_settings[setting] = value;
+        }
+        const auto version = engines::parse_version(v);
+        if (!hazard.kv_dtypes.empty() && version) {
+          flags.kv_cache_dtype = engines::cli_spelling(engine, *version, hazard.kv_dtypes.front());
+          flags.kv_cache_dtype_flag = "--kv-cache-dtype";
+        }
+        for (size_t m : {hybrid_model, dense_model}) b.tier_launches.push_back({e, v, m, flags});
+      }
   }
   for (const auto& entry : fs::directory_iterator(fs::path(KVAUDIT_TEST_DIR) / "fixtures" / "logs"))
     if (entry.path().extension() == ".log") b.log_texts.push_back(read_text_file(entry.path()));
@@ -535,6 +585,17 @@ TaggedProbes battery_probes(const Battery& b) {
                 }),
                 e);
           }
+  // check on the launches that meet the tier hazards
+  out.section("tiers");
+  for (const auto& launch : b.tier_launches)
+    out.push_back(guarded([&b, &launch](const engines::Registry& registry) {
+      audit::CheckInput input;
+      input.model = b.models[launch.model];
+      input.flags = launch.flags;
+      input.engine = &registry.engine(launch.engine);
+      input.version_given = !launch.version.empty();
+      return fingerprint(audit::run_check(input));
+    }));
   // logs
   out.section("logs");
   for (const auto& text : b.log_texts)
@@ -661,14 +722,15 @@ TaggedProbes battery_probes(const Battery& b) {
           refused = fingerprint(audit::run_check(input));
         }
         return refused +
-               fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
-                           fmt::join(f.config_errors, ";"), fmt::join(f.fields_from_config, ","),
-                           f.host, f.port.value_or(-1), f.engine, f.kv_cache_dtype, f.model_path,
-                           f.tp, f.pp, f.dp, f.dcp, f.dp_attention, f.quantization_param_path,
-                           f.quantization, f.dtype, f.context_length.value_or(-1),
-                           f.memory_fraction.value_or(-1), f.mamba_ssm_dtype, f.calculate_kv_scales,
-                           f.kv_cache_dtype_skip_layers, f.attention_backend,
-                           f.speculative_draft_kv_cache_dtype, fmt::join(f.ignored_arguments, ","));
+               fmt::format(
+                   "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+                   fmt::join(f.config_errors, ";"), fmt::join(f.fields_from_config, ","), f.host,
+                   f.port.value_or(-1), f.engine, f.kv_cache_dtype, f.model_path, f.tp, f.pp, f.dp,
+                   f.dcp, f.dp_attention, f.quantization_param_path, f.quantization, f.dtype,
+                   f.context_length.value_or(-1), f.memory_fraction.value_or(-1), f.mamba_ssm_dtype,
+                   f.calculate_kv_scales, f.kv_cache_dtype_skip_layers, f.attention_backend,
+                   f.speculative_draft_kv_cache_dtype, fmt::join(f.ignored_arguments, ",")) +
+               fmt::format(" {}", fmt::join(f.tier_settings, ","));
       }));
   // launch files: a compose service that runs an image with only its arguments
   out.section("launch files");
