@@ -241,6 +241,31 @@ void splice_config_file(const LaunchSpec& launch, const std::string& label,
 
 }  // namespace
 
+namespace {
+
+// The words of the script a `bash -c '...'` wrapper runs, each sited at the script. The
+// words after the script are its $0, $1, ...: a "$@" in it stands for $1 on (a Kubernetes
+// `command: [sh, -c, 'exec engine "$@"', --]` with the flags in `args:`).
+std::optional<std::vector<LaunchWord>> words_inside_shell_wrapper(
+    const std::vector<LaunchWord>& words, const std::vector<std::string>& texts,
+    const std::string& label) {
+  for (size_t i = 0; i + 2 < words.size(); ++i) {
+    if (!is_wrapper_shell(texts[i]) || texts[i + 1] != "-c") continue;
+    std::vector<LaunchWord> inner;
+    for (std::string& text : split_shell_words(texts[i + 2], label)) {
+      if ((text == "$@" || text == "${@}") && i + 3 < words.size()) {
+        inner.insert(inner.end(), words.begin() + static_cast<std::ptrdiff_t>(i + 4), words.end());
+        continue;
+      }
+      inner.push_back({std::move(text), words[i + 2].site, words[i + 2].offset});
+    }
+    return inner;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<LaunchWord>& words,
                                     const std::string& label,
                                     std::map<std::string, std::string> environment,
@@ -250,22 +275,9 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   for (const LaunchWord& word : words) texts.push_back(word.text);
   auto entry = find_entry_point(registry, texts);
   if (!entry) {
-    // `bash -c '...'` wrappers: look inside the quoted command; its words share its site.
-    // The words after the script are its $0, $1, ...: a "$@" in it stands for $1 on (a
-    // Kubernetes `command: [sh, -c, 'exec engine "$@"', --]` with the flags in `args:`).
-    for (size_t i = 0; i + 2 < words.size(); ++i)
-      if (is_wrapper_shell(texts[i]) && texts[i + 1] == "-c") {
-        std::vector<LaunchWord> inner;
-        for (std::string& text : split_shell_words(texts[i + 2], label)) {
-          if ((text == "$@" || text == "${@}") && i + 3 < words.size()) {
-            inner.insert(inner.end(), words.begin() + static_cast<std::ptrdiff_t>(i + 4),
-                         words.end());
-            continue;
-          }
-          inner.push_back({std::move(text), words[i + 2].site, words[i + 2].offset});
-        }
-        return flags_from_launch_words(registry, inner, label, environment, origins);
-      }
+    // `bash -c '...'` wrappers: look inside the quoted command.
+    if (auto inner = words_inside_shell_wrapper(words, texts, label))
+      return flags_from_launch_words(registry, *inner, label, environment, origins);
     throw_no_known_engine(registry, label);
   }
   LaunchFlags flags;
