@@ -243,6 +243,8 @@ void splice_config_file(const LaunchSpec& launch, const std::string& label,
 
 namespace {
 
+constexpr int kMostShellWrappers = 16;
+
 // The words of the script a `bash -c '...'` wrapper runs, each sited at the script. The
 // words after the script are its $0, $1, ...: a "$@" in it stands for $1 on (a Kubernetes
 // `command: [sh, -c, 'exec engine "$@"', --]` with the flags in `args:`).
@@ -275,9 +277,19 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   for (const LaunchWord& word : words) texts.push_back(word.text);
   auto entry = find_entry_point(registry, texts);
   if (!entry) {
-    // `bash -c '...'` wrappers: look inside the quoted command.
-    if (auto inner = words_inside_shell_wrapper(words, texts, label))
+    // `bash -c '...'` wrappers: look inside the quoted command. Nesting is bounded: with "$@"
+    // a wrapper's arguments can hold the next wrapper, so depth no longer needs longer text.
+    if (auto inner = words_inside_shell_wrapper(words, texts, label)) {
+      static thread_local int wrapper_depth = 0;
+      if (wrapper_depth >= kMostShellWrappers)
+        throw InputError(label, fmt::format("shell wrappers (sh -c) nested more than {} deep",
+                                            kMostShellWrappers));
+      ++wrapper_depth;
+      struct Leave {
+        ~Leave() { --wrapper_depth; }
+      } leave;
       return flags_from_launch_words(registry, *inner, label, environment, origins);
+    }
     throw_no_known_engine(registry, label);
   }
   LaunchFlags flags;

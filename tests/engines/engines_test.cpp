@@ -65,6 +65,35 @@ TEST(Launch, VllmServePositionalModel) {
   EXPECT_EQ(flags.context_length, 32768);
 }
 
+// A Kubernetes `command: [sh, -c, 'exec ... "$@"', --]` with the flags in `args:`: the words
+// after $0 stand for "$@". Wrappers whose arguments hold the next wrapper are refused past
+// 16 levels (each level no longer needs longer text).
+TEST(Launch, ShellWrapperArgumentsStandForDollarAt) {
+  LaunchFlags flags = parse_launch_command(
+      kvaudit::testing::registry(),
+      "/bin/sh -c 'ulimit -n 65536; exec python3 -m sglang.launch_server \"$@\"' -- "
+      "--model-path=Qwen/Qwen3-32B --tensor-parallel-size=2 --enable-hierarchical-cache",
+      "x");
+  EXPECT_EQ(flags.engine, "sglang");
+  EXPECT_EQ(flags.model_path, "Qwen/Qwen3-32B");
+  EXPECT_EQ(flags.tp, 2);
+  EXPECT_EQ(flags.tier_settings.at("hierarchical_cache"), "true");
+  std::string nested;
+  for (int level = 0; level < 17; ++level) nested += "sh -c '\"$@\"' x ";
+  try {
+    parse_launch_command(kvaudit::testing::registry(), nested + "sh -c 'vllm serve m'", "deep");
+    FAIL() << "17 nested wrappers were read";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("nested more than 16 deep"), std::string::npos);
+  }
+  nested.clear();
+  for (int level = 0; level < 15; ++level) nested += "sh -c '\"$@\"' x ";
+  EXPECT_EQ(
+      parse_launch_command(kvaudit::testing::registry(), nested + "sh -c 'vllm serve m'", "deep")
+          .engine,
+      "vllm");
+}
+
 TEST(Launch, BashWrapperAndDocker) {
   LaunchFlags wrapped = parse_launch_command(
       kvaudit::testing::registry(),
