@@ -245,6 +245,14 @@ namespace {
 
 constexpr int kMostShellWrappers = 16;
 
+// Flag spelling -> the tier setting it gives (the engine data's kv_tier_flags).
+std::map<std::string, std::string> tier_settings_by_flag(const EngineModel& engine) {
+  std::map<std::string, std::string> by_flag;
+  for (const auto& [setting, spellings] : engine.tier_flags)
+    for (const auto& spelling : spellings) by_flag[spelling] = setting;
+  return by_flag;
+}
+
 // The words of the script a `bash -c '...'` wrapper runs, each sited at the script. The
 // words after the script are its $0, $1, ...: a "$@" in it stands for $1 on (a Kubernetes
 // `command: [sh, -c, 'exec engine "$@"', --]` with the flags in `args:`).
@@ -297,9 +305,7 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   flags.source = label;
   const EngineModel& engine = registry.engine(flags.engine);
   const LaunchSpec& launch = engine.launch;
-  std::map<std::string, std::string> tier_setting_by_flag;  // the engine data's kv_tier_flags
-  for (const auto& [setting, spellings] : engine.tier_flags)
-    for (const auto& spelling : spellings) tier_setting_by_flag[spelling] = setting;
+  const std::map<std::string, std::string> tier_setting_by_flag = tier_settings_by_flag(engine);
   const size_t entry_word = entry->second == 0 ? 0 : entry->second - 1;
   flags.command_site = words[entry_word].site;
   std::map<std::string, std::string> field_by_flag;
