@@ -35,6 +35,27 @@ bool fatal(const net::RequestError& error) {
          error.status() == 403 || error.status() == 404;
 }
 
+// Scores `prompt` as the server sees it: one token generated, the prompt echoed with top_k
+// log-probs per position. False (with `refusal` set) when the server refuses echo or
+// log-probs; an error that stops the run is rethrown.
+bool echo_logprobs(net::Client& client, const std::string& model, const std::string& prompt,
+                   int top_k, net::Completion& answer, std::string& refusal) {
+  net::CompletionRequest request;
+  request.model = model;
+  request.prompt = prompt;
+  request.max_tokens = 1;
+  request.echo = true;
+  request.logprobs = std::max(1, top_k);
+  try {
+    answer = net::complete(client, request);
+  } catch (const net::RequestError& error) {
+    if (fatal(error)) throw;
+    refusal = fmt::format("echo + logprobs refused: {}", error.problem());
+    return false;
+  }
+  return true;
+}
+
 // A completion that produced nothing for max_tokens >= 1: asking again would get nothing
 // again, so the run stops (with what it finished) instead of scoring emptiness forever.
 void require_progress(const net::Completion& answer, const std::string& where) {
@@ -53,23 +74,12 @@ void require_progress(const net::Completion& answer, const std::string& where) {
 // Teacher-forced score of `expected` after `prompt`: one echo request over the whole text.
 void score_forced(net::Client& client, const std::string& model, const Prepared& prepared,
                   int top_k, ProbeRecord& record) {
-  net::CompletionRequest request;
-  request.model = model;
-  request.prompt = prepared.prompt + prepared.expected;
-  request.max_tokens = 1;
-  request.echo = true;
-  request.logprobs = std::max(1, top_k);
+  const std::string full = prepared.prompt + prepared.expected;
   net::Completion answer;
-  try {
-    answer = net::complete(client, request);
-  } catch (const net::RequestError& error) {
-    if (fatal(error)) throw;
-    record.error = fmt::format("echo + logprobs refused: {}", error.problem());
-    return;
-  }
+  if (!echo_logprobs(client, model, full, top_k, answer, record.error)) return;
   if (!answer.has_logprobs) return;
   const size_t prompt_bytes = prepared.prompt.size();
-  const size_t full_bytes = request.prompt.size();
+  const size_t full_bytes = full.size();
   // llama-server accepts echo and ignores it: only the generated tokens come back, which
   // must not be read as the prompt's.
   size_t returned_bytes = 0;
@@ -116,20 +126,8 @@ void score_forced(net::Client& client, const std::string& model, const Prepared&
 // come back.
 void score_sequence(net::Client& client, const std::string& model, const std::string& text,
                     int top_k, ProbeRecord& record) {
-  net::CompletionRequest request;
-  request.model = model;
-  request.prompt = text;
-  request.max_tokens = 1;
-  request.echo = true;
-  request.logprobs = std::max(1, top_k);
   net::Completion answer;
-  try {
-    answer = net::complete(client, request);
-  } catch (const net::RequestError& error) {
-    if (fatal(error)) throw;
-    record.forced_note = fmt::format("echo + logprobs refused: {}", error.problem());
-    return;
-  }
+  if (!echo_logprobs(client, model, text, top_k, answer, record.forced_note)) return;
   size_t returned_bytes = 0;
   for (const auto& token : answer.tokens) returned_bytes += token.token.size();
   const bool offsets = !answer.tokens.empty() && answer.tokens[0].text_offset >= 0;

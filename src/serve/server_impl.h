@@ -3,17 +3,7 @@
 // (server-sent events) and server.cpp (bind, run, stop, /get_server_info). Private to serve/.
 #pragma once
 
-// Debian's libcpp-httplib is compiled with these (cpp-httplib.pc Cflags): the header must see
-// the same ones or the library's and our idea of the class layouts differ.
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT 1
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT 1
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT 1
-#endif
+// httplib's CPPHTTPLIB_* macros come from CMakeLists.txt, for every target alike.
 #include <httplib.h>
 
 #include <atomic>
