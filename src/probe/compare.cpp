@@ -19,6 +19,15 @@ namespace kvaudit::probe {
 
 namespace {
 
+// The first position where A's and B's greedy tokens differ (the shorter length when one is
+// a prefix of the other).
+size_t first_divergence(const ProbeRecord& left, const ProbeRecord& right) {
+  const size_t shared = std::min(left.generated.size(), right.generated.size());
+  for (size_t i = 0; i < shared; ++i)
+    if (left.generated[i].token != right.generated[i].token) return i;
+  return shared;
+}
+
 // The coarsened distribution over `support` (+ one "rest" bucket at the end).
 std::vector<double> coarsen(const std::vector<TopEntry>& listed,
                             const std::vector<std::string>& support) {
@@ -123,12 +132,7 @@ PairKl pair_kl(const ProbeRecord& left, const ProbeRecord& right, bool forced_ok
     return out;
   }
   const size_t shared = std::min(left.generated.size(), right.generated.size());
-  size_t diverge = shared;
-  for (size_t i = 0; i < shared; ++i)
-    if (left.generated[i].token != right.generated[i].token) {
-      diverge = i;
-      break;
-    }
+  const size_t diverge = first_divergence(left, right);
   out.kl = mean_kl(left.generated, right.generated, std::min(shared, diverge + 1), out.positions);
   if (out.kl) out.basis = "greedy prefix";
   return out;
@@ -189,12 +193,7 @@ struct PairTotals {
 void mark_divergence(const ProbeRecord& left, const ProbeRecord& right, ProbeComparison& c,
                      CompareSummary& summary) {
   const size_t shared = std::min(left.generated.size(), right.generated.size());
-  size_t diverge = shared;
-  for (size_t i = 0; i < shared; ++i)
-    if (left.generated[i].token != right.generated[i].token) {
-      diverge = i;
-      break;
-    }
+  const size_t diverge = first_divergence(left, right);
   if (diverge < shared || left.generated.size() != right.generated.size() ||
       left.output != right.output) {
     c.first_divergence = static_cast<int64_t>(diverge);
