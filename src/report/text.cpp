@@ -11,6 +11,7 @@
 #include <utf8proc.h>
 
 #include "report/report.h"
+#include "util/util.h"
 
 namespace kvaudit::report {
 

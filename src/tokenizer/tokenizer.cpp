@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "tokenizer/internal.h"
+#include "util/util.h"
 
 namespace kvaudit::tokenizer {
 
