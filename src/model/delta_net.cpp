@@ -181,8 +181,8 @@ void Session::delta_net_block(int layer, int64_t n, bool store_state_at_end) {
     float* row = &s.mixed[t * conv_width];
     numerics::silu(row, conv_width);
     for (int h = 0; h < d.key_heads; ++h) {
-      l2_normalise(row + h * d.key_head_dim, d.key_head_dim, query_scale);
-      l2_normalise(row + d.key_width() + h * d.key_head_dim, d.key_head_dim, 1.0f);
+      l2_normalise(row + int64_t(h) * d.key_head_dim, d.key_head_dim, query_scale);
+      l2_normalise(row + d.key_width() + int64_t(h) * d.key_head_dim, d.key_head_dim, 1.0f);
     }
     for (int h = 0; h < d.value_heads; ++h) {
       float& beta = s.beta[t * d.value_heads + h];

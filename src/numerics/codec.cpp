@@ -272,10 +272,11 @@ void RowCodec::encode_row(const float* row, uint8_t* out, EncodeCounts* counts,
   if (format_.kind == KvFormatKind::mxfp4) {
     for (int block = 0; block * 32 < n; ++block) {
       const int count = std::min(32, n - block * 32);
-      const uint8_t exponent = e8m0_for_block_amax(finite_amax(row + block * 32, count), 2);
+      const uint8_t exponent =
+          e8m0_for_block_amax(finite_amax(row + int64_t(block) * 32, count), 2);
       out[code_bytes_ + block] = exponent;
-      encode_segment_scaled(row + block * 32, count, e8m0_to_float(exponent), out, block * 32,
-                            counts);
+      encode_segment_scaled(row + int64_t(block) * 32, count, e8m0_to_float(exponent), out,
+                            block * 32, counts);
     }
     return;
   }
@@ -332,7 +333,7 @@ void RowCodec::decode_row(const uint8_t* in, float* out) const {
     for (int block = 0; block * 32 < n; ++block) {
       const int count = std::min(32, n - block * 32);
       decode_segment_scaled(in, block * 32, count, e8m0_to_float(in[code_bytes_ + block]),
-                            out + block * 32);
+                            out + int64_t(block) * 32);
     }
     return;
   }

@@ -281,9 +281,9 @@ StaticAmax calibrate_amax(const KvFormat& format, const KvLayout& layout,
       finite_abs_max_into({source, size_t(n)}, result.amax);
     } else {
       for (int h = 0; h < layout.kv_heads; ++h) {
-        result.amax[size_t(h)] =
-            std::max(result.amax[size_t(h)],
-                     finite_abs_max({source + h * layout.head_dim, size_t(layout.head_dim)}));
+        result.amax[size_t(h)] = std::max(
+            result.amax[size_t(h)],
+            finite_abs_max({source + int64_t(h) * layout.head_dim, size_t(layout.head_dim)}));
       }
     }
   }

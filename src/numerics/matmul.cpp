@@ -170,7 +170,7 @@ void MatmulRowsT(const float* x, int64_t tokens, int64_t cols, const void* w, in
   // Carried accumulators: one slot of kTileTokens x kTileRows vectors per (token group, row
   // tile of the block); the (at most kTileRows - 1) single rows after the block's last tile share
   // one slot, and so do single tokens after the last full group (one group each).
-  const int64_t slot = kTileTokens * kTileRows * lanes;
+  const int64_t slot = int64_t{kTileTokens} * kTileRows * lanes;
   const int64_t tiles_per_block = (block_rows + kTileRows - 1) / kTileRows;
   const int64_t token_groups = tokens / kTileTokens + tokens % kTileTokens;
   std::vector<float> carries;
@@ -385,7 +385,7 @@ int type_code(WeightType type) {
 }
 // Weight bytes per row block of a multi-token matmul: the block stays in L2 (512 KiB per core
 // on the machines we measure) while every token group passes over it.
-constexpr int64_t kRowBlockBytes = 256 * 1024;
+constexpr int64_t kRowBlockBytes = int64_t{256} * 1024;
 }  // namespace
 
 void matmul(const float* x, int64_t tokens, const Matrix& w, float* out, ThreadPool& pool) {
@@ -398,7 +398,8 @@ void matmul(const float* x, int64_t tokens, const Matrix& w, float* out, ThreadP
   // late does not leave the other one waiting. Prefill: L2-sized blocks, a multiple of both
   // row-tile heights (3 and 4).
   // Small matrices (the K and V projections) get at least two blocks per thread.
-  const int64_t balanced_rows = (w.rows + 2 * pool.threads() - 1) / (2 * pool.threads());
+  const int64_t balanced_rows =
+      (w.rows + int64_t{2} * pool.threads() - 1) / (int64_t{2} * pool.threads());
   const int64_t block_rows =
       tokens == 1 ? 64
                   : std::max<int64_t>(12, std::min(kRowBlockBytes / std::max<int64_t>(1, row_bytes),

@@ -245,7 +245,8 @@ void set_weights(const checkpoint::ModelFacts& model, const PlanOptions& options
     plan.weight_bytes_per_gpu = *options.weight_bytes_per_gpu;
   } else if (model.has_weights) {
     plan.weight_bytes_per_gpu =
-        static_cast<int64_t>(model.weight_bytes / (options.parallel.tp * options.parallel.pp));
+        static_cast<int64_t>(model.weight_bytes / (static_cast<uint64_t>(options.parallel.tp) *
+                                                   static_cast<uint64_t>(options.parallel.pp)));
     plan.notes.push_back(fmt::format(
         "weights per GPU = safetensors bytes {} / (TP {} x PP {}) = {} (replicated norms and "
         "unsharded embeddings make the real figure slightly larger)",

@@ -197,7 +197,7 @@ std::vector<HeadAccumulator> head_accumulators(const Setup& s) {
     acc.score_ref_sq.assign(s.contexts.size() * s.formats.size(), 0.0);
   }
   const int positions = s.options.query_positions;
-  std::vector<float> q_rows(size_t(positions * s.shape.q_heads * s.dim));
+  std::vector<float> q_rows(size_t(int64_t(positions) * s.shape.q_heads * s.dim));
   for (size_t ci = 0; ci < s.contexts.size(); ++ci) {
     s.source.queries(s.contexts[ci], positions, q_rows);
     for (int h = 0; h < s.shape.kv_heads; ++h) {
@@ -205,7 +205,7 @@ std::vector<HeadAccumulator> head_accumulators(const Setup& s) {
       for (int p = 0; p < positions; ++p) {
         for (int g = 0; g < s.group; ++g) {
           const float* src =
-              q_rows.data() + (int64_t(p) * s.shape.q_heads + h * s.group + g) * s.dim;
+              q_rows.data() + (int64_t(p) * s.shape.q_heads + int64_t(h) * s.group + g) * s.dim;
           const int64_t column = int64_t(ci) * s.context_pitch + int64_t(p) * s.group + g;
           for (int64_t k = 0; k < s.dim; ++k)
             queries_t[size_t(k * s.queries_pitch + column)] = src[k];

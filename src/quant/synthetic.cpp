@@ -37,12 +37,13 @@ class SyntheticSource final : public QkvSource {
       step_cosines_.push_back(std::cos(inverse_frequency_.back()));
       step_sines_.push_back(std::sin(inverse_frequency_.back()));
     }
-    key_mean_.assign(size_t(kv * d), 0.0f);
-    key_std_.assign(size_t(kv * d), 1.0f);
-    sink_direction_.assign(size_t(kv * d), 0.0f);
+    key_mean_.assign(size_t(kv) * size_t(d), 0.0f);
+    key_std_.assign(size_t(kv) * size_t(d), 1.0f);
+    sink_direction_.assign(size_t(kv) * size_t(d), 0.0f);
     if (profile == Profile::outlier_keys) {
       for (int h = 0; h < kv; ++h) {
-        for (int c = 0; c < d; ++c) key_std_[size_t(h * d + c)] = 4.0f;
+        const size_t head = size_t(h) * size_t(d);  // the head's first channel
+        for (int c = 0; c < d; ++c) key_std_[head + size_t(c)] = 4.0f;
         // Outlier channels on low-frequency RoPE pairs (they keep their magnitude over
         // long distances, as in real models). Amplitude grows with the head index so some
         // heads cross E4M3's 448 and some do not; 10-100x the median |k| (~2.7).
@@ -52,8 +53,8 @@ class SyntheticSource final : public QkvSource {
         const float factors[4] = {1.0f, 0.45f, 0.2f, 0.1f};
         for (int i = 0; i < 4; ++i) {
           if (channels[i] < 0) continue;
-          key_mean_[size_t(h * d + channels[i])] = amplitude * factors[i];
-          key_std_[size_t(h * d + channels[i])] = 0.2f * amplitude * factors[i];
+          key_mean_[head + size_t(channels[i])] = amplitude * factors[i];
+          key_std_[head + size_t(channels[i])] = 0.2f * amplitude * factors[i];
         }
         // The attention sink's key and the queries' mean share a direction on the lowest-
         // frequency pairs, so the sink wins a large share of attention at any distance.
@@ -62,11 +63,11 @@ class SyntheticSource final : public QkvSource {
         for (int i = half - 8; i < half; ++i) {
           for (int c : {i, i + half}) {
             if (c < 0 || c >= d) continue;
-            sink_direction_[size_t(h * d + c)] = dir(rng);
-            norm += double(sink_direction_[size_t(h * d + c)]) * sink_direction_[size_t(h * d + c)];
+            sink_direction_[head + size_t(c)] = dir(rng);
+            norm += double(sink_direction_[head + size_t(c)]) * sink_direction_[head + size_t(c)];
           }
         }
-        for (int c = 0; c < d; ++c) sink_direction_[size_t(h * d + c)] /= float(std::sqrt(norm));
+        for (int c = 0; c < d; ++c) sink_direction_[head + size_t(c)] /= float(std::sqrt(norm));
       }
     }
   }
@@ -100,13 +101,14 @@ class SyntheticSource final : public QkvSource {
       float* row = out.data() + int64_t(i) * n;
       for (int h = 0; h < shape_.q_heads; ++h) {
         const int kv_head = h / std::max(1, group);
+        const size_t kv_row = size_t(kv_head) * size_t(d);  // its kv head's first channel
         for (int c = 0; c < d; ++c) {
           float q = z[h * d + c];
           if (profile_ == Profile::outlier_keys) {
-            q = 0.5f * q + 1.0f * sink_direction_[size_t(kv_head * d + c)];
+            q = 0.5f * q + 1.0f * sink_direction_[kv_row + size_t(c)];
             // On the outlier channels queries are small and consistent (as in real models,
             // where those channels act as a per-head bias): 0.03 +- 0.01.
-            if (key_mean_[size_t(kv_head * d + c)] != 0.0f) q = 0.03f + 0.02f * z[h * d + c];
+            if (key_mean_[kv_row + size_t(c)] != 0.0f) q = 0.03f + 0.02f * z[h * d + c];
           }
           row[h * d + c] = q;
         }
@@ -221,7 +223,7 @@ class SyntheticSource final : public QkvSource {
       sines[size_t(i)] = float(cursor.sines[size_t(i)]);
     }
     for (int h = 0; h < heads; ++h) {
-      float* x = row + h * d;
+      float* x = row + int64_t(h) * d;
       for (int i = 0; i < half; ++i) {
         const float a = x[i], b = x[i + half];
         x[i] = a * cosines[size_t(i)] - b * sines[size_t(i)];

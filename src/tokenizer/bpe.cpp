@@ -35,7 +35,7 @@ Vocabulary::Vocabulary(const std::vector<std::pair<std::string_view, TokenId>>& 
     max_id = std::max(max_id, id);
     text_bytes += token.size();
   }
-  spans_.assign(static_cast<size_t>(max_id + 1), {0, 0});
+  spans_.assign(static_cast<size_t>(max_id) + 1, {0, 0});
   arena_.reserve(text_bytes);
   slots_.assign(table_size_for(entries.size()), -1);
   const size_t mask = slots_.size() - 1;

@@ -139,7 +139,7 @@ std::optional<int64_t> parse_token_count(std::string_view text) {
   int64_t multiplier = 1;
   char last = text.back();
   if (last == 'k' || last == 'K') multiplier = 1024;
-  if (last == 'm' || last == 'M') multiplier = 1024 * 1024;
+  if (last == 'm' || last == 'M') multiplier = int64_t{1024} * 1024;
   if (multiplier != 1) text.remove_suffix(1);
   if (text.empty() || text.size() > 12) return std::nullopt;
   int64_t value = 0;
