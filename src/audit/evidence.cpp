@@ -58,6 +58,7 @@ std::map<int, LayerScale> scales_in_effect(const CheckInput& input,
 
 std::string layers_text(const std::vector<int>& layers) {
   std::vector<std::string> names;
+  names.reserve(layers.size());
   for (int layer : layers) names.push_back(std::to_string(layer));
   return names_preview(names, 6);
 }
@@ -376,6 +377,7 @@ std::string scale_kind_text(std::string_view kind) {
 // The published rows, each in a few words, for a sentence.
 std::string briefs_text(const std::vector<const PublishedMeasurement*>& rows) {
   std::vector<std::string> parts;
+  parts.reserve(rows.size());
   for (const auto* m : rows) parts.push_back(row_brief(*m));
   return fmt::format("{}", fmt::join(parts, "; "));
 }

@@ -236,6 +236,7 @@ void rule_skip_layers(Context& ctx) {
   if (spec.empty() || !ctx.resolved.quantized) return;
   const auto& skipped = ctx.resolved.skipped_layers;
   std::vector<std::string> names;
+  names.reserve(skipped.size());
   for (int layer : skipped) names.push_back(std::to_string(layer));
   if (skipped.empty()) {
     ctx.findings.push_back(Finding{

@@ -24,6 +24,7 @@ std::vector<LayerScales> load_param_path_json(const std::filesystem::path& file,
       engines::parse_quant_param_file(json::parse(read_text_file(file), nullptr, false), label);
   const std::vector<float> scales = engines::quant_param_layer_scales(param, 0, num_layers, label);
   std::vector<LayerScales> result;
+  result.reserve(scales.size());  // one scale a layer
   for (int layer = 0; layer < num_layers; ++layer)
     result.push_back({layer, {scales[size_t(layer)]}, {scales[size_t(layer)]}, 0.0f, 0.0f});
   return result;

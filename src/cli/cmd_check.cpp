@@ -394,6 +394,7 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
       flags = file_launches.front();
       if (file_launches.size() > 1) {
         std::vector<std::string> names;
+        names.reserve(file_launches.size());
         for (const auto& launch : file_launches) names.push_back(launch.workload);
         same_launch_note =
             fmt::format("{} launches of {} run the same settings, checked once: {}",

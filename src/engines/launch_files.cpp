@@ -262,6 +262,7 @@ struct FileReader {
                   const std::map<std::string, std::string>& environment, const std::string& kind,
                   const std::string& workload, const std::vector<LaunchWord>& as_written = {}) {
     std::vector<std::string> texts;
+    texts.reserve(words.size());
     for (const LaunchWord& word : words) texts.push_back(word.text);
     const std::string where = fmt::format("{} ({})", file, workload);
     auto engine = engine_started_by(registry, texts, where);

@@ -83,6 +83,7 @@ void resolve_inferred_dtype(const engines::EngineModel& engine, Launch& launch,
   }
   if (by_dtype.size() != 1) {
     std::vector<std::string> parts;
+    parts.reserve(by_dtype.size());
     for (const auto& [dtype, where] : by_dtype)
       parts.push_back(fmt::format("{}: {}", dtype, fmt::join(where, ", ")));
     launch.resolved_evidence +=
@@ -133,6 +134,7 @@ void cross_check_checkpoint(const engines::Registry& registry, Launch& launch,
                     launch.engine_version.empty() ? "every known release" : launch.engine_version);
     } else {
       std::vector<std::string> parts;
+      parts.reserve(verdicts.size());
       for (const auto& [reason, where] : verdicts)
         parts.push_back(
             fmt::format("{}: {}", reason.empty() ? "scales load" : reason, fmt::join(where, ", ")));

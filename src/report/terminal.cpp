@@ -186,6 +186,7 @@ std::string terminal_table(const Table& table, size_t width, const Painter& pain
   header_line.pop_back();
   out += paint(header_line, kBold) + '\n';
   std::vector<std::string> rules;
+  rules.reserve(widths.size());
   for (size_t column_width : widths) rules.emplace_back(column_width, '-');
   out += join(rules);
   for (const auto& line : cells) out += join(line);

@@ -43,6 +43,7 @@ std::vector<TopLogprob> top_k(const std::vector<float>& log_probs, int k) {
   k = std::min<int>(k, static_cast<int>(ids.size()));
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), better);
   std::vector<TopLogprob> out;
+  out.reserve(static_cast<size_t>(k));
   for (int i = 0; i < k; ++i) out.push_back({ids[i], log_probs[ids[i]]});
   return out;
 }
