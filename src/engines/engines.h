@@ -487,7 +487,7 @@ std::optional<std::vector<std::string>> match_log_template(const LogTemplate& lo
 // The field names log templates may carry (the logs module reads each).
 const std::vector<std::string>& log_field_names();
 // Fields that hold a number (GiB, counts, fractions): their placeholders match numbers only.
-bool is_numeric_log_field(std::string_view field);
+bool is_numeric_log_field(std::string_view name);
 
 // ---------------------------------------------------------------- capacity
 

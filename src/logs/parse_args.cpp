@@ -134,7 +134,8 @@ void LaunchBuilder::apply_args(Launch& launch, const engines::EngineModel& engin
   }
 }
 
-void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& ts) {
+void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no,
+                                 const std::string& timestamp) {
   const LogKind kind = hit.log->kind;
   if (kind == LogKind::engine_version) {
     // Every process of one launch may print it (TensorRT-LLM's MPI workers import the
@@ -146,14 +147,14 @@ void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const 
           last.stage < kLoading && last.failures.empty())
         return;
     }
-    Launch& launch = start_marker(kVersion, line_no, ts);
+    Launch& launch = start_marker(kVersion, line_no, timestamp);
     launch.engine = hit.engine->engine;
     launch.engine_version = word_after(hit.text("engine_version").value_or(""), "");
     return;
   }
   const engines::EngineModel& engine = *hit.engine;
   if (kind == LogKind::engine_config) {
-    Launch& launch = start_marker(kEngineInit, line_no, ts);
+    Launch& launch = start_marker(kEngineInit, line_no, timestamp);
     if (auto v = hit.text("engine_version")) launch.engine_version = *v;
     apply_args(launch, engine,
                config_line_values(hit.text("engine_config").value_or(""), engine.log_args), true,
@@ -161,7 +162,7 @@ void LaunchBuilder::apply_marker(const TemplateHit& hit, int64_t line_no, const 
     launch.engine = engine.engine;
     return;
   }
-  Launch& launch = start_marker(kArgs, line_no, ts);
+  Launch& launch = start_marker(kArgs, line_no, timestamp);
   if (auto repr = hit.text("server_args_repr")) {
     // The whole ServerArgs(...): every argument, defaults included.
     ReprResult parsed = parse_python_repr(*repr);

@@ -272,10 +272,10 @@ class Session {
   void for_each_token(int64_t tokens, const std::function<void(int64_t)>& body);
   void forward_batch(std::span<const int32_t> tokens, int64_t logits_from, float* logits,
                      bool store_state_at_end);
-  void attention_block(int layer, int64_t tokens);
+  void attention_block(int layer, int64_t n);
   void attention(int layer, int64_t tokens, int64_t first_position);
-  void delta_net_block(int layer, int64_t tokens, bool store_state_at_end);
-  void delta_rule(int layer, int64_t tokens, bool store_state_at_end);
+  void delta_net_block(int layer, int64_t n, bool store_state_at_end);
+  void delta_rule(int layer, int64_t n, bool store_state_at_end);
   void record_amax(int layer, int64_t tokens);
 
   const Model& model_;

@@ -53,7 +53,7 @@ struct MemFractionDefault {
   double reserved_mib = 0;
   std::string derivation;
 };
-MemFractionDefault sglang_default_mem_fraction(const engines::MemFractionTable& table,
+MemFractionDefault sglang_default_mem_fraction(const engines::MemFractionTable& rule,
                                                int64_t gpu_mem_mib, int tp, int pp,
                                                bool dp_attention, int dp);
 

@@ -67,10 +67,10 @@ struct DecodeOptions {
 
 class Tokenizer {
  public:
-  // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. DIR may also
+  // Loads PATH/tokenizer.json and, when present, PATH/tokenizer_config.json. PATH may also
   // name tokenizer.json itself. Throws InputError on missing files, malformed JSON or a
   // tokenizer this implementation does not support (naming the unsupported part).
-  static Tokenizer load(const std::filesystem::path& dir);
+  static Tokenizer load(const std::filesystem::path& path);
 
   // Same, from the file contents; `where` names the source in error messages.
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json,

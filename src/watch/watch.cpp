@@ -145,21 +145,23 @@ std::vector<logs::Expectation> expectations_from_check_json(const std::filesyste
                    fmt::format("the decision names option '{}' but lists no such option", wanted));
 }
 
-std::string describe(const LaunchState& s) {
-  std::string text = fmt::format("launch {}", s.number);
-  if (s.first_line > 0) text += fmt::format(" (line {})", s.first_line);
-  if (!s.engine.empty())
-    text += fmt::format(": {}{}", s.engine, s.engine_version.empty() ? "" : " " + s.engine_version);
-  text += fmt::format(", KV cache {}", s.kv_resolved.empty() ? "not known yet" : s.kv_resolved);
-  if (!s.kv_requested.empty()) text += fmt::format(" (requested {})", s.kv_requested);
-  if (s.scale_fallback && *s.scale_fallback) text += ", scales fall back to 1.0";
-  if (s.capacity_tokens) text += fmt::format(", {} KV tokens", *s.capacity_tokens);
-  text += s.failed ? ", failed" : s.ready ? ", ready" : ", starting";
+std::string describe(const LaunchState& launch) {
+  std::string text = fmt::format("launch {}", launch.number);
+  if (launch.first_line > 0) text += fmt::format(" (line {})", launch.first_line);
+  if (!launch.engine.empty())
+    text += fmt::format(": {}{}", launch.engine,
+                        launch.engine_version.empty() ? "" : " " + launch.engine_version);
+  text += fmt::format(", KV cache {}",
+                      launch.kv_resolved.empty() ? "not known yet" : launch.kv_resolved);
+  if (!launch.kv_requested.empty()) text += fmt::format(" (requested {})", launch.kv_requested);
+  if (launch.scale_fallback && *launch.scale_fallback) text += ", scales fall back to 1.0";
+  if (launch.capacity_tokens) text += fmt::format(", {} KV tokens", *launch.capacity_tokens);
+  text += launch.failed ? ", failed" : launch.ready ? ", ready" : ", starting";
   std::vector<std::string> failing, pending;
-  for (size_t i = 0; i < s.expectations.size(); ++i) {
-    const auto& r = s.expectations[i];
+  for (size_t i = 0; i < launch.expectations.size(); ++i) {
+    const auto& r = launch.expectations[i];
     const std::string what = r.expected.key + "=" + r.expected.value;
-    if (s.expectation_pending[i])
+    if (launch.expectation_pending[i])
       pending.push_back(what);
     else if (!r.met)
       failing.push_back(
@@ -167,36 +169,37 @@ std::string describe(const LaunchState& s) {
   }
   if (!failing.empty()) text += fmt::format("; EXPECTATION FAILED: {}", fmt::join(failing, ", "));
   if (!pending.empty()) text += fmt::format("; waiting to see {}", fmt::join(pending, ", "));
-  if (failing.empty() && pending.empty() && !s.expectations.empty()) text += "; expectations met";
+  if (failing.empty() && pending.empty() && !launch.expectations.empty())
+    text += "; expectations met";
   return text;
 }
 
-std::string render_metrics(const WatchState& w) {
+std::string render_metrics(const WatchState& state) {
   Families m;
-  const std::vector<std::pair<std::string, std::string>> source = {{"source", w.source}};
+  const std::vector<std::pair<std::string, std::string>> source = {{"source", state.source}};
   m.family("kvaudit_watch_source_up", "gauge",
            "1 when the followed file exists or the server answered its last poll");
-  m.sample("kvaudit_watch_source_up", source, w.source_up ? 1 : 0);
+  m.sample("kvaudit_watch_source_up", source, state.source_up ? 1 : 0);
   m.family("kvaudit_watch_lines_read_total", "counter", "Lines read from the followed log");
-  m.sample("kvaudit_watch_lines_read_total", source, static_cast<double>(w.lines));
+  m.sample("kvaudit_watch_lines_read_total", source, static_cast<double>(state.lines));
   m.family("kvaudit_watch_launches_total", "counter", "Launches seen since the watch started");
-  m.sample("kvaudit_watch_launches_total", source, static_cast<double>(w.launches));
+  m.sample("kvaudit_watch_launches_total", source, static_cast<double>(state.launches));
   m.family("kvaudit_watch_rotations_total", "counter",
            "Times the followed path named a new file (rotation)");
-  m.sample("kvaudit_watch_rotations_total", source, static_cast<double>(w.rotations));
+  m.sample("kvaudit_watch_rotations_total", source, static_cast<double>(state.rotations));
   m.family("kvaudit_watch_truncations_total", "counter",
            "Times the followed file shrank and was read again from its start");
-  m.sample("kvaudit_watch_truncations_total", source, static_cast<double>(w.truncations));
+  m.sample("kvaudit_watch_truncations_total", source, static_cast<double>(state.truncations));
   m.family("kvaudit_watch_polls_failed_total", "counter", "Server polls that got no answer");
-  m.sample("kvaudit_watch_polls_failed_total", source, static_cast<double>(w.polls_failed));
+  m.sample("kvaudit_watch_polls_failed_total", source, static_cast<double>(state.polls_failed));
   m.family("kvaudit_watch_last_check_timestamp_seconds", "gauge",
            "Unix time of the last line read or server poll");
-  m.sample("kvaudit_watch_last_check_timestamp_seconds", source, w.last_check_unix_s);
-  if (w.latest) {
-    const LaunchState& s = *w.latest;
+  m.sample("kvaudit_watch_last_check_timestamp_seconds", source, state.last_check_unix_s);
+  if (state.latest) {
+    const LaunchState& s = *state.latest;
     auto with = [&](std::vector<std::pair<std::string, std::string>> extra) {
       std::vector<std::pair<std::string, std::string>> labels = {
-          {"source", w.source}, {"launch", std::to_string(s.number)}};
+          {"source", state.source}, {"launch", std::to_string(s.number)}};
       for (auto& e : extra) labels.push_back(std::move(e));
       return labels;
     };
