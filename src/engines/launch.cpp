@@ -194,7 +194,7 @@ void read_environment(const LaunchSpec& launch, const std::vector<std::string>& 
   for (size_t w = 0; w < program_end; ++w) {
     const std::string& word = texts[w];
     const size_t eq = word.find('=');
-    if (eq == std::string::npos || eq == 0 || word.rfind("-", 0) == 0) continue;
+    if (eq == std::string::npos || eq == 0 || word.rfind('-', 0) == 0) continue;
     const std::string name = word.substr(0, eq);
     if (std::all_of(name.begin(), name.end(),
                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
@@ -226,7 +226,7 @@ void splice_config_file(const LaunchSpec& launch, const std::string& label,
         config_file_words(flags.config_file, read_config_text(flags, where), where);
     std::vector<LaunchWord> merged;
     const bool positional_first = launch.positional_model && !arguments.empty() &&
-                                  arguments.front().text.rfind("-", 0) != 0 && i > 0;
+                                  arguments.front().text.rfind('-', 0) != 0 && i > 0;
     if (positional_first) merged.push_back(arguments.front());
     for (LaunchWord& word_from_file : spliced) {
       from_config.insert(merged.size());
@@ -337,7 +337,7 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   };
 
   size_t i = 0;
-  if (launch.positional_model && i < arguments.size() && arguments[i].text.rfind("-", 0) != 0) {
+  if (launch.positional_model && i < arguments.size() && arguments[i].text.rfind('-', 0) != 0) {
     flags.model_path = arguments[i].text;
     record("model_path", arguments[i], arguments[i], true, from_config.count(i) > 0);
     ++i;
@@ -345,7 +345,7 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
   for (; i < arguments.size(); ++i) {
     const size_t flag_index = i;
     std::string word = arguments[i].text;
-    if (word.rfind("-", 0) != 0) {
+    if (word.rfind('-', 0) != 0) {
       flags.ignored_arguments.push_back(word);
       continue;
     }
@@ -378,8 +378,8 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
       continue;
     }
     if (field_it == field_by_flag.end()) {
-      flags.ignored_arguments.push_back(has_inline_value || !value.empty() ? word + "=" + value
-                                                                           : word);
+      flags.ignored_arguments.push_back(
+          has_inline_value || !value.empty() ? fmt::format("{}={}", word, value) : word);
       continue;
     }
     const std::string& field = field_it->second;

@@ -66,7 +66,7 @@ std::optional<TextEdit> kv_dtype_edit(const LaunchFlags& flags, const LaunchSpec
     // The launch reads a --config file: the setting goes there, in its key style.
     const std::string config_text = read_text_file(flags.config_file, 1 << 20);
     const bool underscores =
-        config_text.find('_') != std::string::npos && config_text.find("-") == std::string::npos;
+        config_text.find('_') != std::string::npos && config_text.find('-') == std::string::npos;
     std::string key = flag.substr(2);
     if (underscores) std::replace(key.begin(), key.end(), '-', '_');
     const bool ends_in_newline = config_text.empty() || config_text.back() == '\n';

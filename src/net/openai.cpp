@@ -218,7 +218,7 @@ Completion parse_completion(const json& body, const std::string& where) {
       const std::string path = fmt::format("{}.top_logprobs[{}]", base, i);
       if (!entry.is_object()) malformed(where, path, "expected an object, got " + type_of(entry));
       for (const auto& [text, value] : entry.items())
-        token.top.push_back({text, logprob_at(value, path + "." + text, where)});
+        token.top.push_back({text, logprob_at(value, fmt::format("{}.{}", path, text), where)});
       sort_top(token.top);
     }
     if (offsets)

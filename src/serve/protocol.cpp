@@ -224,7 +224,7 @@ std::string render_chat(const json& messages) {
     } else if (!c.is_null()) {
       bad("message 'content' must be a string or a list of text parts");
     }
-    text += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+    text.append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
   }
   return text + "<|im_start|>assistant\n";
 }
