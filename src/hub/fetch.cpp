@@ -33,7 +33,8 @@ constexpr const char* kManifest = ".kvaudit-hub.json";
 // Authorization only to the endpoint's own origin (a CDN URL carries its own signature).
 class Fetcher {
  public:
-  Fetcher(const HubOptions& options, std::string endpoint, std::string token, std::string repo)
+  Fetcher(const HubOptions& options, const std::string& endpoint, std::string token,
+          std::string repo)
       : options_(options),
         endpoint_(net::parse_url(endpoint)),
         token_(std::move(token)),
@@ -361,7 +362,7 @@ bool open_cached_commit(const fs::path& repo_cache, const fs::path& final_dir,
 
 // A fresh scratch folder for this run's fetch of `commit`, beside the commit's final folder.
 fs::path create_scratch(const fs::path& repo_cache, const std::string& commit) {
-  const fs::path scratch =
+  fs::path scratch =
       repo_cache / fmt::format(".{}.partial-{}", commit, static_cast<long>(::getpid()));
   std::error_code ec;
   fs::remove_all(scratch, ec);

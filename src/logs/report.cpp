@@ -1,5 +1,7 @@
 // logs report: the latest launch (or every launch with --all) as facts, a launch
 // table, findings, expectation results and the launches[] JSON payload.
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "logs/logs.h"
@@ -118,7 +120,7 @@ Value text_or_unknown(const std::string& s) {
 // the scale fallback, capacity and readiness.
 void add_latest_facts(const Launch& latest, report::Report& out) {
   auto fact = [&](const char* key, const char* label, Value v) {
-    out.facts.push_back({key, label, v, ""});
+    out.facts.push_back({key, label, std::move(v), ""});
   };
   fact("latest_launch", "Latest launch",
        Value{fmt::format("#{} started {} (lines {}-{})", latest.index + 1,

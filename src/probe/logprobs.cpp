@@ -52,7 +52,7 @@ void negotiate_logprobs(net::Client& client, const std::string& model, int wante
       if (error.kind() != net::FailureKind::http || error.status() == 401 ||
           error.status() == 403 || error.status() == 404)
         break;  // not an answer about log-probs: leave it unknown
-      const std::string problem = error.problem();
+      const std::string& problem = error.problem();
       said.push_back(fmt::format("asked {}{}: {}", asking, request.echo ? " with echo" : "",
                                  problem.substr(0, 200)));
       std::string lower = problem;

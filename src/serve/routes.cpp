@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 
 #include <chrono>
+#include <utility>
 
 #include "serve/server_impl.h"
 #include "util/util.h"
@@ -134,7 +135,7 @@ std::string Server::Impl::metrics_text() const {
 
 // Counts a handler's requests and maps its exceptions to OpenAI-style error bodies.
 Server::Impl::Handler Server::Impl::wrap(Handler handler) {
-  return [this, handler](const httplib::Request& req, httplib::Response& res) {
+  return [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
     ++metrics.http_requests;
     try {
       handler(req, res);

@@ -101,12 +101,12 @@ fs::path data_dir() {
   if (ec)
     throw InputError("/proc/self/exe",
                      fmt::format("cannot locate this binary ({}); {}", ec.message(), kHint));
-  const fs::path installed = self.parent_path().parent_path() / "share" / "kvaudit";
+  fs::path installed = self.parent_path().parent_path() / "share" / "kvaudit";
   if (holds_engine_data(installed)) return installed;
   // The source tree only for a binary still in the build tree it was compiled in: an installed
   // or copied binary that read the build machine's checkout would hide a package without its
   // data (and would break the day that checkout moves).
-  const fs::path source = fs::path(KVAUDIT_SOURCE_DIR) / "data";
+  fs::path source = fs::path(KVAUDIT_SOURCE_DIR) / "data";
   if (lies_within(self, KVAUDIT_BINARY_DIR)) {
     if (holds_engine_data(source)) return source;
     throw InputError(source.string(), fmt::format("has no engines/ folder (the source tree of "
