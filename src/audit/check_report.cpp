@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -121,7 +122,7 @@ void add_check_facts(const CheckInput& input, const CheckResult& result, report:
                                              "model's K/V range)"),
                            ""});
   out.facts.push_back(Fact{"read_ms", "Checkpoint read (configs + headers)",
-                           int64_t(input.read_seconds * 1000.0 + 0.5), "ms"});
+                           static_cast<int64_t>(std::llround(input.read_seconds * 1000.0)), "ms"});
 }
 
 // The checkpoint's KV scale tensors and whether this release loads each.
