@@ -487,10 +487,10 @@ KvDtypeFix kv_dtype_fix(const EngineModel& engine, const Version& version,
   }
   fix.value = spelling.empty() ? dtype : spelling;
   fix.reference = setting.provenance.reference;
-  if (!setting.flag.empty() && setting.flag_versions.contains(version)) {
-    fix.setting = setting.flag;
-    fix.text = fmt::format("launch with {} {}", setting.flag, fix.value);
-  } else if (!setting.config_key.empty()) {
+  // The config key where this release does not take the flag; else the flag (also when
+  // there is no config key to set instead).
+  const bool flag_applies = !setting.flag.empty() && setting.flag_versions.contains(version);
+  if (!flag_applies && !setting.config_key.empty()) {
     fix.setting = setting.config_key;
     const std::string file_flags =
         fmt::format("{}", fmt::join(engine.launch.config_file_flags, " / "));
