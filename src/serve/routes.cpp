@@ -81,7 +81,7 @@ std::string Server::Impl::metrics_text() const {
     for (const auto& [labels, value] : samples)
       out += fmt::format("{}{{{}}} {:.6g}\n", name, labels, value);
   };
-  const double blocks = static_cast<double>(pool.max_total_num_tokens / pool.page_size);
+  const int64_t blocks = pool.max_total_num_tokens / pool.page_size;  // whole pages
   metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
          {{fmt::format("block_size=\"{}\",cache_dtype=\"{}\",calculate_kv_scales=\"False\","
                        "enable_prefix_caching=\"False\",gpu_memory_utilization=\"{}\","
@@ -89,16 +89,16 @@ std::string Server::Impl::metrics_text() const {
                        "num_gpu_blocks=\"{}\",num_gpu_blocks_override=\"None\","
                        "sliding_window=\"None\",swap_space_bytes=\"0\",kv_format=\"{}\","
                        "scale_source=\"{}\"",
-                       pool.page_size, kv.kv_cache_dtype, options.mem_fraction_static,
-                       pool.max_total_num_tokens / pool.page_size, kv.format.spec,
-                       engines::scale_source_name(kv.scale_source)),
+                       pool.page_size, kv.kv_cache_dtype, options.mem_fraction_static, blocks,
+                       kv.format.spec, engines::scale_source_name(kv.scale_source)),
            1.0}});
   metric("vllm:num_requests_running", "gauge", "Number of requests running.",
          {{model_label, double(metrics.requests_running.load())}});
   metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting.",
          {{model_label, double(metrics.requests_waiting.load())}});
+  const double usage = blocks > 0 ? double(metrics.kv_tokens_in_use.load()) / double(blocks) : 0.0;
   metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-         {{model_label, blocks > 0 ? double(metrics.kv_tokens_in_use.load()) / blocks : 0.0}});
+         {{model_label, usage}});
   metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
          {{model_label, double(metrics.prompt_tokens.load())}});
   metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
