@@ -117,7 +117,7 @@ float range_amax(const float* range) {
 
 RowCodec::RowCodec(const KvFormat& format, const KvLayout& layout, KvRole role,
                    const StaticAmax& calibration)
-    : format_(format), layout_(layout), role_(role) {
+    : format_(format), layout_(layout) {
   row_elements_ = layout.row_elements();
   const int bits = element_traits(format.element).bits;
   code_bytes_ = (row_elements_ * bits + 7) / 8;

@@ -20,11 +20,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Packs four vectors of codes (int32 lanes holding 0..255) into one whole byte vector, in
 // order. AVX2 does it in four instructions; the generic form demotes and combines halves.
 template <class D>
-HWY_INLINE hn::Vec<hn::Repartition<uint8_t, D>> PackCodes(D d, hn::Vec<D> c0, hn::Vec<D> c1,
-                                                          hn::Vec<D> c2, hn::Vec<D> c3) {
+HWY_INLINE hn::Vec<hn::Repartition<uint8_t, D>> PackCodes([[maybe_unused]] D d, hn::Vec<D> c0,
+                                                          hn::Vec<D> c1, hn::Vec<D> c2,
+                                                          hn::Vec<D> c3) {
   const hn::Repartition<uint8_t, D> d8_full;
 #if HWY_TARGET == HWY_AVX2
-  (void)d;
   const __m256i low = _mm256_packs_epi32(c0.raw, c1.raw);   // c0[0..3] c1[0..3] | c0[4..7] c1[4..7]
   const __m256i high = _mm256_packs_epi32(c2.raw, c3.raw);  // likewise for c2, c3
   const __m256i bytes = _mm256_packus_epi16(low, high);     // 4-byte groups, lane-interleaved
@@ -41,10 +41,10 @@ HWY_INLINE hn::Vec<hn::Repartition<uint8_t, D>> PackCodes(D d, hn::Vec<D> c0, hn
 
 // Packs two vectors of BF16 bits (int32 lanes holding 0..0xFFFF) into one whole vector.
 template <class D>
-HWY_INLINE hn::Vec<hn::Repartition<uint16_t, D>> PackBf16(D d, hn::Vec<D> b0, hn::Vec<D> b1) {
+HWY_INLINE hn::Vec<hn::Repartition<uint16_t, D>> PackBf16([[maybe_unused]] D d, hn::Vec<D> b0,
+                                                          hn::Vec<D> b1) {
   const hn::Repartition<uint16_t, D> d16_full;
 #if HWY_TARGET == HWY_AVX2
-  (void)d;
   const __m256i words = _mm256_packus_epi32(b0.raw, b1.raw);  // b0[0..3] b1[0..3] | b0[4..7] ..
   return hn::Vec<decltype(d16_full)>{_mm256_permute4x64_epi64(words, 0xD8)};
 #else
@@ -55,10 +55,10 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, D>> PackBf16(D d, hn::Vec<D> b0, hn
 
 // Packs two vectors of 16-bit lanes holding 0..255 into one whole byte vector, in order.
 template <class D>
-HWY_INLINE hn::Vec<hn::Repartition<uint8_t, D>> PackWords(D d, hn::Vec<D> w0, hn::Vec<D> w1) {
+HWY_INLINE hn::Vec<hn::Repartition<uint8_t, D>> PackWords([[maybe_unused]] D d, hn::Vec<D> w0,
+                                                          hn::Vec<D> w1) {
   const hn::Repartition<uint8_t, D> d8_full;
 #if HWY_TARGET == HWY_AVX2
-  (void)d;
   const __m256i bytes = _mm256_packus_epi16(w0.raw, w1.raw);  // w0[0..7] w1[0..7] | w0[8..] ..
   return hn::Vec<decltype(d8_full)>{_mm256_permute4x64_epi64(bytes, 0xD8)};
 #else

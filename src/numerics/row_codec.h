@@ -45,7 +45,6 @@ class RowCodec {
 
   KvFormat format_;
   KvLayout layout_;
-  KvRole role_;
   int64_t row_elements_ = 0;
   int64_t code_bytes_ = 0;
   int64_t row_bytes_ = 0;
