@@ -438,7 +438,9 @@ ServerFacts detect_server(const engines::Registry& registry, net::Client& client
 std::map<std::string, std::vector<std::string>> load_counter_names(
     const engines::Registry& registry, const std::string& engine) {
   // llama.cpp's llama-server has no engine data: its one name is here.
-  if (engine == "llama.cpp") return {{"generated_tokens", {"llamacpp:tokens_predicted_total"}}};
+  std::map<std::string, std::vector<std::string>> llamacpp = {
+      {"generated_tokens", {"llamacpp:tokens_predicted_total"}}};
+  if (engine == "llama.cpp") return llamacpp;
   if (const engines::EngineModel* model = registry.find(engine))
     return model->server_info ? model->server_info->counters
                               : std::map<std::string, std::vector<std::string>>{};
