@@ -35,8 +35,7 @@ std::vector<Evidence> settings_evidence(const Context& ctx, const engines::TierH
       continue;
     }
     const std::string value = ctx.flags().tier_settings.at(setting);
-    const bool derived =
-        setting == "kv_connector" || setting == "offloading_spec" || setting == "secondary_tiers";
+    const bool derived = engines::is_derived_tier_setting(setting);
     evidence.push_back({ctx.launch_label(),
                         derived ? setting + " (from --kv-transfer-config)" : setting,
                         value.size() > 160 ? value.substr(0, 157) + "..." : value});

@@ -923,6 +923,9 @@ struct ResolvedKv {
 // .spec_name) and secondary_tiers (the "type" of each kv_connector_extra_config
 // .secondary_tiers entry, comma-joined). A value that is not JSON is kept as given.
 void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags);
+// Whether `setting` is one record_tier_setting reads out of a JSON-valued flag (kv_connector,
+// offloading_spec, secondary_tiers) rather than one a flag gives directly.
+bool is_derived_tier_setting(std::string_view setting);
 // The tier hazards of `engine` at `version` that this launch (its tier settings, the resolved
 // KV dtype, the model) meets. Settings name LaunchFlags::tier_settings keys, plus
 // "speculative_algorithm" and "kv_cache_dtype_requested" (the launch's own fields).

@@ -73,8 +73,7 @@ void read_tier_data(JsonReader& top, EngineModel& model) {
     JsonReader settings = r.object("settings");
     for (const std::string& setting : settings.keys()) {
       if (setting != "speculative_algorithm" && setting != "kv_cache_dtype_requested" &&
-          !model.tier_flags.count(setting) && setting != "kv_connector" &&
-          setting != "offloading_spec" && setting != "secondary_tiers")
+          !model.tier_flags.count(setting) && !is_derived_tier_setting(setting))
         settings.fail(setting, "is not a tier setting of this engine (kv_tier_flags)");
       rule.settings[setting] = settings.strings(setting);
     }
@@ -93,6 +92,10 @@ void read_tier_data(JsonReader& top, EngineModel& model) {
     r.finish();
     model.tier_hazards.push_back(std::move(rule));
   }
+}
+
+bool is_derived_tier_setting(std::string_view setting) {
+  return setting == "kv_connector" || setting == "offloading_spec" || setting == "secondary_tiers";
 }
 
 void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags) {
