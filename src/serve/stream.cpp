@@ -89,8 +89,15 @@ void Server::Impl::stream_response(httplib::Response& res, GenerationRequest req
   auto stream = std::make_shared<TokenStream>();
   const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
   request.stream = stream;
-  engine->start(std::move(request));
+  // Counted before the engine starts it: from then on /metrics shows it running, and a stop()
+  // that saw it running but not yet counted would end the answer before its first event.
   ++open_streams;
+  try {
+    engine->start(std::move(request));
+  } catch (...) {
+    --open_streams;  // refused: no answer is streamed
+    throw;
+  }
   auto writer = std::shared_ptr<StreamWriter>(new StreamWriter{
       stream, new_stream_ids(chat), served, prompt_tokens, streaming,
       [this, start](const GenerationResult& result) { record_timing(result, start); }, open_streams,
