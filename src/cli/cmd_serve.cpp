@@ -105,6 +105,24 @@ void add_serve_command(CLI::App& app, Runner& run, EngineData& engines) {
                    "(or set $KVAUDIT_API_KEY, which keeps the key out of the process list); the "
                    "key is never logged or reported")
       ->envname("KVAUDIT_API_KEY");
+  command->add_flag("--disable-radix-cache", o.disable_radix_cache,
+                    "SGLang's flag: no prefix cache (every prompt computed from its start)");
+  command->add_flag("--enable-cache-report", o.enable_cache_report,
+                    "SGLang's flag: usage.prompt_tokens_details.cached_tokens in answers");
+  command->add_flag("--enable-hierarchical-cache", o.enable_hierarchical_cache,
+                    "SGLang's HiCache: evicted prefixes go to a host tier and load back on a hit");
+  command
+      ->add_option("--hicache-ratio", o.hicache_ratio,
+                   "Host tier size as a multiple of the device pool (must be > 1)")
+      ->capture_default_str();
+  command->add_option("--hicache-size", o.hicache_size_gb,
+                      "Host tier size in GB (1e9 bytes); overrides --hicache-ratio");
+  command
+      ->add_option("--fault-host-tier", o.fault_host_tier,
+                   "Test switch (kvaudit extension): the host tier corrupts what it stores: "
+                   "drop-scales (codes kept, scales read back as 1.0) or swap-layers (each "
+                   "layer's pages come back in the next layer's place)")
+      ->capture_default_str();
   command
       ->add_option("--random-seed", o.random_seed, "Seeds sampling for requests that give no seed")
       ->capture_default_str();

@@ -131,6 +131,57 @@ void Session::truncate(int64_t tokens) {
   position_ = tokens;
 }
 
+int64_t KvSnapshot::stored_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& s : k) bytes += s.stored_bytes();
+  for (const auto& s : v) bytes += s.stored_bytes();
+  return bytes;
+}
+
+KvSnapshot KvSnapshot::Copy() const {
+  KvSnapshot copy;
+  copy.tokens = tokens;
+  copy.k.reserve(k.size());
+  copy.v.reserve(v.size());
+  for (const auto& s : k) copy.k.push_back(s.Copy());
+  for (const auto& s : v) copy.v.push_back(s.Copy());
+  return copy;
+}
+
+KvSnapshot Session::snapshot() const {
+  if (model_.config().hybrid())
+    throw InputError("session", "a hybrid model's recurrent state is not part of a KV snapshot");
+  KvSnapshot snapshot;
+  snapshot.tokens = position_;
+  snapshot.k.reserve(k_streams_.size());
+  snapshot.v.reserve(v_streams_.size());
+  for (const auto& s : k_streams_) snapshot.k.push_back(s.Copy());
+  for (const auto& s : v_streams_) snapshot.v.push_back(s.Copy());
+  return snapshot;
+}
+
+void Session::restore(const KvSnapshot& snapshot) {
+  if (model_.config().hybrid())
+    throw InputError("session", "a hybrid model's recurrent state is not part of a KV snapshot");
+  if (snapshot.k.size() != k_streams_.size() || snapshot.v.size() != v_streams_.size())
+    throw InputError("session", fmt::format("a snapshot of {} layers cannot fill a cache of {}",
+                                            snapshot.k.size(), k_streams_.size()));
+  for (size_t layer = 0; layer < k_streams_.size(); ++layer) {
+    const auto& k = snapshot.k[layer];
+    const auto& v = snapshot.v[layer];
+    if (k.tokens() != snapshot.tokens || v.tokens() != snapshot.tokens ||
+        k.format().spec != kv_format_.spec || v.format().spec != kv_format_.spec)
+      throw InputError("session", fmt::format("layer {} of the snapshot does not match the cache "
+                                              "({} tokens of {}, the cache stores {})",
+                                              layer, k.tokens(), k.format().spec, kv_format_.spec));
+  }
+  for (size_t layer = 0; layer < k_streams_.size(); ++layer) {
+    k_streams_[layer] = snapshot.k[layer].Copy();
+    v_streams_[layer] = snapshot.v[layer].Copy();
+  }
+  position_ = snapshot.tokens;
+}
+
 int64_t Session::kv_bytes() const {
   int64_t bytes = 0;
   for (const auto& s : k_streams_) bytes += s.stored_bytes();

@@ -223,6 +223,16 @@ void round_state(const StateFormat& format, std::span<float> state, int64_t row_
 
 // One sequence being run: the KV cache (one numerics::KvStream per layer and K/V) plus the
 // scratch buffers of the forward pass. Not thread-safe; the pool parallelises inside it.
+// What a Session's cache holds for positions [0, tokens): every layer's encoded K and V, as
+// stored. A prefix cache keeps these, on the device or in a host tier; restoring one lets a
+// request that shares the prefix skip recomputing it.
+struct KvSnapshot {
+  int64_t tokens = 0;
+  std::vector<numerics::KvStream> k, v;  // per layer
+  int64_t stored_bytes() const;
+  KvSnapshot Copy() const;  // explicit: snapshots are large
+};
+
 class Session {
  public:
   // calibration: per layer {K, V} amax for static-scale formats (may be empty: scale 1.0).
@@ -247,6 +257,12 @@ class Session {
   // Keeps the first `tokens` positions. A recurrent state cannot be rewound: on a hybrid
   // model only 0 and position() are allowed (InputError otherwise).
   void truncate(int64_t tokens);
+  // The cache as it is now. A recurrent state is not part of it: on a hybrid model both
+  // throw InputError.
+  KvSnapshot snapshot() const;
+  // Replaces the cache with a copy of `snapshot` (whose layers and format must be this
+  // session's: InputError otherwise); position() becomes snapshot.tokens.
+  void restore(const KvSnapshot& snapshot);
   const StateFormat& state_format() const { return state_format_; }
   // Bytes the recurrent and convolution states hold in their stored precision (all
   // Gated DeltaNet layers; 0 on a model without them).

@@ -219,6 +219,9 @@ struct Completion {
   std::vector<TokenLogprob> tokens;  // echo: prompt tokens first
   std::optional<int64_t> prompt_tokens;
   std::optional<int64_t> completion_tokens;
+  // Prompt tokens the server's prefix cache served, when it says, and the field that said.
+  std::optional<int64_t> cached_tokens;
+  std::string cached_tokens_field;
 };
 
 nlohmann::json to_json(const CompletionRequest& request);

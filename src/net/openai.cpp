@@ -81,12 +81,24 @@ const json& first_choice(const json& body, const std::string& where) {
 
 void read_usage_and_model(const json& body, Completion& out, const std::string& where) {
   if (auto it = body.find("model"); it != body.end() && it->is_string()) out.model = *it;
+  // llama-server: timings.cache_n, the prompt tokens its slot or prompt cache reused.
+  if (auto timings = body.find("timings"); timings != body.end() && timings->is_object())
+    if (auto n = timings->find("cache_n"); n != timings->end() && !n->is_null()) {
+      out.cached_tokens = integer_at(*n, "$.timings.cache_n", where);
+      out.cached_tokens_field = "timings.cache_n";
+    }
   auto usage = body.find("usage");
   if (usage == body.end() || usage->is_null()) return;
   if (auto p = usage->find("prompt_tokens"); p != usage->end() && !p->is_null())
     out.prompt_tokens = integer_at(*p, "$.usage.prompt_tokens", where);
   if (auto c = usage->find("completion_tokens"); c != usage->end() && !c->is_null())
     out.completion_tokens = integer_at(*c, "$.usage.completion_tokens", where);
+  // vLLM (--enable-prompt-tokens-details), SGLang (--enable-cache-report), OpenAI.
+  if (auto d = usage->find("prompt_tokens_details"); d != usage->end() && d->is_object())
+    if (auto n = d->find("cached_tokens"); n != d->end() && !n->is_null()) {
+      out.cached_tokens = integer_at(*n, "$.usage.prompt_tokens_details.cached_tokens", where);
+      out.cached_tokens_field = "usage.prompt_tokens_details.cached_tokens";
+    }
 }
 
 std::string finish_reason_of(const json& choice, const std::string& where) {

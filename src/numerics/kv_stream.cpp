@@ -169,6 +169,22 @@ KvStream KvStream::Copy() const {
   return copy;
 }
 
+KvStream KvStream::WithCalibration(StaticAmax calibration) const {
+  KvStream copy(impl_->format, impl_->layout, impl_->role, calibration);
+  // Everything but the calibration and the codec built from it.
+  Impl& c = *copy.impl_;
+  c.quantized_tokens = impl_->quantized_tokens;
+  c.bytes = impl_->bytes;
+  c.group_scale = impl_->group_scale;
+  c.group_minimum = impl_->group_minimum;
+  c.residual = impl_->residual;
+  return copy;
+}
+
+const StaticAmax& KvStream::calibration() const {
+  return impl_->calibration;
+}
+
 void KvStream::append(std::span<const float> row, EncodeCounts* counts) {
   Impl& s = *impl_;
   if (int64_t(row.size()) != s.n) {

@@ -426,6 +426,10 @@ class KvStream {
   KvStream(KvStream&&) noexcept;
   KvStream& operator=(KvStream&&) noexcept;
   KvStream Copy() const;  // explicit: caches are large
+  // The same stored bytes read under another static calibration: what a cache tier that
+  // kept the codes but lost (or swapped) the per-layer scales hands back.
+  KvStream WithCalibration(StaticAmax calibration) const;
+  const StaticAmax& calibration() const;
 
   // row: [row_elements]. counts (optional) receives what happened to its elements (for KIVI
   // the elements are counted when their group is quantised).

@@ -123,12 +123,14 @@ struct Engine::Job {
 };
 
 Engine::Engine(const model::Model& model, const tokenizer::Tokenizer& tokenizer, const KvSetup& kv,
-               int compute_threads, int max_queued, uint64_t default_seed, Metrics& metrics)
+               int compute_threads, int max_queued, uint64_t default_seed, Metrics& metrics,
+               PrefixCache* prefix_cache)
     : model_(model),
       tokenizer_(tokenizer),
       kv_(kv),
       pool_(compute_threads),
       metrics_(metrics),
+      prefix_cache_(prefix_cache),
       max_queued_(max_queued),
       default_seed_(default_seed) {
   session_ = std::make_unique<model::Session>(model_, kv_.format, pool_, kv_.scales, kv_.state);
@@ -251,15 +253,24 @@ GenerationResult Engine::run(const GenerationRequest& request, Clock::time_point
   const auto& prompt = request.prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t vocab = model_.config().vocab_size;
-  session_->reset();
   std::vector<float> logits, log_probs;
+  // A cached prefix is restored and only the rest computed, unless the prompt is scored
+  // (echo): every prompt position then needs its logits, as in vLLM, which skips the cache
+  // for prompt log-probs.
+  PrefixHit hit;
+  if (prefix_cache_ && !request.prompt_logprobs)
+    hit = prefix_cache_->restore_longest(prompt, *session_);
+  else
+    session_->reset();
+  result.cached_tokens = hit.tokens;
+  result.cached_tier = hit.tier;
 
   // Prefill in the session's own batch size so that scoring the prompt (echo) or not
   // feeds the model exactly the same batches.
   const int64_t piece = std::max<int64_t>(1, session_->max_batch_tokens);
   std::vector<float> next_logits;
   if (request.prompt_logprobs) result.prompt_logprobs.push_back({prompt[0], std::nullopt, {}});
-  for (int64_t begin = 0; begin < n; begin += piece) {
+  for (int64_t begin = hit.tokens; begin < n; begin += piece) {
     const int64_t end = std::min(n, begin + piece);
     std::span<const int32_t> tokens(prompt.data() + begin, end - begin);
     // Logits of every prompt token when scoring the prompt, else of the last one only.
@@ -329,6 +340,13 @@ GenerationResult Engine::run(const GenerationRequest& request, Clock::time_point
   }
   if (!stopped_by_string)
     result.text = tokenizer_.decode(result.output, {.skip_special_tokens = true});
+  if (prefix_cache_ && prefix_cache_->options().enabled) {
+    // What the cache holds now: the prompt and the generated tokens fed back by decode().
+    std::vector<int32_t> held(prompt.begin(), prompt.end());
+    held.insert(held.end(), result.output.begin(),
+                result.output.begin() + (session_->position() - n));
+    prefix_cache_->insert(std::move(held), session_->snapshot());
+  }
   metrics_.prompt_tokens += n;
   metrics_.generation_tokens += static_cast<int64_t>(result.output.size());
   (result.finish_reason == "stop"    ? metrics_.finished_stop

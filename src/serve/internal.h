@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "serve/prefix_cache.h"
 #include "serve/serve.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,6 +67,8 @@ struct GenerationResult {
   std::vector<TokenLogprobs> output_logprobs;  // one per kept output token
   double queue_seconds = 0.0;
   double run_seconds = 0.0;
+  int64_t cached_tokens = 0;  // prompt tokens restored from the prefix cache
+  CacheTier cached_tier = CacheTier::device;
 };
 
 // A streamed request's output as the worker produces it, taken by the HTTP thread that
@@ -113,8 +116,10 @@ struct Metrics {
 // One worker thread owning a Session; requests run one at a time in arrival order.
 class Engine {
  public:
+  // `prefix_cache` (may be null: none) outlives the engine.
   Engine(const model::Model& model, const tokenizer::Tokenizer& tokenizer, const KvSetup& kv,
-         int compute_threads, int max_queued, uint64_t default_seed, Metrics& metrics);
+         int compute_threads, int max_queued, uint64_t default_seed, Metrics& metrics,
+         PrefixCache* prefix_cache = nullptr);
   ~Engine();  // drains the queue, then joins the worker
 
   // Blocks until the request ran. Throws HttpError(429) when the queue is full and
@@ -142,6 +147,7 @@ class Engine {
   ThreadPool pool_;
   std::unique_ptr<model::Session> session_;
   Metrics& metrics_;
+  PrefixCache* prefix_cache_;
   int max_queued_;
   uint64_t default_seed_;
   std::atomic<uint64_t> unseeded_requests_{0};
@@ -168,6 +174,7 @@ struct ServedModel {
   int64_t vocab_size = 0;
   int64_t max_tokens_limit = 0;
   int64_t max_total_num_tokens = 0;
+  bool cache_report = false;  // --enable-cache-report
 };
 
 // Qwen-style ChatML: <|im_start|>role\ncontent<|im_end|>\n ..., then <|im_start|>assistant\n.

@@ -168,11 +168,15 @@ int64_t code_points(std::string_view bytes) {
   return count;
 }
 
-json usage(int64_t prompt, const GenerationResult& result) {
+// With --enable-cache-report, the prompt tokens the prefix cache served, as SGLang and
+// vLLM report them (prompt_tokens_details.cached_tokens).
+json usage(int64_t prompt, const GenerationResult& result, const ServedModel& served) {
   const int64_t completion = static_cast<int64_t>(result.output.size());
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion}};
+  json out = {{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion}};
+  if (served.cache_report) out["prompt_tokens_details"] = {{"cached_tokens", result.cached_tokens}};
+  return out;
 }
 
 // The raw bytes of a token (a piece of a UTF-8 character stays a piece), as a list.
@@ -306,7 +310,7 @@ json completion_response(const CompletionCall& call, const GenerationResult& res
           {"created", unix_seconds()},
           {"model", served.id},
           {"choices", json::array({choice})},
-          {"usage", usage(static_cast<int64_t>(call.request.prompt.size()), result)}};
+          {"usage", usage(static_cast<int64_t>(call.request.prompt.size()), result, served)}};
 }
 
 ChatCall parse_chat(const json& body, const ServedModel& served,
@@ -368,7 +372,7 @@ json chat_response(const ChatCall& call, const GenerationResult& result, const S
           {"created", unix_seconds()},
           {"model", served.id},
           {"choices", json::array({choice})},
-          {"usage", usage(static_cast<int64_t>(call.request.prompt.size()), result)}};
+          {"usage", usage(static_cast<int64_t>(call.request.prompt.size()), result, served)}};
 }
 
 StreamIds new_stream_ids(bool chat) {
@@ -413,7 +417,7 @@ json usage_chunk(const StreamIds& ids, const ServedModel& served, int64_t prompt
                  const GenerationResult& result) {
   json chunk = chunk_head(ids, served);
   chunk["choices"] = json::array();
-  chunk["usage"] = usage(prompt_tokens, result);
+  chunk["usage"] = usage(prompt_tokens, result, served);
   return chunk;
 }
 

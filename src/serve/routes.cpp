@@ -84,19 +84,23 @@ std::string Server::Impl::metrics_text() const {
   const int64_t blocks = pool.max_total_num_tokens / pool.page_size;  // whole pages
   metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
          {{fmt::format("block_size=\"{}\",cache_dtype=\"{}\",calculate_kv_scales=\"False\","
-                       "enable_prefix_caching=\"False\",gpu_memory_utilization=\"{}\","
+                       "enable_prefix_caching=\"{}\",gpu_memory_utilization=\"{}\","
                        "is_attention_free=\"False\",num_cpu_blocks=\"None\","
                        "num_gpu_blocks=\"{}\",num_gpu_blocks_override=\"None\","
                        "sliding_window=\"None\",swap_space_bytes=\"0\",kv_format=\"{}\","
                        "scale_source=\"{}\"",
-                       pool.page_size, kv.kv_cache_dtype, options.mem_fraction_static, blocks,
-                       kv.format.spec, engines::scale_source_name(kv.scale_source)),
+                       pool.page_size, kv.kv_cache_dtype, prefix_cache ? "True" : "False",
+                       options.mem_fraction_static, blocks, kv.format.spec,
+                       engines::scale_source_name(kv.scale_source)),
            1.0}});
   metric("vllm:num_requests_running", "gauge", "Number of requests running.",
          {{model_label, double(metrics.requests_running.load())}});
   metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting.",
          {{model_label, double(metrics.requests_waiting.load())}});
-  const double usage = blocks > 0 ? double(metrics.kv_tokens_in_use.load()) / double(blocks) : 0.0;
+  // Tokens in use over the pool's tokens (whole pages), not over its page count.
+  const double pool_tokens = double(blocks) * double(pool.page_size);
+  const double usage =
+      pool_tokens > 0 ? double(metrics.kv_tokens_in_use.load()) / pool_tokens : 0.0;
   metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
          {{model_label, usage}});
   metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
@@ -122,6 +126,31 @@ std::string Server::Impl::metrics_text() const {
   summary("vllm:request_queue_time_seconds",
           "Time spent waiting in the queue, in seconds (sum and count).",
           metrics.queue_microseconds.load(), metrics.e2e_count.load());
+  if (prefix_cache) {
+    // vLLM's names: hits in the device pool, and in a tier behind it ("external": vLLM
+    // counts its KV connectors' hits there; here, the host tier's).
+    const PrefixCacheCounters cache = prefix_cache->counters();
+    metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.",
+           {{model_label, double(cache.queried_tokens)}});
+    metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.",
+           {{model_label, double(cache.device_hit_tokens)}});
+    if (prefix_cache->options().host_tier) {
+      metric("vllm:external_prefix_cache_queries_total", "counter",
+             "Host-tier prefix cache queries, in tokens.",
+             {{model_label, double(cache.queried_tokens)}});
+      metric("vllm:external_prefix_cache_hits_total", "counter",
+             "Host-tier prefix cache hits, in tokens.",
+             {{model_label, double(cache.host_hit_tokens)}});
+    }
+    metric("kvaudit:prefix_cache_tokens", "gauge", "Tokens the prefix cache holds, per tier.",
+           {{"tier=\"device\"," + model_label, double(cache.device_tokens)},
+            {"tier=\"host\"," + model_label, double(cache.host_tokens)}});
+    metric("kvaudit:prefix_cache_evicted_tokens_total", "counter",
+           "Tokens evicted from the device pool (to the host tier when it is on).",
+           {{model_label, double(cache.evicted_tokens)}});
+    metric("kvaudit:host_tier_written_tokens_total", "counter", "Tokens written to the host tier.",
+           {{model_label, double(cache.host_written_tokens)}});
+  }
   metric("kvaudit:http_requests_total", "counter", "HTTP requests received.",
          {{model_label, double(metrics.http_requests.load())}});
   metric("kvaudit:http_errors_total", "counter", "HTTP responses with status >= 400.",

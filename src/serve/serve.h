@@ -58,6 +58,18 @@ struct ServeOptions {
   int max_queued_requests = 128;    // waiting + running; more get 429
   uint64_t random_seed = 0;         // seeds sampling when a request gives no seed
   std::string api_key;  // when set, every route but /health and /metrics needs Bearer auth
+  // The prefix cache, in SGLang's flags: the radix cache in the device pool (on unless
+  // disabled), HiCache's host tier behind it (sized by hicache_size GB per rank, else
+  // hicache_ratio x the device pool, and larger than it, as SGLang's HostKVCache demands),
+  // and usage.prompt_tokens_details.cached_tokens in answers (--enable-cache-report).
+  bool disable_radix_cache = false;
+  bool enable_hierarchical_cache = false;
+  double hicache_ratio = 2.0;
+  double hicache_size_gb = 0.0;
+  bool enable_cache_report = false;
+  // kvaudit extension, for tests of the round-trip probe: the host tier corrupts what it
+  // stores ("none", "drop-scales", "swap-layers"; see serve/prefix_cache.h).
+  std::string fault_host_tier = "none";
 };
 
 // ---------------------------------------------------------------- KV set-up (SGLang semantics)

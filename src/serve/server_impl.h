@@ -31,7 +31,8 @@ struct Server::Impl {
   PoolPlan pool;
   ServedModel served;
   Metrics metrics;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<PrefixCache> prefix_cache;  // null: none (a hybrid model)
+  std::unique_ptr<Engine> engine;             // after prefix_cache: destroyed first
   httplib::Server http;
   int port = -1;
   std::atomic<bool> stopping{false};
@@ -48,6 +49,8 @@ struct Server::Impl {
   std::string server_args_repr() const;
 
   void start_up();
+  // The prefix cache's tiers as the options ask, with SGLang's checks and its host-pool line.
+  void set_up_prefix_cache();
   void add_routes();
   nlohmann::json server_info() const;
   std::string metrics_text() const;

@@ -3,6 +3,8 @@
 // SGLang read the same from serve.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <ctime>
 
 #include "serve/server_impl.h"
@@ -88,6 +90,11 @@ std::vector<std::pair<std::string, json>> Server::Impl::server_args(bool resolve
           {"dp_size", 1},
           {"enable_dp_attention", false},
           {"random_seed", options.random_seed},
+          {"disable_radix_cache", options.disable_radix_cache},
+          {"enable_cache_report", options.enable_cache_report},
+          {"enable_hierarchical_cache", options.enable_hierarchical_cache},
+          {"hicache_ratio", options.hicache_ratio},
+          {"hicache_size", options.hicache_size_gb},
           {"host", options.host},
           {"port", port > 0 ? port : options.port},
           {"api_key", options.api_key.empty() ? json(nullptr) : json("<redacted>")}};
@@ -165,8 +172,11 @@ void Server::Impl::start_up() {
   served.max_tokens_limit = options.max_tokens_limit;
   served.max_total_num_tokens = pool.max_total_num_tokens;
   served.eos_token_ids = eos_ids(facts, *tokenizer);
+  served.cache_report = options.enable_cache_report;
+  set_up_prefix_cache();
   engine = std::make_unique<Engine>(*model, *tokenizer, kv, options.compute_threads,
-                                    options.max_queued_requests, options.random_seed, metrics);
+                                    options.max_queued_requests, options.random_seed, metrics,
+                                    prefix_cache.get());
   line(fmt::format(
       "max_total_num_tokens={}, chunked_prefill_size=256, max_prefill_tokens=16384, "
       "max_running_requests=1, context_len={}, available_gpu_mem={} GB",
@@ -174,6 +184,65 @@ void Server::Impl::start_up() {
   created = std::chrono::duration_cast<std::chrono::seconds>(
                 std::chrono::system_clock::now().time_since_epoch())
                 .count();
+}
+
+// SGLang's checks are those of server_args.py (a hierarchical cache needs the radix cache)
+// and of HostKVCache.__init__ (python/sglang/srt/mem_cache/memory_pool_host.py): the host
+// pool is hicache_size GB (1e9 bytes) per rank when given, else hicache_ratio x the device
+// pool in tokens, and must be larger than the device pool; its line is logged as there.
+void Server::Impl::set_up_prefix_cache() {
+  PrefixCacheOptions cache;
+  cache.enabled = !options.disable_radix_cache;
+  cache.device_tokens = pool.max_total_num_tokens;
+  cache.fault = parse_host_tier_fault(options.fault_host_tier);
+  if (options.enable_hierarchical_cache) {
+    if (options.disable_radix_cache)
+      throw InputError("--enable-hierarchical-cache",
+                       "needs the radix cache: drop --disable-radix-cache (SGLang refuses both)");
+    if (!(options.hicache_ratio > 0.0) || !(options.hicache_size_gb >= 0.0) ||
+        !std::isfinite(options.hicache_ratio) || !std::isfinite(options.hicache_size_gb))
+      throw InputError("--hicache-ratio", "the ratio must be positive and the size >= 0 GB");
+    const double tokens =
+        options.hicache_size_gb > 0.0
+            ? std::floor(options.hicache_size_gb * 1e9 / double(pool.cell_bytes_per_token))
+            : std::floor(double(pool.max_total_num_tokens) * options.hicache_ratio);
+    cache.host_tokens = static_cast<int64_t>(std::min(tokens, 1e15));
+    cache.host_tokens -= cache.host_tokens % pool.page_size;
+    if (cache.host_tokens <= pool.max_total_num_tokens)
+      throw InputError(options.hicache_size_gb > 0.0 ? "--hicache-size" : "--hicache-ratio",
+                       fmt::format("the host pool ({} tokens) must be larger than the device "
+                                   "pool ({} tokens), as SGLang requires",
+                                   cache.host_tokens, pool.max_total_num_tokens));
+    cache.host_tier = true;
+    line(fmt::format("Allocating {:.2f} GB host memory for hierarchical KV cache.",
+                     double(cache.host_tokens) * double(pool.cell_bytes_per_token) / 1e9));
+  }
+  if (cache.fault != HostTierFault::none) {
+    if (!cache.host_tier)
+      throw InputError("--fault-host-tier", "needs the host tier (--enable-hierarchical-cache)");
+    if (cache.fault == HostTierFault::swap_layers && facts.num_layers < 2)
+      throw InputError("--fault-host-tier", "swap-layers needs a model with two layers or more");
+    const auto unit = [](float scale) { return scale == 1.0f; };
+    if (cache.fault == HostTierFault::drop_scales &&
+        std::all_of(kv.k_scales.begin(), kv.k_scales.end(), unit) &&
+        std::all_of(kv.v_scales.begin(), kv.v_scales.end(), unit))
+      throw InputError("--fault-host-tier",
+                       fmt::format("drop-scales changes nothing: every scale of this {} cache "
+                                   "is 1.0 (give it scales, e.g. --quantization-param-path)",
+                                   kv.kv_cache_dtype));
+    line(
+        fmt::format("WARNING kvaudit fault injection: the host tier corrupts what it stores "
+                    "({})",
+                    host_tier_fault_name(cache.fault)));
+  }
+  if (model->config().hybrid()) {
+    if (cache.host_tier || cache.fault != HostTierFault::none)
+      throw InputError("--enable-hierarchical-cache",
+                       "this server keeps no prefix cache for a hybrid model (its recurrent "
+                       "state is not snapshotted)");
+    return;
+  }
+  prefix_cache = std::make_unique<PrefixCache>(cache);
 }
 
 }  // namespace kvaudit::serve
