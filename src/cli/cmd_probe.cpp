@@ -65,6 +65,17 @@ struct ProbeFlags {
   int load_turns = 1;
   bool no_random_control = false;
   bool no_stream = false;
+  // --roundtrip
+  bool roundtrip = false;
+  int roundtrip_prompts = 10;
+  int64_t roundtrip_prompt_tokens = 384;
+  int64_t roundtrip_generate = 16;
+  double roundtrip_overrun = 1.5;
+  int64_t roundtrip_filler_tokens = 0;
+  int64_t roundtrip_max_filler = 4'000'000;
+  int roundtrip_max_requests = 4000;
+  double roundtrip_time_s = 900;
+  double roundtrip_tolerance = probe::kDifferentKl;
   OutputOptions output;
 };
 
@@ -133,6 +144,42 @@ int run_load_command(const engines::Registry& registry, const ProbeFlags& flags,
   return report::gate_fails(out, gate) ? kExitGateFailed : kExitOk;
 }
 
+int run_roundtrip_command(const engines::Registry& registry, const ProbeFlags& flags,
+                          const net::ClientOptions& client) {
+  if (!flags.compare_url.empty())
+    throw InputError("--roundtrip", "checks one server: drop --compare");
+  probe::RoundTripOptions options;
+  options.prompts = flags.roundtrip_prompts;
+  options.prompt_tokens = flags.roundtrip_prompt_tokens;
+  options.generate_tokens = flags.roundtrip_generate;
+  options.overrun = flags.roundtrip_overrun;
+  options.filler_prompt_tokens = flags.roundtrip_filler_tokens;
+  options.max_filler_tokens = flags.roundtrip_max_filler;
+  options.max_requests = flags.roundtrip_max_requests;
+  options.time_limit_seconds = flags.roundtrip_time_s;
+  options.tolerance_kl = flags.roundtrip_tolerance;
+  options.alpha = flags.alpha;
+  options.top_logprobs = std::min(flags.top_logprobs, 5);
+  options.concurrency = flags.concurrency;
+  options.seed = flags.seed;
+  options.model = flags.model;
+  if (flags.progress || isatty(STDERR_FILENO))
+    options.on_progress = [](const std::string& stage, int64_t done, int64_t total) {
+      draw_progress(done, total, stage);
+    };
+  probe::RoundTripResult result = probe::run_roundtrip(registry, flags.url, client, options);
+  report::Report out = probe::to_report(result, options);
+  report::ExitGate gate;
+  for (const probe::TierCheck& check : result.checks)
+    gate.checks.push_back({"roundtrip", check.name,
+                           check.verdict != "changed" && check.verdict != "inconclusive",
+                           check.sentence});
+  gate.checks.push_back({"roundtrip", "verdict", !probe::roundtrip_failed(result),
+                         result.verdict + ": " + result.reason});
+  emit(out, flags.output, gate);
+  return report::gate_fails(out, gate) ? kExitGateFailed : kExitOk;
+}
+
 int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags) {
   net::ClientOptions client;
   client.api_key = flags.api_key.empty() ? net::api_key_from_environment() : flags.api_key;
@@ -144,7 +191,10 @@ int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags
   client.verify_tls = !flags.insecure;
   client.ca_cert_file = flags.ca_cert;
 
+  if (flags.load && flags.roundtrip)
+    throw InputError("--roundtrip", "cannot be combined with --load");
   if (flags.load) return run_load_command(registry, flags, client);
+  if (flags.roundtrip) return run_roundtrip_command(registry, flags, client);
   probe::ProbeOptions options;
   options.smoke = flags.smoke;
   options.recall = flags.recall;
@@ -299,6 +349,42 @@ void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
   probe->add_flag("--no-random-control", flags->no_random_control,
                   "Skip the random-token control runs");
   probe->add_flag("--no-stream", flags->no_stream, "Do not ask for streamed answers (no TTFT/ITL)");
+  probe->add_flag("--roundtrip", flags->roundtrip,
+                  "KV tiers: the same prompts scored cold, from the device prefix cache, and "
+                  "after filler evicts them to whatever tier keeps them; each tier's answers "
+                  "must match the pass before it within the floor");
+  probe->add_option("--roundtrip-prompts", flags->roundtrip_prompts, "Prompts per pass")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-prompt-tokens", flags->roundtrip_prompt_tokens,
+                   "Tokens per prompt (about)")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-generate", flags->roundtrip_generate,
+                   "Greedy tokens scored per prompt and pass")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-overrun", flags->roundtrip_overrun,
+                   "Filler sent, as a multiple of the device pool's tokens")
+      ->capture_default_str();
+  probe->add_option("--roundtrip-filler-tokens", flags->roundtrip_filler_tokens,
+                    "Tokens per filler request (default: half the context, at most 2048)");
+  probe
+      ->add_option("--roundtrip-max-filler-tokens", flags->roundtrip_max_filler,
+                   "Most filler tokens the run may send")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-max-requests", flags->roundtrip_max_requests,
+                   "Most requests the run may send, filler included")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-time-limit", flags->roundtrip_time_s,
+                   "Seconds the run may take (it stops there and reports what it measured)")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-tolerance", flags->roundtrip_tolerance,
+                   "KL (nats per position) a tier may add to the floor")
+      ->capture_default_str();
   add_output_options(*probe, flags->output);
   probe->callback([flags, &run, &engines] {
     run = [flags, &engines] { return run_probe_command(engines.registry(), *flags); };

@@ -44,8 +44,11 @@ const std::vector<std::string>& launch_fields() {
 }
 
 const std::vector<std::string>& server_counter_kinds() {
-  static const std::vector<std::string> kinds = {"generated_tokens", "cached_tokens",
-                                                 "spec_accept_rate", "spec_accept_length"};
+  // prefix_hit_tokens: hits in the device pool; tier_hit_tokens: in a tier behind it
+  // (probe --roundtrip tells which tier served a pass from them).
+  static const std::vector<std::string> kinds = {"generated_tokens",  "cached_tokens",
+                                                 "spec_accept_rate",  "spec_accept_length",
+                                                 "prefix_hit_tokens", "tier_hit_tokens"};
   return kinds;
 }
 
@@ -195,7 +198,7 @@ void read_server_info(JsonReader& top, EngineModel& model) {
       for (const std::string& kind : counters->keys()) {
         if (std::find(server_counter_kinds().begin(), server_counter_kinds().end(), kind) ==
             server_counter_kinds().end())
-          counters->fail(kind, fmt::format("not a counter probe --load reads ({})",
+          counters->fail(kind, fmt::format("not a counter probe reads ({})",
                                            fmt::join(server_counter_kinds(), ", ")));
         spec.counters[kind] = counters->strings(kind);
       }

@@ -17,16 +17,14 @@
 
 namespace kvaudit::probe {
 
-namespace {
-
-// The first position where A's and B's greedy tokens differ (the shorter length when one is
-// a prefix of the other).
 size_t first_divergence(const ProbeRecord& left, const ProbeRecord& right) {
   const size_t shared = std::min(left.generated.size(), right.generated.size());
   for (size_t i = 0; i < shared; ++i)
     if (left.generated[i].token != right.generated[i].token) return i;
   return shared;
 }
+
+namespace {
 
 // The coarsened distribution over `support` (+ one "rest" bucket at the end).
 std::vector<double> coarsen(const std::vector<TopEntry>& listed,
@@ -117,13 +115,8 @@ bool usable(const ProbeRecord& record) {
   return record.error.empty() || !record.generated.empty() || !record.forced.empty();
 }
 
-// KL of one probe pair on a basis both pairs share: teacher-forced when all three arms
-// scored the same tokens, else each pair's greedy prefix up to its first divergence.
-struct PairKl {
-  std::optional<double> kl;
-  int64_t positions = 0;
-  std::string basis;
-};
+}  // namespace
+
 PairKl pair_kl(const ProbeRecord& left, const ProbeRecord& right, bool forced_ok) {
   PairKl out;
   if (forced_ok) {
@@ -137,6 +130,8 @@ PairKl pair_kl(const ProbeRecord& left, const ProbeRecord& right, bool forced_ok
   if (out.kl) out.basis = "greedy prefix";
   return out;
 }
+
+namespace {
 
 struct MetricSpec {
   const char* metric;

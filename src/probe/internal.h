@@ -130,6 +130,23 @@ ProbeRecord run_one(net::Client& client, const std::string& model, const Spec& s
                     const Prepared& prepared, const ProbeOptions& options,
                     const RunSettings& settings);
 
+// ---------------------------------------------------------------- comparing two records
+// (compare.cpp)
+
+// The first position where the two records' greedy tokens differ (the shorter length when
+// one is a prefix of the other).
+size_t first_divergence(const ProbeRecord& left, const ProbeRecord& right);
+
+// KL of one probe pair on a basis both share: the teacher-forced window when `forced_ok`
+// (every arm scored the same tokens), else the greedy prefix up to and including the first
+// divergence (positions after it follow other text).
+struct PairKl {
+  std::optional<double> kl;
+  int64_t positions = 0;
+  std::string basis;
+};
+PairKl pair_kl(const ProbeRecord& left, const ProbeRecord& right, bool forced_ok);
+
 // ---------------------------------------------------------------- gates (gates.cpp)
 
 // A gate against the comparison's metrics: the metric's excess over the control (drops are
@@ -141,6 +158,9 @@ GateResult evaluate_gate(const Gate& gate, const std::vector<MetricTest>& metric
 // `text` on one line, cut to `limit` bytes (at a character boundary) with "...".
 std::string excerpt(std::string text, size_t limit = 60);
 report::Value optional_double(const std::optional<double>& value);
+
+// What detection established about a server, as the report's JSON gives it.
+nlohmann::json facts_json(const ServerFacts& facts);
 
 // The A/B table, chart and facts; the payload's "compare" (null without --compare). In
 // compare_report.cpp.

@@ -377,4 +377,102 @@ bool probe_failed(const RunResult& result);
 // gates, one for the comparison's verdict): JUnit's test cases. probe_failed is "one failed".
 std::vector<report::GateCheck> gate_checks(const RunResult& result);
 
+// ---------------------------------------------------------------- round trip (KV tiers)
+
+// probe --roundtrip: whether a prompt's KV comes back from the server's cache tiers as it
+// went in. The same prompts (a nonce first, so no earlier request shares them) are scored
+// greedily with top-k log-probs four times: cold; again at once (the device prefix cache);
+// again (the floor: the same path twice); and after filler traffic has overrun the device
+// pool, so that whatever tier kept them (host memory, disk, a connector) serves them. The
+// answers' cached-token counts and the server's tier counters say which tier served each
+// pass. Each tier is compared per prompt (KL over the greedy prefix) and its excess over the
+// floor tested across prompts.
+struct RoundTripOptions {
+  int prompts = 10;                       // 10 lets a sign-flip test reach p < 0.005 per check
+  int64_t prompt_tokens = 384;            // each prompt, about (counted by the server's /tokenize)
+  int64_t generate_tokens = 16;           // greedy tokens scored per pass
+  int top_logprobs = 5;                   // lowered to what the server grants
+  double overrun = 1.5;                   // filler sent: this many times the device pool's tokens
+  int64_t filler_prompt_tokens = 0;       // each filler request; 0: min(context / 2, 2048)
+  int64_t max_filler_tokens = 4'000'000;  // a pool larger than this / overrun is not overrun
+  int max_requests = 4000;                // every request of the run, filler included
+  double time_limit_seconds = 900;        // the run stops here, keeping what it measured
+  double alpha = 0.01;                    // error rate per verdict (Holm over the checks)
+  double tolerance_kl = kDifferentKl;     // nats per position a tier may add to the floor
+  int concurrency = 4;                    // filler requests in flight
+  uint64_t seed = 1;                      // the prompts' nonce and text
+  std::string model;                      // "" : the server's first /v1/models id
+  std::function<void(const std::string& stage, int64_t done, int64_t total)> on_progress;
+};
+
+struct RoundTripPass {
+  std::string name;                  // "cold", "device", "device again", "after eviction"
+  std::vector<ProbeRecord> records;  // one per prompt answered ("roundtrip/N")
+  std::vector<std::optional<int64_t>> cached_tokens;  // per record, as the answer said
+  std::string cached_field;                           // the answer field that said it ("" none)
+  int64_t prompt_tokens = 0, cached = 0;              // sums over records whose count was stated
+  std::map<std::string, double> counter_delta;        // counter kind -> rise over this pass
+  std::vector<std::map<std::string, double>> record_counter_delta;  // the same, per record
+  // What served each record: "computed", "device prefix cache", "a tier behind the device
+  // pool" or "unknown"; the pass's is the most common, its evidence counts them all.
+  std::vector<std::string> record_served_by;
+  std::string served_by;
+  std::string served_by_evidence;
+};
+
+struct RoundTripEviction {
+  bool attempted = false;
+  bool forced = false;  // the filler overran the pool (and nothing says it still holds them)
+  std::optional<int64_t> pool_tokens;
+  std::string pool_source;
+  int64_t filler_requests = 0, filler_tokens = 0;
+  std::string note;  // why the eviction could not be forced, or how it was
+};
+
+// One tier compared with the pass before it, per prompt, against the floor.
+struct TierCheck {
+  std::string name;  // "device prefix cache", "tier behind the device pool"
+  std::string pass, against;
+  std::vector<double> kl, floor;      // per prompt the tier served: nats per position
+  int64_t prompts = 0, diverged = 0;  // prompts compared; whose greedy text differs
+  int64_t prompts_needed = 0;         // the fewest a verdict at alpha needs
+  double excess = 0.0;                // mean of kl - floor
+  stats::Interval excess_interval;
+  stats::TestResult test;
+  double p_adjusted = 1.0;
+  // The earliest divergence: prompt index, generated token index, absolute position.
+  int64_t first_prompt = -1, first_token = -1, first_position = -1;
+  std::string token_expected, token_served;
+  std::string verdict;  // "agrees" | "changed" | "inconclusive" | "not exercised"
+  std::string sentence;
+};
+
+struct RoundTripResult {
+  ServerFacts facts;
+  std::vector<RoundTripPass> passes;  // in order; fewer when the run stopped early
+  RoundTripEviction eviction;
+  std::vector<TierCheck> checks;
+  bool counts_trusted = true;  // the cached-token counts pass their consistency checks
+  std::string counts_note;
+  std::string stopped;  // why the run ended early ("" : it finished)
+  std::string verdict;  // "tiers agree", "a tier changed the answers", "no cache served",
+                        // "not established"
+  std::string reason;
+  std::vector<std::string> notes;
+  int64_t requests = 0;
+  double seconds = 0.0;
+};
+
+// Runs the round trip against one server. Detection failures and a server that is gone
+// before the first pass throw (InputError / net::RequestError); a failure later ends the run
+// with what it measured and `stopped` saying why.
+RoundTripResult run_roundtrip(const engines::Registry& registry, const std::string& url,
+                              const net::ClientOptions& client, const RoundTripOptions& options);
+// The checks and verdict from the passes (run_roundtrip calls it; tests call it on passes
+// they built).
+void judge_roundtrip(const RoundTripOptions& options, RoundTripResult& result);
+report::Report to_report(const RoundTripResult& result, const RoundTripOptions& options);
+// Exit gate: anything but "tiers agree" or "no cache served".
+bool roundtrip_failed(const RoundTripResult& result);
+
 }  // namespace kvaudit::probe

@@ -40,6 +40,8 @@ Value optional_int(const std::optional<int64_t>& value) {
   return value ? Value(*value) : Value(std::monostate{});
 }
 
+}  // namespace
+
 json facts_json(const ServerFacts& f) {
   return {{"url", f.url},
           {"engine", f.engine},
@@ -60,6 +62,8 @@ json facts_json(const ServerFacts& f) {
           {"logprobs_note", f.logprobs_note},
           {"notes", f.notes}};
 }
+
+namespace {
 
 struct CellScore {
   int cases = 0, exact = 0;

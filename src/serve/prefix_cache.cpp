@@ -72,7 +72,8 @@ model::KvSnapshot PrefixCache::stored_on_host(model::KvSnapshot kv) const {
 // Evicts least recently used entries of `tier` until `tokens` more fit. Device entries go
 // to the host tier when it is on (written through stored_on_host), else they are dropped.
 void PrefixCache::make_room(CacheTier tier, int64_t tokens) {
-  const int64_t capacity = tier == CacheTier::device ? options_.device_tokens : options_.host_tokens;
+  const int64_t capacity =
+      tier == CacheTier::device ? options_.device_tokens : options_.host_tokens;
   for (int64_t in_use = held(tier); in_use + tokens > capacity;) {
     // The least recently used entry of this tier (the list is most recent first).
     auto victim = entries_.end();
@@ -83,7 +84,8 @@ void PrefixCache::make_room(CacheTier tier, int64_t tokens) {
     entries_.erase(victim);
     in_use -= entry.kv.tokens;
     if (tier == CacheTier::device) counters_.evicted_tokens += entry.kv.tokens;
-    if (tier == CacheTier::device && options_.host_tier && entry.kv.tokens <= options_.host_tokens) {
+    if (tier == CacheTier::device && options_.host_tier &&
+        entry.kv.tokens <= options_.host_tokens) {
       make_room(CacheTier::host, entry.kv.tokens);
       counters_.host_written_tokens += entry.kv.tokens;
       entry.kv = stored_on_host(std::move(entry.kv));
@@ -106,9 +108,8 @@ PrefixHit PrefixCache::restore_longest(std::span<const int32_t> prompt, model::S
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const size_t shared = std::min(common_prefix(prompt, it->tokens), prompt.size() - 1);
     // Longer wins; on a tie the device copy (no load needed).
-    if (shared > best_tokens ||
-        (shared == best_tokens && shared > 0 && it->tier == CacheTier::device &&
-         best->tier == CacheTier::host)) {
+    if (shared > best_tokens || (shared == best_tokens && shared > 0 &&
+                                 it->tier == CacheTier::device && best->tier == CacheTier::host)) {
       best = it;
       best_tokens = shared;
     }

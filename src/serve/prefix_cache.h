@@ -33,10 +33,10 @@ HostTierFault parse_host_tier_fault(std::string_view text);
 const char* host_tier_fault_name(HostTierFault fault);
 
 struct PrefixCacheOptions {
-  bool enabled = true;         // --disable-radix-cache turns it off
-  int64_t device_tokens = 0;   // the device pool, max_total_num_tokens
-  bool host_tier = false;      // --enable-hierarchical-cache
-  int64_t host_tokens = 0;     // the host pool
+  bool enabled = true;        // --disable-radix-cache turns it off
+  int64_t device_tokens = 0;  // the device pool, max_total_num_tokens
+  bool host_tier = false;     // --enable-hierarchical-cache
+  int64_t host_tokens = 0;    // the host pool
   HostTierFault fault = HostTierFault::none;
 };
 
@@ -46,13 +46,13 @@ struct PrefixHit {
 };
 
 struct PrefixCacheCounters {
-  int64_t queried_tokens = 0;      // prompt tokens looked up
-  int64_t device_hit_tokens = 0;   // restored from the device pool
-  int64_t host_hit_tokens = 0;     // restored from the host tier (then loaded back)
-  int64_t host_written_tokens = 0; // written to the host tier on eviction
-  int64_t evicted_tokens = 0;      // left the device pool
-  int64_t dropped_tokens = 0;      // left the last tier (gone)
-  int64_t device_tokens = 0;       // held now
+  int64_t queried_tokens = 0;       // prompt tokens looked up
+  int64_t device_hit_tokens = 0;    // restored from the device pool
+  int64_t host_hit_tokens = 0;      // restored from the host tier (then loaded back)
+  int64_t host_written_tokens = 0;  // written to the host tier on eviction
+  int64_t evicted_tokens = 0;       // left the device pool
+  int64_t dropped_tokens = 0;       // left the last tier (gone)
+  int64_t device_tokens = 0;        // held now
   int64_t host_tokens = 0;
 };
 
