@@ -241,6 +241,76 @@ int run_probe_command(const engines::Registry& registry, const ProbeFlags& flags
   return report::gate_fails(out, gate) ? kExitGateFailed : kExitOk;
 }
 
+// probe --load's flags (the load bench, loadbench/).
+void add_load_flags(CLI::App* probe, ProbeFlags& flags_in) {
+  ProbeFlags* flags = &flags_in;
+  probe->add_flag("--load", flags->load,
+                  "Load test: throughput and latency at a ladder of concurrencies, real code "
+                  "against random-token prompts of the same lengths (with --compare: A/B)");
+  probe->add_option("--load-concurrency", flags->load_concurrency, "Concurrency ladder");
+  probe->add_option("--load-requests", flags->load_requests,
+                    "Requests per level (default: max(8, 2 x concurrency))");
+  probe->add_option("--load-budget", flags->load_budget, "Most requests in the whole run")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  probe->add_option("--load-time", flags->load_time_s, "Seconds the whole run may take")
+      ->check(CLI::Range(1.0, 86400.0));
+  probe->add_option("--load-prompt-tokens", flags->load_prompt_tokens,
+                    "Prompt lengths, cycled over each level's requests");
+  probe->add_option("--load-output-tokens", flags->load_output_tokens,
+                    "max_tokens per request, cycled");
+  probe->add_option("--load-corpus", flags->load_corpus,
+                    "Folder of your own files to build the prompts from (default: synthetic code)");
+  probe
+      ->add_option("--load-turns", flags->load_turns,
+                   "Requests per session, sent one after another, each re-sending the "
+                   "session's context grown (a coding agent's loop; shows prefix caching)")
+      ->check(CLI::Range(1, 64));
+  probe->add_flag("--no-random-control", flags->no_random_control,
+                  "Skip the random-token control runs");
+  probe->add_flag("--no-stream", flags->no_stream, "Do not ask for streamed answers (no TTFT/ITL)");
+}
+
+// probe --roundtrip's flags (KV tiers).
+void add_roundtrip_flags(CLI::App* probe, ProbeFlags& flags_in) {
+  ProbeFlags* flags = &flags_in;
+  probe->add_flag("--roundtrip", flags->roundtrip,
+                  "KV tiers: the same prompts scored cold, from the device prefix cache, and "
+                  "after filler evicts them to whatever tier keeps them; each tier's answers "
+                  "must match the pass before it within the floor");
+  probe->add_option("--roundtrip-prompts", flags->roundtrip_prompts, "Prompts per pass")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-prompt-tokens", flags->roundtrip_prompt_tokens,
+                   "Tokens per prompt (about)")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-generate", flags->roundtrip_generate,
+                   "Greedy tokens scored per prompt and pass")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-overrun", flags->roundtrip_overrun,
+                   "Filler sent, as a multiple of the device pool's tokens")
+      ->capture_default_str();
+  probe->add_option("--roundtrip-filler-tokens", flags->roundtrip_filler_tokens,
+                    "Tokens per filler request (default: half the context, at most 2048)");
+  probe
+      ->add_option("--roundtrip-max-filler-tokens", flags->roundtrip_max_filler,
+                   "Most filler tokens the run may send")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-max-requests", flags->roundtrip_max_requests,
+                   "Most requests the run may send, filler included")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-time-limit", flags->roundtrip_time_s,
+                   "Seconds the run may take (it stops there and reports what it measured)")
+      ->capture_default_str();
+  probe
+      ->add_option("--roundtrip-tolerance", flags->roundtrip_tolerance,
+                   "KL (nats per position) a tier may add to the floor")
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
@@ -325,66 +395,8 @@ void add_probe_command(CLI::App& app, Runner& run, EngineData& engines) {
       ->check(CLI::IsMember({"lossless", "evidence", "permissive"}));
   probe->add_option("--fail-on", flags->fail_on, "Exit 1 on findings at this level")
       ->check(CLI::IsMember({"critical", "warning", "never"}));
-  probe->add_flag("--load", flags->load,
-                  "Load test: throughput and latency at a ladder of concurrencies, real code "
-                  "against random-token prompts of the same lengths (with --compare: A/B)");
-  probe->add_option("--load-concurrency", flags->load_concurrency, "Concurrency ladder");
-  probe->add_option("--load-requests", flags->load_requests,
-                    "Requests per level (default: max(8, 2 x concurrency))");
-  probe->add_option("--load-budget", flags->load_budget, "Most requests in the whole run")
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
-  probe->add_option("--load-time", flags->load_time_s, "Seconds the whole run may take")
-      ->check(CLI::Range(1.0, 86400.0));
-  probe->add_option("--load-prompt-tokens", flags->load_prompt_tokens,
-                    "Prompt lengths, cycled over each level's requests");
-  probe->add_option("--load-output-tokens", flags->load_output_tokens,
-                    "max_tokens per request, cycled");
-  probe->add_option("--load-corpus", flags->load_corpus,
-                    "Folder of your own files to build the prompts from (default: synthetic code)");
-  probe
-      ->add_option("--load-turns", flags->load_turns,
-                   "Requests per session, sent one after another, each re-sending the "
-                   "session's context grown (a coding agent's loop; shows prefix caching)")
-      ->check(CLI::Range(1, 64));
-  probe->add_flag("--no-random-control", flags->no_random_control,
-                  "Skip the random-token control runs");
-  probe->add_flag("--no-stream", flags->no_stream, "Do not ask for streamed answers (no TTFT/ITL)");
-  probe->add_flag("--roundtrip", flags->roundtrip,
-                  "KV tiers: the same prompts scored cold, from the device prefix cache, and "
-                  "after filler evicts them to whatever tier keeps them; each tier's answers "
-                  "must match the pass before it within the floor");
-  probe->add_option("--roundtrip-prompts", flags->roundtrip_prompts, "Prompts per pass")
-      ->capture_default_str();
-  probe
-      ->add_option("--roundtrip-prompt-tokens", flags->roundtrip_prompt_tokens,
-                   "Tokens per prompt (about)")
-      ->capture_default_str();
-  probe
-      ->add_option("--roundtrip-generate", flags->roundtrip_generate,
-                   "Greedy tokens scored per prompt and pass")
-      ->capture_default_str();
-  probe
-      ->add_option("--roundtrip-overrun", flags->roundtrip_overrun,
-                   "Filler sent, as a multiple of the device pool's tokens")
-      ->capture_default_str();
-  probe->add_option("--roundtrip-filler-tokens", flags->roundtrip_filler_tokens,
-                    "Tokens per filler request (default: half the context, at most 2048)");
-  probe
-      ->add_option("--roundtrip-max-filler-tokens", flags->roundtrip_max_filler,
-                   "Most filler tokens the run may send")
-      ->capture_default_str();
-  probe
-      ->add_option("--roundtrip-max-requests", flags->roundtrip_max_requests,
-                   "Most requests the run may send, filler included")
-      ->capture_default_str();
-  probe
-      ->add_option("--roundtrip-time-limit", flags->roundtrip_time_s,
-                   "Seconds the run may take (it stops there and reports what it measured)")
-      ->capture_default_str();
-  probe
-      ->add_option("--roundtrip-tolerance", flags->roundtrip_tolerance,
-                   "KL (nats per position) a tier may add to the floor")
-      ->capture_default_str();
+  add_load_flags(probe, *flags);
+  add_roundtrip_flags(probe, *flags);
   add_output_options(*probe, flags->output);
   probe->callback([flags, &run, &engines] {
     run = [flags, &engines] { return run_probe_command(engines.registry(), *flags); };

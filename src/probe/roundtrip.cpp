@@ -33,8 +33,8 @@ struct Budget {
 
 // The tier counters (engine data server_info.counters, every engine's names: they carry
 // their engine's prefix), summed per kind; empty when /metrics is absent or unreadable.
-std::map<std::string, double> read_tier_counters(net::Client& client,
-                                                 const std::map<std::string, std::vector<std::string>>& names) {
+std::map<std::string, double> read_tier_counters(
+    net::Client& client, const std::map<std::string, std::vector<std::string>>& names) {
   std::map<std::string, double> out;
   try {
     net::HttpResponse response = client.get("/metrics");
@@ -130,16 +130,17 @@ void evict(net::Client& client, const std::string& model, const RoundTripOptions
   eviction.pool_tokens = facts.capacity_tokens;
   eviction.pool_source = facts.capacity_source;
   if (!facts.capacity_tokens || *facts.capacity_tokens <= 0) {
-    eviction.note = "the server does not say how many tokens its device pool holds, so the "
-                    "filler needed to overrun it is unknown";
+    eviction.note =
+        "the server does not say how many tokens its device pool holds, so the "
+        "filler needed to overrun it is unknown";
     return;
   }
   const double wanted = options.overrun * double(*facts.capacity_tokens);
   if (wanted > double(options.max_filler_tokens)) {
-    eviction.note = fmt::format("overrunning the device pool of {} tokens {:g}x needs {:.0f} "
-                                "filler tokens, more than --roundtrip-max-filler-tokens ({})",
-                                *facts.capacity_tokens, options.overrun, wanted,
-                                options.max_filler_tokens);
+    eviction.note = fmt::format(
+        "overrunning the device pool of {} tokens {:g}x needs {:.0f} "
+        "filler tokens, more than --roundtrip-max-filler-tokens ({})",
+        *facts.capacity_tokens, options.overrun, wanted, options.max_filler_tokens);
     return;
   }
   const int64_t context = facts.context_length.value_or(4096);
@@ -184,16 +185,17 @@ void evict(net::Client& client, const std::string& model, const RoundTripOptions
   eviction.filler_tokens = tokens.load();
   if (control.failure) {
     stopped = *control.failure;
-    eviction.note = fmt::format("the filler stopped after {} requests: {}", done.load(),
-                                *control.failure);
+    eviction.note =
+        fmt::format("the filler stopped after {} requests: {}", done.load(), *control.failure);
     return;
   }
   eviction.forced = double(eviction.filler_tokens) >= double(*facts.capacity_tokens);
-  eviction.note = fmt::format("{} filler requests, {} tokens: {:.2f}x the device pool of {} "
-                              "tokens ({})",
-                              eviction.filler_requests, eviction.filler_tokens,
-                              double(eviction.filler_tokens) / double(*facts.capacity_tokens),
-                              *facts.capacity_tokens, facts.capacity_source);
+  eviction.note = fmt::format(
+      "{} filler requests, {} tokens: {:.2f}x the device pool of {} "
+      "tokens ({})",
+      eviction.filler_requests, eviction.filler_tokens,
+      double(eviction.filler_tokens) / double(*facts.capacity_tokens), *facts.capacity_tokens,
+      facts.capacity_source);
 }
 
 // The prompts: each starts with its own nonce (this run's id and its index, so neither an
@@ -205,8 +207,9 @@ std::vector<RoundTripPrompt> make_prompts(const RoundTripOptions& options, uint6
   const eval::TokenCounter count = [&](std::string_view text) { return counter(text); };
   for (int i = 0; i < options.prompts; ++i) {
     RoundTripPrompt prompt;
-    prompt.text = fmt::format("{:016x} roundtrip {}\n", splitmix64(run_id + uint64_t(i)), i) +
-                  eval::make_code(options.seed * 104729 + uint64_t(i), options.prompt_tokens, count);
+    prompt.text =
+        fmt::format("{:016x} roundtrip {}\n", splitmix64(run_id + uint64_t(i)), i) +
+        eval::make_code(options.seed * 104729 + uint64_t(i), options.prompt_tokens, count);
     prompt.tokens = count(prompt.text);
     prompts.push_back(std::move(prompt));
   }
@@ -222,8 +225,9 @@ RoundTripResult run_roundtrip(const engines::Registry& registry, const std::stri
     throw InputError("--roundtrip-prompts", "must be between 1 and 1000");
   if (options.generate_tokens < 1 || options.prompt_tokens < 16 || !(options.overrun >= 1.0) ||
       !(options.time_limit_seconds > 0) || options.max_requests < 1)
-    throw InputError("--roundtrip", "prompts of >= 16 tokens, >= 1 generated token, an overrun "
-                                    ">= 1 and positive limits are needed");
+    throw InputError("--roundtrip",
+                     "prompts of >= 16 tokens, >= 1 generated token, an overrun "
+                     ">= 1 and positive limits are needed");
   const auto started = Clock::now();
   RoundTripResult result;
   net::ClientOptions bounded = client_options;
@@ -241,12 +245,11 @@ RoundTripResult run_roundtrip(const engines::Registry& registry, const std::stri
   const auto counter_names = load_counter_names(registry, "");
 
   Budget budget;
-  budget.deadline =
-      started + std::chrono::milliseconds(int64_t(options.time_limit_seconds * 1000));
+  budget.deadline = started + std::chrono::milliseconds(int64_t(options.time_limit_seconds * 1000));
   budget.max_requests = options.max_requests;
   TokenCounter counter(result.facts.has_tokenize ? &client : nullptr, model);
-  const uint64_t run_id =
-      std::random_device{}() ^ uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t run_id = std::random_device{}() ^
+                          uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
   const std::vector<RoundTripPrompt> prompts = make_prompts(options, run_id, counter);
   const int top_k = result.facts.top_logprobs_granted;
 

@@ -47,22 +47,24 @@ void check_counts(RoundTripResult& result) {
       if (*cached < 0 || *cached > prompt)
         problem = fmt::format("it reports {} cached tokens for a prompt of {}", *cached, prompt);
       else if (pass.name == "cold" && *cached > kColdSharedTokens)
-        problem = fmt::format("it reports {} of {} tokens cached for prompt {} on the cold pass, "
-                              "whose nonce no earlier request carried",
-                              *cached, prompt, i);
+        problem = fmt::format(
+            "it reports {} of {} tokens cached for prompt {} on the cold pass, "
+            "whose nonce no earlier request carried",
+            *cached, prompt, i);
       if (!problem.empty()) {
         result.counts_trusted = false;
-        result.counts_note = fmt::format("The server's cached-token counts ({}) are not "
-                                         "trusted: {}.",
-                                         pass.cached_field, problem);
+        result.counts_note = fmt::format(
+            "The server's cached-token counts ({}) are not "
+            "trusted: {}.",
+            pass.cached_field, problem);
         return;
       }
     }
     const double device = delta(pass, "prefix_hit_tokens"), tier = delta(pass, "tier_hit_tokens");
     if (device >= 0 && pass.prompt_tokens > 0) {
       const double counted = device + std::max(0.0, tier);
-      const double slack = 0.1 * double(pass.cached) + double(kColdSharedTokens) *
-                                                           double(pass.records.size());
+      const double slack =
+          0.1 * double(pass.cached) + double(kColdSharedTokens) * double(pass.records.size());
       if (std::abs(counted - double(pass.cached)) > slack) {
         result.counts_trusted = false;
         result.counts_note = fmt::format(
@@ -80,7 +82,7 @@ void check_counts(RoundTripResult& result) {
 // on the device is inferred to come from a tier behind it).
 const char* served_by(const RoundTripResult& result, const RoundTripPass& pass, size_t i) {
   const auto& rise = i < pass.record_counter_delta.size() ? pass.record_counter_delta[i]
-                                                         : std::map<std::string, double>{};
+                                                          : std::map<std::string, double>{};
   const double tier = delta(rise, "tier_hit_tokens"), device = delta(rise, "prefix_hit_tokens");
   const std::optional<int64_t> cached = pass.cached_tokens[i];
   const int64_t prompt = pass.records[i].prompt_tokens;
@@ -121,12 +123,14 @@ void attribute(const RoundTripResult& result, RoundTripPass& pass) {
                        pass.cached, pass.prompt_tokens, pass.cached_field,
                        result.counts_trusted ? "" : ", not trusted");
   if (pass.served_by == kTier && tier < 0)
-    how += fmt::format("; inferred: {} filler tokens overran the device pool of {} and the "
-                       "server names no tier counter",
-                       result.eviction.filler_tokens, result.eviction.pool_tokens.value_or(0));
+    how += fmt::format(
+        "; inferred: {} filler tokens overran the device pool of {} and the "
+        "server names no tier counter",
+        result.eviction.filler_tokens, result.eviction.pool_tokens.value_or(0));
   if (pass.served_by == kTier && result.facts.engine == "llama.cpp")
-    how += "; llama-server keeps evicted slots' prompts in its host-RAM prompt cache "
-           "(--cache-ram)";
+    how +=
+        "; llama-server keeps evicted slots' prompts in its host-RAM prompt cache "
+        "(--cache-ram)";
   pass.served_by_evidence = fmt::format("{}{}{}", fmt::join(parts, "; "), how.empty() ? "" : " (",
                                         how.empty() ? "" : how + ")");
 }
@@ -141,8 +145,8 @@ TierCheck compare_pass(const std::string& name, const char* tier, const RoundTri
   check.pass = pass.name;
   check.against = reference.name;
   std::vector<double> excess;
-  const size_t n = std::min({reference.records.size(), pass.records.size(),
-                             floor_a.records.size(), floor_b.records.size()});
+  const size_t n = std::min({reference.records.size(), pass.records.size(), floor_a.records.size(),
+                             floor_b.records.size()});
   for (size_t i = 0; i < n; ++i) {
     if (i >= pass.record_served_by.size() || pass.record_served_by[i] != tier) continue;
     const PairKl kl = pair_kl(reference.records[i], pass.records[i], false);
@@ -188,10 +192,11 @@ void judge_check(TierCheck& check, const RoundTripOptions& options) {
   const std::string where =
       check.first_token < 0
           ? "the greedy text never diverged"
-          : fmt::format("prompt {} first diverges at generated token {} (position {}): {} "
-                        "expected, {} served",
-                        check.first_prompt, check.first_token, check.first_position,
-                        excerpt(check.token_expected, 20), excerpt(check.token_served, 20));
+          : fmt::format(
+                "prompt {} first diverges at generated token {} (position {}): {} "
+                "expected, {} served",
+                check.first_prompt, check.first_token, check.first_position,
+                excerpt(check.token_expected, 20), excerpt(check.token_served, 20));
   const std::string figures = fmt::format(
       "KL excess over the floor {:.4g} nats/position (95% CI {:.4g} to {:.4g}), p = {:.3g} "
       "(Holm), {} of {} prompts' greedy text changed; {}",
@@ -209,10 +214,10 @@ void judge_check(TierCheck& check, const RoundTripOptions& options) {
     check.verdict = "changed";
   else if (deterministic && check.excess > tol) {
     check.verdict = "changed";
-    short_of = "; the floor is exactly 0 on every prompt (the same path twice gave identical "
-               "log-probs), so the difference is the tier's, not noise";
-  }
-  else if (check.excess_interval.high <= tol && check.prompts >= check.prompts_needed)
+    short_of =
+        "; the floor is exactly 0 on every prompt (the same path twice gave identical "
+        "log-probs), so the difference is the tier's, not noise";
+  } else if (check.excess_interval.high <= tol && check.prompts >= check.prompts_needed)
     check.verdict = "agrees";
   else
     check.verdict = "inconclusive";
@@ -277,9 +282,9 @@ void judge_roundtrip(const RoundTripOptions& options, RoundTripResult& result) {
            std::all_of(pass->record_served_by.begin(), pass->record_served_by.end(),
                        [&](const std::string& by) { return by == what; });
   };
-  const bool no_tier = all(after, kComputed) && result.eviction.forced &&
-                       (result.checks.empty() || result.checks[0].verdict == "agrees" ||
-                        all(device, kComputed));
+  const bool no_tier =
+      all(after, kComputed) && result.eviction.forced &&
+      (result.checks.empty() || result.checks[0].verdict == "agrees" || all(device, kComputed));
   const bool no_cache = no_tier && all(device, kComputed);
   if (!result.stopped.empty()) {
     result.verdict = "not established";
@@ -302,8 +307,9 @@ void judge_roundtrip(const RoundTripOptions& options, RoundTripResult& result) {
     result.reason = fmt::format("{}", fmt::join(why, "; "));
   } else if (no_cache) {
     result.verdict = "no cache served";
-    result.reason = "every pass was computed from its start (the server reports no cached "
-                    "tokens): no cache tier is in play to check";
+    result.reason =
+        "every pass was computed from its start (the server reports no cached "
+        "tokens): no cache tier is in play to check";
   } else if (tier_checked || no_tier) {
     result.verdict = "tiers agree";
     result.reason = no_tier ? "the device prefix cache agrees; no tier behind the device pool "
@@ -312,12 +318,12 @@ void judge_roundtrip(const RoundTripOptions& options, RoundTripResult& result) {
                               "went in with, within the floor";
   } else {
     result.verdict = "not established";
-    result.reason =
-        after ? fmt::format("no tier behind the device pool was shown to serve the prompts: {} "
-                            "({}){}",
-                            after->served_by, after->served_by_evidence,
-                            result.eviction.note.empty() ? "" : "; " + result.eviction.note)
-              : "the pass after eviction did not run";
+    result.reason = after ? fmt::format(
+                                "no tier behind the device pool was shown to serve the prompts: {} "
+                                "({}){}",
+                                after->served_by, after->served_by_evidence,
+                                result.eviction.note.empty() ? "" : "; " + result.eviction.note)
+                          : "the pass after eviction did not run";
   }
 }
 

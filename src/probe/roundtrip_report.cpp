@@ -85,13 +85,13 @@ report::Table checks_table(const RoundTripResult& result) {
                    {"first", "First divergence", ""},
                    {"verdict", "Verdict", ""}};
   for (const auto& c : result.checks)
-    table.rows.push_back(
-        {c.name, c.pass + " vs " + c.against, c.prompts, c.excess, c.excess_interval.low,
-         c.excess_interval.high, c.p_adjusted, c.diverged,
-         c.first_token < 0 ? Value("none")
-                           : Value(fmt::format("prompt {}, token {} (position {})", c.first_prompt,
-                                               c.first_token, c.first_position)),
-         c.verdict});
+    table.rows.push_back({c.name, c.pass + " vs " + c.against, c.prompts, c.excess,
+                          c.excess_interval.low, c.excess_interval.high, c.p_adjusted, c.diverged,
+                          c.first_token < 0
+                              ? Value("none")
+                              : Value(fmt::format("prompt {}, token {} (position {})",
+                                                  c.first_prompt, c.first_token, c.first_position)),
+                          c.verdict});
   return table;
 }
 
@@ -102,7 +102,8 @@ report::Report to_report(const RoundTripResult& result, const RoundTripOptions& 
   out.command = "probe";
   out.title = fmt::format("kvaudit probe --roundtrip: {}", result.facts.url);
   const ServerFacts& f = result.facts;
-  out.facts.push_back({"engine", "Engine", f.engine + (f.engine_version.empty() ? "" : " " + f.engine_version), ""});
+  out.facts.push_back({"engine", "Engine",
+                       f.engine + (f.engine_version.empty() ? "" : " " + f.engine_version), ""});
   out.facts.push_back({"model", "Model", f.model_id, ""});
   out.facts.push_back({"kv_cache_dtype", "KV cache dtype",
                        f.kv_cache_dtype.empty() ? "unknown" : f.kv_cache_dtype, ""});
