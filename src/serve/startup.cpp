@@ -242,7 +242,7 @@ void Server::Impl::set_up_prefix_cache() {
                        "state is not snapshotted)");
     return;
   }
-  prefix_cache = std::make_unique<PrefixCache>(cache);
+  if (cache.enabled) prefix_cache = std::make_unique<PrefixCache>(cache);
 }
 
 }  // namespace kvaudit::serve
