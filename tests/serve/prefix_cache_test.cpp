@@ -16,23 +16,23 @@
 namespace kvaudit::serve {
 namespace {
 
-using testing::RunningServer;
-using testing::options_for;
 using nlohmann::json;
+using testing::options_for;
+using testing::RunningServer;
 
 // A prompt of about `lines` * 9 tokens, distinct per `tag`.
 std::string code_prompt(int tag, int lines) {
   std::string text = "# prompt " + std::to_string(tag) + "\n";
   for (int i = 0; i < lines; ++i)
-    text += "def f" + std::to_string(tag * 1000 + i) + "(x):\n    return x + " +
-            std::to_string(i) + "\n";
+    text += "def f" + std::to_string(tag * 1000 + i) + "(x):\n    return x + " + std::to_string(i) +
+            "\n";
   return text;
 }
 
 json ask(const RunningServer& server, const std::string& prompt) {
-  auto [status, body] = server.post(
-      "/v1/completions",
-      {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 3}});
+  auto [status, body] =
+      server.post("/v1/completions",
+                  {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 3}});
   EXPECT_EQ(status, 200) << body.dump();
   return body;
 }
@@ -159,10 +159,10 @@ class TempScales {
             ("kvaudit-scales-" + std::to_string(::getpid()) + ".json");
     json layers;
     for (int layer = 0; layer < 4; ++layer) layers[std::to_string(layer)] = 0.25;
-    std::ofstream(path_) << json{{"model_type", "qwen3"},
-                                 {"kv_cache",
-                                  {{"dtype", "float8_e4m3fn"}, {"scaling_factor", {{"0", layers}}}}}}
-                                .dump();
+    std::ofstream(path_)
+        << json{{"model_type", "qwen3"},
+                {"kv_cache", {{"dtype", "float8_e4m3fn"}, {"scaling_factor", {{"0", layers}}}}}}
+               .dump();
   }
   ~TempScales() {
     std::error_code ec;
@@ -183,8 +183,7 @@ probe::RoundTripResult roundtrip(const RunningServer& server, uint64_t seed = 1)
   net::ClientOptions client;
   client.max_retries = 0;
   return probe::run_roundtrip(kvaudit::testing::registry(),
-                              "http://127.0.0.1:" + std::to_string(server.port()), client,
-                              options);
+                              "http://127.0.0.1:" + std::to_string(server.port()), client, options);
 }
 
 ServeOptions roundtrip_server(const std::string& fault = "none") {
