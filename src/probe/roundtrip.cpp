@@ -128,19 +128,26 @@ void evict(net::Client& client, const std::string& model, const RoundTripOptions
            std::string& stopped) {
   eviction.attempted = true;
   eviction.pool_tokens = facts.capacity_tokens;
-  eviction.pool_source = facts.capacity_source;
-  if (!facts.capacity_tokens || *facts.capacity_tokens <= 0) {
+  eviction.pool_source = eviction.pool_source;
+  if (!eviction.pool_tokens && facts.engine == "llama.cpp" && facts.slots && facts.context_length) {
+    // llama-server's KV lives in its slots: each holds the last prompt it served, in n_ctx
+    // (per slot) cells.
+    eviction.pool_tokens = *facts.slots * *facts.context_length;
+    eviction.pool_source = fmt::format("{}/props: total_slots {} x n_ctx {}", facts.url,
+                                       *facts.slots, *facts.context_length);
+  }
+  if (!eviction.pool_tokens || *eviction.pool_tokens <= 0) {
     eviction.note =
         "the server does not say how many tokens its device pool holds, so the "
         "filler needed to overrun it is unknown";
     return;
   }
-  const double wanted = options.overrun * double(*facts.capacity_tokens);
+  const double wanted = options.overrun * double(*eviction.pool_tokens);
   if (wanted > double(options.max_filler_tokens)) {
     eviction.note = fmt::format(
         "overrunning the device pool of {} tokens {:g}x needs {:.0f} "
         "filler tokens, more than --roundtrip-max-filler-tokens ({})",
-        *facts.capacity_tokens, options.overrun, wanted, options.max_filler_tokens);
+        *eviction.pool_tokens, options.overrun, wanted, options.max_filler_tokens);
     return;
   }
   const int64_t context = facts.context_length.value_or(4096);
@@ -148,7 +155,7 @@ void evict(net::Client& client, const std::string& model, const RoundTripOptions
   const int64_t each =
       options.filler_prompt_tokens > 0
           ? options.filler_prompt_tokens
-          : std::clamp<int64_t>(std::min(context / 2, *facts.capacity_tokens / 4), 64, 2048);
+          : std::clamp<int64_t>(std::min(context / 2, *eviction.pool_tokens / 4), 64, 2048);
   int64_t requests = int64_t(std::ceil(wanted / double(each)));
   // llama-server keeps one prompt per slot: every slot must be overwritten.
   if (facts.slots) requests = std::max<int64_t>(requests, *facts.slots + 1);
@@ -189,13 +196,13 @@ void evict(net::Client& client, const std::string& model, const RoundTripOptions
         fmt::format("the filler stopped after {} requests: {}", done.load(), *control.failure);
     return;
   }
-  eviction.forced = double(eviction.filler_tokens) >= double(*facts.capacity_tokens);
+  eviction.forced = double(eviction.filler_tokens) >= double(*eviction.pool_tokens);
   eviction.note = fmt::format(
       "{} filler requests, {} tokens: {:.2f}x the device pool of {} "
       "tokens ({})",
       eviction.filler_requests, eviction.filler_tokens,
-      double(eviction.filler_tokens) / double(*facts.capacity_tokens), *facts.capacity_tokens,
-      facts.capacity_source);
+      double(eviction.filler_tokens) / double(*eviction.pool_tokens), *eviction.pool_tokens,
+      eviction.pool_source);
 }
 
 // The prompts: each starts with its own nonce (this run's id and its index, so neither an

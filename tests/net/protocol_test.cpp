@@ -5,6 +5,7 @@
 
 #include <httplib.h>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include <cmath>
@@ -248,6 +249,53 @@ TEST(Sse, RealStreamsAndSpeculationCounters) {
   EXPECT_EQ(counters["llamacpp:spec_decode_num_accepted_tokens_total"], 15);
   EXPECT_EQ(counters["llamacpp:spec_decode_num_drafts_total"], 4);
   EXPECT_EQ(counters["llamacpp:tokens_predicted_total"], 24);
+}
+
+}  // namespace
+}  // namespace kvaudit::net
+
+namespace kvaudit::net {
+namespace {
+
+// Real llama-server answers (fixtures/servers/llama-server/prompt-cache/SOURCES.md): the
+// cached tokens as the answer states them, and the host-RAM tier giving back exactly what
+// the slot gave.
+TEST(CachedTokens, LlamaServersPromptCachesReadFromItsRealAnswers) {
+  const std::filesystem::path dir = std::filesystem::path(KVAUDIT_TEST_DIR) / "fixtures" /
+                                    "servers" / "llama-server" / "prompt-cache";
+  auto read = [&](const char* name) {
+    std::ifstream in(dir / name);
+    return parse_completion(nlohmann::json::parse(in), name);
+  };
+  const Completion cold = read("p1-cold.json");
+  const Completion slot = read("p1-slot-reuse.json");
+  const Completion ram = read("p1-ram-cache-after-p2.json");
+  const Completion off = read("p1-after-p2-cache-ram-0.json");
+  EXPECT_EQ(cold.cached_tokens, 0);
+  EXPECT_EQ(slot.cached_tokens, 493);
+  EXPECT_EQ(ram.cached_tokens, 493);
+  EXPECT_EQ(off.cached_tokens, 0);
+  EXPECT_EQ(slot.cached_tokens_field, "usage.prompt_tokens_details.cached_tokens");
+  EXPECT_EQ(slot.prompt_tokens, 494);
+  ASSERT_EQ(slot.tokens.size(), 8u);
+  ASSERT_EQ(ram.tokens.size(), 8u);
+  bool cold_differs = false;
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(slot.tokens[i].token, ram.tokens[i].token);
+    EXPECT_EQ(slot.tokens[i].logprob, ram.tokens[i].logprob);  // bit for bit
+    cold_differs |= cold.tokens[i].logprob != slot.tokens[i].logprob;
+  }
+  EXPECT_TRUE(cold_differs);  // the cold pass's last prompt token ran in another batch
+}
+
+// timings.cache_n alone (an answer without usage's details) is read too.
+TEST(CachedTokens, TimingsCacheNStandsInWhenUsageHasNoDetails) {
+  auto body = nlohmann::json::parse(R"({"choices": [{"text": "x", "index": 0,
+      "finish_reason": "length"}], "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+      "timings": {"cache_n": 4, "prompt_n": 1}})");
+  const Completion answer = parse_completion(body, "inline");
+  EXPECT_EQ(answer.cached_tokens, 4);
+  EXPECT_EQ(answer.cached_tokens_field, "timings.cache_n");
 }
 
 }  // namespace

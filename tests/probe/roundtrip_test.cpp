@@ -24,13 +24,13 @@ namespace {
 using nlohmann::json;
 
 struct TierFakeConfig {
-  int64_t pool_tokens = 4096;      // what /metrics says the device pool holds
-  bool never_evicts = false;       // ... but it keeps everything on the device
-  bool host_tier = true;           // evicted prompts are kept (unbounded) and served back
-  bool corrupt_host = false;       // what the host tier serves has other log-probs
-  bool lie = false;                // reports every prompt cached, even on first sight
-  bool counters = true;            // vLLM's prefix and external hit counters on /metrics
-  int stall_after = -1;            // after N completions each one waits stall_ms
+  int64_t pool_tokens = 4096;  // what /metrics says the device pool holds
+  bool never_evicts = false;   // ... but it keeps everything on the device
+  bool host_tier = true;       // evicted prompts are kept (unbounded) and served back
+  bool corrupt_host = false;   // what the host tier serves has other log-probs
+  bool lie = false;            // reports every prompt cached, even on first sight
+  bool counters = true;        // vLLM's prefix and external hit counters on /metrics
+  int stall_after = -1;        // after N completions each one waits stall_ms
   int stall_ms = 0;
 };
 
@@ -56,9 +56,10 @@ class TierFake {
           "num_gpu_blocks=\"{}\"}} 1.0\n",
           config_.pool_tokens / 16);
       if (config_.counters)
-        text += fmt::format("vllm:prefix_cache_hits_total{{model_name=\"fake\"}} {}\n"
-                            "vllm:external_prefix_cache_hits_total{{model_name=\"fake\"}} {}\n",
-                            device_hits_, host_hits_);
+        text += fmt::format(
+            "vllm:prefix_cache_hits_total{{model_name=\"fake\"}} {}\n"
+            "vllm:external_prefix_cache_hits_total{{model_name=\"fake\"}} {}\n",
+            device_hits_, host_hits_);
       res.set_content(text, "text/plain");
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -243,8 +244,7 @@ TEST(RoundTrip, APoolTooLargeForTheFillerBudgetSaysSoInsteadOfGuessing) {
   options.max_filler_tokens = 100'000;
   const RoundTripResult result = run(fake, options);
   EXPECT_FALSE(result.eviction.forced);
-  EXPECT_NE(result.eviction.note.find("more than --roundtrip-max-filler-tokens"),
-            std::string::npos)
+  EXPECT_NE(result.eviction.note.find("more than --roundtrip-max-filler-tokens"), std::string::npos)
       << result.eviction.note;
   EXPECT_EQ(result.verdict, "not established");
 }
