@@ -27,6 +27,9 @@ struct WatchFlags {
   std::string expect_from;
   std::string listen = "127.0.0.1:9477";
   double interval_s = 0;  // 0: 1 s for a file, 15 s for a server
+  double roundtrip_every_s = 0;
+  double acceptance_drop = 0.05;
+  double acceptance_tokens = 4000;
   bool once = false;
   double for_s = 0;
   std::string kv_policy = "evidence";
@@ -67,6 +70,13 @@ int run_watch(const engines::Registry& registry, const WatchFlags& f) {
   options.interval_s = f.interval_s > 0 ? f.interval_s : server ? 15.0 : 1.0;
   options.once = f.once;
   options.for_s = f.for_s;
+  if (f.roundtrip_every_s > 0 && !server)
+    throw InputError("--roundtrip-every", "needs a server URL to watch");
+  options.roundtrip_every_s = f.roundtrip_every_s;
+  options.roundtrip.time_limit_seconds = std::min(900.0, std::max(30.0, f.roundtrip_every_s));
+  options.watch.acceptance.drop = f.acceptance_drop;
+  options.watch.acceptance.baseline_drafted = f.acceptance_tokens;
+  options.watch.acceptance.window_drafted = f.acceptance_tokens;
   // A poll must not outlast the interval by much: short timeouts, one retry.
   options.client.api_key = net::api_key_from_environment();
   options.client.connect_timeout = std::chrono::milliseconds(3000);
@@ -93,6 +103,10 @@ int run_watch(const engines::Registry& registry, const WatchFlags& f) {
         if (f.quiet || !s.latest) return;
         // One line per change people can see (the evidence line may move without one).
         std::string line = watch::describe(*s.latest);
+        if (!s.acceptance.sentence.empty()) line += "; " + s.acceptance.sentence;
+        if (s.roundtrip.runs > 0)
+          line += fmt::format("; round trip {}: {}: {}", s.roundtrip.runs, s.roundtrip.last_verdict,
+                              s.roundtrip.last_reason);
         if (line == last_line) return;
         last_line = std::move(line);
         std::fprintf(stderr, "kvaudit watch: %s: %s\n", s.source.c_str(), last_line.c_str());
@@ -110,7 +124,9 @@ int run_watch(const engines::Registry& registry, const WatchFlags& f) {
   if (f.once) std::fwrite(last_metrics.data(), 1, last_metrics.size(), stdout);
   // Only --once gates: a watch that ends (a signal, its input closed) did its job, and the
   // failures are in the metrics it served.
-  const bool failing = state.latest && state.latest->expectation_failures > 0;
+  // So do a tier that changed a round trip's answers and acceptance in drift.
+  const bool failing = (state.latest && state.latest->expectation_failures > 0) ||
+                       state.roundtrip.changed > 0 || state.acceptance.drift;
   return f.once && failing ? kExitGateFailed : kExitOk;
 }
 
@@ -137,6 +153,18 @@ void add_watch_command(CLI::App& app, Runner& run, EngineData& engines) {
   cmd->add_option("--interval", flags->interval_s,
                   "Seconds between polls (default: 1 for a file, 15 for a server)")
       ->check(CLI::Range(0.05, 86400.0));
+  cmd->add_option("--roundtrip-every", flags->roundtrip_every_s,
+                  "A server: run probe --roundtrip every this many seconds (its filler evicts "
+                  "the server's prefix cache; off by default)")
+      ->check(CLI::Range(10.0, 7 * 86400.0));
+  cmd->add_option("--acceptance-drop", flags->acceptance_drop,
+                  "A server: the fall in speculative acceptance (a fraction) that flags a drift")
+      ->check(CLI::Range(0.001, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--acceptance-tokens", flags->acceptance_tokens,
+                  "A server: drafted tokens in the acceptance baseline and in the recent window")
+      ->check(CLI::Range(10.0, 1e12))
+      ->capture_default_str();
   cmd->add_flag("--once", flags->once,
                 "Read what there is (stdin to its end), print the metrics and exit: 1 when an "
                 "expectation fails");

@@ -64,25 +64,14 @@ Timing run_request(net::Client& client, const std::string& model, const LoadProm
                    bool stream, Clock::time_point deadline, const std::function<bool()>& stop,
                    const nlohmann::json& extra_fields);
 
-// ---------------------------------------------------------------- counters (counters.cpp)
+// ---------------------------------------------------------------- counters
 
-struct SpecCounters {
-  double draft = 0.0, accepted = 0.0, drafts = 0.0;
-  bool seen = false;
-  // SGLang's gauges (last logging interval), averaged over label sets; -1: absent.
-  double accept_rate = -1.0, accept_length = -1.0;
-  double cached = 0.0;  // sglang:cached_tokens_total (prompt tokens served from its cache)
-  bool cached_seen = false;
-  double generated = 0.0;  // the server's own count of generated tokens
-  bool generated_seen = false;
-};
-
-using CounterNames = std::map<std::string, std::vector<std::string>>;
-
-// The speculative-decoding counters (vLLM's vllm:spec_decode_*, llama-server's
-// llamacpp:spec_decode_*: the same suffixes), summed over labels, and the counters the
-// engine data names; none when /metrics is absent or has none.
-SpecCounters read_spec_counters(net::Client& client, const CounterNames& names);
+// The servers' counters (probe's reader, shared with watch).
+using SpecCounters = probe::ServerCounters;
+using CounterNames = probe::CounterNames;
+inline SpecCounters read_spec_counters(net::Client& client, const CounterNames& names) {
+  return probe::read_server_counters(client, names);
+}
 
 // ---------------------------------------------------------------- one level (level.cpp)
 

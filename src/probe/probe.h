@@ -124,6 +124,24 @@ nlohmann::json completion_extra_fields(const engines::Registry& registry,
 std::map<std::string, std::vector<std::string>> load_counter_names(
     const engines::Registry& registry, const std::string& engine);
 
+// The counters read from /metrics, summed over label sets. Figures a server reports as NaN,
+// infinite or negative are left out.
+struct ServerCounters {
+  double draft = 0.0, accepted = 0.0, drafts = 0.0;  // speculative decoding, cumulative
+  bool seen = false;
+  // SGLang's gauges (last logging interval), averaged over label sets; -1: absent.
+  double accept_rate = -1.0, accept_length = -1.0;
+  double cached = 0.0;  // sglang:cached_tokens_total (prompt tokens served from its cache)
+  bool cached_seen = false;
+  double generated = 0.0;  // the server's own count of generated tokens
+  bool generated_seen = false;
+};
+using CounterNames = std::map<std::string, std::vector<std::string>>;
+// vLLM's vllm:spec_decode_* and llama-server's llamacpp:spec_decode_* (the same suffixes),
+// and the counters `names` gives (load_counter_names); none when /metrics is absent,
+// unreadable or unanswered.
+ServerCounters read_server_counters(net::Client& client, const CounterNames& names);
+
 // Asks the server: each adapter's endpoints (/server_info, /metrics, /version, /props, /info),
 // /v1/models, /tokenize (+ /detokenize to check the round trip).
 // Transport failures propagate as net::RequestError; missing endpoints do not.

@@ -84,6 +84,33 @@ SourceKind source_kind(const std::string& source) {
   return SourceKind::file;
 }
 
+namespace {
+
+// One round trip against the watched server, into state.roundtrip. Its own time limit keeps
+// it inside the watch's (a server that fails it is a failed run, not the end of the watch).
+void run_roundtrip_once(const engines::Registry& registry, const RunOptions& options,
+                        WatchState& state) {
+  RoundTripWatch& r = state.roundtrip;
+  ++r.runs;
+  r.last_unix_s = now_unix_s();
+  r.excess_by_tier.clear();
+  try {
+    const probe::RoundTripResult result =
+        probe::run_roundtrip(registry, options.source, options.client, options.roundtrip);
+    r.last_verdict = result.verdict;
+    r.last_reason = result.reason;
+    if (result.verdict == "a tier changed the answers") ++r.changed;
+    for (const auto& check : result.checks)
+      if (check.prompts > 0) r.excess_by_tier[check.name] = check.excess;
+  } catch (const InputError& error) {
+    ++r.failed_runs;
+    r.last_verdict = "failed";
+    r.last_reason = error.what();
+  }
+}
+
+}  // namespace
+
 WatchState run(const engines::Registry& registry, const RunOptions& options,
                const std::function<bool()>& stopping,
                const std::function<void(const WatchState&)>& on_change,
@@ -98,8 +125,15 @@ WatchState run(const engines::Registry& registry, const RunOptions& options,
   const SourceKind kind = source_kind(options.source);
   if (kind == SourceKind::server) {
     ServerWatcher watcher(registry, options.source, options.watch, options.client);
+    double next_roundtrip = 0;
     do {
       if (watcher.poll(now_unix_s())) on_change(watcher.state());
+      if (options.roundtrip_every_s > 0 && watcher.state().source_up &&
+          now_unix_s() >= next_roundtrip && !over()) {
+        run_roundtrip_once(registry, options, watcher.state());
+        next_roundtrip = now_unix_s() + options.roundtrip_every_s;
+        on_change(watcher.state());
+      }
       on_metrics(render_metrics(watcher.state()));
       if (options.once) break;
       wait(options.interval_s, over);

@@ -96,6 +96,52 @@ class Families {
   std::string text_;
 };
 
+// Speculative acceptance (once seen) and the round trip (once run), on a server source.
+void render_drift_metrics(const WatchState& state, Families& m) {
+  const std::vector<std::pair<std::string, std::string>> source = {{"source", state.source}};
+  const AcceptanceState& a = state.acceptance;
+  if (!a.source.empty()) {
+    m.family("kvaudit_spec_acceptance_rate", "gauge",
+             "Speculative acceptance: the launch's baseline and the recent window (from the "
+             "server's counters, or SGLang's gauge)");
+    if (a.rate_baseline)
+      m.sample("kvaudit_spec_acceptance_rate",
+               {{"source", state.source}, {"window", "baseline"}, {"from", a.source}},
+               *a.rate_baseline);
+    if (a.rate_recent)
+      m.sample("kvaudit_spec_acceptance_rate",
+               {{"source", state.source}, {"window", "recent"}, {"from", a.source}},
+               *a.rate_recent);
+    m.family("kvaudit_spec_acceptance_drift", "gauge",
+             "1 while acceptance is down from the baseline by the set drop, significantly");
+    m.sample("kvaudit_spec_acceptance_drift", source, a.drift ? 1 : 0);
+    m.family("kvaudit_spec_acceptance_drifts_total", "counter", "Times acceptance went into drift");
+    m.sample("kvaudit_spec_acceptance_drifts_total", source, double(a.drifts));
+  }
+  const RoundTripWatch& r = state.roundtrip;
+  if (r.runs > 0) {
+    m.family("kvaudit_roundtrip_runs_total", "counter", "Round trips run (probe --roundtrip)");
+    m.sample("kvaudit_roundtrip_runs_total", source, double(r.runs));
+    m.family("kvaudit_roundtrip_failed_runs_total", "counter",
+             "Round trips that could not run (the server refused or went away)");
+    m.sample("kvaudit_roundtrip_failed_runs_total", source, double(r.failed_runs));
+    m.family("kvaudit_roundtrip_changed_total", "counter",
+             "Round trips in which a tier changed the answers");
+    m.sample("kvaudit_roundtrip_changed_total", source, double(r.changed));
+    m.family("kvaudit_roundtrip_last_info", "gauge", "The last round trip's verdict (value 1)");
+    m.sample("kvaudit_roundtrip_last_info", {{"source", state.source}, {"verdict", r.last_verdict}},
+             1);
+    m.family("kvaudit_roundtrip_kl_excess_nats", "gauge",
+             "The last round trip's KL excess over the floor per tier, nats per position");
+    for (const auto& [tier, excess] : r.excess_by_tier)
+      m.sample("kvaudit_roundtrip_kl_excess_nats", {{"source", state.source}, {"tier", tier}},
+               excess);
+    m.family("kvaudit_roundtrip_last_timestamp_seconds", "gauge",
+             "Unix time of the last round trip");
+    m.sample("kvaudit_roundtrip_last_timestamp_seconds", source, r.last_unix_s);
+  }
+}
+
 }  // namespace
 
 void judge(const engines::Registry& registry, const logs::Launch& launch,
@@ -195,6 +241,7 @@ std::string render_metrics(const WatchState& state) {
   m.family("kvaudit_watch_last_check_timestamp_seconds", "gauge",
            "Unix time of the last line read or server poll");
   m.sample("kvaudit_watch_last_check_timestamp_seconds", source, state.last_check_unix_s);
+  render_drift_metrics(state, m);
   if (state.latest) {
     const LaunchState& s = *state.latest;
     auto with = [&](std::vector<std::pair<std::string, std::string>> extra) {
@@ -301,11 +348,14 @@ ServerWatcher::ServerWatcher(const engines::Registry& registry, std::string url,
 bool ServerWatcher::poll(double now_unix_s) {
   state_.last_check_unix_s = now_unix_s;
   probe::ServerFacts facts;
+  probe::ServerCounters counters;
   try {
     // A fresh client per poll: a server that restarted must not be read through a dead
     // keep-alive connection.
     net::Client client(net::parse_url(state_.source), client_options_);
     facts = probe::detect_server(registry_, client);
+    counters =
+        probe::read_server_counters(client, probe::load_counter_names(registry_, facts.engine));
   } catch (const net::RequestError&) {
     ++state_.polls_failed;
     const bool changed = state_.source_up;
@@ -336,10 +386,13 @@ bool ServerWatcher::poll(double now_unix_s) {
   const bool new_launch = was_down || key != fingerprint_;
   fingerprint_ = key;
   if (new_launch) ++state_.launches;
+  const bool was_drift = state_.acceptance.drift;
+  add_acceptance_sample(counters, new_launch, options_.acceptance, state_.acceptance);
+  const bool drift_changed = was_drift != state_.acceptance.drift;
   LaunchState next = state_of(registry_, launch, options_.expectations, state_.launches);
   next.kv_requested = facts.kv_cache_dtype;
   if (!new_launch && state_.latest && fingerprint(*state_.latest) == fingerprint(next))
-    return false;
+    return drift_changed;
   state_.latest = std::move(next);
   ++state_.changes;
   return true;

@@ -22,6 +22,7 @@
 #include "engines/engines.h"
 #include "logs/logs.h"
 #include "net/net.h"
+#include "probe/probe.h"
 
 namespace kvaudit::watch {
 
@@ -47,6 +48,46 @@ struct LaunchState {
   int64_t expectation_failures = 0;
 };
 
+// Speculative acceptance over time (a server source): the tokens drafted and accepted in
+// each poll interval, a baseline (the first tokens after the launch) against a sliding recent
+// window. Acceptance sinking for hours is the one signal users notice of KV that comes back
+// wrong from a tier (a drafter fed FP8 KV, a corrupted offload). From vLLM's and
+// llama-server's counters; SGLang only reports a gauge per logging interval, compared as
+// samples.
+struct AcceptanceOptions {
+  double baseline_drafted = 4000;  // drafted tokens the baseline holds
+  double window_drafted = 4000;    // drafted tokens the recent window holds (at least)
+  double drop = 0.05;              // the fall in acceptance that counts (5 points)
+  double alpha = 0.01;             // and how sure it must be
+  size_t gauge_samples = 8;        // SGLang: samples in the baseline and in the window
+};
+
+struct AcceptanceState {
+  std::string source;  // "counters", "gauge", "" (nothing seen)
+  // counters: cumulative figures at the last poll (-1: none yet)
+  double last_drafted = -1, last_accepted = -1;
+  double baseline_drafted = 0, baseline_accepted = 0;
+  std::vector<std::pair<double, double>> window;  // per interval (drafted, accepted), oldest first
+  std::vector<double> baseline_gauge, window_gauge;
+  std::optional<double> rate_baseline, rate_recent;
+  double p_value = 1.0;
+  bool drift = false;
+  int64_t drifts = 0;  // times it went into drift
+  std::string sentence;
+};
+
+// One poll's counters; `new_launch` restarts the baseline.
+void add_acceptance_sample(const probe::ServerCounters& counters, bool new_launch,
+                           const AcceptanceOptions& options, AcceptanceState& state);
+
+// The round trip (probe --roundtrip) run at an interval against a server.
+struct RoundTripWatch {
+  int64_t runs = 0, failed_runs = 0, changed = 0;  // changed: runs whose verdict was that
+  double last_unix_s = 0;
+  std::string last_verdict, last_reason;
+  std::map<std::string, double> excess_by_tier;  // the last run's KL excess over the floor
+};
+
 struct WatchState {
   std::string source;        // the file, "stdin" or the server URL
   bool source_up = false;    // the file exists / the server answered its last poll
@@ -58,6 +99,8 @@ struct WatchState {
   int64_t polls_failed = 0;  // server polls that got no answer
   double last_check_unix_s = 0;
   std::optional<LaunchState> latest;
+  AcceptanceState acceptance;  // servers only
+  RoundTripWatch roundtrip;    // servers with --roundtrip-every only
 };
 
 // The metrics in the Prometheus text format (0.0.4), every family with HELP and TYPE.
@@ -82,6 +125,7 @@ void judge(const engines::Registry& registry, const logs::Launch& launch,
 
 struct WatchOptions {
   std::vector<logs::Expectation> expectations;
+  AcceptanceOptions acceptance;
   audit::KvPolicy kv_policy = audit::KvPolicy::evidence;
   size_t max_launches = 4;  // launches the stream keeps: the latest is the one shown
   size_t max_line_bytes = 1 << 20;
@@ -158,6 +202,7 @@ class ServerWatcher {
   // True when what the latest launch shows changed.
   bool poll(double now_unix_s);
   const WatchState& state() const { return state_; }
+  WatchState& state() { return state_; }
 
  private:
   const engines::Registry& registry_;
@@ -195,6 +240,10 @@ struct RunOptions {
   bool once = false;        // read what there is (stdin: to its end), poll a server once, stop
   double for_s = 0;         // stop after this long (0: until `stopping`)
   net::ClientOptions client;
+  // A server: run probe --roundtrip every this many seconds (0: never). It sends filler that
+  // evicts the server's prefix cache, so it is asked for, never on by default.
+  double roundtrip_every_s = 0;
+  probe::RoundTripOptions roundtrip;
 };
 
 // Follows the source until it ends (stdin), `once` is done, for_s passed or stopping()

@@ -12,6 +12,7 @@
 #include "serve/prefix_cache.h"
 #include "serve/serve_test_util.h"
 #include "util/util.h"
+#include "watch/watch.h"
 
 namespace kvaudit::serve {
 namespace {
@@ -226,6 +227,29 @@ TEST(ServeRoundTrip, EachHostTierFaultIsCaughtWithItsTierAndFirstPosition) {
     EXPECT_NE(result.reason.find("first at position"), std::string::npos) << result.reason;
     EXPECT_TRUE(probe::roundtrip_failed(result));
   }
+}
+
+// kvaudit watch runs the round trip at an interval: the faulty tier shows in its metrics and
+// its journal line.
+TEST(ServeRoundTrip, WatchRunsItAtAnIntervalAndCountsTheChangedRuns) {
+  RunningServer server(roundtrip_server("swap-layers"));
+  watch::RunOptions options;
+  options.source = "http://127.0.0.1:" + std::to_string(server.port());
+  options.once = true;
+  options.roundtrip_every_s = 60;
+  options.roundtrip.prompt_tokens = 96;
+  options.roundtrip.generate_tokens = 8;
+  options.client.max_retries = 0;
+  std::string metrics;
+  const watch::WatchState state = watch::run(
+      kvaudit::testing::registry(), options, [] { return false; }, [](const watch::WatchState&) {},
+      [&](const std::string& text) { metrics = text; });
+  EXPECT_EQ(state.roundtrip.runs, 1);
+  EXPECT_EQ(state.roundtrip.changed, 1) << state.roundtrip.last_reason;
+  EXPECT_NE(metrics.find("kvaudit_roundtrip_changed_total{source=\"" + options.source + "\"} 1"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("tier=\"tier behind the device pool\""), std::string::npos);
 }
 
 }  // namespace

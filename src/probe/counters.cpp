@@ -1,25 +1,25 @@
-// The servers' own counters over a load level, read from /metrics before and after it:
-// speculative decoding's drafted and accepted tokens (vLLM's and llama-server's counters,
-// SGLang's gauges), prompt tokens served from the cache and generated tokens, under the names
-// the engine data gives.
+// The servers' own counters, read from /metrics: speculative decoding's drafted and accepted
+// tokens (vLLM's and llama-server's counters, SGLang's gauges), prompt tokens served from the
+// cache and generated tokens, under the names the engine data gives. The load bench reads
+// them around each level, watch at every poll.
 #include <algorithm>
 #include <cmath>
 
-#include "loadbench/internal.h"
+#include "probe/probe.h"
 #include "util/util.h"
 
-namespace kvaudit::loadbench {
+namespace kvaudit::probe {
 
 // The speculative-decoding counters (vLLM's vllm:spec_decode_*, llama-server's
 // llamacpp:spec_decode_*: the same suffixes), summed over labels, and the counters the
 // engine data names; none when /metrics is absent or has none.
-SpecCounters read_spec_counters(net::Client& client, const CounterNames& names) {
+ServerCounters read_server_counters(net::Client& client, const CounterNames& names) {
   auto named = [&](const char* kind, const std::string& name) {
     auto it = names.find(kind);
     return it != names.end() &&
            std::find(it->second.begin(), it->second.end(), name) != it->second.end();
   };
-  SpecCounters out;
+  ServerCounters out;
   int rate_count = 0, length_count = 0;
   try {
     net::HttpResponse response = client.get("/metrics");
@@ -51,9 +51,9 @@ SpecCounters read_spec_counters(net::Client& client, const CounterNames& names) 
       if (named("generated_tokens", name)) out.generated += sample.value, out.generated_seen = true;
     }
   } catch (const InputError&) {
-    return SpecCounters{};
+    return ServerCounters{};
   }
   return out;
 }
 
-}  // namespace kvaudit::loadbench
+}  // namespace kvaudit::probe
