@@ -125,4 +125,31 @@ bool fails_gate(const std::vector<report::Finding>& findings, FailOn fail_on);
 
 report::Report to_report(const CheckInput& input, const CheckResult& result);
 
+// ---------------------------------------------------------------- a disaggregated pair
+
+// The side a launch plays in prefill/decode disaggregation: "prefill", "decode" or ""
+// (SGLang's --disaggregation-mode; vLLM's --kv-transfer-config kv_role kv_producer /
+// kv_consumer).
+std::string transfer_role(const engines::LaunchFlags& flags);
+
+// One launch of a file (a manifest, a compose file) as check resolved it.
+struct TransferSide {
+  std::string workload;  // which launch of the file
+  std::string engine;
+  std::string role;            // transfer_role
+  std::string kv_cache_dtype;  // resolved
+  std::string dtype;           // the model --dtype as launched ("" auto)
+};
+// The prefill and decode launches of one file compared: pages move between them as raw
+// bytes, so a pair that runs different KV dtypes (or model dtypes) corrupts what it
+// transfers. A finding per mismatched pair (`kv-transfer-dtype-mismatch`; critical for SGLang,
+// whose transfer path converts nothing and checks nothing, sglang PR #19398; a warning for
+// engines whose connector's check was not read), and a note per matched one.
+struct TransferPairCheck {
+  std::vector<report::Finding> findings;
+  std::vector<std::string> notes;
+};
+TransferPairCheck check_transfer_pairs(const std::vector<TransferSide>& sides,
+                                       const std::string& file);
+
 }  // namespace kvaudit::audit

@@ -78,4 +78,71 @@ void rule_tier_hazards(Context& ctx) {
   }
 }
 
+std::string transfer_role(const engines::LaunchFlags& flags) {
+  auto setting = [&](const char* key) {
+    auto it = flags.tier_settings.find(key);
+    return it == flags.tier_settings.end() ? std::string() : it->second;
+  };
+  const std::string mode = setting("disaggregation_mode");
+  if (mode == "prefill" || mode == "decode") return mode;
+  const std::string role = setting("kv_role");
+  if (role == "kv_producer") return "prefill";
+  if (role == "kv_consumer") return "decode";
+  return "";
+}
+
+TransferPairCheck check_transfer_pairs(const std::vector<TransferSide>& sides,
+                                       const std::string& file) {
+  TransferPairCheck out;
+  for (const TransferSide& prefill : sides) {
+    if (prefill.role != "prefill") continue;
+    for (const TransferSide& decode : sides) {
+      if (decode.role != "decode" || decode.engine != prefill.engine) continue;
+      const bool kv_same = prefill.kv_cache_dtype == decode.kv_cache_dtype;
+      const bool dtype_same = prefill.dtype == decode.dtype;
+      if (kv_same && dtype_same) {
+        out.notes.push_back(fmt::format(
+            "{}: the prefill launch ({}) and the decode launch ({}) run the same KV cache dtype "
+            "({}), so the pages they transfer mean the same on both sides",
+            file, prefill.workload, decode.workload, prefill.kv_cache_dtype));
+        continue;
+      }
+      const bool sglang = prefill.engine == "sglang";
+      Finding f;
+      f.id = "kv-transfer-dtype-mismatch";
+      f.severity = sglang ? Severity::critical : Severity::warning;
+      f.title = fmt::format(
+          "The prefill and decode launches run different {}: {} against {}",
+          kv_same ? "model dtypes" : "KV cache dtypes",
+          kv_same ? (prefill.dtype.empty() ? "auto" : prefill.dtype) : prefill.kv_cache_dtype,
+          kv_same ? (decode.dtype.empty() ? "auto" : decode.dtype) : decode.kv_cache_dtype);
+      f.consequence =
+          sglang ? "SGLang moves the prefill's KV pages to the decode server as raw bytes, with "
+                   "no dtype conversion and no check that both sides agree: the decode server "
+                   "reads them as its own dtype, which \"silently produces corrupted data at low "
+                   "concurrency and crashes at high concurrency\""
+                 : "the connector moves KV pages between the two servers; whether it checks that "
+                   "both sides run the same dtype was not read here, and pages read as another "
+                   "dtype are garbage";
+      f.fix = fmt::format("launch both sides with the same --kv-cache-dtype ({}) and --dtype",
+                          prefill.kv_cache_dtype);
+      f.reference = sglang ? "sgl-project/sglang PR #19398 \"Add kv_cache_dtype consistency check "
+                             "between prefill and decode\" (closed unmerged): \"There is no dtype "
+                             "conversion in the transfer path\""
+                           : "";
+      f.evidence = {{file, prefill.workload + " (prefill) kv_cache_dtype", prefill.kv_cache_dtype},
+                    {file, decode.workload + " (decode) kv_cache_dtype", decode.kv_cache_dtype}};
+      if (!dtype_same)
+        f.evidence.push_back({file, "model dtype (prefill / decode)",
+                              (prefill.dtype.empty() ? "auto" : prefill.dtype) + " / " +
+                                  (decode.dtype.empty() ? "auto" : decode.dtype)});
+      f.judged_on = sglang ? "both launches of the file as resolved, and a report on the tracker "
+                             "(the check that would refuse the pair was never merged)"
+                           : "both launches of the file as resolved";
+      out.findings.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
 }  // namespace kvaudit::audit

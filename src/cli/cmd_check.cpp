@@ -438,6 +438,10 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
   if (!same_launch_note.empty()) report.notes.push_back(same_launch_note);
   // The file's other launches: their findings join this report, each named by its workload.
   std::vector<report::Finding> all_findings = result.findings;
+  std::vector<audit::TransferSide> sides;
+  for (const auto& launch : file_launches)
+    sides.push_back({launch.workload, launch.engine, audit::transfer_role(launch),
+                     result.resolved.kv_cache_dtype, launch.dtype});
   for (const auto& other : other_launches) {
     audit::CheckInput other_input = input;
     other_input.flags = other;
@@ -445,6 +449,8 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
     other_input.flags.gpu_arch = input.flags.gpu_arch;
     other_input.flags.platform = input.flags.platform;
     const audit::CheckResult other_result = audit::run_check(other_input);
+    sides.push_back({other.workload, other.engine, audit::transfer_role(other),
+                     other_result.resolved.kv_cache_dtype, other.dtype});
     for (report::Finding finding : other_result.findings) {
       finding.title = other.workload + ": " + finding.title;
       all_findings.push_back(finding);
@@ -455,6 +461,15 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
         "and the decision table is for {} (--container picks one)",
         options.launch_from, other.workload, other.kv_cache_dtype,
         other_result.resolved.kv_cache_dtype, flags.workload));
+  }
+  // A file that holds both sides of a disaggregated pair: the two must agree on the dtype.
+  if (!options.launch_from.empty()) {
+    audit::TransferPairCheck pairs = audit::check_transfer_pairs(sides, options.launch_from);
+    for (auto& finding : pairs.findings) {
+      all_findings.push_back(finding);
+      report.findings.push_back(std::move(finding));
+    }
+    for (auto& note : pairs.notes) report.notes.push_back(std::move(note));
   }
   add_decision(registry, options, input, result, file_launches, report);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never

@@ -21,6 +21,10 @@ void read_transfer_config(const std::string& value, LaunchFlags& flags) {
   if (auto connector = config.find("kv_connector");
       connector != config.end() && connector->is_string())
     flags.tier_settings["kv_connector"] = connector->get<std::string>();
+  // kv_producer / kv_consumer: the prefill and decode sides of disaggregation (kv_both: one
+  // server that does both, as offloading connectors run).
+  if (auto role = config.find("kv_role"); role != config.end() && role->is_string())
+    flags.tier_settings["kv_role"] = role->get<std::string>();
   auto extra = config.find("kv_connector_extra_config");
   if (extra == config.end() || !extra->is_object()) return;
   if (auto spec = extra->find("spec_name"); spec != extra->end() && spec->is_string())
@@ -95,7 +99,8 @@ void read_tier_data(JsonReader& top, EngineModel& model) {
 }
 
 bool is_derived_tier_setting(std::string_view setting) {
-  return setting == "kv_connector" || setting == "offloading_spec" || setting == "secondary_tiers";
+  return setting == "kv_connector" || setting == "offloading_spec" ||
+         setting == "secondary_tiers" || setting == "kv_role";
 }
 
 void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags) {

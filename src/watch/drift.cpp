@@ -47,8 +47,9 @@ void judge_gauges(const AcceptanceOptions& options, AcceptanceState& state) {
   state.rate_recent = mean(state.window_gauge);
   // Every recent interval below every baseline interval: with n samples each, (n!)^2/(2n)!
   // of orderings do that by chance (8 each: 7.8e-5).
-  const bool separated = *std::max_element(state.window_gauge.begin(), state.window_gauge.end()) <
-                         *std::min_element(state.baseline_gauge.begin(), state.baseline_gauge.end());
+  const bool separated =
+      *std::max_element(state.window_gauge.begin(), state.window_gauge.end()) <
+      *std::min_element(state.baseline_gauge.begin(), state.baseline_gauge.end());
   double p = 1.0;
   const double n = double(options.gauge_samples);
   for (double i = 1; i <= n; ++i) p *= i / (n + i);
@@ -80,7 +81,8 @@ void add_acceptance_sample(const probe::ServerCounters& counters, bool new_launc
           // Keep the newest intervals that still hold window_drafted tokens.
           double held = 0;
           for (const auto& w : state.window) held += w.first;
-          while (state.window.size() > 1 && held - state.window.front().first >= options.window_drafted) {
+          while (state.window.size() > 1 &&
+                 held - state.window.front().first >= options.window_drafted) {
             held -= state.window.front().first;
             state.window.erase(state.window.begin());
           }
@@ -93,7 +95,7 @@ void add_acceptance_sample(const probe::ServerCounters& counters, bool new_launc
   } else if (counters.accept_rate >= 0) {
     state.source = "gauge";
     auto& into = state.baseline_gauge.size() < options.gauge_samples ? state.baseline_gauge
-                                                                      : state.window_gauge;
+                                                                     : state.window_gauge;
     into.push_back(counters.accept_rate);
     if (state.window_gauge.size() > options.gauge_samples)
       state.window_gauge.erase(state.window_gauge.begin());
@@ -106,15 +108,15 @@ void add_acceptance_sample(const probe::ServerCounters& counters, bool new_launc
                 state.p_value <= options.alpha;
   if (state.drift && !was_drift) ++state.drifts;
   if (!state.rate_recent) {
-    state.sentence = fmt::format("speculative acceptance: building the baseline ({})",
-                                 state.source);
+    state.sentence =
+        fmt::format("speculative acceptance: building the baseline ({})", state.source);
     return;
   }
   state.sentence = fmt::format(
       "speculative acceptance {:.1f}% now against {:.1f}% after the launch (p = {:.2g}, {}){}",
       100 * *state.rate_recent, 100 * *state.rate_baseline, state.p_value, state.source,
-      state.drift ? fmt::format(": DRIFT, down {:.1f} points", 100 * (*state.rate_baseline -
-                                                                        *state.rate_recent))
+      state.drift ? fmt::format(": DRIFT, down {:.1f} points",
+                                100 * (*state.rate_baseline - *state.rate_recent))
                   : "");
 }
 

@@ -275,6 +275,58 @@ TEST(TierHazardsInRealLaunches, LlmdSglangHiCacheMooncakeGuide) {
   EXPECT_TRUE(names(hits[0], "sglang-36121-hicache-fp4-block-scales"));
 }
 
+// A disaggregated pair: the prefill and decode launches of one file compared as resolved.
+TEST(TransferPairs, TheRoleComesFromSGLangsModeOrVllmsKvRole) {
+  const auto& registry = kvaudit::testing::registry();
+  EXPECT_EQ(transfer_role(engines::parse_launch_command(
+                registry,
+                "python3 -m sglang.launch_server --model-path m --disaggregation-mode "
+                "decode",
+                "--launch")),
+            "decode");
+  EXPECT_EQ(transfer_role(engines::parse_launch_command(
+                registry,
+                "vllm serve m --kv-transfer-config "
+                "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}'",
+                "--launch")),
+            "prefill");
+  EXPECT_EQ(transfer_role(engines::parse_launch_command(
+                registry,
+                "vllm serve m --kv-transfer-config "
+                "'{\"kv_connector\":\"LMCacheConnectorV1\",\"kv_role\":\"kv_both\"}'",
+                "--launch")),
+            "");
+}
+
+TEST(TransferPairs, SGLangSidesThatDisagreeOnTheKvDtypeAreCriticalAndAgreeingOnesANote) {
+  const std::vector<TransferSide> mismatched = {
+      {"service prefill", "sglang", "prefill", "fp8_e4m3", ""},
+      {"service decode", "sglang", "decode", "bf16", ""},
+      {"service router", "sglang", "", "bf16", ""}};
+  TransferPairCheck pairs = check_transfer_pairs(mismatched, "compose.yaml");
+  ASSERT_EQ(pairs.findings.size(), 1u);
+  EXPECT_EQ(pairs.findings[0].id, "kv-transfer-dtype-mismatch");
+  EXPECT_EQ(pairs.findings[0].severity, Severity::critical);
+  EXPECT_NE(pairs.findings[0].reference.find("#19398"), std::string::npos);
+  EXPECT_NE(pairs.findings[0].title.find("fp8_e4m3 against bf16"), std::string::npos);
+  const std::vector<TransferSide> matched = {{"service prefill", "sglang", "prefill", "bf16", ""},
+                                             {"service decode", "sglang", "decode", "bf16", ""}};
+  pairs = check_transfer_pairs(matched, "compose.yaml");
+  EXPECT_TRUE(pairs.findings.empty());
+  ASSERT_EQ(pairs.notes.size(), 1u);
+  EXPECT_NE(pairs.notes[0].find("same KV cache dtype (bf16)"), std::string::npos);
+}
+
+TEST(TransferPairs, AModelDtypeMismatchCountsAndOtherEnginesWarn) {
+  const std::vector<TransferSide> sides = {{"a", "vllm", "prefill", "bf16", "bfloat16"},
+                                           {"b", "vllm", "decode", "bf16", "float16"}};
+  const TransferPairCheck pairs = check_transfer_pairs(sides, "deploy.yaml");
+  ASSERT_EQ(pairs.findings.size(), 1u);
+  EXPECT_EQ(pairs.findings[0].severity, Severity::warning);
+  EXPECT_NE(pairs.findings[0].title.find("model dtypes: bfloat16 against float16"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tiers
 }  // namespace kvaudit::audit

@@ -60,4 +60,26 @@ err=$("$kvaudit" check "$demo" --launch-from "$deploy/kubernetes-deployment.yaml
 err=$("$kvaudit" check "$demo" --launch-from "$deploy/compose.yaml" --unit x.service 2>&1 >/dev/null)
 [[ $? -eq 2 && $err == *"one launch"* ]] && pass || fail "two launches accepted: '$err'"
 
+# A compose file holding both sides of SGLang's P/D disaggregation: different KV dtypes are a
+# critical finding naming both services (the checkpoint makes `auto` FP8 on the decode side);
+# the same dtype is a note, no finding.
+pd="$work/pd-compose.yaml"
+printf 'services:\n  prefill:\n    image: lmsysorg/sglang:v0.5.9\n    command: python3 -m sglang.launch_server --model-path %s --disaggregation-mode prefill --kv-cache-dtype bf16\n  decode:\n    image: lmsysorg/sglang:v0.5.9\n    command: python3 -m sglang.launch_server --model-path %s --disaggregation-mode decode\n' "$demo" "$demo" > "$pd"
+out=$("$kvaudit" check "$demo" --launch-from "$pd" --json)
+python3 - "$out" <<'PY' && pass || fail "P/D pair with two KV dtypes: $out"
+import json, sys
+doc = json.loads(sys.argv[1])
+hits = [f for f in doc["findings"] if f["id"] == "kv-transfer-dtype-mismatch"]
+assert len(hits) == 1 and hits[0]["severity"] == "critical", hits
+assert "service prefill" in json.dumps(hits[0]["evidence"]) and "service decode" in json.dumps(hits[0]["evidence"])
+PY
+sed -i "s/ --kv-cache-dtype bf16//" "$pd"
+out=$("$kvaudit" check "$demo" --launch-from "$pd" --json)
+python3 - "$out" <<'PY' && pass || fail "P/D pair with one KV dtype: $out"
+import json, sys
+doc = json.loads(sys.argv[1])
+assert not [f for f in doc["findings"] if f["id"] == "kv-transfer-dtype-mismatch"]
+assert any("same KV cache dtype" in n for n in doc["notes"]), doc["notes"]
+PY
+
 finish launch_files_cli

@@ -107,9 +107,9 @@ TEST(Acceptance, SGLangsGaugeDriftsOnlyWhenEveryRecentIntervalIsBelowTheBaseline
 class SpecServer {
  public:
   SpecServer() {
-    const std::string recorded = read_text_file(
-        std::filesystem::path(KVAUDIT_TEST_DIR) /
-        "fixtures/servers/llama-server/recorded/c-get-metrics-ngram.txt");
+    const std::string recorded =
+        read_text_file(std::filesystem::path(KVAUDIT_TEST_DIR) /
+                       "fixtures/servers/llama-server/recorded/c-get-metrics-ngram.txt");
     server_.http.Get("/metrics", [this, recorded](const httplib::Request&, httplib::Response& res) {
       std::lock_guard lock(mutex_);
       std::string text = recorded;
