@@ -48,6 +48,7 @@ PromptSet make_prompts(net::Client& client, const std::string& model, const Load
 
 struct Timing {
   bool ok = false;
+  bool cancelled = false;  // cut by the run's own time limit or an interrupt, not failed
   std::string error;
   bool unavailable = false;  // the server itself is failing: stop the run
   bool streamed = false;

@@ -91,6 +91,10 @@ LoadLevel run_level(net::Client& client, const std::string& model,
     const Timing& t = timings[i];
     if (t.total == 0.0 && t.error.empty() && !t.ok) continue;  // never sent
     ++level.requests;
+    if (t.cancelled) {
+      ++level.cancelled;  // the run's own limit cut it: the server did not fail it
+      continue;
+    }
     if (!t.ok) {
       ++level.failures;
       if (level.errors.size() < 3) level.errors.push_back(t.error);
@@ -122,7 +126,7 @@ LoadLevel run_level(net::Client& client, const std::string& model,
   }
   level.itl = summarize_latency(gaps);
   level.e2e = summarize_latency(e2e);
-  const int64_t ok = level.requests - level.failures;
+  const int64_t ok = level.requests - level.failures - level.cancelled;
   if (level.wall_seconds > 0) {
     level.requests_per_second = static_cast<double>(ok) / level.wall_seconds;
     level.output_tokens_per_second = static_cast<double>(level.output_tokens) / level.wall_seconds;

@@ -59,7 +59,9 @@ struct LoadLevel {
   std::string server;   // URL
   std::string prompts;  // "real" | "random"
   int concurrency = 0;
-  int64_t requests = 0, failures = 0;
+  // Requests sent; of them, failed by the server (or its answer), and cancelled: cut by the
+  // run's own time limit or an interrupt, which say nothing about the server.
+  int64_t requests = 0, failures = 0, cancelled = 0;
   double wall_seconds = 0.0;
   double requests_per_second = 0.0;
   double output_tokens_per_second = 0.0;

@@ -54,6 +54,7 @@ void add_ladder(const LoadResult& result, report::Report& out) {
                     {"concurrency", "concurrency", "", 0},
                     {"requests", "requests", "", 0},
                     {"failures", "failed", "", 0},
+                    {"cancelled", "cancelled", "", 0},
                     {"rps", "req/s", "", 2},
                     {"tps", "output tok/s", "", 1},
                     {"ttft_p50", "TTFT p50", "ms", 1},
@@ -80,6 +81,7 @@ void add_ladder(const LoadResult& result, report::Report& out) {
          int64_t{l.concurrency},
          l.requests,
          l.failures,
+         l.cancelled,
          l.requests_per_second,
          l.output_tokens_per_second,
          ms(l.ttft, l.ttft.p50),
@@ -376,8 +378,8 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
           gauges ? " (SGLang's acceptance gauge at each level's end, averaged over levels)" : ""));
   }
 
-  int64_t failures = 0;
-  for (const LoadLevel& l : result.levels) failures += l.failures;
+  int64_t failures = 0, cancelled = 0;
+  for (const LoadLevel& l : result.levels) failures += l.failures, cancelled += l.cancelled;
   json levels = json::array();
   for (const LoadLevel& l : result.levels) levels.push_back(to_json(l));
   out.payload["load"] = {{"levels", levels},          {"ratios", ratios},
@@ -418,6 +420,9 @@ report::Report to_report(const LoadResult& result, const LoadOptions& options) {
           ? fmt::format("{} levels measured", result.levels.size())
           : fmt::format("stopped early ({}) after {} levels", result.stopped, result.levels.size());
   if (failures > 0) head += fmt::format(", {} failed requests", failures);
+  if (cancelled > 0)
+    head += fmt::format(", {} requests cancelled by the run's own {}", cancelled,
+                        result.stopped.empty() ? "limit or an interrupt" : "stop");
   out.verdict = head;
   for (const std::string& v : verdicts) out.verdict += "; " + v;
   return out;

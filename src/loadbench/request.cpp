@@ -153,6 +153,7 @@ Timing run_request(net::Client& client, const std::string& model, const LoadProm
       return timing;
     }
     if (cut) {
+      timing.cancelled = true;
       timing.error = "stopped at the run's time limit or on interrupt";
       return timing;
     }

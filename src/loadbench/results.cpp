@@ -25,6 +25,7 @@ json to_json(const LoadLevel& l) {
           {"concurrency", l.concurrency},
           {"requests", l.requests},
           {"failures", l.failures},
+          {"cancelled", l.cancelled},
           {"wall_seconds", l.wall_seconds},
           {"requests_per_second", l.requests_per_second},
           {"output_tokens_per_second", l.output_tokens_per_second},
@@ -56,6 +57,7 @@ LoadLevel load_level_from_json(const json& doc, const std::string& where) {
   l.concurrency = static_cast<int>(r.integer("concurrency"));
   l.requests = r.integer("requests");
   l.failures = r.integer("failures");
+  l.cancelled = r.has("cancelled") ? r.integer("cancelled") : 0;  // files before it: none
   l.wall_seconds = r.number("wall_seconds");
   l.requests_per_second = r.number("requests_per_second");
   l.output_tokens_per_second = r.number("output_tokens_per_second");

@@ -568,6 +568,16 @@ TEST(Load, TimeLimitAndInterruptEndTheRun) {
   LoadResult timed = run_load(kvaudit::testing::registry(), {fake.url()}, quick_client(), options);
   EXPECT_LT(seconds_since(started), 4.0);
   EXPECT_NE(timed.stopped.find("time limit"), std::string::npos) << timed.stopped;
+  // The streams the limit cut are cancelled, not failed: the server failed nothing.
+  int64_t failed = 0, cancelled = 0;
+  for (const LoadLevel& level : timed.levels)
+    failed += level.failures, cancelled += level.cancelled;
+  EXPECT_EQ(failed, 0);
+  EXPECT_GT(cancelled, 0);
+  const report::Report said = to_report(timed, options);
+  EXPECT_EQ(said.verdict.find("failed requests"), std::string::npos) << said.verdict;
+  EXPECT_NE(said.verdict.find("cancelled by the run's own stop"), std::string::npos)
+      << said.verdict;
 
   std::atomic<int> asked{0};
   options = small_ladder();
