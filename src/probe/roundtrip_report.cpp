@@ -14,9 +14,20 @@ using report::Value;
 json pass_json(const RoundTripPass& pass) {
   json records = json::array();
   for (size_t i = 0; i < pass.records.size(); ++i) {
-    json record = to_json(pass.records[i], false);
-    record["cached_tokens"] = pass.cached_tokens[i] ? json(*pass.cached_tokens[i]) : json();
-    records.push_back(std::move(record));
+    const ProbeRecord& r = pass.records[i];
+    json tokens = json::array(), logprobs = json::array();
+    for (const Position& p : r.generated) {
+      tokens.push_back(p.token);
+      logprobs.push_back(p.logprob ? json(*p.logprob) : json());
+    }
+    records.push_back(
+        {{"id", r.id},
+         {"prompt_tokens", r.prompt_tokens},
+         {"cached_tokens", pass.cached_tokens[i] ? json(*pass.cached_tokens[i]) : json()},
+         {"served_by", i < pass.record_served_by.size() ? pass.record_served_by[i] : ""},
+         {"output", r.output},
+         {"tokens", std::move(tokens)},
+         {"logprobs", std::move(logprobs)}});
   }
   return {{"name", pass.name},
           {"served_by", pass.served_by},
@@ -126,7 +137,13 @@ report::Report to_report(const RoundTripResult& result, const RoundTripOptions& 
   for (const auto& pass : result.passes) passes.push_back(pass_json(pass));
   for (const auto& check : result.checks) checks.push_back(check_json(check));
   out.payload["roundtrip"] = {
-      {"server", facts_json(f)},
+      {"server",
+       {{"url", f.url},
+        {"engine", f.engine},
+        {"engine_version", f.engine_version},
+        {"model", f.model_id},
+        {"kv_cache_dtype", f.kv_cache_dtype},
+        {"pool_tokens", f.capacity_tokens ? json(*f.capacity_tokens) : json()}}},
       {"passes", std::move(passes)},
       {"eviction",
        {{"attempted", result.eviction.attempted},

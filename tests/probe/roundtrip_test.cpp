@@ -16,6 +16,7 @@
 
 #include "common/loopback_server.h"
 #include "common/registry.h"
+#include "common/schema_doc.h"
 #include "probe/probe.h"
 
 namespace kvaudit::probe {
@@ -247,6 +248,24 @@ TEST(RoundTrip, APoolTooLargeForTheFillerBudgetSaysSoInsteadOfGuessing) {
   EXPECT_NE(result.eviction.note.find("more than --roundtrip-max-filler-tokens"), std::string::npos)
       << result.eviction.note;
   EXPECT_EQ(result.verdict, "not established");
+}
+
+TEST(RoundTrip, ThePayloadMatchesTheDocument) {
+  TierFake fake({.corrupt_host = true});
+  RoundTripOptions options;
+  const json payload = report::render_json(to_report(run(fake, options), options));
+  kvaudit::testing::SchemaValidator validator(
+      kvaudit::testing::load_schema_tables("## Payload object: "));
+  validator.validate(payload["roundtrip"], "probe.roundtrip", "$.roundtrip");
+  EXPECT_TRUE(validator.problems.empty()) << [&] {
+    std::string all;
+    for (const auto& p : validator.problems) all += p + "\n";
+    return all;
+  }();
+  for (const char* object : {"probe.roundtrip", "probe.roundtrip_server", "probe.roundtrip_pass",
+                             "probe.roundtrip_record", "probe.roundtrip_eviction",
+                             "probe.roundtrip_check", "probe.roundtrip_divergence"})
+    EXPECT_TRUE(validator.seen.count(object)) << object;
 }
 
 TEST(RoundTrip, TheReportCarriesEveryPassAndCheck) {
