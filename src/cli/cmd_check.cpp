@@ -356,6 +356,46 @@ bool same_settings(const engines::LaunchFlags& a, const engines::LaunchFlags& b)
          a.config_file == b.config_file;
 }
 
+// The file's other launches: their findings join this report, each named by its workload;
+// and a file that holds both sides of a disaggregated pair has the two compared.
+void check_other_launches(const engines::Registry& registry, const CheckOptions& options,
+                          const audit::CheckInput& input, const audit::CheckResult& result,
+                          const std::vector<engines::LaunchFlags>& file_launches,
+                          const std::vector<engines::LaunchFlags>& other_launches,
+                          report::Report& report, std::vector<report::Finding>& all_findings) {
+  std::vector<audit::TransferSide> sides;
+  for (const auto& launch : file_launches)
+    sides.push_back({launch.workload, launch.engine, audit::transfer_role(launch),
+                     result.resolved.kv_cache_dtype, launch.dtype});
+  for (const auto& other : other_launches) {
+    audit::CheckInput other_input = input;
+    other_input.flags = other;
+    apply_flag_overrides(registry, options, other_input.flags);
+    other_input.flags.gpu_arch = input.flags.gpu_arch;
+    other_input.flags.platform = input.flags.platform;
+    const audit::CheckResult other_result = audit::run_check(other_input);
+    sides.push_back({other.workload, other.engine, audit::transfer_role(other),
+                     other_result.resolved.kv_cache_dtype, other.dtype});
+    for (report::Finding finding : other_result.findings) {
+      finding.title = other.workload + ": " + finding.title;
+      all_findings.push_back(finding);
+      report.findings.push_back(std::move(finding));
+    }
+    report.notes.push_back(fmt::format(
+        "{} also runs {} with other settings ({} KV cache: {}); its findings are named by it, "
+        "and the decision table is for {} (--container picks one)",
+        options.launch_from, other.workload, other.kv_cache_dtype,
+        other_result.resolved.kv_cache_dtype, input.flags.workload));
+  }
+  if (options.launch_from.empty()) return;
+  audit::TransferPairCheck pairs = audit::check_transfer_pairs(sides, options.launch_from);
+  for (auto& finding : pairs.findings) {
+    all_findings.push_back(finding);
+    report.findings.push_back(std::move(finding));
+  }
+  for (auto& note : pairs.notes) report.notes.push_back(std::move(note));
+}
+
 int run_check_command(const engines::Registry& registry, CheckOptions& options) {
   if (options.checkpoint.empty() && options.launch.empty() && options.unit.empty() &&
       options.launch_from.empty()) {
@@ -436,41 +476,9 @@ int run_check_command(const engines::Registry& registry, CheckOptions& options) 
   audit::CheckResult result = audit::run_check(input);
   report::Report report = audit::to_report(input, result);
   if (!same_launch_note.empty()) report.notes.push_back(same_launch_note);
-  // The file's other launches: their findings join this report, each named by its workload.
   std::vector<report::Finding> all_findings = result.findings;
-  std::vector<audit::TransferSide> sides;
-  for (const auto& launch : file_launches)
-    sides.push_back({launch.workload, launch.engine, audit::transfer_role(launch),
-                     result.resolved.kv_cache_dtype, launch.dtype});
-  for (const auto& other : other_launches) {
-    audit::CheckInput other_input = input;
-    other_input.flags = other;
-    apply_flag_overrides(registry, options, other_input.flags);
-    other_input.flags.gpu_arch = input.flags.gpu_arch;
-    other_input.flags.platform = input.flags.platform;
-    const audit::CheckResult other_result = audit::run_check(other_input);
-    sides.push_back({other.workload, other.engine, audit::transfer_role(other),
-                     other_result.resolved.kv_cache_dtype, other.dtype});
-    for (report::Finding finding : other_result.findings) {
-      finding.title = other.workload + ": " + finding.title;
-      all_findings.push_back(finding);
-      report.findings.push_back(std::move(finding));
-    }
-    report.notes.push_back(fmt::format(
-        "{} also runs {} with other settings ({} KV cache: {}); its findings are named by it, "
-        "and the decision table is for {} (--container picks one)",
-        options.launch_from, other.workload, other.kv_cache_dtype,
-        other_result.resolved.kv_cache_dtype, flags.workload));
-  }
-  // A file that holds both sides of a disaggregated pair: the two must agree on the dtype.
-  if (!options.launch_from.empty()) {
-    audit::TransferPairCheck pairs = audit::check_transfer_pairs(sides, options.launch_from);
-    for (auto& finding : pairs.findings) {
-      all_findings.push_back(finding);
-      report.findings.push_back(std::move(finding));
-    }
-    for (auto& note : pairs.notes) report.notes.push_back(std::move(note));
-  }
+  check_other_launches(registry, options, input, result, file_launches, other_launches, report,
+                       all_findings);
   add_decision(registry, options, input, result, file_launches, report);
   audit::FailOn fail_on = options.fail_on == "never"     ? audit::FailOn::never
                           : options.fail_on == "warning" ? audit::FailOn::warning
