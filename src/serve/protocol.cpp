@@ -227,6 +227,10 @@ std::string render_chat(const json& messages) {
       }
     } else if (!c.is_null()) {
       bad("message 'content' must be a string or a list of text parts");
+    } else if (role != "assistant") {
+      // Only an assistant turn (one that made tool calls) may leave it out, as OpenAI's API
+      // and the engines' request models have it.
+      bad(fmt::format("a {} message needs 'content'", role));
     }
     text.append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
   }

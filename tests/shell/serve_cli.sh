@@ -60,7 +60,9 @@ tok=$(curl -s "$url/tokenize" -d '{"text": "import os"}')
 info=$(curl -s "$url/get_server_info")
 [[ $(json "$info" "d['kv_cache_dtype'], d['max_total_num_tokens'], d['tp_size']") == "bf16 65536 1" ]] &&
   pass || fail "server info: $info"
-curl -s "$url/metrics" | grep -q '^vllm:cache_config_info{block_size="1",cache_dtype="bf16",.*num_gpu_blocks="65536"' &&
+# Read whole first: under pipefail, grep -q leaving early fails curl's write (exit 23).
+metrics=$(curl -s "$url/metrics")
+grep -q '^vllm:cache_config_info{block_size="1",cache_dtype="bf16",.*num_gpu_blocks="65536"' <<< "$metrics" &&
   pass || fail "metrics gauge"
 code=$(curl -s -o "$work/err.json" -w '%{http_code}' "$url/v1/completions" -d '{"prompt": 5}')
 [[ $code == 400 && $(json "$(cat "$work/err.json")" "d['error']['code']") == 400 ]] && pass || fail "400 body"
@@ -70,7 +72,7 @@ curl -s "$url/v1/completions" -d '{"prompt": "class A:", "max_tokens": 300, "tem
   > "$work/inflight.json" &
 curl_pid=$!
 for _ in $(seq 1 200); do
-  curl -s "$url/metrics" | grep -q 'vllm:num_requests_running{model_name="fixture"} 1' && break
+  grep -q 'vllm:num_requests_running{model_name="fixture"} 1' <<< "$(curl -s "$url/metrics")" && break
   sleep 0.01
 done
 kill -TERM "$bf16_pid"
