@@ -34,11 +34,20 @@ std::vector<Evidence> settings_evidence(const Context& ctx, const engines::TierH
                                              ctx.flags().kv_cache_dtype));
       continue;
     }
-    const std::string value = ctx.flags().tier_settings.at(setting);
-    const bool derived = engines::is_derived_tier_setting(setting);
-    evidence.push_back({ctx.launch_label(),
-                        derived ? setting + " (from --kv-transfer-config)" : setting,
-                        value.size() > 160 ? value.substr(0, 157) + "..." : value});
+    // A setting the launch leaves out matched through the engine's default: say so, since
+    // nothing in the launch shows it.
+    const bool given = ctx.flags().tier_settings.count(setting) > 0;
+    const std::string value = engines::tier_setting_value(ctx.engine(), ctx.flags(), setting);
+    std::string key = setting;
+    if (!given)
+      key += " (not set: the engine's default)";
+    else if (engines::is_derived_tier_setting(setting))
+      key += " (from --kv-transfer-config)";
+    else if (ctx.engine().tier_config_keys.count(setting))
+      key += fmt::format(" ({} in {})", ctx.engine().tier_config_keys.at(setting).front(),
+                         ctx.flags().config_file);
+    evidence.push_back(
+        {ctx.launch_label(), key, value.size() > 160 ? value.substr(0, 157) + "..." : value});
   }
   return evidence;
 }

@@ -665,6 +665,12 @@ struct EngineModel {
   // and which of those flags take no value.
   std::map<std::string, std::vector<std::string>> tier_flags;
   std::set<std::string> tier_boolean_flags;
+  // Tier settings read out of the launch's config file by dotted key (TensorRT-LLM has no flag
+  // for its host tier: kv_cache_config.host_cache_size sits in the --config YAML), and the
+  // value a setting takes when the launch gives none (enable_block_reuse is on by default, so
+  // a launch that never names it still offloads reusable blocks).
+  std::map<std::string, std::vector<std::string>> tier_config_keys;
+  std::map<std::string, std::string> tier_defaults;
   std::vector<TierHazard> tier_hazards;
   std::vector<DefaultBackend> default_backends;
   std::vector<PlatformSubstitution> platform_substitutions;
@@ -926,6 +932,10 @@ void record_tier_setting(std::string_view setting, const std::string& value, Lau
 // Whether `setting` is one record_tier_setting reads out of a JSON-valued flag (kv_connector,
 // offloading_spec, secondary_tiers) rather than one a flag gives directly.
 bool is_derived_tier_setting(std::string_view setting);
+// The value of a tier setting for this launch: what the launch gives, else the engine's
+// default (kv_tier_flags.defaults), else "".
+std::string tier_setting_value(const EngineModel& engine, const LaunchFlags& flags,
+                               std::string_view setting);
 // The tier hazards of `engine` at `version` that this launch (its tier settings, the resolved
 // KV dtype, the model) meets. Settings name LaunchFlags::tier_settings keys, plus
 // "speculative_algorithm" and "kv_cache_dtype_requested" (the launch's own fields).

@@ -124,9 +124,9 @@ void set_launch_field(LaunchFlags& flags, const std::string& field, const std::s
 // The text of the config file the launch names (flags.config_file); InputError(where), saying
 // why kvaudit needs it, when it cannot be read.
 std::string read_config_text(const LaunchFlags& flags, const std::string& where);
-// Sets the launch fields the YAML file a launch names (TensorRT-LLM --config) holds, under
-// the keys the engine data lists (launch_config.cpp).
-void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::string& label);
+// Sets the launch fields and tier settings the YAML file a launch names (TensorRT-LLM
+// --config) holds, under the keys the engine data lists (launch_config.cpp).
+void apply_config_file(const EngineModel& engine, LaunchFlags& flags, const std::string& label);
 // Where a launch file takes its KV dtype: the present value's bytes, or where a new flag
 // goes (launch_edit.cpp).
 std::optional<TextEdit> kv_dtype_edit(const LaunchFlags& flags, const LaunchSpec& launch,

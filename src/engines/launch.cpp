@@ -389,7 +389,7 @@ LaunchFlags flags_from_launch_words(const Registry& registry, const std::vector<
            from_config.count(flag_index) > 0);
   }
   if (!flags.config_file.empty() && !launch.config_keys_are_flags)
-    apply_config_file(launch, flags, label);
+    apply_config_file(engine, flags, label);
   if (flags.tp == 0 || flags.pp == 0 || flags.dp == 0 || flags.dcp == 0)
     throw InputError(label, "parallel sizes must be at least 1");
   return flags;

@@ -90,7 +90,8 @@ std::string read_config_text(const LaunchFlags& flags, const std::string& where)
 // launch field's keys as the engine data lists them. The file is read where the command
 // names it (relative paths from the current folder); a launch whose file cannot be read
 // is refused, since the KV dtype may be set there.
-void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::string& label) {
+void apply_config_file(const EngineModel& engine, LaunchFlags& flags, const std::string& label) {
+  const LaunchSpec& launch = engine.launch;
   const std::string& path = flags.config_file;
   const std::string where =
       fmt::format("{} (named by {} in {})", path, flags.config_file_flag, label);
@@ -127,6 +128,17 @@ void apply_config_file(const LaunchSpec& launch, LaunchFlags& flags, const std::
       break;
     }
   }
+  // The tier settings the file gives (kv_cache_config.host_cache_size, ...): a host tier is
+  // set only here on TensorRT-LLM, so a launch read without them would look tier-free.
+  for (const auto& [setting, keys] : engine.tier_config_keys)
+    for (const std::string& key : keys) {
+      auto node = lookup(key);
+      if (!node || node->IsNull()) continue;
+      if (!node->IsScalar())
+        throw InputError(where, fmt::format("{} should be a single value", key));
+      record_tier_setting(setting, node->Scalar(), flags);
+      break;
+    }
   // No KV dtype in the file: where one goes, under the first key the data names.
   auto kv_keys = launch.config_keys.find("kv_cache_dtype");
   if (!flags.fields_from_config.count("kv_cache_dtype") && kv_keys != launch.config_keys.end() &&

@@ -39,12 +39,33 @@ void read_transfer_config(const std::string& value, LaunchFlags& flags) {
   }
 }
 
-// The value a hazard's setting is matched against ("" when the launch does not give it).
-std::string setting_value(const LaunchFlags& flags, const std::string& setting) {
+// The value a hazard's setting is matched against ("" when neither the launch nor the
+// engine's default gives it).
+std::string setting_value(const EngineModel& engine, const LaunchFlags& flags,
+                          const std::string& setting) {
   if (setting == "speculative_algorithm") return flags.speculative_algorithm;
   if (setting == "kv_cache_dtype_requested") return flags.kv_cache_dtype;
-  auto it = flags.tier_settings.find(setting);
-  return it == flags.tier_settings.end() ? "" : it->second;
+  return tier_setting_value(engine, flags, setting);
+}
+
+// kv_tier_flags.config_keys and .defaults: settings a config file gives by dotted key, and the
+// engine's value for a setting no launch names.
+void read_tier_config_keys(JsonReader& flags, EngineModel& model) {
+  if (auto keys = flags.optional_object("config_keys")) {
+    if (model.launch.config_file_flags.empty() || model.launch.config_keys_are_flags)
+      flags.fail("config_keys", "needs a launch.config_file read by key (keys_are_flags false)");
+    for (const std::string& setting : keys->keys())
+      model.tier_config_keys[setting] = keys->strings(setting);
+    keys->finish();
+  }
+  if (auto defaults = flags.optional_object("defaults")) {
+    for (const std::string& setting : defaults->keys()) {
+      if (!model.tier_flags.count(setting) && !model.tier_config_keys.count(setting))
+        defaults->fail(setting, "is not a tier setting of this engine (kv_tier_flags)");
+      model.tier_defaults[setting] = defaults->string(setting);
+    }
+    defaults->finish();
+  }
 }
 
 // A comma-joined value (secondary_tiers) matches when one of its items does.
@@ -61,11 +82,14 @@ bool value_matches(const std::vector<std::string>& globs, const std::string& val
 void read_tier_data(JsonReader& top, EngineModel& model) {
   if (auto flags = top.optional_object("kv_tier_flags")) {
     for (const std::string& setting : flags->keys()) {
-      if (setting == "boolean" || setting == "notes") continue;
+      if (setting == "boolean" || setting == "notes" || setting == "config_keys" ||
+          setting == "defaults")
+        continue;
       model.tier_flags[setting] = flags->strings(setting);
     }
     for (const std::string& flag : flags->strings_or_empty("boolean"))
       model.tier_boolean_flags.insert(flag);
+    read_tier_config_keys(*flags, model);
     flags->allow_descriptive({"notes"});
     flags->finish();
   }
@@ -77,7 +101,8 @@ void read_tier_data(JsonReader& top, EngineModel& model) {
     JsonReader settings = r.object("settings");
     for (const std::string& setting : settings.keys()) {
       if (setting != "speculative_algorithm" && setting != "kv_cache_dtype_requested" &&
-          !model.tier_flags.count(setting) && !is_derived_tier_setting(setting))
+          !model.tier_flags.count(setting) && !model.tier_config_keys.count(setting) &&
+          !is_derived_tier_setting(setting))
         settings.fail(setting, "is not a tier setting of this engine (kv_tier_flags)");
       rule.settings[setting] = settings.strings(setting);
     }
@@ -103,6 +128,14 @@ bool is_derived_tier_setting(std::string_view setting) {
          setting == "secondary_tiers" || setting == "kv_role";
 }
 
+std::string tier_setting_value(const EngineModel& engine, const LaunchFlags& flags,
+                               std::string_view setting) {
+  const std::string key(setting);
+  if (auto it = flags.tier_settings.find(key); it != flags.tier_settings.end()) return it->second;
+  auto fallback = engine.tier_defaults.find(key);
+  return fallback == engine.tier_defaults.end() ? "" : fallback->second;
+}
+
 void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags) {
   flags.tier_settings[std::string(setting)] = value;
   if (setting == "kv_transfer_config") read_transfer_config(value, flags);
@@ -122,7 +155,7 @@ std::vector<const TierHazard*> find_tier_hazards(const EngineModel& engine, cons
       continue;
     const bool settings_match =
         std::all_of(rule.settings.begin(), rule.settings.end(), [&](const auto& entry) {
-          return value_matches(entry.second, setting_value(flags, entry.first));
+          return value_matches(entry.second, setting_value(engine, flags, entry.first));
         });
     if (settings_match) hits.push_back(&rule);
   }

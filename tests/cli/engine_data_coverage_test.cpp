@@ -426,6 +426,7 @@ Battery build_battery() {
                 << (i + 1 == parts.size() ? " " + value : "") << "\n";
         }
         for (const auto& [key, error] : engine.launch.config_rejected_keys) out << key << ": x\n";
+
         // Engines whose config keys are flag names (vLLM, SGLang --config).
         if (engine.launch.config_keys_are_flags)
           for (const char* field : {"kv_cache_dtype", "memory_fraction"})
@@ -436,6 +437,24 @@ Battery build_battery() {
         out.close();
         for (const auto& flag : engine.launch.config_file_flags)
           b.launches[e].push_back(all + " " + flag + " " + yaml.string());
+        // A file with only the tier settings the data reads by key (a host tier).
+        if (!engine.tier_config_keys.empty()) {
+          const fs::path tiers =
+              fs::temp_directory_path() / ("kvaudit-coverage-" + e + "-tiers.yaml");
+          std::map<std::string, std::vector<std::string>> by_parent;  // YAML keys stay unique
+          for (const auto& [setting, keys] : engine.tier_config_keys) {
+            const std::vector<std::string> parts = split_list(keys.front(), '.');
+            by_parent[parts.size() == 2 ? parts[0] : ""].push_back(parts.back());
+          }
+          std::ofstream tier_out(tiers);
+          for (const auto& [parent, leaves] : by_parent)
+            for (size_t i = 0; i < leaves.size(); ++i)
+              tier_out << (parent.empty() ? "" : (i == 0 ? parent + ":\n" : "") + "  ") << leaves[i]
+                       << ": 7\n";
+          tier_out.close();
+          b.launches[e].push_back(prefix + " " + engine.launch.config_file_flags.front() + " " +
+                                  tiers.string());
+        }
       }
       // Fields the engine reads from its environment (a NAME=VALUE word before the program).
       for (const auto& [field, names] : engine.launch.environment)
@@ -455,6 +474,10 @@ Battery build_battery() {
         flags.engine = e;
         flags.engine_version = v;
         for (const auto& [setting, globs] : hazard.settings) {
+          // A setting the engine's default meets is left out, so the default is what matches.
+          if (auto fallback = engine.tier_defaults.find(setting);
+              fallback != engine.tier_defaults.end() && glob_match(globs.front(), fallback->second))
+            continue;
           const std::string value = globs.front() == "*" ? "EAGLE" : globs.front();
           if (setting == "speculative_algorithm")
             flags.speculative_algorithm = value;
