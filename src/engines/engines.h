@@ -462,6 +462,9 @@ enum class LogKind {
   // "Chunked prefill is enabled with max_num_batched_tokens=N"): read, with no stage, so it
   // never opens a launch of its own.
   launch_setting,
+  // A KV tier the launch set up besides the GPU pool: SGLang's HiCache host pool (its size
+  // per rank), vLLM's KV connector (its class). No stage: a tier is built while loading.
+  kv_tier,
 };
 std::string_view log_kind_name(LogKind kind);
 
@@ -929,6 +932,9 @@ struct ResolvedKv {
 // .spec_name) and secondary_tiers (the "type" of each kv_connector_extra_config
 // .secondary_tiers entry, comma-joined). A value that is not JSON is kept as given.
 void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags);
+// The same into a settings map (a launch read from a log keeps one of its own).
+void record_tier_setting(std::string_view setting, const std::string& value,
+                         std::map<std::string, std::string>& settings);
 // Whether `setting` is one record_tier_setting reads out of a JSON-valued flag (kv_connector,
 // offloading_spec, secondary_tiers) rather than one a flag gives directly.
 bool is_derived_tier_setting(std::string_view setting);

@@ -67,6 +67,8 @@ std::string_view log_kind_name(LogKind kind) {
       return "running_requests_capped";
     case LogKind::launch_setting:
       return "launch_setting";
+    case LogKind::kv_tier:
+      return "kv_tier";
   }
   return "?";
 }
@@ -134,6 +136,8 @@ constexpr LogField kLogFields[] = {
     {"max_tokens_arg", true},              // a token cap the launch set
     {"requested_running_requests", true},  // the max_running_requests a launch asked for
     {"state_slots_per_request", true},     // SGLang: mamba state slots per running request
+    {"host_pool_gb", true},                // SGLang HiCache: one host pool's size (1e9 bytes)
+    {"kv_connector", false},               // vLLM: the KV connector class the factory built
 };
 
 }  // namespace

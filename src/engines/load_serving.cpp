@@ -68,7 +68,7 @@ const std::vector<std::string>& log_arg_fields() {
 
 LogKind read_log_kind(JsonReader& r) {
   std::string text = r.string("kind");
-  for (int k = 0; k <= static_cast<int>(LogKind::launch_setting); ++k)
+  for (int k = 0; k <= static_cast<int>(LogKind::kv_tier); ++k)
     if (log_kind_name(static_cast<LogKind>(k)) == text) return static_cast<LogKind>(k);
   r.fail("kind", fmt::format("unknown log message kind '{}'", text));
 }
@@ -167,8 +167,10 @@ void read_log_args(JsonReader& top, EngineModel& model) {
   if (!args) return;
   JsonReader keys = args->object("keys");
   for (const std::string& field : keys.keys()) {
+    // A tier setting (kv_tier_flags) is read as the launch's own tier flag would be.
     if (std::find(log_arg_fields().begin(), log_arg_fields().end(), field) ==
-        log_arg_fields().end())
+            log_arg_fields().end() &&
+        !model.tier_flags.count(field))
       keys.fail(field, "not a field the log reader fills from an args line");
     model.log_args.keys[field] = keys.strings(field);
   }

@@ -15,27 +15,26 @@ constexpr std::array kSeverities = {"critical", "warning", "info"};
 
 // What vLLM reads out of --kv-transfer-config (vllm/config/kv_transfer.py KVTransferConfig:
 // kv_connector, kv_connector_extra_config), as tier settings of their own.
-void read_transfer_config(const std::string& value, LaunchFlags& flags) {
+void read_transfer_config(const std::string& value, std::map<std::string, std::string>& settings) {
   const nlohmann::json config = nlohmann::json::parse(value, nullptr, false);
   if (!config.is_object()) return;
   if (auto connector = config.find("kv_connector");
       connector != config.end() && connector->is_string())
-    flags.tier_settings["kv_connector"] = connector->get<std::string>();
+    settings["kv_connector"] = connector->get<std::string>();
   // kv_producer / kv_consumer: the prefill and decode sides of disaggregation (kv_both: one
   // server that does both, as offloading connectors run).
   if (auto role = config.find("kv_role"); role != config.end() && role->is_string())
-    flags.tier_settings["kv_role"] = role->get<std::string>();
+    settings["kv_role"] = role->get<std::string>();
   auto extra = config.find("kv_connector_extra_config");
   if (extra == config.end() || !extra->is_object()) return;
   if (auto spec = extra->find("spec_name"); spec != extra->end() && spec->is_string())
-    flags.tier_settings["offloading_spec"] = spec->get<std::string>();
+    settings["offloading_spec"] = spec->get<std::string>();
   if (auto tiers = extra->find("secondary_tiers"); tiers != extra->end() && tiers->is_array()) {
     std::vector<std::string> types;
     for (const auto& tier : *tiers)
       if (tier.is_object() && tier.contains("type") && tier["type"].is_string())
         types.push_back(tier["type"].get<std::string>());
-    if (!types.empty())
-      flags.tier_settings["secondary_tiers"] = fmt::format("{}", fmt::join(types, ","));
+    if (!types.empty()) settings["secondary_tiers"] = fmt::format("{}", fmt::join(types, ","));
   }
 }
 
@@ -136,9 +135,14 @@ std::string tier_setting_value(const EngineModel& engine, const LaunchFlags& fla
   return fallback == engine.tier_defaults.end() ? "" : fallback->second;
 }
 
+void record_tier_setting(std::string_view setting, const std::string& value,
+                         std::map<std::string, std::string>& settings) {
+  settings[std::string(setting)] = value;
+  if (setting == "kv_transfer_config") read_transfer_config(value, settings);
+}
+
 void record_tier_setting(std::string_view setting, const std::string& value, LaunchFlags& flags) {
-  flags.tier_settings[std::string(setting)] = value;
-  if (setting == "kv_transfer_config") read_transfer_config(value, flags);
+  record_tier_setting(setting, value, flags.tier_settings);
 }
 
 std::vector<const TierHazard*> find_tier_hazards(const EngineModel& engine, const Version& version,

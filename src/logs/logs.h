@@ -82,6 +82,21 @@ struct RunningRequestsCap {
   std::string message;
 };
 
+// One host pool a rank printed (SGLang HiCache: "Allocating X GB host memory for hierarchical
+// KV cache."): its size in GB of 1e9 bytes, as the engine divides.
+struct HostPoolLine {
+  std::string rank;  // "" when the line had no rank prefix
+  double gb = 0;
+  int64_t line = 0;
+};
+
+// The KV tiers a launch set up besides the GPU pool, as its own lines print them.
+struct KvTierLines {
+  std::vector<HostPoolLine> host_pools;  // every rank's, in print order (at most 256 kept)
+  std::string kv_connector;              // vLLM's connector class ("" none printed)
+  int64_t connector_line = 0;
+};
+
 struct Launch {
   int index = 0;                                          // 0-based, in file order
   audit::KvPolicy kv_policy = audit::KvPolicy::evidence;  // how its findings are judged
@@ -127,6 +142,10 @@ struct Launch {
   std::optional<RunningRequestsCap> running_requests_cap;
   std::optional<int64_t> context_length;
   std::optional<double> weights_gib;  // per GPU, as the engine printed it
+  KvTierLines tiers;
+  // The tier settings its args line gave (kv_tier_flags names, as a launch command's
+  // LaunchFlags::tier_settings holds them; engines::record_tier_setting).
+  std::map<std::string, std::string> tier_settings;
   bool ready = false;
   int64_t ready_line = 0;
   std::vector<LogEvent> failures;

@@ -290,7 +290,7 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
   }
   bool engine_error = false;
   for (const TemplateHit& hit : hits) {
-    apply_fact(launch, hit, line_no, m);
+    apply_fact(launch, hit, line_no, m, line.rank);
     engine_error |= hit.log->kind == LogKind::startup_error;
   }
   if (engine_error) return;

@@ -53,6 +53,22 @@ struct TemplateHit {
 // cannot tell).
 void decide_scale_fallback(const engines::Registry& registry, Launch& launch);
 
+// The HiCache host pools a launch printed, per rank (tiers.cpp).
+struct HostPoolSummary {
+  double gb_per_rank = 0;  // the first rank's pools, summed (GB of 1e9 bytes)
+  int pools_per_rank = 0;
+  int ranks = 0;
+  bool ranks_agree = true;
+  // Tokens the pool holds at the device pool's printed bytes per token (unset without them).
+  std::optional<int64_t> tokens_per_rank;
+};
+std::optional<HostPoolSummary> host_pool_summary(const Launch& launch);
+// "HiCache host pool 120.00 GB per rank x 8 ranks; KV connector X" ("" when none printed).
+std::string tiers_text(const Launch& launch);
+nlohmann::json tiers_json(const Launch& launch);
+// The host pool against the launch's --hicache-size / --hicache-ratio and its device pool.
+void add_tier_findings(Launch& launch, const std::string& who);
+
 class LaunchBuilder {
  public:
   LaunchBuilder(const engines::Registry& registry, size_t max_launches, audit::KvPolicy kv_policy);
@@ -83,8 +99,9 @@ class LaunchBuilder {
                   bool complete, bool omits_defaults, bool fill_only, const std::string& what,
                   int64_t line_no);
   void apply_marker(const TemplateHit& hit, int64_t line_no, const std::string& timestamp);
+  // `rank`: the line's rank prefix ("TP3"; "" none), for facts each rank prints.
   void apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                  const std::string& message);
+                  const std::string& message, const std::string& rank);
 
   const engines::Registry& registry_;
   std::vector<std::pair<const engines::EngineModel*, const engines::LogTemplate*>> templates_;

@@ -50,6 +50,33 @@ nlohmann::json config_line_values(std::string_view config, const engines::LogArg
   return out;
 }
 
+// The tier settings an args line gives (log_args keys named like kv_tier_flags settings),
+// recorded as the launch command's flags would be: a true boolean as "true", a number as
+// written, a JSON value (vLLM's kv_transfer_config) as JSON, so the engine's own reading of
+// it applies. A false boolean is a tier not set up.
+void record_tier_args(const engines::EngineModel& engine, const nlohmann::json& args,
+                      Launch& launch) {
+  for (const auto& [setting, keys] : engine.log_args.keys) {
+    if (!engine.tier_flags.count(setting)) continue;
+    for (const std::string& key : keys) {
+      auto it = args.find(key);
+      if (it == args.end() || it->is_null()) continue;
+      std::string value;
+      if (it->is_boolean()) {
+        if (!it->get<bool>()) break;
+        value = "true";
+      } else if (it->is_number()) {
+        value = fmt::format("{}", it->get<double>());
+      } else {
+        value = it->is_string() ? it->get<std::string>() : it->dump();
+      }
+      engines::record_tier_setting(setting, value, launch.tier_settings);
+      break;
+    }
+  }
+  launch.memory.tier_settings = launch.tier_settings;
+}
+
 }  // namespace
 
 void LaunchBuilder::apply_args(Launch& launch, const engines::EngineModel& engine,
@@ -127,6 +154,7 @@ void LaunchBuilder::apply_args(Launch& launch, const engines::EngineModel& engin
     launch.memory.max_total_tokens_arg = static_cast<int64_t>(*cap);
   if (auto ctx = number("context_length"); ctx && *ctx > 0 && *ctx < 9e15)
     launch.context_length = static_cast<int64_t>(*ctx);
+  record_tier_args(engine, args, launch);
   if (std::string dtype = text("dtype"); !dtype.empty() && dtype != "auto") {
     std::string d = registry_.dtypes().normalise(dtype);
     if (!d.empty() && d != "auto" && (!fill_only || launch.model_dtype.empty()))

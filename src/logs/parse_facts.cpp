@@ -188,10 +188,23 @@ void record_scale_message(Launch& launch, const TemplateHit& hit, int64_t line_n
                   : fmt::format("{} (version bound inferred: {})", p.reference, p.bound)});
 }
 
+// A KV tier's start-up line: a host pool's size on the rank that printed it, or the
+// connector class. No stage: tiers are built while the launch loads.
+void apply_tier_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
+                     const std::string& rank) {
+  KvTierLines& tiers = launch.tiers;
+  if (auto gb = hit.number("host_pool_gb"); gb && *gb >= 0 && tiers.host_pools.size() < 256)
+    tiers.host_pools.push_back({rank, *gb, line_no});
+  if (auto connector = hit.text("kv_connector"); connector && !connector->empty()) {
+    tiers.kv_connector = std::string(TemplateHit::first_word(*connector));
+    tiers.connector_line = line_no;
+  }
+}
+
 }  // namespace
 
 void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t line_no,
-                               const std::string& message) {
+                               const std::string& message, const std::string& rank) {
   if (launch.engine.empty()) launch.engine = hit.engine->engine;
   apply_named_settings(launch, hit);
   switch (hit.log->kind) {
@@ -226,6 +239,9 @@ void LaunchBuilder::apply_fact(Launch& launch, const TemplateHit& hit, int64_t l
       break;
     case LogKind::launch_setting:
       break;  // its settings were read above; no stage
+    case LogKind::kv_tier:
+      apply_tier_fact(launch, hit, line_no, rank);
+      break;
     case LogKind::running_requests_capped: {
       RunningRequestsCap cap;
       cap.effective = hit.count("max_running_requests").value_or(0);

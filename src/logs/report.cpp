@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "logs/logs.h"
+#include "logs/parse.h"
 #include "util/util.h"
 
 namespace kvaudit::logs {
@@ -102,6 +103,7 @@ nlohmann::json launch_json(const Launch& l) {
            : nlohmann::json()},
       {"context_length", opt(l.context_length)},
       {"weights_gib", opt(l.weights_gib)},
+      {"kv_tiers", tiers_json(l)},
       {"memory", memory},
       {"ready", l.ready},
       {"failures", failures},
@@ -152,6 +154,8 @@ void add_latest_facts(const Launch& latest, report::Report& out) {
                           cap->requested ? fmt::format(" from {}", *cap->requested) : "", cap->by);
     fact("max_running_requests", "Max running requests", Value{text});
   }
+  if (std::string tiers = tiers_text(latest); !tiers.empty())
+    fact("kv_tiers", "KV tiers", Value{tiers});
   fact("ready", "Ready", Value{latest.ready});
 }
 
@@ -166,15 +170,18 @@ report::Table launch_table(const LogScan& scan) {
                    {"resolved", "KV dtype", "", 0},
                    {"scale_fallback", "scale 1.0", "", 0},
                    {"tokens", "max tokens", "tokens", 0},
+                   {"tiers", "KV tiers", "", 0},
                    {"ready", "ready", "", 0},
                    {"failures", "failures", "", 0}};
   for (const auto& l : scan.launches)
-    table.rows.push_back({Value{int64_t{l.index + 1}}, text_or_unknown(l.start_time),
-                          text_or_unknown(l.engine), text_or_unknown(l.kv_cache_dtype_resolved),
-                          l.scale_fallback ? Value{std::string(*l.scale_fallback ? "yes" : "no")}
-                                           : Value{std::string("?")},
-                          l.max_total_tokens ? Value{*l.max_total_tokens} : Value{}, Value{l.ready},
-                          Value{static_cast<int64_t>(l.failures.size())}});
+    table.rows.push_back(
+        {Value{int64_t{l.index + 1}}, text_or_unknown(l.start_time), text_or_unknown(l.engine),
+         text_or_unknown(l.kv_cache_dtype_resolved),
+         l.scale_fallback ? Value{std::string(*l.scale_fallback ? "yes" : "no")}
+                          : Value{std::string("?")},
+         l.max_total_tokens ? Value{*l.max_total_tokens} : Value{},
+         tiers_text(l).empty() ? Value{std::string("none printed")} : Value{tiers_text(l)},
+         Value{l.ready}, Value{static_cast<int64_t>(l.failures.size())}});
   return table;
 }
 

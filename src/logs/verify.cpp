@@ -401,6 +401,7 @@ void add_findings(const engines::Registry& registry, Launch& launch, bool is_lat
   add_failure_findings(launch, who, is_latest, ready_advice);
   add_kv_findings(registry, launch, who);
   add_concurrency_findings(registry, launch, who);
+  add_tier_findings(launch, who);
   add_reading_findings(launch, who);
 }
 

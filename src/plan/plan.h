@@ -287,6 +287,8 @@ struct LoggedMemory {
   std::optional<double> peak_gib, total_gpu_gib, tmp_kv_gib;
   std::optional<double> printed_fraction;     // "fraction is set F"
   std::optional<int64_t> kv_bytes_per_token;  // "kv size is N" / "kv size per token is N"
+  // The tier settings the launch's args line gave (engines' kv_tier_flags names).
+  std::map<std::string, std::string> tier_settings;
 };
 
 struct TokenInterval {
