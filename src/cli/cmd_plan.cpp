@@ -40,6 +40,9 @@ struct PlanFlags {
   int64_t max_num_batched_tokens = 0;
   int page_size = 0;
   int64_t max_total_tokens = 0;
+  bool hierarchical_cache = false;
+  double hicache_ratio = 0;
+  double hicache_size_gb = 0;
   std::string from_log;
   int launch = 0;
   plan::LogFlagOverrides given;  // the flags above that were given, for --from-log
@@ -88,6 +91,12 @@ int run_plan(const engines::Registry& registry, PlanFlags& f) {
   if (f.max_num_batched_tokens > 0) options.max_num_batched_tokens = f.max_num_batched_tokens;
   if (f.page_size > 0) options.page_size = f.page_size;
   if (f.max_total_tokens > 0) options.max_total_tokens = f.max_total_tokens;
+  // The host tier, in the tier-setting names a parsed launch uses (kv_tier_flags).
+  if (f.hierarchical_cache) options.tier_settings["hierarchical_cache"] = "true";
+  if (f.hicache_ratio > 0)
+    options.tier_settings["hicache_ratio"] = fmt::format("{}", f.hicache_ratio);
+  if (f.hicache_size_gb > 0)
+    options.tier_settings["hicache_size_gb"] = fmt::format("{}", f.hicache_size_gb);
 
   std::optional<plan::LogPrediction> prediction;
   if (!f.from_log.empty()) {
@@ -190,6 +199,14 @@ void add_plan_command(CLI::App& app, Runner& run, EngineData& engines) {
                   "Cap on concurrent requests");
   cmd->add_option("--page-size", flags->page_size, "SGLang --page-size / vLLM --block-size");
   cmd->add_option("--max-total-tokens", flags->max_total_tokens, "SGLang --max-total-tokens cap");
+  cmd->add_flag("--enable-hierarchical-cache", flags->hierarchical_cache,
+                "SGLang HiCache: size the host pool each rank mirrors its device pool into");
+  cmd->add_option("--hicache-ratio", flags->hicache_ratio,
+                  "SGLang host pool = this x the device pool's tokens (default: the engine's)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--hicache-size", flags->hicache_size_gb,
+                  "SGLang host pool per rank in GB (1e9 bytes); overrides --hicache-ratio")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--from-log", flags->from_log,
                   "Reproduce a launch's capacity from its start-up log ('-' = stdin)");
   cmd->add_option("--launch", flags->launch,

@@ -526,6 +526,10 @@ struct CapacityData {
   std::vector<MemFractionTable> mem_fraction_tables;
   int mamba_pool_padding_slots = 0;  // SGLang MambaPool allocates slots + this
   int kv_buffer_padding_pages = 0;   // SGLang KV buffers hold size + page_size rows
+  // SGLang's HiCache host pool (0: the engine has none plan sizes): the --hicache-ratio
+  // default, and the host memory the engine keeps free when it checks the pool fits.
+  double host_pool_default_ratio = 0;
+  int64_t host_pool_reserve_bytes = 0;
   std::map<std::string, std::string> references;
   const MemFractionTable* mem_fraction_for(const Version& version) const;
 };

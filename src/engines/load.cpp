@@ -56,6 +56,10 @@ void read_capacity(const std::filesystem::path& file, EngineModel& model) {
         static_cast<int>(c->integer_or("mamba_pool_padding_slots", 0));
     model.capacity.kv_buffer_padding_pages =
         static_cast<int>(c->integer_or("kv_buffer_padding_pages", 0));
+    model.capacity.host_pool_default_ratio = c->number_or("host_pool_default_ratio", 0);
+    model.capacity.host_pool_reserve_bytes = c->integer_or("host_pool_reserve_bytes", 0);
+    if (model.capacity.host_pool_default_ratio < 0 || model.capacity.host_pool_reserve_bytes < 0)
+      c->fail("host_pool_default_ratio", "host pool constants must not be negative");
     c->finish();
   }
   auto references = top.object("references");

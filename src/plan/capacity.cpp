@@ -461,6 +461,7 @@ CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::
         options.parallel.dcp, options.parallel.dcp));
 
   for (const engines::KvDtype* dtype : dtypes) plan.rows.push_back(pool.row(context, *dtype, plan));
+  add_host_tier(engine, options, plan);
   return plan;
 }
 

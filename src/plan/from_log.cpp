@@ -228,6 +228,8 @@ LogSetup reconcile_log_flags(const engines::Registry& registry, const LoggedMemo
   reconcile_pp_dp(logged, given, out);
   reconcile_dtypes(registry.dtypes(), logged, base, given, out);
   reconcile_memory_fraction(registry, logged, given, out);
+  // The tiers the launch ran with (its args line), over any given beside --from-log.
+  if (!logged.tier_settings.empty()) out.options.tier_settings = logged.tier_settings;
   return out;
 }
 

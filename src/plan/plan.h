@@ -157,6 +157,10 @@ struct PlanOptions {
   // vLLM --max-num-batched-tokens: a sliding-window group holds window - 1 + this many tokens
   // per request while a prefill is chunked (unset: the window alone, an upper bound).
   std::optional<int64_t> max_num_batched_tokens;
+  // Where the KV cache travels besides the GPU pool, as a launch sets it (the engine data's
+  // kv_tier_flags names: "hierarchical_cache" = "true", "hicache_ratio", "hicache_size_gb");
+  // a launch read from a log brings its own (LoggedMemory::tier_settings).
+  std::map<std::string, std::string> tier_settings;
 };
 
 // The mamba state slots a running request holds at this release under these options
@@ -192,6 +196,9 @@ struct PlanRow {
   int64_t mamba_slots = 0;
   int64_t mamba_pool_bytes = 0;
   int64_t num_blocks = 0;  // vLLM
+  // SGLang HiCache: the host pool of one rank (0 when the launch sets up none).
+  int64_t host_pool_tokens = 0;
+  int64_t host_pool_bytes = 0;
   std::vector<ConcurrencyPoint> concurrency;
   std::vector<std::string> derivation;
 };
@@ -209,12 +216,20 @@ struct CapacityPlan {
   std::string budget_label;  // what the budget is, in the engine's terms ("Rest memory ...")
   std::map<std::string, std::string> sources;  // the capacity data's references
   std::vector<PlanRow> rows;
-  std::vector<std::string> derivation;  // shared steps (memory budget)
-  std::vector<std::string> notes;       // assumptions
+  std::vector<std::string> derivation;    // shared steps (memory budget)
+  std::vector<std::string> notes;         // assumptions
+  std::vector<report::Finding> findings;  // launches the engine would refuse or weaken
 };
 
 CapacityPlan plan_capacity(const engines::Registry& registry, const checkpoint::ModelFacts& model,
                            const PlanOptions& options);
+
+// SGLang HiCache: each row's host pool per rank, from options.tier_settings (hicache_size
+// GB, else hicache_ratio x the device pool; the ratio's default is capacity data), with the
+// engine's refusal when it is not larger than the device pool and the host RAM it needs.
+// Nothing when the launch sets up no host tier or the engine has no host pool data.
+void add_host_tier(const engines::EngineModel& engine, const PlanOptions& options,
+                   CapacityPlan& plan);
 
 // SGLang: from the rest memory (bytes left for KV + Mamba after the fraction is
 // applied) to the pools. Mamba slots are set aside first (mamba_full_memory_ratio),

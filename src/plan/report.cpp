@@ -144,11 +144,18 @@ report::Table capacity_table(const CapacityPlan& plan) {
                    {"cell_bytes_per_token_per_gpu", "bytes/token/GPU", "B", 0},
                    {"kv_pool_bytes", "KV pool", "B", 0},
                    {"max_total_tokens", "max tokens", "tokens", 0}};
-  bool any_mamba = false;
-  for (const auto& row : plan.rows) any_mamba |= row.mamba_state_bytes_per_request > 0;
+  bool any_mamba = false, any_host = false;
+  for (const auto& row : plan.rows) {
+    any_mamba |= row.mamba_state_bytes_per_request > 0;
+    any_host |= row.host_pool_bytes > 0;
+  }
   if (any_mamba) {
     table.columns.push_back({"mamba_state_bytes_per_request", "state/request", "B", 0});
     table.columns.push_back({"mamba_slots", "state slots", "", 0});
+  }
+  if (any_host) {
+    table.columns.push_back({"host_pool_tokens", "host pool", "tokens", 0});
+    table.columns.push_back({"host_pool_bytes", "host pool/rank", "B", 0});
   }
   for (int64_t context : concurrency_contexts(plan))
     table.columns.push_back(
@@ -159,6 +166,10 @@ report::Table capacity_table(const CapacityPlan& plan) {
     if (any_mamba) {
       cells.push_back(Value{row.mamba_state_bytes_per_request});
       cells.push_back(Value{row.mamba_slots});
+    }
+    if (any_host) {
+      cells.push_back(Value{row.host_pool_tokens});
+      cells.push_back(Value{row.host_pool_bytes});
     }
     // Built in place: moving a temporary Value here trips a false GCC 12 -Wmaybe-uninitialized.
     for (const auto& point : row.concurrency) cells.emplace_back(point.requests);
@@ -207,6 +218,10 @@ nlohmann::json row_json(const PlanRow& row, bool explain) {
     j["mamba_pool_bytes"] = row.mamba_pool_bytes;
   }
   if (row.num_blocks > 0) j["num_blocks"] = row.num_blocks;
+  if (row.host_pool_bytes > 0) {
+    j["host_pool_tokens"] = row.host_pool_tokens;
+    j["host_pool_bytes"] = row.host_pool_bytes;
+  }
   nlohmann::json limits = nlohmann::json::object();
   for (const auto& point : row.concurrency)
     limits[std::to_string(point.context_tokens)] = point.limited_by;
@@ -331,8 +346,13 @@ report::Report to_report(const checkpoint::ModelFacts& model, const CapacityPlan
   add_capacity_charts(plan, out);
   if (explain) out.tables.push_back(derivation_table(plan));
   for (const auto& note : plan.notes) out.notes.push_back(note);
+  for (const auto& finding : plan.findings) out.findings.push_back(finding);
   set_plan_payload(plan, explain, out);
   if (!plan.rows.empty()) out.verdict = plan_verdict(plan);
+  for (const auto& finding : plan.findings) {
+    if (finding.severity > out.verdict_severity) out.verdict_severity = finding.severity;
+    out.verdict += "; " + finding.title;
+  }
   if (from_log) add_from_log(out, *from_log);
   return out;
 }

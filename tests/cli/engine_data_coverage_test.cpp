@@ -644,6 +644,8 @@ TaggedProbes battery_probes(const Battery& b) {
                           options.parallel.dp_attention = layout == 2;
                           options.gpu_memory_bytes = int64_t{81559} << 20;
                           options.weight_bytes_per_gpu = int64_t{20} << 30;
+                          // A host tier at the engine's default ratio (SGLang HiCache).
+                          if (layout == 1) options.tier_settings["hierarchical_cache"] = "true";
                           plan::CapacityPlan capacity =
                               plan::plan_capacity(registry, model, options);
                           return plan::to_report(model, capacity, nullptr, true).payload.dump();

@@ -3,6 +3,7 @@
 // launch, and the host pool checked against the launch's own tier settings.
 #include <gtest/gtest.h>
 
+#include "../plan/plan_models.h"
 #include "common/registry.h"
 #include "logs/logs.h"
 #include "logs/parse.h"
@@ -169,6 +170,28 @@ TEST(KvTiers, HostPoolNotLargerThanTheDevicePoolIsRefused) {
       "[2026-01-01 00:00:06] Allocating 6.55 GB host memory for hierarchical KV cache.\n"));
   EXPECT_TRUE(has_finding(launch, "host-pool-not-larger"));
   EXPECT_FALSE(has_finding(launch, "host-pool-mismatch"));
+}
+
+// plan --from-log takes the tier settings the launch's server_args printed (constructed lines:
+// the real logs with HiCache lines print no server_args).
+TEST(KvTiers, PlanFromLogUsesTheLaunchsTierSettings) {
+  const std::string text =
+      "[2026-01-01 00:00:00] server_args=ServerArgs(model_path='/m', tp_size=1, "
+      "enable_hierarchical_cache=True, hicache_ratio=3.0, hicache_size=0)\n"
+      "[2026-01-01 00:00:05] KV Cache is allocated. #tokens: 100000, K size: 6.10 GB, V size: "
+      "6.10 GB\n";
+  LogScan scan = scan_log_text(kvaudit::testing::registry(), text, "constructed");
+  ASSERT_EQ(scan.launches.size(), 1u);
+  plan::LogSetup setup = plan::reconcile_log_flags(
+      kvaudit::testing::registry(), scan.launches[0].memory, plan::PlanOptions{}, {});
+  EXPECT_EQ(setup.options.tier_settings.at("hierarchical_cache"), "true");
+  EXPECT_EQ(setup.options.tier_settings.at("hicache_ratio"), "3");
+  setup.options.gpu_memory_bytes = int64_t{81559} << 20;
+  setup.options.weight_bytes_per_gpu = int64_t{16} << 30;
+  setup.options.kv_cache_dtypes = {"bf16"};
+  plan::CapacityPlan plan = plan::plan_capacity(kvaudit::testing::registry(),
+                                                plan::test_models::llama31_8b(), setup.options);
+  EXPECT_EQ(plan.rows.at(0).host_pool_tokens, 3 * plan.rows.at(0).max_total_tokens);
 }
 
 }  // namespace
