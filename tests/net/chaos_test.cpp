@@ -176,8 +176,9 @@ TEST(NetChaos, AStreamCutMidEventEndsWithTheEventsBeforeIt) {
   options.max_retries = 0;
   Client client(parse_url(peer.url()), options);
   std::vector<std::string> events;
-  SseParser parser(client.where("/v1/completions"),
-                   [&](std::string_view event) { events.emplace_back(event); }, 1 << 16);
+  SseParser parser(
+      client.where("/v1/completions"), [&](std::string_view event) { events.emplace_back(event); },
+      1 << 16);
   const auto started = std::chrono::steady_clock::now();
   try {
     client.post_stream("/v1/completions", nlohmann::json{{"stream", true}},

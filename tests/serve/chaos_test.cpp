@@ -42,9 +42,10 @@ void hang_up_mid_stream(int port) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
     const std::string body =
         R"({"prompt": "x", "max_tokens": 200, "stream": true, "ignore_eos": true})";
-    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                "Content-Type: application/json\r\nContent-Length: " +
-                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
     char buffer[256];
     timeval wait{5, 0};
@@ -58,8 +59,8 @@ TEST(ServeChaos, KeepAliveClientsWithMalformedBodiesMixedIn) {
   auto options = testing::options_for(testing::fixture_model());
   options.max_queued_requests = 256;
   RunningServer server(options);
-  const json greedy = {{"prompt", "def add(a, b):\n    return"}, {"max_tokens", 6},
-                       {"temperature", 0}};
+  const json greedy = {
+      {"prompt", "def add(a, b):\n    return"}, {"max_tokens", 6}, {"temperature", 0}};
   const auto [before_status, before] = server.post("/v1/completions", greedy);
   ASSERT_EQ(before_status, 200);
 
