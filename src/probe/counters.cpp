@@ -46,6 +46,8 @@ ServerCounters read_server_counters(net::Client& client, const CounterNames& nam
         ++count;
       };
       if (named("cached_tokens", name)) out.cached += sample.value, out.cached_seen = true;
+      for (const char* kind : {"prefix_hit_tokens", "tier_hit_tokens", "cached_tokens"})
+        if (named(kind, name)) out.hits[kind] += sample.value;
       if (named("spec_accept_rate", name)) average_into(out.accept_rate, rate_count);
       if (named("spec_accept_length", name)) average_into(out.accept_length, length_count);
       if (named("generated_tokens", name)) out.generated += sample.value, out.generated_seen = true;

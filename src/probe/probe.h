@@ -135,6 +135,10 @@ struct ServerCounters {
   bool cached_seen = false;
   double generated = 0.0;  // the server's own count of generated tokens
   bool generated_seen = false;
+  // Prompt tokens served from a cache, by counter kind (prefix_hit_tokens: the device pool;
+  // tier_hit_tokens: a tier behind it; cached_tokens: any); a kind is absent when no counter
+  // of it was exported.
+  std::map<std::string, double> hits;
 };
 using CounterNames = std::map<std::string, std::vector<std::string>>;
 // vLLM's vllm:spec_decode_* and llama-server's llamacpp:spec_decode_* (the same suffixes),

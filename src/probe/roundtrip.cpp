@@ -35,27 +35,7 @@ struct Budget {
 // their engine's prefix), summed per kind; empty when /metrics is absent or unreadable.
 std::map<std::string, double> read_tier_counters(
     net::Client& client, const std::map<std::string, std::vector<std::string>>& names) {
-  std::map<std::string, double> out;
-  try {
-    net::HttpResponse response = client.get("/metrics");
-    if (response.status != 200) return out;
-    for (const net::MetricSample& sample :
-         net::parse_prometheus(response.body, client.where("/metrics"))) {
-      if (!std::isfinite(sample.value) || sample.value < 0) continue;
-      for (const char* kind : {"prefix_hit_tokens", "tier_hit_tokens", "cached_tokens"}) {
-        auto it = names.find(kind);
-        if (it != names.end() &&
-            std::find(it->second.begin(), it->second.end(), sample.name) != it->second.end())
-          out[kind] += sample.value;
-      }
-    }
-  } catch (const net::RequestError& error) {
-    if (error.server_unavailable()) throw;
-    return {};
-  } catch (const InputError&) {
-    return {};  // unreadable /metrics: no counters
-  }
-  return out;
+  return read_server_counters(client, names).hits;
 }
 
 std::map<std::string, double> counter_rise(const std::map<std::string, double>& before,
