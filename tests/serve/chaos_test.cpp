@@ -123,8 +123,13 @@ TEST(ServeChaos, KeepAliveClientsWithMalformedBodiesMixedIn) {
   ASSERT_EQ(after_status, 200);
   EXPECT_EQ(after["choices"][0]["text"], before["choices"][0]["text"]);
   // Three more seconds of requests must not have kept their memory (64 MiB of slack for
-  // allocator arenas and the prefix cache's pool).
+  // allocator arenas and the prefix cache's pool). Not under AddressSanitizer, whose
+  // quarantine holds freed memory (256 MiB by default) on purpose.
+#if !defined(__SANITIZE_ADDRESS__)
   EXPECT_LT(rss_end - rss_after_warmup, 64 * 1024) << rss_after_warmup << " -> " << rss_end;
+#else
+  (void)rss_end;
+#endif
 }
 
 }  // namespace
