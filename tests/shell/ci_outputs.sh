@@ -8,8 +8,9 @@
 # fixture model on 127.0.0.1.
 # usage: ci_outputs.sh KVAUDIT_BINARY SOURCE_DIR BUILD_DIR
 source "$(dirname "$0")/lib.bash" "$@"
-pids=()
-at_exit 'for pid in "${pids[@]}"; do kill "$pid"; done; wait'
+# The servers' pids go to files: start() runs in a $(...) subshell, whose array changes the
+# parent never sees (the servers outlived every run before this).
+at_exit 'for f in "$work"/*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null; done; wait'
 
 # shellcheck source=tests/shell/ci_validate.bash
 source "$root/tests/shell/ci_validate.bash"
@@ -92,7 +93,7 @@ start() {  # start NAME ARGS...: runs kvaudit serve on a free port; prints its U
   local name=$1 url=""
   shift
   "$kvaudit" serve --model "$model" --port 0 "$@" > "$work/$name.log" 2>&1 &
-  pids+=($!)
+  echo $! > "$work/$name.pid"
   for _ in $(seq 1 200); do
     url=$(grep -so 'http://127.0.0.1:[0-9]*' "$work/$name.log" | tail -n 1)
     [[ -n $url ]] && break
