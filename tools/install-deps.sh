@@ -6,11 +6,11 @@
 #   --full  adds what the rest of `make test` uses: chromium (the HTML render and browser
 #           tests), curl (serve_cli), npm (fetches the SARIF and JUnit schemas the CI-output
 #           tests validate against: tools/fetch-ci-schemas.sh), universal-ctags (the
-#           function-size limit: tools/house-sizes.sh).
+#           function-size limit: tools/house-sizes.sh), clang-tidy (tools/tidy.sh: make test
+#           checks the files changed since .tidy-baseline, make tidy every file).
 #   --dev   adds the developer tools no test runs: python3-torch for regenerating the tiny
 #           models' reference logits and fixture models (tools/torch_reference*.py,
-#           tools/train_*.py: their outputs are committed), wrk for tools/bench-serve.sh,
-#           clang-tidy for make tidy.
+#           tools/train_*.py: their outputs are committed), wrk for tools/bench-serve.sh.
 set -euo pipefail
 core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       libcli11-dev libfmt-dev nlohmann-json3-dev libsimdjson-dev
@@ -19,8 +19,9 @@ core=(cmake g++ make pkg-config clang-14 libclang-rt-14-dev lld clang-format
       python3-jsonschema libxml2-utils python3-yaml python3-prometheus-client
       dpkg-dev file)  # make deb and shell.install: cpack's dpkg-shlibdeps, and file for ELF
 full=(chromium chromium-driver fonts-dejavu-core curl npm
-      universal-ctags)  # shell.house_sizes: function extents for tools/house-sizes.sh
-dev=(python3-torch libopenblas0-openmp wrk clang-tidy)
+      universal-ctags  # shell.house_sizes: function extents for tools/house-sizes.sh
+      clang-tidy)      # tools/tidy.sh, in make test and make tidy
+dev=(python3-torch libopenblas0-openmp wrk)
 want=("${core[@]}")
 case "${1:-}" in
   --full) want+=("${full[@]}") ;;
