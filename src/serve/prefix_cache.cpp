@@ -1,6 +1,8 @@
 // serve's prefix cache (see prefix_cache.h).
 #include "serve/prefix_cache.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 
