@@ -170,7 +170,7 @@ KvStream KvStream::Copy() const {
 }
 
 KvStream KvStream::WithCalibration(StaticAmax calibration) const {
-  KvStream copy(impl_->format, impl_->layout, impl_->role, calibration);
+  KvStream copy(impl_->format, impl_->layout, impl_->role, std::move(calibration));
   // Everything but the calibration and the codec built from it.
   Impl& c = *copy.impl_;
   c.quantized_tokens = impl_->quantized_tokens;
