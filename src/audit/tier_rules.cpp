@@ -92,7 +92,7 @@ std::string transfer_role(const engines::LaunchFlags& flags) {
     auto it = flags.tier_settings.find(key);
     return it == flags.tier_settings.end() ? std::string() : it->second;
   };
-  const std::string mode = setting("disaggregation_mode");
+  std::string mode = setting("disaggregation_mode");  // not const: returning it moves it
   if (mode == "prefill" || mode == "decode") return mode;
   const std::string role = setting("kv_role");
   if (role == "kv_producer") return "prefill";
