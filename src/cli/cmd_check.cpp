@@ -364,6 +364,7 @@ void check_other_launches(const engines::Registry& registry, const CheckOptions&
                           const std::vector<engines::LaunchFlags>& other_launches,
                           report::Report& report, std::vector<report::Finding>& all_findings) {
   std::vector<audit::TransferSide> sides;
+  sides.reserve(file_launches.size() + other_launches.size());
   for (const auto& launch : file_launches)
     sides.push_back({launch.workload, launch.engine, audit::transfer_role(launch),
                      result.resolved.kv_cache_dtype, launch.dtype});
