@@ -13,10 +13,6 @@
 
 namespace kvaudit::probe {
 
-namespace {
-
-constexpr int64_t kForcedWindow = 64;  // prompt positions kept before the expected text
-
 std::vector<Position> positions_of(const std::vector<net::TokenLogprob>& tokens, size_t begin,
                                    size_t end) {
   std::vector<Position> out;
@@ -27,6 +23,10 @@ std::vector<Position> positions_of(const std::vector<net::TokenLogprob>& tokens,
   }
   return out;
 }
+
+namespace {
+
+constexpr int64_t kForcedWindow = 64;  // prompt positions kept before the expected text
 
 bool fatal(const net::RequestError& error) {
   return error.server_unavailable() || error.kind() == net::FailureKind::malformed ||

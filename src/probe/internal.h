@@ -147,6 +147,10 @@ struct PairKl {
 };
 PairKl pair_kl(const ProbeRecord& left, const ProbeRecord& right, bool forced_ok);
 
+// The answer's tokens [begin, end) as scored positions, each with its top alternatives.
+std::vector<Position> positions_of(const std::vector<net::TokenLogprob>& tokens, size_t begin,
+                                   size_t end);
+
 // ---------------------------------------------------------------- gates (gates.cpp)
 
 // A gate against the comparison's metrics: the metric's excess over the control (drops are

@@ -46,16 +46,6 @@ std::map<std::string, double> counter_rise(const std::map<std::string, double>& 
   return out;
 }
 
-std::vector<Position> positions_from(const net::Completion& answer) {
-  std::vector<Position> out;
-  for (const auto& token : answer.tokens) {
-    Position position{token.token, token.logprob, {}};
-    for (const auto& top : token.top) position.top.push_back({top.token, top.logprob});
-    out.push_back(std::move(position));
-  }
-  return out;
-}
-
 struct RoundTripPrompt {
   std::string text;
   int64_t tokens = 0;
@@ -85,7 +75,7 @@ void ask_prompt(net::Client& client, const std::string& model, const RoundTripPr
   record.endpoint = "/v1/completions";
   record.output = answer.text;
   record.prompt_tokens = answer.prompt_tokens.value_or(prompt.tokens);
-  record.generated = positions_from(answer);
+  record.generated = positions_of(answer.tokens, 0, answer.tokens.size());
   record.top_k = top_k;
   record.passed = !record.generated.empty();
   record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
