@@ -1,8 +1,9 @@
-// Fuzzes the start-up log reader: the input is a log (first byte picks how it is fed: a
-// whole text, the ServerArgs repr alone (odd), or also line by line as kvaudit watch reads
-// it (2 mod 4)). Invariants: no crash, no hang, every launch's line range inside the input,
-// a repr never reports more fields than it had text for, and the watch's latest launch is
-// the whole read's.
+// Fuzzes the start-up log reader: the input is a log after one mode byte. An odd mode byte
+// reads the ServerArgs repr alone; otherwise the whole text is scanned, and with bit 2 set
+// the scan is also rendered as logs' JSON report. Invariants: no crash, no hang, every
+// launch's line range inside the input, a repr never reports more fields than it had text
+// for. (Rendering costs more than the scan; on every input it held the target to ~150
+// inputs/s. The line-by-line reading kvaudit watch does is fuzz_log_stream's.)
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,7 +11,6 @@
 
 #include "logs/logs.h"
 #include "util/util.h"
-#include "watch/watch.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
@@ -30,20 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (launch.first_line < 1 || launch.last_line < launch.first_line) __builtin_trap();
       if (launch.last_line > scan.lines + 1) __builtin_trap();
     }
-    (void)kvaudit::logs::to_report(scan, true, {});
-    if ((data[0] & 3) == 2 && !scan.launches.empty()) {
-      kvaudit::watch::LogWatcher watcher(registry, "fuzz", {});
-      kvaudit::watch::LineSplitter lines(1 << 20);
-      auto add = [&](std::string_view line) { watcher.add_line(line, 0); };
-      lines.feed(text, add);
-      lines.flush(add);
-      const kvaudit::logs::Launch& last = scan.launches.back();
-      const auto& latest = watcher.state().latest;
-      if (!latest || latest->number != last.index + 1 ||
-          latest->kv_resolved != last.kv_cache_dtype_resolved)
-        __builtin_trap();
-      (void)kvaudit::watch::render_metrics(watcher.state());
-    }
+    if (data[0] & 4) (void)kvaudit::logs::to_report(scan, true, {});
   } catch (const kvaudit::InputError&) {
   }
   return 0;

@@ -25,31 +25,41 @@ bool is_wrapper_shell(const std::string& word) {
 // Whether words[i...] start with an entry point as the engine data spells it:
 // "sglang serve" (program basename, then literal words), "-m sglang.launch_server"
 // (a module or a submodule of it), "launch_server.py" (a script).
+// `base`: words[i] without its directory ("/usr/bin/vllm" -> "vllm").
 std::optional<size_t> match_entry_point(const std::vector<std::string>& words, size_t i,
-                                        const std::string& entry) {
-  std::vector<std::string> parts = split_list(entry, ' ');
+                                        std::string_view base,
+                                        const std::vector<std::string>& parts) {
   if (parts.empty() || i + parts.size() > words.size()) return std::nullopt;
   if (parts[0] == "-m") {
     if (words[i] != "-m" || parts.size() != 2) return std::nullopt;
     const std::string& module = words[i + 1];
-    if (module == parts[1] || module.rfind(parts[1] + ".", 0) == 0) return i + 2;
+    if (module == parts[1] ||
+        (module.size() > parts[1].size() && module.compare(0, parts[1].size(), parts[1]) == 0 &&
+         module[parts[1].size()] == '.'))
+      return i + 2;
     return std::nullopt;
   }
-  const std::string& word = words[i];
-  size_t slash = word.find_last_of('/');
-  if ((slash == std::string::npos ? word : word.substr(slash + 1)) != parts[0]) return std::nullopt;
+  if (base != parts[0]) return std::nullopt;
   for (size_t k = 1; k < parts.size(); ++k)
     if (words[i + k] != parts[k]) return std::nullopt;
   return i + parts.size();
 }
 
-// Finds which engine a word list starts and where its arguments begin.
+// Finds which engine a word list starts and where its arguments begin. The entry points are
+// split once, not once per word (a long command line made that quadratic).
 std::optional<std::pair<std::string, size_t>> find_entry_point(
     const Registry& registry, const std::vector<std::string>& words) {
-  for (size_t i = 0; i < words.size(); ++i)
-    for (const std::string& engine : registry.names())
-      for (const std::string& entry : registry.engine(engine).launch.entry_points)
-        if (auto next = match_entry_point(words, i, entry)) return std::pair{engine, *next};
+  std::vector<std::pair<std::string, std::vector<std::string>>> entries;
+  for (const std::string& engine : registry.names())
+    for (const std::string& entry : registry.engine(engine).launch.entry_points)
+      entries.emplace_back(engine, split_list(entry, ' '));
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string_view word = words[i];
+    const size_t slash = word.find_last_of('/');
+    const std::string_view base = slash == std::string_view::npos ? word : word.substr(slash + 1);
+    for (const auto& [engine, parts] : entries)
+      if (auto next = match_entry_point(words, i, base, parts)) return std::pair{engine, *next};
+  }
   return std::nullopt;
 }
 

@@ -208,6 +208,8 @@ class LogStream {
   bool add_line(std::string_view line);
   // The scan so far, as scan_log would return it had the log ended after the last line.
   LogScan snapshot() const;
+  // Its newest launch alone, as snapshot().launches.back() would be (none before any).
+  std::optional<Launch> latest() const;
   int64_t lines() const;
 
  private:

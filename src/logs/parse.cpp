@@ -318,79 +318,89 @@ void LaunchBuilder::handle(std::string_view raw_line, int64_t line_no) {
 
 void LaunchBuilder::finish(LogScan& out) {
   out.launches_dropped = dropped_;
-  for (auto& launch : launches_) {
-    // A launch with no recognised content (e.g. systemd lines only) is still kept: it
-    // shows a restart that never printed anything.
-    // Without a printed size, the ranks seen bound TP from below: a log of TP0 lines only
-    // says nothing (SGLang prints most lines on TP0), ranks 0, 2, 4, 6 say at least 7.
-    if (launch.tp == 0 && !launch.tp_ranks_seen.empty() && *launch.tp_ranks_seen.rbegin() > 0) {
-      launch.tp_at_least = *launch.tp_ranks_seen.rbegin() + 1;
-      launch.memory.tp_at_least = launch.tp_at_least;
-      launch.memory.tp_ranks_contiguous =
-          static_cast<int>(launch.tp_ranks_seen.size()) == launch.tp_at_least;
-    }
-    launch.memory.tp_source = launch.tp_source;
-    // Resolved dtype when no line said it (or only a bare "fp8" did): an explicit request
-    // is what the engine allocates; vLLM's auto follows the model dtype.
-    const engines::DtypeVocabulary& dtypes = registry_.dtypes();
-    std::string requested = dtypes.normalise(launch.kv_cache_dtype_requested);
-    if ((launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic) && !requested.empty() &&
-        requested != "auto" &&
-        (launch.kv_cache_dtype_resolved.empty() || dtypes.is_quantized(requested))) {
-      launch.kv_cache_dtype_resolved = requested;
-      launch.resolved_evidence = "requested --kv-cache-dtype " + launch.kv_cache_dtype_requested;
-    }
-    // A scale warning the engine prints for one dtype only names that dtype.
-    if (launch.kv_cache_dtype_resolved.empty())
-      for (const auto& msg : launch.scale_messages) {
-        if ((msg.message_kind != LogKind::scale_warning &&
-             msg.message_kind != LogKind::scale_unit_fallback) ||
-            msg.engine.empty())
-          continue;
-        for (const auto& rule : registry_.engine(msg.engine).scale_warnings)
-          if (rule.log_message == msg.template_id && rule.dtypes.size() == 1) {
-            launch.kv_cache_dtype_resolved = rule.dtypes[0];
-            launch.resolved_evidence =
-                fmt::format("log:{}: the engine prints this warning only for a {} cache", msg.line,
-                            rule.dtypes[0]);
-          }
-        if (!launch.kv_cache_dtype_resolved.empty()) break;
-      }
-    // auto with no line naming the cache: both engines store it in the model dtype unless
-    // the checkpoint declares a quantized KV cache, which the log may not show (older
-    // SGLang pools do not print their dtype). Inferred, and said so; --checkpoint decides.
-    // A launch that names a weight quantization is not inferred at all: its checkpoint may
-    // well declare the KV cache quantized, and a wrong "bf16" is the all-clear kvaudit must
-    // never give; it stays unknown until --checkpoint decides it.
-    const bool quantized_weights = !launch.quantization.empty() && launch.quantization != "None";
-    if (launch.kv_cache_dtype_resolved.empty() && requested == "auto" &&
-        !launch.model_dtype.empty() && !launch.engine.empty()) {
-      if (quantized_weights) {
-        launch.resolved_auto_pending = true;
-        launch.resolved_evidence = fmt::format(
-            "kv_cache_dtype '{}' on a {}-quantized checkpoint and no line naming the cache: its "
-            "quant config decides (pass --checkpoint)",
-            launch.kv_cache_dtype_requested, launch.quantization);
-      } else {
-        launch.kv_cache_dtype_resolved = launch.model_dtype;
-        launch.resolved_inferred = true;
-        launch.resolved_evidence = fmt::format(
-            "kv_cache_dtype '{}' and no line naming an FP8 cache: the model dtype {} (inferred)",
-            launch.kv_cache_dtype_requested, launch.model_dtype);
-      }
-    }
-    launch.memory.engine = launch.engine;
-    launch.memory.engine_version = launch.engine_version;
-    launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
-    if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
-      launch.max_total_tokens =
-          *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
-    decide_scale_fallback(registry_, launch);
-  }
+  for (auto& launch : launches_) resolve(launch);
   for (size_t i = 0; i < launches_.size(); ++i)
     add_findings(registry_, launches_[i], i + 1 == launches_.size());
   out.launches.assign(std::make_move_iterator(launches_.begin()),
                       std::make_move_iterator(launches_.end()));
+}
+
+std::optional<Launch> LaunchBuilder::latest() const {
+  if (launches_.empty()) return std::nullopt;
+  Launch launch = launches_.back();
+  resolve(launch);
+  add_findings(registry_, launch, true);
+  return launch;
+}
+
+void LaunchBuilder::resolve(Launch& launch) const {
+  // A launch with no recognised content (e.g. systemd lines only) is still kept: it
+  // shows a restart that never printed anything.
+  // Without a printed size, the ranks seen bound TP from below: a log of TP0 lines only
+  // says nothing (SGLang prints most lines on TP0), ranks 0, 2, 4, 6 say at least 7.
+  if (launch.tp == 0 && !launch.tp_ranks_seen.empty() && *launch.tp_ranks_seen.rbegin() > 0) {
+    launch.tp_at_least = *launch.tp_ranks_seen.rbegin() + 1;
+    launch.memory.tp_at_least = launch.tp_at_least;
+    launch.memory.tp_ranks_contiguous =
+        static_cast<int>(launch.tp_ranks_seen.size()) == launch.tp_at_least;
+  }
+  launch.memory.tp_source = launch.tp_source;
+  // Resolved dtype when no line said it (or only a bare "fp8" did): an explicit request
+  // is what the engine allocates; vLLM's auto follows the model dtype.
+  const engines::DtypeVocabulary& dtypes = registry_.dtypes();
+  std::string requested = dtypes.normalise(launch.kv_cache_dtype_requested);
+  if ((launch.kv_cache_dtype_resolved.empty() || launch.resolved_generic) && !requested.empty() &&
+      requested != "auto" &&
+      (launch.kv_cache_dtype_resolved.empty() || dtypes.is_quantized(requested))) {
+    launch.kv_cache_dtype_resolved = requested;
+    launch.resolved_evidence = "requested --kv-cache-dtype " + launch.kv_cache_dtype_requested;
+  }
+  // A scale warning the engine prints for one dtype only names that dtype.
+  if (launch.kv_cache_dtype_resolved.empty())
+    for (const auto& msg : launch.scale_messages) {
+      if ((msg.message_kind != LogKind::scale_warning &&
+           msg.message_kind != LogKind::scale_unit_fallback) ||
+          msg.engine.empty())
+        continue;
+      for (const auto& rule : registry_.engine(msg.engine).scale_warnings)
+        if (rule.log_message == msg.template_id && rule.dtypes.size() == 1) {
+          launch.kv_cache_dtype_resolved = rule.dtypes[0];
+          launch.resolved_evidence =
+              fmt::format("log:{}: the engine prints this warning only for a {} cache", msg.line,
+                          rule.dtypes[0]);
+        }
+      if (!launch.kv_cache_dtype_resolved.empty()) break;
+    }
+  // auto with no line naming the cache: both engines store it in the model dtype unless
+  // the checkpoint declares a quantized KV cache, which the log may not show (older
+  // SGLang pools do not print their dtype). Inferred, and said so; --checkpoint decides.
+  // A launch that names a weight quantization is not inferred at all: its checkpoint may
+  // well declare the KV cache quantized, and a wrong "bf16" is the all-clear kvaudit must
+  // never give; it stays unknown until --checkpoint decides it.
+  const bool quantized_weights = !launch.quantization.empty() && launch.quantization != "None";
+  if (launch.kv_cache_dtype_resolved.empty() && requested == "auto" &&
+      !launch.model_dtype.empty() && !launch.engine.empty()) {
+    if (quantized_weights) {
+      launch.resolved_auto_pending = true;
+      launch.resolved_evidence = fmt::format(
+          "kv_cache_dtype '{}' on a {}-quantized checkpoint and no line naming the cache: its "
+          "quant config decides (pass --checkpoint)",
+          launch.kv_cache_dtype_requested, launch.quantization);
+    } else {
+      launch.kv_cache_dtype_resolved = launch.model_dtype;
+      launch.resolved_inferred = true;
+      launch.resolved_evidence = fmt::format(
+          "kv_cache_dtype '{}' and no line naming an FP8 cache: the model dtype {} (inferred)",
+          launch.kv_cache_dtype_requested, launch.model_dtype);
+    }
+  }
+  launch.memory.engine = launch.engine;
+  launch.memory.engine_version = launch.engine_version;
+  launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
+  if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
+    launch.max_total_tokens =
+        *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
+  decide_scale_fallback(registry_, launch);
 }
 
 // Scale fallback from the log alone: only the engine's own check of the loaded values

@@ -77,8 +77,13 @@ class LaunchBuilder {
   void handle(std::string_view raw_line, int64_t line_no);
   // Moves the launches into `out`, resolving what needs the whole launch.
   void finish(LogScan& out);
+  // The newest launch as finish() would return it, without copying the others (watch asks
+  // after every matched line).
+  std::optional<Launch> latest() const;
 
  private:
+  // What finish() works out of one launch's lines once they are all in.
+  void resolve(Launch& launch) const;
   Launch& current(int64_t line_no, const std::string& timestamp);
   Launch& open_launch(int64_t line_no, const std::string& timestamp);
   // Why `hits` (one line, printed by `rank`) must start a new run, when they do.

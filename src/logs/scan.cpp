@@ -10,7 +10,9 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "logs/logs.h"
@@ -39,10 +41,10 @@ uint32_t hash16(uint32_t w) {
 // (Outside the anonymous namespace: LogStream's state, declared in logs.h, holds one.)
 class PatternFilter {
  public:
-  // Built per scan: the entries (a few thousand 4-grams) are sorted by hash rather than
-  // pushed into 65,536 bucket vectors, which cost more than scanning a small log.
-  explicit PatternFilter(const engines::Registry& registry)
-      : patterns_(scan_patterns(registry)), bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
+  // Built once per pattern list (shared_filter): the entries (a few thousand 4-grams) are
+  // sorted by hash rather than pushed into 65,536 bucket vectors.
+  explicit PatternFilter(std::vector<std::string> texts)
+      : patterns_(std::move(texts)), bits_(1 << 10, 0), bucket_begin_((1 << 16) + 1, 0) {
     const auto& patterns = patterns_;
     std::vector<std::pair<uint32_t, Entry>> hashed;
     for (size_t p = 0; p < patterns.size(); ++p) {
@@ -65,11 +67,11 @@ class PatternFilter {
     for (size_t h = 0; h < (1u << 16); ++h) bucket_begin_[h + 1] += bucket_begin_[h];
   }
 
+  const std::vector<std::string>& patterns() const { return patterns_; }
   size_t max_len() const { return max_len_; }
+  // Exact (find() verifies what it samples): one hashed pass, not a search per pattern.
   bool line_matches(std::string_view line) const {
-    for (const auto& p : patterns_)
-      if (line.find(p) != std::string_view::npos) return true;
-    return false;
+    return line.size() >= 4 && find(line.data(), line.size(), 0).first != std::string::npos;
   }
 
   // First sample position >= from where a pattern occurrence starting at or after
@@ -105,14 +107,36 @@ class PatternFilter {
 
 namespace {
 
+// The filter for the registry's patterns, built once per process for each pattern list (a
+// scan of a short log, as watch and the fuzzer run, spent most of its time building it).
+// Keyed by the patterns themselves, not the registry's address: a registry loaded later at
+// the same address may hold other templates.
+std::shared_ptr<const PatternFilter> shared_filter(const engines::Registry& registry) {
+  static std::mutex mutex;
+  static std::vector<std::shared_ptr<const PatternFilter>> cache;  // newest last
+  constexpr size_t kMaxCached = 4;
+  std::vector<std::string> patterns = scan_patterns(registry);
+  std::lock_guard lock(mutex);
+  for (auto it = cache.begin(); it != cache.end(); ++it)
+    if ((*it)->patterns() == patterns) {
+      std::shared_ptr<const PatternFilter> found = *it;
+      cache.erase(it);
+      cache.push_back(found);
+      return found;
+    }
+  if (cache.size() == kMaxCached) cache.erase(cache.begin());
+  cache.push_back(std::make_shared<const PatternFilter>(std::move(patterns)));
+  return cache.back();
+}
+
 // Scans complete lines in [data, data + size) (size ends after a '\n' or at EOF).
 class BlockScanner {
  public:
   BlockScanner(const engines::Registry& registry, LaunchBuilder& builder)
-      : builder_(builder), filter_(registry) {}
+      : builder_(builder), filter_(shared_filter(registry)) {}
 
   void scan(const char* data, size_t size) {
-    const PatternFilter& f = filter_;
+    const PatternFilter& f = *filter_;
     size_t pos = 0, counted = 0;
     while (pos < size) {
       auto [sample, start] = f.find(data, size, pos);
@@ -148,27 +172,32 @@ class BlockScanner {
 
  private:
   LaunchBuilder& builder_;
-  PatternFilter filter_;  // from the engine data's log templates
+  std::shared_ptr<const PatternFilter> filter_;  // from the engine data's log templates
   int64_t line_no_ = 0;
   int64_t matched_ = 0;
 };
 
 using ReadFn = std::function<size_t(char*, size_t)>;
 
+// `most_bytes`, when the input's size is known in advance (a text in memory), sizes the buffer
+// to it: a short log no longer costs a 2 MiB allocation.
 LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const std::string& label,
-                    const ScanOptions& options) {
+                    const ScanOptions& options,
+                    size_t most_bytes = std::numeric_limits<size_t>::max()) {
   LaunchBuilder builder(registry, options.max_launches, options.kv_policy);
   BlockScanner scanner(registry, builder);
   LogScan result;
   result.source = label;
   const size_t cap = std::max<size_t>(options.max_line_bytes, 4096);
+  // The carry is under `cap` and under the bytes read so far; a read adds at most `block`.
+  const size_t block = std::clamp<size_t>(most_bytes, 1, kBlockBytes);
   // Not zeroed: a short log touches a few pages of it, not 2 MiB.
-  std::unique_ptr<char[]> buffer(new char[kBlockBytes + cap + 1]);
+  std::unique_ptr<char[]> buffer(new char[block + std::min(cap, most_bytes) + 1]);
   size_t carry = 0;
   bool skipping = false;  // inside the tail of an over-long line
   bool first = true;
   for (;;) {
-    size_t n = read(buffer.get() + carry, kBlockBytes);
+    size_t n = read(buffer.get() + carry, block);
     if (first) {
       first = false;
       size_t probe = std::min<size_t>(n, 65536);
@@ -190,12 +219,9 @@ LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const
       scanner.add_lines(1);
       skipping = false;
     }
-    const char* last_nl = nullptr;
-    for (size_t i = size; i > begin; --i)
-      if (data[i - 1] == '\n') {
-        last_nl = data + i - 1;
-        break;
-      }
+    const char* last_nl = size > begin ? static_cast<const char*>(
+                                             ::memrchr(data + begin, '\n', size - begin))
+                                       : nullptr;
     if (last_nl) {
       size_t complete = static_cast<size_t>(last_nl - data) + 1;
       scanner.scan(data + begin, complete - begin);
@@ -232,12 +258,12 @@ struct LogStream::State {
         label(std::move(source)),
         max_line_bytes(std::max<size_t>(options.max_line_bytes, 4096)),
         builder(engines, options.max_launches, options.kv_policy),
-        filter(engines) {}
+        filter(shared_filter(engines)) {}
   const engines::Registry& registry;
   std::string label;
   size_t max_line_bytes;
   LaunchBuilder builder;
-  PatternFilter filter;
+  std::shared_ptr<const PatternFilter> filter;
   int64_t lines = 0, matched = 0, truncated = 0;
   uint64_t bytes = 0;
 };
@@ -258,8 +284,7 @@ bool LogStream::add_line(std::string_view line) {
   }
   // The sampled 4-gram filter verifies what it finds (every pattern is longer than its
   // stride, so one sample falls on any occurrence): a miss means no pattern is in the line.
-  if (line.size() < 4 || s.filter.find(line.data(), line.size(), 0).first == std::string::npos)
-    return false;
+  if (!s.filter->line_matches(line)) return false;
   s.builder.handle(line, s.lines);
   ++s.matched;
   return true;
@@ -276,6 +301,10 @@ LogScan LogStream::snapshot() const {
   scan.truncated_lines = s.truncated;
   builder.finish(scan);
   return scan;
+}
+
+std::optional<Launch> LogStream::latest() const {
+  return state_->builder.latest();
 }
 
 int64_t LogStream::lines() const {
@@ -321,7 +350,7 @@ LogScan scan_log_text(const engines::Registry& registry, std::string_view text,
         offset += take;
         return take;
       },
-      label, ScanOptions{});
+      label, ScanOptions{}, text.size());
 }
 
 }  // namespace kvaudit::logs

@@ -326,9 +326,9 @@ bool LogWatcher::add_line(std::string_view line, double now_unix_s) {
   const bool matched = stream_.add_line(line);
   state_.lines = stream_.lines();
   if (!matched) return false;
-  const logs::LogScan scan = stream_.snapshot();
-  if (scan.launches.empty()) return false;
-  const logs::Launch& launch = scan.launches.back();
+  const std::optional<logs::Launch> latest = stream_.latest();
+  if (!latest) return false;
+  const logs::Launch& launch = *latest;
   // Launch indices count every launch the stream opened, dropped ones included.
   const int64_t number = launch.index + 1;
   LaunchState next = state_of(registry_, launch, options_.expectations, number);
