@@ -398,8 +398,7 @@ void LaunchBuilder::resolve(Launch& launch) const {
   launch.memory.engine_version = launch.engine_version;
   launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
   if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
-    launch.max_total_tokens =
-        *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
+    launch.max_total_tokens = *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
   decide_scale_fallback(registry_, launch);
 }
 

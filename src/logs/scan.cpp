@@ -219,9 +219,9 @@ LogScan scan_stream(const engines::Registry& registry, const ReadFn& read, const
       scanner.add_lines(1);
       skipping = false;
     }
-    const char* last_nl = size > begin ? static_cast<const char*>(
-                                             ::memrchr(data + begin, '\n', size - begin))
-                                       : nullptr;
+    const char* last_nl =
+        size > begin ? static_cast<const char*>(::memrchr(data + begin, '\n', size - begin))
+                     : nullptr;
     if (last_nl) {
       size_t complete = static_cast<size_t>(last_nl - data) + 1;
       scanner.scan(data + begin, complete - begin);
