@@ -6,7 +6,7 @@ TIDY_BUILD ?= build-tidy
 FUZZ_SECONDS ?= 6
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps deps-full build asan fuzz check test test-release test-asan test-fuzz demo demo-live deb ledger bench format format-check tidy clean
+.PHONY: all deps deps-full build asan fuzz fuzz-long check test test-release test-asan test-fuzz demo demo-live deb ledger bench format format-check tidy clean
 
 all: build
 
@@ -106,6 +106,15 @@ test-asan: asan
 
 test-fuzz: asan
 	tools/run-fuzz.sh $(ASAN_BUILD) $(FUZZ_SECONDS) $(JOBS)
+# A long campaign: FUZZ_SECONDS per target (default an hour here, 6 s in make test), JOBS
+# targets at a time, resuming from and growing $(FUZZ_CAMPAIGN)/ (not committed); then what
+# adds coverage is merged into fuzz/corpus/ (tools/fuzz-merge.sh) and crash inputs are listed.
+# FUZZ_TARGETS="logs launch" runs only those.
+FUZZ_CAMPAIGN ?= fuzz-campaign
+FUZZ_LONG_SECONDS = $(if $(filter file,$(origin FUZZ_SECONDS)),3600,$(FUZZ_SECONDS))
+fuzz-long: asan
+	FUZZ_CORPUS_DIR=$(FUZZ_CAMPAIGN) tools/run-fuzz.sh $(ASAN_BUILD) $(FUZZ_LONG_SECONDS) $(JOBS)
+	tools/fuzz-merge.sh $(ASAN_BUILD) $(FUZZ_CAMPAIGN)
 
 # The format check first (seconds), then clang-tidy over the src/ files changed since the
 # commit in .tidy-baseline (tools/tidy.sh: seconds to a few minutes; `make tidy` checks every

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target for a bounded time over its committed seed corpus, JOBS
 # targets at a time (each fuzzer is one process on one core: on 2 cores, two at once halve
-# the stage). New inputs go to a scratch folder, so the repository's corpus stays small.
+# the stage), with its dictionary (fuzz/NAME.dict) when there is one. Prints each target's
+# inputs executed and inputs per second.
+#
+# By default new inputs go to a scratch folder, so the repository's corpus stays small.
+# FUZZ_CORPUS_DIR=DIR keeps them in DIR/NAME (a campaign resumes from what it found; crash
+# inputs go to DIR/artifacts/) and appends one line per target to DIR/campaign.log;
+# tools/fuzz-merge.sh moves what adds coverage into fuzz/corpus/. FUZZ_TARGETS="logs
+# launch" runs only those targets.
 # Usage: tools/run-fuzz.sh BUILD_DIR SECONDS [JOBS]
 set -euo pipefail
 build=${1:-build-asan}
@@ -13,26 +20,43 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 [[ -d /dev/shm && -w /dev/shm ]] && export TMPDIR=${TMPDIR:-/dev/shm}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+keep=${FUZZ_CORPUS_DIR:-}
+if [[ -n $keep ]]; then
+  mkdir -p "$keep/artifacts"
+  keep=$(cd "$keep" && pwd)
+fi
+artifacts=${keep:+$keep/artifacts/}
+artifacts=${artifacts:-$PWD/}
 
 fuzz_one() {  # target -> exit status; its log in $work/NAME.log
   local target=$1 name scratch seeds dict=()
   name=$(basename "$target"); name=${name#fuzz_}
-  scratch=$work/$name.corpus; mkdir -p "$scratch"
+  scratch=${keep:+$keep/$name}; scratch=${scratch:-$work/$name.corpus}; mkdir -p "$scratch"
   seeds=$root/fuzz/corpus/$name
   [[ -f $root/fuzz/$name.dict ]] && dict=(-dict="$root/fuzz/$name.dict")
   "$target" "$scratch" "$seeds" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
-    -print_final_stats=1 "${dict[@]}" > "$work/$name.log" 2>&1
+    -artifact_prefix="$artifacts$name-" -print_final_stats=1 "${dict[@]}" \
+    > "$work/$name.log" 2>&1
 }
 
 report() {  # name status
-  local name=$1 rc=$2
+  local name=$1 rc=$2 units time_s rate
   if ((rc != 0)); then
     tail -40 "$work/$name.log"
-    echo "fuzz: $name FAILED (crash input saved by libFuzzer in the working folder)"
-  else
-    echo "fuzz: $name ran ${seconds}s"
-    grep -E 'stat::number_of_executed_units|Done' "$work/$name.log" | tail -2 || true
+    echo "fuzz: $name FAILED (the crash input is at $artifacts$name-*)"
   fi
+  units=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$name.log" | tail -1)
+  time_s=$(grep -oE '^Done [0-9]+ runs in [0-9]+ second' "$work/$name.log" | grep -oE '[0-9]+ second' |
+    grep -oE '[0-9]+' || echo "$seconds")
+  rate=$(( ${units:-0} / (time_s > 0 ? time_s : 1) ))
+  echo "fuzz: $name: ${units:-?} inputs in ${time_s} s, $rate inputs/s$( ((rc == 0)) || echo ', FAILED')"
+  [[ -z $keep ]] ||
+    echo "$(date -u +%FT%TZ) $name ${units:-0} inputs ${time_s} s $rate/s exit $rc" >> "$keep/campaign.log"
+}
+
+selected() {  # name -> whether FUZZ_TARGETS (if set) names it
+  [[ -z ${FUZZ_TARGETS:-} ]] && return 0
+  [[ " $FUZZ_TARGETS " == *" $1 "* ]]
 }
 
 status=0
@@ -40,6 +64,7 @@ declare -A running=()  # pid -> name
 for target in "$build"/fuzz/fuzz_*; do
   [[ -x $target ]] || continue
   name=$(basename "$target"); name=${name#fuzz_}
+  selected "$name" || continue
   while ((${#running[@]} >= jobs)); do
     rc=0; wait -n -p done_pid "${!running[@]}" || rc=$?
     report "${running[$done_pid]}" "$rc"; ((rc == 0)) || status=1
