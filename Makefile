@@ -6,7 +6,7 @@ TIDY_BUILD ?= build-tidy
 FUZZ_SECONDS ?= 6
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps deps-full build asan fuzz fuzz-long check test test-release test-asan test-fuzz demo demo-live deb ledger bench format format-check tidy clean
+.PHONY: all deps deps-full build asan fuzz fuzz-long chaos-soak check test test-release test-asan test-fuzz demo demo-live deb ledger bench format format-check tidy clean
 
 all: build
 
@@ -126,6 +126,12 @@ test: deps-full
 	  $(MAKE) test-asan && $(MAKE) test-fuzz || status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall on $(JOBS) jobs, exit $$status"; exit $$status
 
+# serve under load for a minute: 32 keep-alive clients, valid requests mixed with malformed
+# bodies, oversized ones, unknown routes and clients that hang up mid-stream
+# (ServeChaos.KeepAliveClientsWithMalformedBodiesMixedIn, which make test runs for 4 s).
+chaos-soak: build
+	cd $(BUILD) && KVAUDIT_CHAOS_CLIENTS=32 KVAUDIT_CHAOS_SECONDS=60 \
+	  tests/test_serve --gtest_filter='ServeChaos.*'
 # Builds only what the demo runs (kvaudit and the sparse-checkpoint maker), not the tests.
 demo: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS) --target kvaudit kvaudit_make_checkpoint

@@ -34,6 +34,7 @@ struct Server::Impl {
   std::unique_ptr<PrefixCache> prefix_cache;  // null: none (a hybrid model)
   std::unique_ptr<Engine> engine;             // after prefix_cache: destroyed first
   httplib::Server http;
+  socket_t listen_socket = INVALID_SOCKET;  // the socket httplib binds (set_socket_options)
   int port = -1;
   std::atomic<bool> stopping{false};
   std::atomic<bool> run_entered{false}, run_returned{false};
