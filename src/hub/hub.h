@@ -1,9 +1,12 @@
 // hub: a checkpoint on the Hugging Face hub (or a mirror, HF_ENDPOINT) read without its
-// weights. What check and plan read locally (config.json, hf_quant_config.json, the
-// safetensors index, each shard's 8-byte length and header, and the bytes of every KV-scale
-// tensor) is fetched with HTTP range requests at one pinned commit and laid out in a cache
-// folder as sparse stand-ins: each shard file has its real size, its real header, its real
-// scale bytes and holes for the weights. checkpoint::read_checkpoint then reads that folder
+// weights. What check and plan read locally (config.json, hf_quant_config.json, each
+// shard's 8-byte length and header, and the bytes of every KV-scale tensor) is fetched with
+// HTTP range requests at one pinned commit and laid out in a cache folder as sparse
+// stand-ins: each shard file has its real size, its real header, its real scale bytes and
+// holes for the weights. The shards are the ones the hub's file listing shows (their sizes
+// checked against the files); the safetensors index, which only repeats the tensor-to-shard
+// map the headers hold (tens of MB for a large model), is read only where the listing
+// cannot be had (a mirror without /api/). checkpoint::read_checkpoint then reads that folder
 // exactly as it reads a download, so a remote audit and a local one cannot disagree. A
 // second audit of the same commit fetches nothing; the user's Hugging Face cache is used
 // directly when it holds the files. Hub conventions (token sources, Authorization only to
@@ -47,6 +50,7 @@ struct HubOptions {
   uint64_t max_small_file_bytes = 16u << 20;  // config.json, hf_quant_config.json
   uint64_t max_index_bytes = 256u << 20;      // a 500K-tensor index is ~60 MB
   uint64_t max_shards = 100'000;
+  size_t max_listing_entries = 100'000;  // files and folders the hub's file listing may name
   int max_redirects = 10;
   // Called as shards finish (from worker threads, serialised): done, total.
   std::function<void(int64_t done, int64_t total)> on_progress;
