@@ -1,16 +1,61 @@
 // Fuzzes how kvaudit takes a hub's answers apart before trusting their bytes: a range
 // answer (status, headers, body) checked against the range asked for, the 8-byte
-// safetensors length prefix of a remote shard, and hub references. Input: byte 0 picks the
-// status, bytes 1-4 the range asked for, then "Name: value" header lines, a blank line, the
-// body. Invariants: accepted bytes never exceed what was asked; a header length never
-// exceeds the file; bad input is an InputError, never a crash or an allocation it claims.
+// safetensors length prefix of a remote shard, hub references, and the hub's file listing
+// (the body as a listing page, each header value as a Link header, and the shards the page
+// shows). Input: byte 0 picks the status, bytes 1-4 the range asked for, then "Name: value"
+// header lines, a blank line, the body. Invariants: accepted bytes never exceed what was
+// asked; a header length never exceeds the file; a listing keeps at most its entry limit,
+// only usable paths, and shards that are among its files; a next page stays on the listing's
+// path; bad input is an InputError, never a crash or an allocation it claims.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hub/hub.h"
 #include "util/util.h"
+
+namespace {
+
+constexpr std::string_view kListing = "https://hub.example/api/models/org/m/tree/sha";
+
+void fuzz_listing(const kvaudit::net::HttpResponse& response) {
+  kvaudit::hub::ListingLimits limits;
+  limits.max_entries = 64;
+  limits.max_page_bytes = 1 << 16;
+  std::vector<kvaudit::hub::ListedFile> files;
+  size_t seen = 0;
+  try {
+    kvaudit::hub::parse_listing_page(response.body, "fuzz", limits, seen, files);
+    if (files.size() > limits.max_entries || seen > limits.max_entries) __builtin_trap();
+    for (const auto& file : files) {
+      const std::string wrapped = "/" + file.path + "/";
+      if (file.path.empty() || file.path.front() == '/' ||
+          wrapped.find("/../") != std::string::npos || wrapped.find("//") != std::string::npos)
+        __builtin_trap();
+    }
+    kvaudit::hub::ListedShards shards = kvaudit::hub::shards_from_listing(files, "fuzz");
+    for (const auto& shard : shards.shards) {
+      if (shard.path.find('/') != std::string::npos) __builtin_trap();
+      if (std::none_of(files.begin(), files.end(),
+                       [&](const auto& file) { return file.path == shard.path; }))
+        __builtin_trap();
+    }
+    if (!shards.shards.empty() && !shards.why_not.empty()) __builtin_trap();
+  } catch (const kvaudit::InputError&) {
+  }
+  for (const auto& [name, value] : response.headers) {
+    try {
+      auto next = kvaudit::hub::listing_next_page(value, kListing, "fuzz");
+      if (next && !next->starts_with(kListing)) __builtin_trap();
+    } catch (const kvaudit::InputError&) {
+    }
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 5) return 0;
@@ -35,6 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     response.headers[name] = std::string(value);
   }
   response.body = std::string(rest);
+  fuzz_listing(response);
   try {
     kvaudit::hub::RangeAnswer answer =
         kvaudit::hub::check_range_answer(response, wanted, "fuzz", uint64_t{1} << 40);

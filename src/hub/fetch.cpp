@@ -1,6 +1,7 @@
 // hub fetch: open_hub_checkpoint, and the remote fetch behind it that lays out sparse
-// stand-in shards in kvaudit's cache: GETs with the hub's redirect rules, each shard's
-// header and KV-scale bytes at their offsets, and a scratch folder renamed into the cache.
+// stand-in shards in kvaudit's cache: the shard list (from the hub's file listing, else the
+// index), each shard's header and KV-scale bytes at their offsets, and a scratch folder
+// renamed into the cache. The HTTP side is remote.cpp's.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "hub/internal.h"
+#include "hub/remote.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -27,194 +29,13 @@ using nlohmann::json;
 
 constexpr const char* kManifest = ".kvaudit-hub.json";
 
-// ---------------------------------------------------------------- the fetcher
-
-// GETs with the hub's redirect rules: relative and absolute Locations, a bounded count, and
-// Authorization only to the endpoint's own origin (a CDN URL carries its own signature).
-class Fetcher {
- public:
-  Fetcher(const HubOptions& options, const std::string& endpoint, std::string token,
-          std::string repo)
-      : options_(options),
-        endpoint_(net::parse_url(endpoint)),
-        token_(std::move(token)),
-        user_agent_(fmt::format("kvaudit/1; model_id={}", repo)) {}
-
-  struct Answer {
-    net::HttpResponse response;
-    std::string url;     // the last URL asked
-    std::string commit;  // X-Repo-Commit, from any answer of the chain
-  };
-
-  // `path` is below the endpoint ("/org/model/resolve/sha/config.json").
-  Answer get(const std::string& path, std::optional<ByteRange> range, bool follow = true) {
-    return get_from(origin_of(endpoint_), endpoint_.base_path + path, range, follow);
-  }
-  // An absolute URL an earlier answer redirected to (a signed CDN URL, reused for the
-  // file's further ranges instead of asking the hub to redirect again).
-  Answer get_url(const std::string& url, std::optional<ByteRange> range) {
-    size_t path_at = url.find('/', url.find("://") + 3);
-    return get_from(origin_of(net::parse_url(url.substr(0, path_at))), url.substr(path_at), range,
-                    true);
-  }
-
- private:
-  Answer get_from(std::string origin, std::string request_path, std::optional<ByteRange> range,
-                  bool follow) {
-    Answer answer;
-    for (int hop = 0;; ++hop) {
-      net::GetRequest request;
-      request.path = request_path;
-      request.headers = {
-          {"User-Agent", user_agent_}, {"Accept", "*/*"}, {"Accept-Encoding", "identity"}};
-      if (range) {
-        request.headers.emplace_back("Range",
-                                     fmt::format("bytes={}-{}", range->first, range->last));
-        // A server that ignores Range sends the whole file: stop once the bytes are in.
-        request.stop_after_bytes = range->last + 1;
-      }
-      answer.url = origin + request_path;
-      answer.response = client(origin).get(request);
-      requests_++;
-      bytes_ += answer.response.body.size();
-      if (std::string commit = answer.response.header("x-repo-commit"); !commit.empty())
-        answer.commit = commit;
-      const int status = answer.response.status;
-      if (!follow || status < 300 || status >= 400 || status == 304) return answer;
-      const std::string location = answer.response.header("location");
-      if (location.empty())
-        throw InputError(answer.url, fmt::format("HTTP {} without a Location", status));
-      if (hop + 1 >= options_.max_redirects)
-        throw InputError(answer.url, fmt::format("more than {} redirects (a redirect loop?)",
-                                                 options_.max_redirects));
-      if (location.find("://") != std::string::npos) {  // absolute: maybe another host
-        size_t path_at = location.find('/', location.find("://") + 3);
-        std::string target_origin =
-            path_at == std::string::npos ? location : location.substr(0, path_at);
-        origin = origin_of(net::parse_url(target_origin));
-        request_path = path_at == std::string::npos ? "/" : location.substr(path_at);
-      } else if (!location.empty() && location[0] == '/') {  // host-relative
-        request_path = location;
-      } else {  // relative to the current path's folder
-        std::string base = request_path.substr(0, request_path.find('?'));
-        request_path = base.substr(0, base.rfind('/') + 1) + location;
-      }
-    }
-  }
-
- public:
-  int64_t requests() const { return requests_; }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  static std::string origin_of(const net::Url& url) {
-    const std::string host =
-        url.host.find(':') != std::string::npos ? "[" + url.host + "]" : url.host;
-    return fmt::format("{}://{}:{}", url.scheme, host, url.port);
-  }
-
-  net::Client& client(const std::string& origin) {
-    std::lock_guard lock(mutex_);
-    auto it = clients_.find(origin);
-    if (it != clients_.end()) return *it->second;
-    net::ClientOptions options = options_.client;
-    options.max_concurrency = std::max(1, options_.concurrency);
-    // The token goes to the endpoint's own origin only: never to a CDN or another host a
-    // mirror redirects to.
-    options.api_key = origin == origin_of(endpoint_) ? token_ : "";
-    auto made = std::make_unique<net::Client>(net::parse_url(origin), options);
-    net::Client& out = *made;
-    clients_.emplace(origin, std::move(made));
-    return out;
-  }
-
-  const HubOptions& options_;
-  net::Url endpoint_;
-  std::string token_;
-  std::string user_agent_;
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<net::Client>> clients_;
-  std::atomic<int64_t> requests_{0};
-  std::atomic<uint64_t> bytes_{0};
+// The shards to read: each with the tensor names the index gives it (none without an index)
+// and the size the hub's file listing gives it (0: not listed).
+struct ShardPlan {
+  std::vector<std::string> index_names;
+  uint64_t listed_bytes = 0;
 };
-
-// What a refused answer means on the hub, as one line that says what to do.
-[[noreturn]] void hub_refusal(const Fetcher::Answer& answer, const HubRef& ref,
-                              const std::string& endpoint, bool has_token) {
-  const int status = answer.response.status;
-  const std::string code = answer.response.header("x-error-code");
-  const std::string message = net::error_message_of(answer.response.body);
-  if (status == 401 || status == 403) {
-    if (code == "GatedRepo" || message.find("gated") != std::string::npos || has_token)
-      throw InputError(answer.url,
-                       fmt::format("HTTP {}: {} is gated or you lack access ({}): accept its terms "
-                                   "at {}/{} and pass --hf-token or set HF_TOKEN",
-                                   status, ref.repo, message, endpoint, ref.repo));
-    throw InputError(answer.url,
-                     fmt::format("HTTP {}: {} is private or gated ({}): pass --hf-token or set "
-                                 "HF_TOKEN",
-                                 status, ref.repo, message));
-  }
-  if (status == 404 && code == "RevisionNotFound")
-    throw InputError(answer.url, fmt::format("no revision '{}' in {}", ref.revision, ref.repo));
-  if (status == 404 && (code == "RepoNotFound" || code.empty()))
-    throw InputError(answer.url,
-                     fmt::format("no repository {} on {} (or it is private: pass --hf-token)",
-                                 ref.repo, endpoint));
-  throw InputError(answer.url, fmt::format("HTTP {}: {}", status, message));
-}
-
-struct Remote {
-  Fetcher& fetcher;
-  const HubRef& ref;
-  const std::string& endpoint;
-  bool has_token;
-  std::string commit;
-  std::string path(const std::string& file) const {
-    return fmt::format("/{}/resolve/{}/{}", ref.repo, commit, file);
-  }
-  std::string label(const std::string& file) const {
-    return fmt::format("hf://{}@{}/{}", ref.repo, commit.substr(0, 12), file);
-  }
-  // A whole small file, or nullopt when the hub says it does not exist (EntryNotFound).
-  std::optional<std::string> file(const std::string& name, uint64_t max_bytes,
-                                  bool optional) const {
-    Fetcher::Answer answer = fetcher.get(path(name), ByteRange{0, max_bytes});
-    const int status = answer.response.status;
-    if (status == 404 && (optional || answer.response.header("x-error-code") == "EntryNotFound")) {
-      if (optional && answer.response.header("x-error-code") != "RepoNotFound") return std::nullopt;
-      throw InputError(answer.url, fmt::format("{} has no {} at {}", ref.repo, name, commit));
-    }
-    if (status != 200 && status != 206) hub_refusal(answer, ref, endpoint, has_token);
-    RangeAnswer bytes = check_range_answer(answer.response, ByteRange{0, max_bytes}, answer.url);
-    if (bytes.total > max_bytes)
-      throw InputError(answer.url, fmt::format("{} bytes, more than the {} kvaudit reads for {}",
-                                               bytes.total, max_bytes, name));
-    return bytes.bytes;
-  }
-  RangeAnswer range(const std::string& name, ByteRange wanted) const {
-    std::string known;
-    {
-      std::lock_guard lock(mutex);
-      if (auto it = final_urls.find(name); it != final_urls.end()) known = it->second;
-    }
-    if (!known.empty()) {
-      Fetcher::Answer answer = fetcher.get_url(known, wanted);
-      if (answer.response.status == 200 || answer.response.status == 206)
-        return check_range_answer(answer.response, wanted, answer.url);
-      // An expired or refused signed URL: ask the hub again.
-    }
-    Fetcher::Answer answer = fetcher.get(path(name), wanted);
-    if (answer.response.status != 200 && answer.response.status != 206)
-      hub_refusal(answer, ref, endpoint, has_token);
-    RangeAnswer out = check_range_answer(answer.response, wanted, answer.url);
-    std::lock_guard lock(mutex);
-    final_urls[name] = answer.url;
-    return out;
-  }
-  mutable std::mutex mutex;
-  mutable std::map<std::string, std::string> final_urls;  // file -> the URL that answered
-};
+using ShardPlans = std::map<std::string, ShardPlan>;
 
 struct ShardResult {
   std::string name;
@@ -241,19 +62,23 @@ void write_at(int fd, uint64_t offset, std::string_view bytes, const fs::path& f
 
 // One shard: its length prefix and header (one range inside the header, then the rest),
 // the bytes of its KV-scale tensors, laid out as a sparse file of the shard's real size.
-void fetch_shard(const Remote& remote, const std::string& name,
-                 const std::vector<std::string>* index_names, const fs::path& dir,
-                 ShardResult& out) {
+void fetch_shard(const Remote& remote, const std::string& name, const ShardPlan& plan,
+                 const fs::path& dir, ShardResult& out) {
   out.name = name;
   const std::string label = remote.label(name);
   // Inside the header for certain: from the index's names when there is one, else the
-  // 8-byte prefix alone.
+  // 8-byte prefix alone (the listing names no tensors, and a guess past the header would
+  // read weight bytes).
   uint64_t first_bytes = 8;
-  if (index_names) {
-    std::vector<std::string_view> names(index_names->begin(), index_names->end());
+  if (!plan.index_names.empty()) {
+    std::vector<std::string_view> names(plan.index_names.begin(), plan.index_names.end());
     first_bytes = std::max<uint64_t>(8, header_lower_bound(names));
   }
   RangeAnswer head = remote.range(name, ByteRange{0, first_bytes - 1});
+  if (plan.listed_bytes != 0 && head.total != plan.listed_bytes)
+    throw InputError(label, fmt::format("the hub's file listing gives {} bytes, the file has {} "
+                                        "(Content-Range): the listing and the file disagree",
+                                        plan.listed_bytes, head.total));
   out.total = head.total;
   const uint64_t header_length = safetensors_header_length(head.bytes, head.total, label);
   std::string prefix_and_header =
@@ -335,7 +160,7 @@ std::string resolve_commit(const HubRef& ref, const HubOptions& options, Fetcher
   // resolve/REVISION/config.json answers with the commit in X-Repo-Commit, redirect or not.
   Fetcher::Answer answer = fetcher.get(
       fmt::format("/{}/resolve/{}/config.json", ref.repo, encode_revision(ref.revision)),
-      ByteRange{0, 0}, /*follow=*/false);
+      {.range = ByteRange{0, 0}, .max_body_bytes = 0, .json = false, .follow = false});
   if (answer.response.status >= 400) hub_refusal(answer, ref, endpoint, has_token);
   if (!is_commit_sha(answer.commit))
     throw InputError(answer.url, fmt::format("the answer names no commit (X-Repo-Commit '{}'): "
@@ -388,39 +213,69 @@ void keep_file(const fs::path& scratch, const std::string& name, const std::stri
   ++stats.files_fetched;
 }
 
-// The shards and the tensor names the index gives each.
-using ShardNames = std::map<std::string, std::vector<std::string>>;
-
-// The small files an audit reads (config.json, hf_quant_config.json when there is one, the
-// shard index), kept in the scratch folder; returns the shards the index names (without an
-// index: the single file model.safetensors, with no names).
-ShardNames fetch_small_files(const Remote& remote, const HubOptions& options,
-                             const fs::path& scratch, json& manifest, FetchStats& stats) {
-  keep_file(scratch, "config.json",
-            *remote.file("config.json", options.max_small_file_bytes, false), manifest, stats);
-  if (auto quant = remote.file("hf_quant_config.json", options.max_small_file_bytes, true))
-    keep_file(scratch, "hf_quant_config.json", *quant, manifest, stats);
-  ShardNames shards;
-  if (auto index = remote.file("model.safetensors.index.json", options.max_index_bytes, true)) {
-    keep_file(scratch, "model.safetensors.index.json", *index, manifest, stats);
-    shards = index_shards(*index, remote.label("model.safetensors.index.json"));
-  } else {
-    shards["model.safetensors"];  // a single-file checkpoint (its header says what it holds)
+// The shards the hub's file listing shows (ListedShards), or nullopt with a note saying why
+// the index is read instead.
+std::optional<ShardPlans> listed_shard_plans(const Remote& remote, const HubOptions& options,
+                                             json& manifest, std::vector<std::string>& notes) {
+  ListingLimits limits;
+  limits.max_entries = options.max_listing_entries;
+  std::string why_not;
+  std::optional<Listing> listing = remote.listing(limits, why_not);
+  if (listing) {
+    manifest["listing"] = {{"url", listing->url}, {"pages", listing->pages}};
+    ListedShards listed = shards_from_listing(listing->files, listing->url);
+    if (listed.shards.size() > options.max_shards)
+      throw InputError(listing->url, fmt::format("lists {} shards, more than the {} kvaudit reads",
+                                                 listed.shards.size(), options.max_shards));
+    if (listed.why_not.empty()) {
+      ShardPlans plans;
+      for (const ListedFile& shard : listed.shards) plans[shard.path].listed_bytes = shard.bytes;
+      return plans;
+    }
+    why_not = listed.why_not;
   }
-  if (shards.size() > options.max_shards)
+  notes.push_back(
+      fmt::format("hub file listing not used ({}): the shard list was read from "
+                  "model.safetensors.index.json instead",
+                  why_not));
+  return std::nullopt;
+}
+
+// The small files an audit reads (config.json, hf_quant_config.json when there is one), kept
+// in the scratch folder, and the shards to read: from the hub's file listing, else from the
+// index (kept too, as a download has it), else the single file model.safetensors.
+ShardPlans fetch_small_files(const Remote& remote, const HubOptions& options,
+                             const fs::path& scratch, json& manifest, HubCheckpoint& out) {
+  keep_file(scratch, "config.json",
+            *remote.file("config.json", options.max_small_file_bytes, false), manifest, out.stats);
+  if (auto quant = remote.file("hf_quant_config.json", options.max_small_file_bytes, true))
+    keep_file(scratch, "hf_quant_config.json", *quant, manifest, out.stats);
+  if (auto plans = listed_shard_plans(remote, options, manifest, out.notes)) {
+    manifest["shards_from"] = "listing";
+    return *plans;
+  }
+  manifest["shards_from"] = "index";
+  ShardPlans plans;
+  if (auto index = remote.file("model.safetensors.index.json", options.max_index_bytes, true)) {
+    keep_file(scratch, "model.safetensors.index.json", *index, manifest, out.stats);
+    for (auto& [shard, names] : index_shards(*index, remote.label("model.safetensors.index.json")))
+      plans[shard].index_names = std::move(names);
+  } else {
+    plans["model.safetensors"];  // a single-file checkpoint (its header says what it holds)
+  }
+  if (plans.size() > options.max_shards)
     throw InputError(remote.label("model.safetensors.index.json"),
-                     fmt::format("names {} shards, more than the {} kvaudit reads", shards.size(),
+                     fmt::format("names {} shards, more than the {} kvaudit reads", plans.size(),
                                  options.max_shards));
-  return shards;
+  return plans;
 }
 
 // Every shard through fetch_shard into the scratch folder, options.concurrency at a time;
 // one result per shard, in shard order. The first failure stops the shards not yet started.
-std::vector<ShardResult> fetch_shards(const Remote& remote, const ShardNames& shards,
+std::vector<ShardResult> fetch_shards(const Remote& remote, const ShardPlans& shards,
                                       const fs::path& scratch, const HubOptions& options) {
-  const bool indexed = !(shards.size() == 1 && shards.begin()->second.empty());
-  std::vector<std::pair<std::string, const std::vector<std::string>*>> work;
-  for (const auto& [name, tensors] : shards) work.push_back({name, indexed ? &tensors : nullptr});
+  std::vector<std::pair<std::string, const ShardPlan*>> work;
+  for (const auto& [name, plan] : shards) work.push_back({name, &plan});
   std::vector<ShardResult> results(work.size());
   std::atomic<int64_t> done{0};
   std::mutex progress_mutex;
@@ -429,7 +284,7 @@ std::vector<ShardResult> fetch_shards(const Remote& remote, const ShardNames& sh
   run_on_threads(work.size(), std::clamp(options.concurrency, 1, 64), [&](size_t i) {
     bool fetched = true;
     try {
-      fetch_shard(remote, work[i].first, work[i].second, scratch, results[i]);
+      fetch_shard(remote, work[i].first, *work[i].second, scratch, results[i]);
     } catch (...) {
       results[i].error = std::current_exception();
       fetched = false;
@@ -530,7 +385,7 @@ HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) 
                    {"commit", out.commit},
                    {"endpoint", out.endpoint},
                    {"files", json::array()}};
-  const ShardNames shards = fetch_small_files(remote, options, scratch, manifest, out.stats);
+  const ShardPlans shards = fetch_small_files(remote, options, scratch, manifest, out);
   const ShardTotals totals =
       record_shards(fetch_shards(remote, shards, scratch, options), manifest, out.stats);
   out.stats.requests = fetcher.requests();
@@ -540,9 +395,10 @@ HubCheckpoint open_hub_checkpoint(const HubRef& ref, const HubOptions& options) 
   out.dir = final_dir;
   out.source = fmt::format(
       "{} @ {} from {}: {} requests, {} bytes ({} shard header bytes, {} KV-scale and {} key-norm "
-      "tensors read; no weights)",
+      "tensors read; shards from the {}; no weights)",
       ref.repo, out.commit, out.endpoint, out.stats.requests, with_thousands(out.stats.bytes),
-      with_thousands(totals.header_bytes), totals.scale_tensors, totals.norm_tensors);
+      with_thousands(totals.header_bytes), totals.scale_tensors, totals.norm_tensors,
+      manifest["shards_from"] == "listing" ? "hub's file listing" : "index");
   return out;
 }
 

@@ -1,9 +1,12 @@
 // hub: a checkpoint on the Hugging Face hub (or a mirror, HF_ENDPOINT) read without its
-// weights. What check and plan read locally (config.json, hf_quant_config.json, the
-// safetensors index, each shard's 8-byte length and header, and the bytes of every KV-scale
-// tensor) is fetched with HTTP range requests at one pinned commit and laid out in a cache
-// folder as sparse stand-ins: each shard file has its real size, its real header, its real
-// scale bytes and holes for the weights. checkpoint::read_checkpoint then reads that folder
+// weights. What check and plan read locally (config.json, hf_quant_config.json, each
+// shard's 8-byte length and header, and the bytes of every KV-scale tensor) is fetched with
+// HTTP range requests at one pinned commit and laid out in a cache folder as sparse
+// stand-ins: each shard file has its real size, its real header, its real scale bytes and
+// holes for the weights. The shards are the ones the hub's file listing shows (their sizes
+// checked against the files); the safetensors index, which only repeats the tensor-to-shard
+// map the headers hold (tens of MB for a large model), is read only where the listing
+// cannot be had (a mirror without /api/). checkpoint::read_checkpoint then reads that folder
 // exactly as it reads a download, so a remote audit and a local one cannot disagree. A
 // second audit of the same commit fetches nothing; the user's Hugging Face cache is used
 // directly when it holds the files. Hub conventions (token sources, Authorization only to
@@ -47,6 +50,7 @@ struct HubOptions {
   uint64_t max_small_file_bytes = 16u << 20;  // config.json, hf_quant_config.json
   uint64_t max_index_bytes = 256u << 20;      // a 500K-tensor index is ~60 MB
   uint64_t max_shards = 100'000;
+  size_t max_listing_entries = 100'000;  // files and folders the hub's file listing may name
   int max_redirects = 10;
   // Called as shards finish (from worker threads, serialised): done, total.
   std::function<void(int64_t done, int64_t total)> on_progress;
@@ -113,5 +117,42 @@ uint64_t safetensors_header_length(std::string_view first8, uint64_t file_bytes,
 // A lower bound of a shard's 8 + header length from the tensor names the index gives it,
 // so the first range read stops inside the header (never a weight byte).
 uint64_t header_lower_bound(const std::vector<std::string_view>& tensor_names);
+
+// The hub's file listing, GET {ENDPOINT}/api/models/{repo}/tree/{sha}: a JSON array of
+// {"type":"file"|"directory","oid":...,"size":N,"path":...} per page, LFS files with
+// "lfs":{"oid":...,"size":N,"pointerSize":...}; further pages are named by a
+// `Link: <URL>; rel="next"` header (huggingface_hub utils/_pagination.py, huggingface.js
+// list-files.ts; huggingface_hub#3329: "results are indeed paginated").
+struct ListedFile {
+  std::string path;    // "model-00001-of-00032.safetensors", "original/params.json"
+  uint64_t bytes = 0;  // the file's size: lfs.size for an LFS file, else size
+};
+struct ListingLimits {
+  size_t max_entries = 100'000;         // files and folders over all pages
+  uint64_t max_page_bytes = 16u << 20;  // one page's body
+  int max_pages = 200;
+};
+// Appends the files of one page to `files` (folders are counted, not kept); `entries_seen`
+// counts entries over the pages read so far. Refuses a page that is not a JSON array of
+// such entries, or past the limits: InputError(where, problem).
+void parse_listing_page(std::string_view body, const std::string& where,
+                        const ListingLimits& limits, size_t& entries_seen,
+                        std::vector<ListedFile>& files);
+// The next page's URL from a Link header (absolute, or host-relative to `listing_url`'s
+// origin), nullopt when there is none. A next page of another listing (another origin,
+// repository or commit) is refused: InputError(where, problem).
+std::optional<std::string> listing_next_page(std::string_view link_header,
+                                             std::string_view listing_url,
+                                             const std::string& where);
+// The shards a local read of the whole download reads (checkpoint::list_shards: the
+// index's shards, else every top-level *.safetensors), from the listing's top-level files.
+// With an index, its shards are taken to be the one complete NAME-0000k-of-0000n set beside
+// it; when the listing does not show one, `shards` is empty and `why_not` says why (the
+// caller reads the index instead). A path listed twice is refused: InputError(where, ...).
+struct ListedShards {
+  std::vector<ListedFile> shards;  // sorted by name, as list_shards sorts them
+  std::string why_not;
+};
+ListedShards shards_from_listing(const std::vector<ListedFile>& files, const std::string& where);
 
 }  // namespace kvaudit::hub

@@ -3,7 +3,10 @@
 // for small files, a 302 to a separate CDN origin for LFS files (.safetensors), 206 range
 // answers read from a local folder (sparse shards included), X-Error-Code on 404s, a gated
 // mode (401 without the right token) and a rate-limit mode (429 with Retry-After first). The
-// CDN records every Authorization header it receives. Both run on RawServer (raw bytes on a
+// file listing /api/models/ORG/NAME/tree/REV lists the folder's top level as the hub does
+// (folders first, LFS entries for .safetensors), in pages linked by `Link: <...>; rel="next"`,
+// and can be refused or made to lie. The hub logs every request; the CDN records every
+// Authorization header it receives. Both run on RawServer (raw bytes on a
 // socket): httplib's server rewrites Content-Range to its own reading of the request, and
 // the faults (a reset mid-header, Range ignored, short bodies) need the bytes as written.
 #pragma once
@@ -22,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +43,14 @@ struct FakeHubConfig {
   bool gzip_ranges = false;             // range answers carry Content-Encoding: gzip
   bool wrong_content_range = false;     // Content-Range names other bytes than asked
   uint64_t header_length_override = 0;  // non-zero: shards start with this length prefix
+  // The file listing: entries per page (0: all on one), an answer other than the listing
+  // (a status other than 200, or this body for every page), sizes that lie by a delta, and
+  // entries added as they are (JSON objects: a shard the server does not have, padding).
+  size_t listing_page_entries = 0;
+  int listing_status = 200;
+  std::string listing_body;
+  int64_t listing_size_delta = 0;
+  std::vector<std::string> listing_extra;
 };
 
 // One parsed request, as RawServer hands it over.
@@ -165,18 +177,36 @@ class FakeHub {
     std::lock_guard lock(mutex_);
     return cdn_authorization_;
   }
+  // Every request the hub got, as "PATH" or "PATH?QUERY", in order.
+  std::vector<std::string> hub_log() const {
+    std::lock_guard lock(mutex_);
+    return hub_log_;
+  }
+  // How many requests asked for paths ending in `suffix`.
+  int requested(const std::string& suffix) const {
+    int n = 0;
+    for (const auto& entry : hub_log())
+      if (entry.substr(0, entry.find('?')).ends_with(suffix)) ++n;
+    return n;
+  }
 
  private:
   using Reply = RawServer::Reply;
 
   Reply hub(const HttpRequest& req) {
     int n = ++resolve_requests_;
+    {
+      std::lock_guard lock(mutex_);
+      hub_log_.push_back(req.query.empty() ? req.path : req.path + "?" + req.query);
+    }
     static const std::regex resolve(R"(/([^/]+)/([^/]+)/resolve/([^/]+)/(.+))");
     static const std::regex cache(R"(/api/resolve-cache/models/([^/]+)/([^/]+)/([0-9a-f]+)/(.+))");
+    static const std::regex tree(R"(/api/models/([^/]+)/([^/]+)/tree/([^/]+))");
     std::smatch m;
     if (std::regex_match(req.path, m, cache))
       return {serve_file(config_.repos.at(m[1].str() + "/" + m[2].str()) / m[4].str(), req)};
-    if (!std::regex_match(req.path, m, resolve)) return {http_answer(404, {}, "")};
+    const bool listing = std::regex_match(req.path, m, tree);
+    if (!listing && !std::regex_match(req.path, m, resolve)) return {http_answer(404, {}, "")};
     if (n <= config_.rate_limit_first)
       return {http_answer(429, {{"Retry-After", "0"}}, R"({"error":"rate limit"})")};
     const std::string repo = m[1].str() + "/" + m[2].str();
@@ -192,6 +222,7 @@ class FakeHub {
     if (revision != "main" && revision != config_.commit)
       return {http_answer(404, {{"X-Error-Code", "RevisionNotFound"}},
                           R"({"error":"Invalid rev id"})")};
+    if (listing) return {list_files(req, repo, revision, it->second)};
     const std::pair<std::string, std::string> commit{"X-Repo-Commit", config_.commit};
     std::error_code ec;
     if (!std::filesystem::exists(it->second / path, ec))
@@ -223,6 +254,51 @@ class FakeHub {
     if (req.query.find("X-Amz-Expires=3600") == std::string::npos)
       return {http_answer(403, {}, "")};  // the signed URL was mangled on the way
     return {serve_file(config_.repos.at(m[1].str() + "/" + m[2].str()) / m[4].str(), req)};
+  }
+
+  // The folder's top level as the hub lists it: folders, then files by name; .safetensors
+  // files as LFS entries. Pages of listing_page_entries, `?cursor=N` starting at entry N.
+  std::string list_files(const HttpRequest& req, const std::string& repo,
+                         const std::string& revision, const std::filesystem::path& folder) {
+    if (config_.listing_status != 200)
+      return http_answer(config_.listing_status, {}, R"({"error":"Not Found"})");
+    if (!config_.listing_body.empty())
+      return http_answer(200, {{"Content-Type", "text/html"}}, config_.listing_body);
+    std::set<std::string> folders, files;
+    for (const auto& entry : std::filesystem::directory_iterator(folder))
+      (entry.is_directory() ? folders : files).insert(entry.path().filename().string());
+    std::vector<std::string> entries;
+    const std::string oid = "8ea6b5b5c49a1e6e9b9c16e2b7b1d4f0f3c7c2e1";
+    for (const auto& name : folders)
+      entries.push_back(R"({"type":"directory","oid":")" + oid + R"(","size":0,"path":")" + name +
+                        R"("})");
+    for (const auto& name : files) {
+      if (name.starts_with(".")) continue;  // the fixtures' own stamps
+      const int64_t listed = static_cast<int64_t>(std::filesystem::file_size(folder / name)) +
+                             (name.ends_with(".safetensors") ? config_.listing_size_delta : 0);
+      std::string entry =
+          R"({"type":"file","oid":")" + oid + R"(","size":)" + std::to_string(listed);
+      if (name.ends_with(".safetensors"))
+        entry += R"(,"lfs":{"oid":")" + std::string(64, 'a') + R"(","size":)" +
+                 std::to_string(listed) + R"(,"pointerSize":135})";
+      entries.push_back(entry + R"(,"path":")" + name + R"("})");
+    }
+    for (const auto& extra : config_.listing_extra) entries.push_back(extra);
+    size_t first = 0;
+    if (req.query.starts_with("cursor=")) first = std::stoul(req.query.substr(7));
+    const size_t per_page =
+        config_.listing_page_entries ? config_.listing_page_entries : entries.size() + 1;
+    const size_t end = std::min(entries.size(), first + per_page);
+    std::string body = "[";
+    for (size_t i = first; i < end; ++i) body += (i > first ? "," : "") + entries[i];
+    body += "]";
+    std::vector<std::pair<std::string, std::string>> headers = {
+        {"Content-Type", "application/json; charset=utf-8"}};
+    if (end < entries.size())
+      headers.push_back({"Link", "<" + hub_.endpoint() + "/api/models/" + repo + "/tree/" +
+                                     revision + "?cursor=" + std::to_string(end) +
+                                     ">; rel=\"next\""});
+    return http_answer(200, headers, body);
   }
 
   std::string serve_file(const std::filesystem::path& file, const HttpRequest& req) {
@@ -258,6 +334,7 @@ class FakeHub {
   std::atomic<int> resolve_requests_{0};
   mutable std::mutex mutex_;
   std::vector<std::string> cdn_authorization_;
+  std::vector<std::string> hub_log_;
   RawServer cdn_;
   RawServer hub_;
 };

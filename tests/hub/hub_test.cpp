@@ -122,8 +122,41 @@ TEST(Refs, ParseAndRefuse) {
     EXPECT_FALSE(parse_hub_ref(bad)) << bad;
 }
 
-// The motivating demo (371,444 tensors in 32 shards): the same audit, what it cost, and a
-// second run of the same revision that fetches no file.
+// What the demo's audit must read: its shards' 8-byte length prefixes and headers, and the
+// key-norm vectors of its 15 attention layers (256 bf16 values each), read by range like
+// scale values because their weights bound the cached keys (the demo ships no KV scales).
+struct DemoNeeds {
+  uint64_t header_bytes = 0;  // the JSON headers, without their 8-byte prefixes
+  uint64_t prefix_and_header_bytes = 0;
+  uint64_t norm_bytes = 15 * 256 * 2;
+  uint64_t configs = 0;  // config.json + hf_quant_config.json
+  uint64_t index = 0;    // model.safetensors.index.json
+};
+DemoNeeds demo_needs(const checkpoint::ModelFacts& local) {
+  DemoNeeds out;
+  for (const auto& shard : local.shard_files)
+    out.header_bytes += checkpoint::read_safetensors_header(demo_dir() / shard).header_bytes;
+  out.prefix_and_header_bytes = out.header_bytes + 8 * local.shard_files.size();
+  out.configs = fs::file_size(demo_dir() / "config.json") +
+                fs::file_size(demo_dir() / "hf_quant_config.json");
+  out.index = fs::file_size(demo_dir() / "model.safetensors.index.json");
+  return out;
+}
+
+// The measurement the issue asks for, one line per run (re-run it with
+// `build/test_hub --gtest_filter='HubAudit.Demo*'`).
+void print_demo_cost(const char* how, const HubCheckpoint& opened, const DemoNeeds& needs) {
+  const uint64_t needed = needs.prefix_and_header_bytes + needs.norm_bytes;
+  std::cout << "  [hub] demo, " << how << ": " << opened.stats.requests << " requests, "
+            << opened.stats.bytes << " bytes read; headers with their prefixes "
+            << needs.prefix_and_header_bytes << " + key-norm values " << needs.norm_bytes << " = "
+            << needed << "; read/needed = " << static_cast<double>(opened.stats.bytes) / needed
+            << "\n";
+}
+
+// The motivating demo (371,444 tensors in 32 shards): the same audit, what it cost (the
+// headers, not the 40 MB index: the shards come from the hub's file listing), and a second
+// run of the same revision that fetches no file.
 TEST(HubAudit, DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit) {
   const fs::path cache = fresh_cache("demo");
   FakeHub hub({.repos = {{"nvidia/demo", demo_dir()}}});
@@ -136,26 +169,26 @@ TEST(HubAudit, DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit) {
   expect_same_audit(local, remote);
   EXPECT_EQ(remote.dir.string(), "hf://nvidia/demo@0123456789ab");
   EXPECT_THAT(remote.source, HasSubstr(kCommit));
-  // The cost, for the record: headers only (the demo's are 51.9 MB; weights 251 GB).
-  uint64_t header_bytes = 0;
-  for (const auto& shard : local.shard_files)
-    header_bytes += checkpoint::read_safetensors_header(demo_dir() / shard).header_bytes;
-  std::cout << "  [hub] demo: " << first.stats.requests << " requests, " << first.stats.bytes
-            << " bytes (headers " << header_bytes << ", weights " << local.weight_bytes << ")\n";
-  // What an audit needs and nothing else: the headers, the index (a 370K-tensor map), configs.
-  uint64_t small_files = 0;
-  for (const char* file : {"config.json", "hf_quant_config.json", "model.safetensors.index.json"})
-    small_files += fs::file_size(demo_dir() / file);
-  // The key-norm vectors of the 15 attention layers (256 bf16 values each) are read by
-  // range like scale values: their weights bound the cached keys.
+  EXPECT_THAT(remote.source, HasSubstr("shards from the hub's file listing"));
+  EXPECT_TRUE(first.notes.empty());
+  // The index was never asked for; the listing once, pinned to the commit.
+  EXPECT_EQ(hub.requested("model.safetensors.index.json"), 0);
+  EXPECT_EQ(hub.requested("/api/models/nvidia/demo/tree/" + kCommit), 1);
+  EXPECT_FALSE(fs::exists(first.dir / "model.safetensors.index.json"));
   ASSERT_EQ(local.k_norms.size(), 15u);
-  const uint64_t norm_bytes = 15 * 256 * 2;
-  EXPECT_EQ(first.stats.bytes,
-            header_bytes + 32 * 8 + small_files + norm_bytes);  // the resolve is a bodiless 307
-  // The resolve, three files (redirect + answer), per shard a redirect, one range inside
-  // the header and the rest of it from the CDN URL the redirect gave, and one range per
+  const DemoNeeds needs = demo_needs(local);
+  print_demo_cost("shards from the file listing", first, needs);
+  // What an audit needs and nothing else: the prefixes and headers, the key norms, the two
+  // configs and the listing (one page of 35 entries, about 5 KB); the resolve is a bodiless
+  // 307.
+  const uint64_t needed = needs.prefix_and_header_bytes + needs.norm_bytes;
+  ASSERT_GE(first.stats.bytes, needed + needs.configs);
+  EXPECT_LT(first.stats.bytes - needed - needs.configs, 8u << 10);
+  EXPECT_LE(static_cast<double>(first.stats.bytes), 1.05 * static_cast<double>(needed));
+  // The resolve, two files (redirect + answer), the listing, per shard a redirect, its
+  // 8-byte prefix and its header from the CDN URL the redirect gave, and one range per
   // key-norm vector.
-  EXPECT_EQ(first.stats.requests, 1 + 3 * 2 + 32 * 3 + 15);
+  EXPECT_EQ(first.stats.requests, 1 + 2 * 2 + 1 + 32 * 3 + 15);
   // The stand-in shards are sparse: their real size, almost nothing on disk.
   EXPECT_EQ(fs::file_size(first.dir / local.shard_files[0]),
             fs::file_size(demo_dir() / local.shard_files[0]));
@@ -169,6 +202,34 @@ TEST(HubAudit, DemoCheckpointReadsAsTheLocalFolderAndCachesByCommit) {
   EXPECT_EQ(pinned.stats.requests, 0);
   options.offline = true;
   EXPECT_EQ(open_hub_checkpoint(*parse_hub_ref("nvidia/demo"), options).commit, kCommit);
+  fs::remove_all(cache);
+}
+
+// The same demo from a mirror that does not serve the listing (/api/ answers 404): the index
+// is read as before the listing was used, with a note saying why; the same audit. This is
+// also the "before" of the measurement: the index costs 40 MB.
+TEST(HubAudit, DemoWithoutTheListingReadsTheIndex) {
+  const fs::path cache = fresh_cache("demo-index");
+  FakeHub hub({.repos = {{"nvidia/demo", demo_dir()}}, .listing_status = 404});
+  HubCheckpoint opened =
+      open_hub_checkpoint(*parse_hub_ref("nvidia/demo"), options_for(hub.endpoint(), cache));
+  EXPECT_EQ(opened.stats.weight_bytes_read, 0u);
+  checkpoint::ModelFacts local = checkpoint::read_checkpoint(demo_dir());
+  checkpoint::ModelFacts remote = read_hub_checkpoint(opened);
+  expect_same_audit(local, remote);
+  EXPECT_THAT(remote.source, HasSubstr("shards from the index"));
+  ASSERT_EQ(opened.notes.size(), 1u);
+  EXPECT_THAT(opened.notes[0], HasSubstr("answered HTTP 404"));
+  EXPECT_THAT(opened.notes[0], HasSubstr("model.safetensors.index.json"));
+  EXPECT_THAT(remote.notes, ::testing::Contains(opened.notes[0]));
+  EXPECT_EQ(hub.requested("model.safetensors.index.json"), 2);  // the redirect and the file
+  const DemoNeeds needs = demo_needs(local);
+  print_demo_cost("shards from the index (the listing refused)", opened, needs);
+  // As before: the index's names put the first range inside the header, then the rest; the
+  // refused listing adds one request and its 21-byte error body.
+  EXPECT_EQ(opened.stats.bytes,
+            needs.prefix_and_header_bytes + needs.norm_bytes + needs.configs + needs.index + 21);
+  EXPECT_EQ(opened.stats.requests, 1 + 3 * 2 + 1 + 32 * 3 + 15);
   fs::remove_all(cache);
 }
 
@@ -268,6 +329,106 @@ TEST(HubFaults, LyingOrBrokenServersAreOneLineErrors) {
       EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos);
     }
     // Nothing half-fetched stays in the cache.
+    EXPECT_FALSE(fs::exists(cache / "models--org--m" / kCommit));
+    fs::remove_all(cache);
+  }
+}
+
+// The file listing in pages (one entry each): every page is read, the shards are the
+// listed ones, the index is never asked for, and the audit is the local one.
+TEST(HubListingAudit, PagesAreFollowedAndTheIndexIsNotRead) {
+  const fs::path model = kvaudit::testing::fixture_checkpoint("qwen3-moe-modelopt-fp8");
+  ASSERT_TRUE(fs::exists(model / "model.safetensors.index.json"));
+  const fs::path cache = fresh_cache("pages");
+  FakeHub hub({.repos = {{"org/moe", model}}, .listing_page_entries = 1});
+  HubCheckpoint opened =
+      open_hub_checkpoint(*parse_hub_ref("org/moe"), options_for(hub.endpoint(), cache));
+  const checkpoint::ModelFacts local = checkpoint::read_checkpoint(model);
+  ASSERT_EQ(local.shard_files.size(), 2u);
+  expect_same_audit(local, read_hub_checkpoint(opened));
+  EXPECT_EQ(opened.stats.weight_bytes_read, 0u);
+  EXPECT_EQ(hub.requested("model.safetensors.index.json"), 0);
+  // config.json, hf_quant_config.json, the index and two shards: five pages.
+  EXPECT_EQ(hub.requested("/tree/" + kCommit), 5);
+  EXPECT_THAT(hub.hub_log(),
+              ::testing::Contains("/api/models/org/moe/tree/" + kCommit + "?cursor=4"));
+  fs::remove_all(cache);
+}
+
+// A listing that cannot be had (refused, or a page that is not JSON, as from a mirror that
+// serves an HTML page for /api/): the index is read, with a note that says why.
+TEST(HubListingAudit, RefusedOrNotJsonFallsBackToTheIndex) {
+  const fs::path model = kvaudit::testing::fixture_checkpoint("qwen3-moe-modelopt-fp8");
+  const checkpoint::ModelFacts local = checkpoint::read_checkpoint(model);
+  struct Case {
+    testing::FakeHubConfig config;
+    std::string note;
+  };
+  std::vector<Case> cases;
+  cases.push_back({{.repos = {{"org/moe", model}}, .listing_status = 403}, "answered HTTP 403"});
+  cases.push_back({{.repos = {{"org/moe", model}}, .listing_status = 404}, "answered HTTP 404"});
+  cases.push_back({{.repos = {{"org/moe", model}}, .listing_body = "<!doctype html><p>mirror"},
+                   "something other than a JSON array"});
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.note);
+    const fs::path cache = fresh_cache("fallback");
+    FakeHub hub(c.config);
+    HubCheckpoint opened =
+        open_hub_checkpoint(*parse_hub_ref("org/moe"), options_for(hub.endpoint(), cache));
+    expect_same_audit(local, read_hub_checkpoint(opened));
+    EXPECT_EQ(hub.requested("model.safetensors.index.json"), 2);
+    ASSERT_EQ(opened.notes.size(), 1u);
+    EXPECT_THAT(opened.notes[0], HasSubstr(c.note));
+    EXPECT_THAT(opened.source, HasSubstr("shards from the index"));
+    fs::remove_all(cache);
+  }
+}
+
+// A listing that lies: one line naming the URL and the problem, and nothing half-fetched
+// left in the cache.
+TEST(HubListingAudit, LyingListingsAreOneLineErrors) {
+  const fs::path model = kvaudit::testing::fixture_checkpoint("llama-modelopt-unit-scales");
+  struct Case {
+    testing::FakeHubConfig config;
+    size_t max_entries = 100'000;
+    std::string expected;
+  };
+  std::vector<Case> cases;
+  cases.push_back({{.repos = {{"org/m", model}}, .listing_size_delta = 4096},
+                   100'000,
+                   "the hub's file listing gives"});
+  cases.push_back(
+      {{.repos = {{"org/m", model}},
+        .listing_extra = {R"({"type":"file","oid":"x","size":4096,"lfs":{"oid":"y","size":4096,)"
+                          R"("pointerSize":134},"path":"extra.safetensors"})"}},
+       100'000,
+       "has no extra.safetensors at " + kCommit});
+  cases.push_back({{.repos = {{"org/m", model}},
+                    .listing_extra = std::vector<std::string>(
+                        8, R"({"type":"directory","oid":"x","size":0,"path":"d"})")},
+                   6,
+                   "more than 6 entries"});
+  cases.push_back({{.repos = {{"org/m", model}},
+                    .listing_extra = {R"({"type":"file","oid":"x","size":-1,"path":"a.bin"})"}},
+                   100'000,
+                   "gives 'a.bin' no byte count"});
+  cases.push_back({{.repos = {{"org/m", model}},
+                    .listing_extra = {R"({"type":"file","oid":"x","size":1,"path":"../x"})"}},
+                   100'000,
+                   "unusable path '../x'"});
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.expected);
+    const fs::path cache = fresh_cache("lying");
+    FakeHub hub(c.config);
+    HubOptions options = options_for(hub.endpoint(), cache);
+    options.max_listing_entries = c.max_entries;
+    try {
+      open_hub_checkpoint(*parse_hub_ref("org/m"), options);
+      ADD_FAILURE() << "no error";
+    } catch (const InputError& error) {
+      EXPECT_THAT(error.what(), HasSubstr(c.expected));
+      EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos);
+    }
     EXPECT_FALSE(fs::exists(cache / "models--org--m" / kCommit));
     fs::remove_all(cache);
   }
