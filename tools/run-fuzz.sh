@@ -46,9 +46,8 @@ report() {  # name status
     echo "fuzz: $name FAILED (the crash input is at $artifacts$name-*)"
   fi
   units=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$name.log" | tail -1)
-  time_s=$(grep -oE '^Done [0-9]+ runs in [0-9]+ second' "$work/$name.log" | grep -oE '[0-9]+ second' |
-    grep -oE '[0-9]+' || echo "$seconds")
-  rate=$(( ${units:-0} / (time_s > 0 ? time_s : 1) ))
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/$name.log" | tail -1)
+  time_s=$(( ${units:-0} / (${rate:-0} > 0 ? ${rate:-1} : 1) ))
   echo "fuzz: $name: ${units:-?} inputs in ${time_s} s, $rate inputs/s$( ((rc == 0)) || echo ', FAILED')"
   [[ -z $keep ]] ||
     echo "$(date -u +%FT%TZ) $name ${units:-0} inputs ${time_s} s $rate/s exit $rc" >> "$keep/campaign.log"

@@ -279,6 +279,11 @@ std::optional<std::string> listing_next_page(std::string_view link_header,
     throw InputError(where,
                      fmt::format("the file listing's next page '{}' is not a page of {}",
                                  next->substr(0, std::min<size_t>(next->size(), 200)), base));
+  // Asked on the listing's own spelling of its origin ("HUB.example:443" is the same host):
+  // what the fetcher compares to decide where Authorization may go stays one string.
+  const size_t next_path_at = path_start(*next);
+  if (path_at != std::string_view::npos && next_path_at != std::string_view::npos)
+    return std::string(listing_url.substr(0, path_at)) + next->substr(next_path_at);
   return next;
 }
 
