@@ -86,4 +86,19 @@ TEST(FuzzDictionaries, LaunchHoldsEveryFlagAndEntryPoint) {
   }
 }
 
+// libFuzzer stops at a malformed line ("ParseDictionaryFile: error in line N") and the
+// target does not run at all: every dictionary must parse, and hold something.
+TEST(FuzzDictionaries, EveryDictionaryParses) {
+  int dictionaries = 0;
+  for (const auto& entry : fs::directory_iterator(kFuzzDir)) {
+    if (entry.path().extension() != ".dict") continue;
+    ++dictionaries;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_FALSE(read_dictionary(entry.path()).empty());
+    EXPECT_TRUE(fs::exists(kFuzzDir / ("fuzz_" + entry.path().stem().string() + ".cpp")))
+        << "a dictionary for no fuzz target";
+  }
+  EXPECT_GE(dictionaries, 10);
+}
+
 }  // namespace
