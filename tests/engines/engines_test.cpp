@@ -1,6 +1,8 @@
 // Engine data: versions, launch commands, systemd units, and dtype/scale resolution.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <fstream>
 
 #include "common/fixtures.h"
@@ -92,6 +94,19 @@ TEST(Launch, ShellWrapperArgumentsStandForDollarAt) {
       parse_launch_command(kvaudit::testing::registry(), nested + "sh -c 'vllm serve m'", "deep")
           .engine,
       "vllm");
+  // A script naming "$@" twice doubles the words at each level: refused once past 4,096
+  // words, at once, not after 2^15 copies (a fuzz_launch find; the input is in the corpus).
+  nested.clear();
+  for (int level = 0; level < 15; ++level) nested += "sh -c '\"$@\" \"$@\"' x ";
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    parse_launch_command(kvaudit::testing::registry(), nested + "true", "doubling");
+    FAIL() << "a wrapper doubling its words 15 times was read";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("more than 4096 words"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
 }
 
 TEST(Launch, BashWrapperAndDocker) {
