@@ -361,7 +361,13 @@ class ReprParser {
       } else {
         pos_ = save;
         nlohmann::json v = value(depth + 1);
-        if (ok() || v.is_object()) out["_args"].push_back(std::move(v));
+        // Positional arguments go under "_args", unless a keyword of that name came first
+        // (found by fuzz_logs: `X(_args=1, 2)` threw nlohmann's type_error out of the scan).
+        if (ok() || v.is_object()) {
+          nlohmann::json& args = out["_args"];
+          if (args.is_null()) args = nlohmann::json::array();
+          if (args.is_array()) args.push_back(std::move(v));
+        }
       }
       if (!ok()) {
         // A damaged value may have swallowed the fields after it (an unclosed quote):

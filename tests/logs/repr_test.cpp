@@ -59,6 +59,17 @@ TEST(Repr, HostileInputStaysBounded) {
   EXPECT_FALSE(e.error.empty() && !e.complete);
 }
 
+// Found by the fuzz_logs campaign: a keyword named _args, then a positional argument, threw
+// nlohmann's type_error (push_back on a number) out of `kvaudit logs` (the input is in
+// fuzz/corpus/logs/repr_keyword_named_args).
+TEST(Repr, AKeywordNamedArgsThenAPositionalOneIsNotACrash) {
+  ReprResult r = parse_python_repr("ServerArgs(_args=1, 2, tp_size=4)");
+  EXPECT_EQ(r.value.value("tp_size", 0), 4);
+  EXPECT_EQ(r.value.value("_args", 0), 1);
+  r = parse_python_repr("ServerArgs(3, _args={'a': 1}, 2, tp_size=2)");
+  EXPECT_EQ(r.value.value("tp_size", 0), 2);
+}
+
 TEST(Repr, VllmNonDefaultArgsDict) {
   auto r = parse_python_repr(
       "{'model_tag': '~/m', 'kv_cache_dtype': 'fp8', 'max_model_len': 131072, "
