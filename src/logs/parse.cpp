@@ -397,8 +397,13 @@ void LaunchBuilder::resolve(Launch& launch) const {
   launch.memory.engine = launch.engine;
   launch.memory.engine_version = launch.engine_version;
   launch.memory.kv_cache_dtype = launch.kv_cache_dtype_resolved;
-  if (!launch.max_total_tokens && launch.memory.num_gpu_blocks)
-    launch.max_total_tokens = *launch.memory.num_gpu_blocks * launch.memory.block_size.value_or(16);
+  // Checked: a damaged line can print any count (found by fuzz_logs: 7.6e18 blocks x 16
+  // overflowed int64); a pool no int64 holds is not a pool size.
+  int64_t pool_tokens = 0;
+  if (!launch.max_total_tokens && launch.memory.num_gpu_blocks &&
+      !__builtin_mul_overflow(*launch.memory.num_gpu_blocks, launch.memory.block_size.value_or(16),
+                              &pool_tokens))
+    launch.max_total_tokens = pool_tokens;
   decide_scale_fallback(registry_, launch);
 }
 

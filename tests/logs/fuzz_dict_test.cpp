@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -99,6 +100,32 @@ TEST(FuzzDictionaries, EveryDictionaryParses) {
         << "a dictionary for no fuzz target";
   }
   EXPECT_GE(dictionaries, 10);
+}
+
+// The committed log corpus, replayed as fuzz_logs feeds it, in the test suites (the sanitizer
+// build runs this file too): the regression inputs the campaigns found (an uncaught
+// nlohmann type_error in a repr, a signed overflow sizing the pool) stay fixed even when
+// make test's few seconds of fuzzing never reach them.
+TEST(FuzzCorpus, LogInputsReadWithoutAnythingButInputErrors) {
+  const auto& registry = kvaudit::testing::registry();
+  int inputs = 0;
+  for (const auto& entry : fs::directory_iterator(kFuzzDir / "corpus" / "logs")) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (bytes.empty()) continue;
+    ++inputs;
+    SCOPED_TRACE(entry.path().filename().string());
+    const std::string_view text = std::string_view(bytes).substr(1);
+    if (bytes[0] & 1) {
+      EXPECT_NO_THROW((void)kvaudit::logs::parse_python_repr(text));
+      continue;
+    }
+    try {
+      (void)kvaudit::logs::scan_log_text(registry, text, "corpus");
+    } catch (const kvaudit::InputError&) {
+    }
+  }
+  EXPECT_GE(inputs, 100);
 }
 
 }  // namespace
