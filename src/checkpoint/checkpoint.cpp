@@ -11,6 +11,7 @@
 
 #include <simdjson.h>
 
+#include "checkpoint/internal.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -150,18 +151,10 @@ std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, bel
   std::error_code ec;
   std::vector<std::string> shards;
   if (fs::exists(index, ec)) {
-    std::set<std::string, std::less<>> unique;
-    std::string last;
-    read_safetensors_index(read_text_file(index, 512ull << 20), index.string(),
-                           [&](std::string_view, std::string_view shard) {
-                             if (shard == last) return;  // neighbours usually share a shard
-                             last = shard;
-                             unique.emplace(shard);
-                           });
-    for (const auto& name : unique) {
+    for (auto& name : read_index_shard_names(index)) {
       if (!fs::exists(dir / name, ec))
         throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));
-      shards.push_back(name);
+      shards.push_back(std::move(name));
     }
     return shards;
   }
@@ -177,6 +170,74 @@ std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, bel
 std::vector<std::string> list_shards(const fs::path& dir) {
   return find_shards(dir);
 }
+
+namespace {
+
+// What the audit reads from one shard's header.
+struct ShardFacts {
+  uint64_t tensor_count = 0, weight_bytes = 0;
+  std::vector<std::string> kv_projection_weights;
+  std::vector<ScaleTensor> scales;
+  std::vector<NormTensor> k_norms;
+  std::exception_ptr error;
+};
+
+// Keeps, of ~12K entries per shard, the counts and the few dozen names the audit reads; the
+// rest cost no allocation. Values are read once the whole header has been validated.
+class ShardScan : public HeaderVisitor {
+ public:
+  explicit ShardScan(ShardFacts& out) : out_(out) {}
+  std::vector<TensorInfo> value_tensors;  // key norms and KV scales, in header order
+
+  void begin() override {
+    out_ = ShardFacts();
+    value_tensors.clear();
+  }
+  void metadata(std::string_view, std::string_view) override {}
+  void tensor(const TensorView& tensor) override {
+    ++out_.tensor_count;
+    out_.weight_bytes += tensor.data_end - tensor.data_begin;
+    const std::string_view name = tensor.name;
+    const bool kv_projection =
+        has_suffix(name, "_proj.weight") && (has_suffix(name, ".self_attn.k_proj.weight") ||
+                                             has_suffix(name, ".self_attn.v_proj.weight"));
+    if (!kv_projection && !reads_tensor_values(name)) return;
+    // A multi-token-prediction head ("mtp.layers.0..." in Qwen3-Next / Qwen3.5) is the
+    // speculative draft model, loaded only with NEXTN/MTP decoding and numbered from 0
+    // on its own: its projections and scales are not the main model's layer 0.
+    if (name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos) return;
+    if (kv_projection)
+      out_.kv_projection_weights.emplace_back(name);
+    else
+      value_tensors.push_back(
+          {std::string(name), tensor.dtype, tensor.shape, tensor.data_begin, tensor.data_end});
+  }
+
+ private:
+  ShardFacts& out_;
+};
+
+void read_shard(const fs::path& dir, const std::string& shard, ShardFacts& out) {
+  MappedHeader mapped(dir / shard);
+  ShardScan scan(out);
+  mapped.visit(scan);
+  const SafetensorsHeader sizes = mapped.sizes();
+  for (const TensorInfo& tensor : scan.value_tensors) {
+    if (auto layer = classify_k_norm_tensor(tensor.name)) {
+      out.k_norms.push_back(
+          {tensor.name, shard, *layer, tensor.dtype, read_tensor_values(sizes, tensor)});
+      continue;
+    }
+    auto scale = classify_scale_tensor(tensor.name);
+    scale->shard_file = shard;
+    scale->dtype = tensor.dtype;
+    scale->shape = tensor.shape.to_vector();
+    scale->values = read_tensor_values(sizes, tensor);
+    out.scales.push_back(std::move(*scale));
+  }
+}
+
+}  // namespace
 
 void fill_from_config(const json& config, ModelFacts& facts) {
   const std::string where = facts.config_file.empty() ? "config.json" : facts.config_file;
@@ -250,57 +311,16 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
   facts.shard_files = find_shards(facts.dir);
   // Shard headers are independent: read them on a few threads, then merge in shard
   // order so the result never depends on the thread count.
-  struct ShardFacts {
-    uint64_t tensor_count = 0, weight_bytes = 0;
-    std::vector<std::string> kv_projection_weights;
-    std::vector<ScaleTensor> scales;
-    std::vector<NormTensor> k_norms;
-    std::exception_ptr error;
-  };
   std::vector<ShardFacts> per_shard(facts.shard_files.size());
-  auto read_shard = [&](size_t i) {
-    ShardFacts& out = per_shard[i];
+  int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  run_on_threads(per_shard.size(), threads, [&](size_t i) {
     try {
-      const std::string& shard = facts.shard_files[i];
-      SafetensorsHeader header = read_safetensors_header(facts.dir / shard);
-      out.tensor_count = header.tensors.size();
-      for (const auto& tensor : header.tensors) {
-        out.weight_bytes += tensor.data_end - tensor.data_begin;
-        std::string_view name = tensor.name;
-        // A multi-token-prediction head ("mtp.layers.0..." in Qwen3-Next / Qwen3.5) is the
-        // speculative draft model, loaded only with NEXTN/MTP decoding and numbered from 0
-        // on its own: its projections and scales are not the main model's layer 0.
-        if (name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos) continue;
-        if (name.ends_with(".self_attn.k_proj.weight") ||
-            name.ends_with(".self_attn.v_proj.weight"))
-          out.kv_projection_weights.push_back(tensor.name);
-        if (auto layer = classify_k_norm_tensor(tensor.name)) {
-          out.k_norms.push_back(
-              {tensor.name, shard, *layer, tensor.dtype, read_tensor_values(header, tensor)});
-          continue;
-        }
-        auto scale = classify_scale_tensor(tensor.name);
-        if (!scale) continue;
-        scale->shard_file = shard;
-        scale->dtype = tensor.dtype;
-        scale->shape = tensor.shape.to_vector();
-        scale->values = read_tensor_values(header, tensor);
-        out.scales.push_back(std::move(*scale));
-      }
+      read_shard(facts.dir, facts.shard_files[i], per_shard[i]);
     } catch (...) {
-      out.error = std::current_exception();
+      per_shard[i].error = std::current_exception();
     }
-  };
-  size_t thread_count =
-      std::min<size_t>(per_shard.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  std::atomic<size_t> next_shard{0};
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < thread_count; ++t)
-    threads.emplace_back([&] {
-      for (size_t i; (i = next_shard++) < per_shard.size();) read_shard(i);
-    });
-  for (size_t i; (i = next_shard++) < per_shard.size();) read_shard(i);
-  for (auto& thread : threads) thread.join();
+    return true;
+  });
   for (auto& shard : per_shard) {
     if (shard.error) std::rethrow_exception(shard.error);  // the first failing shard in order
     facts.tensor_count += shard.tensor_count;
