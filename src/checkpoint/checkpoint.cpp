@@ -145,23 +145,30 @@ void read_safetensors_index(
 
 namespace {
 
-// Shard files named by the index (each must exist), or every *.safetensors.
-std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, below
-  fs::path index = dir / "model.safetensors.index.json";
+// Every *.safetensors in the folder, sorted.
+std::vector<std::string> folder_shards(const fs::path& dir) {
   std::error_code ec;
   std::vector<std::string> shards;
-  if (fs::exists(index, ec)) {
-    for (auto& name : read_index_shard_names(index)) {
-      if (!fs::exists(dir / name, ec))
-        throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));
-      shards.push_back(std::move(name));
-    }
-    return shards;
-  }
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.path().extension() == ".safetensors")
       shards.push_back(entry.path().filename().string());
   std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
+fs::path index_path(const fs::path& dir) {
+  return dir / "model.safetensors.index.json";
+}
+
+// Shard files named by the index (each must exist), or every *.safetensors.
+std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, below
+  const fs::path index = index_path(dir);
+  std::error_code ec;
+  if (!fs::exists(index, ec)) return folder_shards(dir);
+  std::vector<std::string> shards = read_index_shard_names(index);
+  for (const auto& name : shards)
+    if (!fs::exists(dir / name, ec))
+      throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));
   return shards;
 }
 
@@ -237,6 +244,63 @@ void read_shard(const fs::path& dir, const std::string& shard, ShardFacts& out) 
   }
 }
 
+// Every shard's facts, in shard order; shard_files gets the shards. Shard headers are
+// independent, so a few threads read them and the caller merges them in shard order: the
+// result never depends on the thread count. The index (40 MB for a 400B MoE, as much work as a
+// third of its headers) is read on one thread while the others already read the folder's
+// *.safetensors, which are nearly always the shards it names. Only the named shards count,
+// their errors included, and the index's errors come first, as when it was read before them;
+// a named shard the listing lacked is read afterwards.
+std::vector<ShardFacts> read_shard_headers(const fs::path& dir,
+                                           std::vector<std::string>& shard_files) {
+  std::error_code ec;
+  const size_t index_tasks = fs::exists(index_path(dir), ec) ? 1 : 0;
+  std::vector<std::string> listed = folder_shards(dir);
+  std::vector<ShardFacts> per_listed(listed.size());
+  std::vector<std::string> named;
+  std::exception_ptr index_error;
+  auto read_into = [&](const std::string& shard, ShardFacts& out) {
+    try {
+      read_shard(dir, shard, out);
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+  };
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  run_on_threads(index_tasks + listed.size(), threads, [&](size_t task) {
+    if (task >= index_tasks) {
+      read_into(listed[task - index_tasks], per_listed[task - index_tasks]);
+      return true;
+    }
+    try {
+      named = find_shards(dir);
+    } catch (...) {
+      index_error = std::current_exception();
+    }
+    return true;
+  });
+  if (index_error) std::rethrow_exception(index_error);
+  if (index_tasks == 0) {
+    shard_files = std::move(listed);
+    return per_listed;
+  }
+  shard_files = std::move(named);
+  std::vector<ShardFacts> per_shard(shard_files.size());
+  std::vector<size_t> unlisted;
+  for (size_t i = 0; i < shard_files.size(); ++i) {
+    auto at = std::lower_bound(listed.begin(), listed.end(), shard_files[i]);
+    if (at != listed.end() && *at == shard_files[i])
+      per_shard[i] = std::move(per_listed[static_cast<size_t>(at - listed.begin())]);
+    else
+      unlisted.push_back(i);
+  }
+  run_on_threads(unlisted.size(), threads, [&](size_t k) {
+    read_into(shard_files[unlisted[k]], per_shard[unlisted[k]]);
+    return true;
+  });
+  return per_shard;
+}
+
 }  // namespace
 
 void fill_from_config(const json& config, ModelFacts& facts) {
@@ -308,19 +372,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
 
   facts.files_dir = facts.dir;
   if (bare_config || !options.read_safetensors) return facts;
-  facts.shard_files = find_shards(facts.dir);
-  // Shard headers are independent: read them on a few threads, then merge in shard
-  // order so the result never depends on the thread count.
-  std::vector<ShardFacts> per_shard(facts.shard_files.size());
-  int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  run_on_threads(per_shard.size(), threads, [&](size_t i) {
-    try {
-      read_shard(facts.dir, facts.shard_files[i], per_shard[i]);
-    } catch (...) {
-      per_shard[i].error = std::current_exception();
-    }
-    return true;
-  });
+  std::vector<ShardFacts> per_shard = read_shard_headers(facts.dir, facts.shard_files);
   for (auto& shard : per_shard) {
     if (shard.error) std::rethrow_exception(shard.error);  // the first failing shard in order
     facts.tensor_count += shard.tensor_count;

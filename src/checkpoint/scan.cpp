@@ -194,6 +194,13 @@ bool visit_fast(std::string_view padded_json, uint64_t data_bytes, HeaderVisitor
   thread_local ondemand::parser parser;
   thread_local std::vector<ByteSpan> spans;
   spans.clear();
+  // Shards' headers differ by a few bytes, and simdjson reallocates (fresh pages, faulted in
+  // again) whenever one is longer than the last: grow in whole MiB instead.
+  if (parser.capacity() < padded_json.size()) {
+    constexpr size_t kStep = size_t{1} << 20;
+    if (parser.allocate((padded_json.size() + kStep - 1) / kStep * kStep) != simdjson::SUCCESS)
+      return false;
+  }
   ondemand::document doc;
   if (parser
           .iterate(padded_json.data(), padded_json.size(), padded_json.size() + kHeaderPaddingBytes)
