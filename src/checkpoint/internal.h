@@ -23,6 +23,9 @@ bool has_suffix(std::string_view text, const char (&suffix)[N]) {
          std::memcmp(text.data() + text.size() - (N - 1), suffix, N - 1) == 0;
 }
 
+// parse_dtype for a name with 8 readable bytes at text (a parser buffer or padded text).
+bool find_dtype_padded(const char* text, size_t size, TensorDType& dtype);
+
 // The safetensors format caps the header at 100 MB (MAX_HEADER_SIZE in the reference crate).
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 

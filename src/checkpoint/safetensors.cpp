@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -84,12 +85,55 @@ std::string_view dtype_name(TensorDType dtype) {
   return "?";
 }
 
+namespace {
+
+// The header walk looks up a dtype per tensor (~400K times for a large checkpoint), and the
+// dtypes of neighbouring tensors differ (U8, F8_E4M3, F32, ...): a search whose length depends
+// on the name mispredicted a branch or two per tensor. Instead a packed name finds its row
+// through a multiplicative hash into 64 slots, the multiplier searched for at compile time so
+// that no two rows share a slot.
+constexpr size_t dtype_slot(uint64_t word, uint64_t multiplier) {
+  return static_cast<size_t>((word * multiplier) >> 58);
+}
+constexpr uint64_t kDTypeHashMultiplier = [] {
+  for (uint64_t multiplier = 0x9E3779B97F4A7C15ull;; multiplier += 2) {
+    bool used[64] = {};
+    bool distinct = true;
+    for (const auto& row : kDTypes) {
+      size_t slot = dtype_slot(row.word, multiplier);
+      distinct = distinct && !used[slot];
+      used[slot] = true;
+    }
+    if (distinct) return multiplier;
+  }
+}();
+constexpr std::array<uint8_t, 64> kDTypeSlots = [] {
+  std::array<uint8_t, 64> slots{};
+  slots.fill(0);  // row 0 unless a row hashes there: the word compare rejects it
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    slots[dtype_slot(kDTypes[i].word, kDTypeHashMultiplier)] = static_cast<uint8_t>(i);
+  return slots;
+}();
+
+}  // namespace
+
+bool find_dtype_padded(const char* text, size_t size, TensorDType& dtype) {
+  if (size == 0 || size > 7) return false;
+  uint64_t word;
+  std::memcpy(&word, text, 8);  // little-endian: the first character in the low byte
+  word = (word & (~0ull >> (64 - 8 * size))) | uint64_t{size} << 56;
+  const DTypeRow& row = kDTypes[kDTypeSlots[dtype_slot(word, kDTypeHashMultiplier)]];
+  dtype = row.dtype;
+  return row.word == word;
+}
+
 std::optional<TensorDType> parse_dtype(std::string_view name) {
+  char padded[8] = {};
+  TensorDType dtype;
   if (name.empty() || name.size() > 7) return std::nullopt;
-  const uint64_t word = dtype_word(name);
-  for (const auto& row : kDTypes)
-    if (row.word == word) return row.dtype;
-  return std::nullopt;
+  std::memcpy(padded, name.data(), name.size());
+  if (!find_dtype_padded(padded, name.size(), dtype)) return std::nullopt;
+  return dtype;
 }
 
 uint32_t dtype_bits(TensorDType dtype) {

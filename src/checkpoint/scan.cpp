@@ -109,6 +109,16 @@ bool at_end(ondemand::document& doc) {
   return doc.current_location().error() == simdjson::OUT_OF_BOUNDS;
 }
 
+// A key read in place, without a copy: the common layout `"name":{` with no escape in the
+// name. False for anything else (the caller unescapes).
+bool raw_key(ondemand::field& field, std::string_view& name) {
+  const char* begin = field.key().raw();
+  const char* value = field.value().raw_json_token().data();
+  if (value - begin < 2 || value[-1] != ':' || value[-2] != '"') return false;
+  name = std::string_view(begin, static_cast<size_t>(value - 2 - begin));
+  return std::memchr(name.data(), '\\', name.size()) == nullptr;
+}
+
 struct ByteSpan {
   uint64_t begin, end;
 };
@@ -159,9 +169,8 @@ bool read_entry(ondemand::object entry, TensorView& tensor) {
     if (key == "dtype") {
       std::string_view text;
       if (member.value().get_string().get(text) != simdjson::SUCCESS) return false;
-      auto dtype = parse_dtype(text);
-      if (!dtype) return false;
-      tensor.dtype = *dtype;
+      // simdjson's string buffer has its padding after every string it holds.
+      if (!find_dtype_padded(text.data(), text.size(), tensor.dtype)) return false;
       have_dtype = true;
     } else if (key == "shape") {  // a repeated "shape" appends, as in the reference
       if (!read_shape(member.value(), tensor.shape)) return false;
@@ -213,10 +222,9 @@ bool visit_fast(std::string_view padded_json, uint64_t data_bytes, HeaderVisitor
     ondemand::field field;
     std::string_view name;
     ondemand::object entry;
-    if (std::move(field_result).get(field) != simdjson::SUCCESS ||
-        field.unescaped_key().get(name) != simdjson::SUCCESS ||
-        field.value().get_object().get(entry) != simdjson::SUCCESS)
-      return false;
+    if (std::move(field_result).get(field) != simdjson::SUCCESS) return false;
+    if (!raw_key(field, name) && field.unescaped_key().get(name) != simdjson::SUCCESS) return false;
+    if (field.value().get_object().get(entry) != simdjson::SUCCESS) return false;
     if (name == "__metadata__") {
       for (auto meta_result : entry) {
         ondemand::field meta;

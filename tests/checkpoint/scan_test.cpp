@@ -236,5 +236,18 @@ TEST(MappedHeader, PadsFilesThatEndRightAfterTheHeader) {
   }
 }
 
+// The hashed dtype lookup finds every row by its name and nothing else.
+TEST(DTypes, EveryNameRoundTripsAndNearMissesAreRefused) {
+  for (int i = 0; i <= static_cast<int>(TensorDType::BOOL); ++i) {
+    auto dtype = static_cast<TensorDType>(i);
+    ASSERT_EQ(parse_dtype(dtype_name(dtype)), dtype) << dtype_name(dtype);
+  }
+  for (std::string_view name : std::initializer_list<std::string_view>{
+           "", "F", "F3", "f32", "F32 ", "BF16x", "F8_E4M", "F8_E4M3F",
+           std::string_view("F32\0", 4), std::string_view("\0F32", 4), "BOOL\xff", "U88", "I128",
+           "E4M3"})
+    EXPECT_FALSE(parse_dtype(name).has_value()) << name;
+}
+
 }  // namespace
 }  // namespace kvaudit::checkpoint
