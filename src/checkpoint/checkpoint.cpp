@@ -4,9 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <exception>
-#include <set>
 #include <thread>
 
 #include <simdjson.h>

@@ -287,12 +287,10 @@ bool validate_value(ondemand::value value, int depth) {
     case ondemand::json_type::array: {
       ondemand::array array;
       if (value.get_array().get(array) != simdjson::SUCCESS) return false;
-      for (auto element_result : array) {
-        ondemand::value element;
-        if (std::move(element_result).get(element) != simdjson::SUCCESS ||
-            !validate_value(element, depth + 1))
+      for (auto element : array)
+        if (element.error() != simdjson::SUCCESS ||
+            !validate_value(element.value_unsafe(), depth + 1))
           return false;
-      }
       return true;
     }
     case ondemand::json_type::string: {
