@@ -5,8 +5,8 @@ set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/ensure-demo-checkpoint.sh" "$build" > /dev/null
-echo "== bench_check (issue: header parsing >= 10x Python json)"
-"$build/bench/bench_check" "$build/demo-checkpoint" 5
+echo "== bench_check (header parse + validate vs Python json.loads, interleaved)"
+"$build/bench/bench_check" "$build/demo-checkpoint" 7
 for extra in "$root"/tools/bench-*.sh; do
   [[ -x $extra ]] && { echo "== $(basename "$extra")"; "$extra" "$build"; }
 done

@@ -4,13 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <exception>
-#include <set>
 #include <thread>
 
 #include <simdjson.h>
 
+#include "checkpoint/internal.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -144,31 +143,30 @@ void read_safetensors_index(
 
 namespace {
 
-// Shard files named by the index (each must exist), or every *.safetensors.
-std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, below
-  fs::path index = dir / "model.safetensors.index.json";
+// Every *.safetensors in the folder, sorted.
+std::vector<std::string> folder_shards(const fs::path& dir) {
   std::error_code ec;
   std::vector<std::string> shards;
-  if (fs::exists(index, ec)) {
-    std::set<std::string, std::less<>> unique;
-    std::string last;
-    read_safetensors_index(read_text_file(index, 512ull << 20), index.string(),
-                           [&](std::string_view, std::string_view shard) {
-                             if (shard == last) return;  // neighbours usually share a shard
-                             last = shard;
-                             unique.emplace(shard);
-                           });
-    for (const auto& name : unique) {
-      if (!fs::exists(dir / name, ec))
-        throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));
-      shards.push_back(name);
-    }
-    return shards;
-  }
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.path().extension() == ".safetensors")
       shards.push_back(entry.path().filename().string());
   std::sort(shards.begin(), shards.end());
+  return shards;
+}
+
+fs::path index_path(const fs::path& dir) {
+  return dir / "model.safetensors.index.json";
+}
+
+// Shard files named by the index (each must exist), or every *.safetensors.
+std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, below
+  const fs::path index = index_path(dir);
+  std::error_code ec;
+  if (!fs::exists(index, ec)) return folder_shards(dir);
+  std::vector<std::string> shards = read_index_shard_names(index);
+  for (const auto& name : shards)
+    if (!fs::exists(dir / name, ec))
+      throw InputError(index.string(), fmt::format("names shard '{}', which is missing", name));
   return shards;
 }
 
@@ -177,6 +175,131 @@ std::vector<std::string> find_shards(const fs::path& dir) {  // list_shards, bel
 std::vector<std::string> list_shards(const fs::path& dir) {
   return find_shards(dir);
 }
+
+namespace {
+
+// What the audit reads from one shard's header.
+struct ShardFacts {
+  uint64_t tensor_count = 0, weight_bytes = 0;
+  std::vector<std::string> kv_projection_weights;
+  std::vector<ScaleTensor> scales;
+  std::vector<NormTensor> k_norms;
+  std::exception_ptr error;
+};
+
+// Keeps, of ~12K entries per shard, the counts and the few dozen names the audit reads; the
+// rest cost no allocation. Values are read once the whole header has been validated.
+class ShardScan : public HeaderVisitor {
+ public:
+  explicit ShardScan(ShardFacts& out) : out_(out) {}
+  std::vector<TensorInfo> value_tensors;  // key norms and KV scales, in header order
+
+  void begin() override {
+    out_ = ShardFacts();
+    value_tensors.clear();
+  }
+  void metadata(std::string_view, std::string_view) override {}
+  void tensor(const TensorView& tensor) override {
+    ++out_.tensor_count;
+    out_.weight_bytes += tensor.data_end - tensor.data_begin;
+    const std::string_view name = tensor.name;
+    const bool kv_projection =
+        has_suffix(name, "_proj.weight") && (has_suffix(name, ".self_attn.k_proj.weight") ||
+                                             has_suffix(name, ".self_attn.v_proj.weight"));
+    if (!kv_projection && !reads_tensor_values(name)) return;
+    // A multi-token-prediction head ("mtp.layers.0..." in Qwen3-Next / Qwen3.5) is the
+    // speculative draft model, loaded only with NEXTN/MTP decoding and numbered from 0
+    // on its own: its projections and scales are not the main model's layer 0.
+    if (name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos) return;
+    if (kv_projection)
+      out_.kv_projection_weights.emplace_back(name);
+    else
+      value_tensors.push_back(
+          {std::string(name), tensor.dtype, tensor.shape, tensor.data_begin, tensor.data_end});
+  }
+
+ private:
+  ShardFacts& out_;
+};
+
+void read_shard(const fs::path& dir, const std::string& shard, ShardFacts& out) {
+  MappedHeader mapped(dir / shard);
+  ShardScan scan(out);
+  mapped.visit(scan);
+  const SafetensorsHeader sizes = mapped.sizes();
+  for (const TensorInfo& tensor : scan.value_tensors) {
+    if (auto layer = classify_k_norm_tensor(tensor.name)) {
+      out.k_norms.push_back(
+          {tensor.name, shard, *layer, tensor.dtype, read_tensor_values(sizes, tensor)});
+      continue;
+    }
+    auto scale = classify_scale_tensor(tensor.name);
+    scale->shard_file = shard;
+    scale->dtype = tensor.dtype;
+    scale->shape = tensor.shape.to_vector();
+    scale->values = read_tensor_values(sizes, tensor);
+    out.scales.push_back(std::move(*scale));
+  }
+}
+
+// Every shard's facts, in shard order; shard_files gets the shards. Shard headers are
+// independent, so a few threads read them and the caller merges them in shard order: the
+// result never depends on the thread count. The index (40 MB for a 400B MoE, as much work as a
+// third of its headers) is read on one thread while the others already read the folder's
+// *.safetensors, which are nearly always the shards it names. Only the named shards count,
+// their errors included, and the index's errors come first, as when it was read before them;
+// a named shard the listing lacked is read afterwards.
+std::vector<ShardFacts> read_shard_headers(const fs::path& dir,
+                                           std::vector<std::string>& shard_files) {
+  std::error_code ec;
+  const size_t index_tasks = fs::exists(index_path(dir), ec) ? 1 : 0;
+  std::vector<std::string> listed = folder_shards(dir);
+  std::vector<ShardFacts> per_listed(listed.size());
+  std::vector<std::string> named;
+  std::exception_ptr index_error;
+  auto read_into = [&](const std::string& shard, ShardFacts& out) {
+    try {
+      read_shard(dir, shard, out);
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+  };
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  run_on_threads(index_tasks + listed.size(), threads, [&](size_t task) {
+    if (task >= index_tasks) {
+      read_into(listed[task - index_tasks], per_listed[task - index_tasks]);
+      return true;
+    }
+    try {
+      named = find_shards(dir);
+    } catch (...) {
+      index_error = std::current_exception();
+    }
+    return true;
+  });
+  if (index_error) std::rethrow_exception(index_error);
+  if (index_tasks == 0) {
+    shard_files = std::move(listed);
+    return per_listed;
+  }
+  shard_files = std::move(named);
+  std::vector<ShardFacts> per_shard(shard_files.size());
+  std::vector<size_t> unlisted;
+  for (size_t i = 0; i < shard_files.size(); ++i) {
+    auto at = std::lower_bound(listed.begin(), listed.end(), shard_files[i]);
+    if (at != listed.end() && *at == shard_files[i])
+      per_shard[i] = std::move(per_listed[static_cast<size_t>(at - listed.begin())]);
+    else
+      unlisted.push_back(i);
+  }
+  run_on_threads(unlisted.size(), threads, [&](size_t k) {
+    read_into(shard_files[unlisted[k]], per_shard[unlisted[k]]);
+    return true;
+  });
+  return per_shard;
+}
+
+}  // namespace
 
 void fill_from_config(const json& config, ModelFacts& facts) {
   const std::string where = facts.config_file.empty() ? "config.json" : facts.config_file;
@@ -247,60 +370,7 @@ ModelFacts read_checkpoint(const fs::path& dir_or_config, const ReadOptions& opt
 
   facts.files_dir = facts.dir;
   if (bare_config || !options.read_safetensors) return facts;
-  facts.shard_files = find_shards(facts.dir);
-  // Shard headers are independent: read them on a few threads, then merge in shard
-  // order so the result never depends on the thread count.
-  struct ShardFacts {
-    uint64_t tensor_count = 0, weight_bytes = 0;
-    std::vector<std::string> kv_projection_weights;
-    std::vector<ScaleTensor> scales;
-    std::vector<NormTensor> k_norms;
-    std::exception_ptr error;
-  };
-  std::vector<ShardFacts> per_shard(facts.shard_files.size());
-  auto read_shard = [&](size_t i) {
-    ShardFacts& out = per_shard[i];
-    try {
-      const std::string& shard = facts.shard_files[i];
-      SafetensorsHeader header = read_safetensors_header(facts.dir / shard);
-      out.tensor_count = header.tensors.size();
-      for (const auto& tensor : header.tensors) {
-        out.weight_bytes += tensor.data_end - tensor.data_begin;
-        std::string_view name = tensor.name;
-        // A multi-token-prediction head ("mtp.layers.0..." in Qwen3-Next / Qwen3.5) is the
-        // speculative draft model, loaded only with NEXTN/MTP decoding and numbered from 0
-        // on its own: its projections and scales are not the main model's layer 0.
-        if (name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos) continue;
-        if (name.ends_with(".self_attn.k_proj.weight") ||
-            name.ends_with(".self_attn.v_proj.weight"))
-          out.kv_projection_weights.push_back(tensor.name);
-        if (auto layer = classify_k_norm_tensor(tensor.name)) {
-          out.k_norms.push_back(
-              {tensor.name, shard, *layer, tensor.dtype, read_tensor_values(header, tensor)});
-          continue;
-        }
-        auto scale = classify_scale_tensor(tensor.name);
-        if (!scale) continue;
-        scale->shard_file = shard;
-        scale->dtype = tensor.dtype;
-        scale->shape = tensor.shape.to_vector();
-        scale->values = read_tensor_values(header, tensor);
-        out.scales.push_back(std::move(*scale));
-      }
-    } catch (...) {
-      out.error = std::current_exception();
-    }
-  };
-  size_t thread_count =
-      std::min<size_t>(per_shard.size(), std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  std::atomic<size_t> next_shard{0};
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < thread_count; ++t)
-    threads.emplace_back([&] {
-      for (size_t i; (i = next_shard++) < per_shard.size();) read_shard(i);
-    });
-  for (size_t i; (i = next_shard++) < per_shard.size();) read_shard(i);
-  for (auto& thread : threads) thread.join();
+  std::vector<ShardFacts> per_shard = read_shard_headers(facts.dir, facts.shard_files);
   for (auto& shard : per_shard) {
     if (shard.error) std::rethrow_exception(shard.error);  // the first failing shard in order
     facts.tensor_count += shard.tensor_count;

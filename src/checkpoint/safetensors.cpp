@@ -1,15 +1,18 @@
-// Safetensors header parsing and validation, and reading of small tensors.
-// The header is parsed with simdjson: a 400B MoE checkpoint carries ~400K entries.
+// Safetensors header parsing and validation, and reading of small tensors. The DOM parser
+// here is the reference: it words every error, and the fast On-Demand reader (scan.cpp)
+// hands it whatever it does not accept.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <simdjson.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/internal.h"
 #include "numerics/numerics.h"
 #include "util/util.h"
 
@@ -17,10 +20,20 @@ namespace kvaudit::checkpoint {
 
 namespace {
 
+// A dtype's name (at most 7 characters) and its length packed into one word, so that matching
+// a header's dtype against the table is a word compare per row, not a memcmp call.
+constexpr uint64_t dtype_word(std::string_view name) {
+  uint64_t word = uint64_t{name.size()} << 56;
+  for (size_t i = 0; i < name.size() && i < 7; ++i)
+    word |= uint64_t{static_cast<unsigned char>(name[i])} << (8 * i);
+  return word;
+}
+
 struct DTypeRow {
   TensorDType dtype;
   std::string_view name;
   uint32_t bits;
+  uint64_t word = dtype_word(name);
 };
 constexpr DTypeRow kDTypes[] = {
     {TensorDType::F64, "F64", 64},        {TensorDType::F32, "F32", 32},
@@ -33,9 +46,6 @@ constexpr DTypeRow kDTypes[] = {
     {TensorDType::U16, "U16", 16},        {TensorDType::U8, "U8", 8},
     {TensorDType::BOOL, "BOOL", 8},
 };
-
-// The safetensors format caps the header at 100 MB (MAX_HEADER_SIZE in the reference crate).
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 class FileHandle {
  public:
@@ -75,17 +85,67 @@ std::string_view dtype_name(TensorDType dtype) {
   return "?";
 }
 
+namespace {
+
+// The header walk looks up a dtype per tensor (~400K times for a large checkpoint), and the
+// dtypes of neighbouring tensors differ (U8, F8_E4M3, F32, ...): a search whose length depends
+// on the name mispredicted a branch or two per tensor. Instead a packed name finds its row
+// through a multiplicative hash into 64 slots, the multiplier searched for at compile time so
+// that no two rows share a slot.
+constexpr size_t dtype_slot(uint64_t word, uint64_t multiplier) {
+  return static_cast<size_t>((word * multiplier) >> 58);
+}
+constexpr uint64_t kDTypeHashMultiplier = [] {
+  for (uint64_t multiplier = 0x9E3779B97F4A7C15ull;; multiplier += 2) {
+    bool used[64] = {};
+    bool distinct = true;
+    for (const auto& row : kDTypes) {
+      size_t slot = dtype_slot(row.word, multiplier);
+      distinct = distinct && !used[slot];
+      used[slot] = true;
+    }
+    if (distinct) return multiplier;
+  }
+}();
+constexpr std::array<uint8_t, 64> kDTypeSlots = [] {
+  std::array<uint8_t, 64> slots{};
+  slots.fill(0);  // row 0 unless a row hashes there: the word compare rejects it
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    slots[dtype_slot(kDTypes[i].word, kDTypeHashMultiplier)] = static_cast<uint8_t>(i);
+  return slots;
+}();
+
+}  // namespace
+
+bool find_dtype_padded(const char* text, size_t size, TensorDType& dtype) {
+  if (size == 0 || size > 7) return false;
+  uint64_t word;
+  std::memcpy(&word, text, 8);  // little-endian: the first character in the low byte
+  word = (word & (~0ull >> (64 - 8 * size))) | uint64_t{size} << 56;
+  const DTypeRow& row = kDTypes[kDTypeSlots[dtype_slot(word, kDTypeHashMultiplier)]];
+  dtype = row.dtype;
+  return row.word == word;
+}
+
 std::optional<TensorDType> parse_dtype(std::string_view name) {
-  for (const auto& row : kDTypes)
-    if (row.name == name) return row.dtype;
-  return std::nullopt;
+  char padded[8] = {};
+  TensorDType dtype;
+  if (name.empty() || name.size() > 7) return std::nullopt;
+  std::memcpy(padded, name.data(), name.size());
+  if (!find_dtype_padded(padded, name.size(), dtype)) return std::nullopt;
+  return dtype;
 }
 
 uint32_t dtype_bits(TensorDType dtype) {
-  for (const auto& row : kDTypes)
-    if (row.dtype == dtype) return row.bits;
-  return 0;
+  // The table lists the dtypes in enum order.
+  const auto index = static_cast<size_t>(dtype);
+  return index < std::size(kDTypes) ? kDTypes[index].bits : 0;
 }
+static_assert([] {
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    if (kDTypes[i].dtype != static_cast<TensorDType>(i) || kDTypes[i].name.size() > 7) return false;
+  return true;
+}());
 
 uint64_t TensorInfo::element_count() const {
   uint64_t count = 1;
@@ -126,10 +186,11 @@ void check_spans_disjoint(const SafetensorsHeader& header, const std::string& la
   }
 }
 
-// buffer_is_padded: the caller guarantees SIMDJSON_PADDING readable bytes past the
-// end, so simdjson parses in place instead of copying the header.
-SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padded,
-                               uint64_t data_bytes, const std::string& label) {
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header_reference(std::string_view header_json,
+                                                     uint64_t data_bytes, const std::string& label,
+                                                     bool buffer_is_padded) {
   SafetensorsHeader header;
   header.header_bytes = header_json.size();
   // The DOM parser picks the best SIMD kernel at run time (AVX2/AVX-512 here); one
@@ -228,46 +289,52 @@ SafetensorsHeader parse_header(std::string_view header_json, bool buffer_is_padd
   return header;
 }
 
+namespace {
+
+// Builds a SafetensorsHeader from a visit: what the callers that keep every entry need.
+class CollectHeader : public HeaderVisitor {
+ public:
+  explicit CollectHeader(SafetensorsHeader& header) : header_(header) {}
+  void begin() override {
+    header_.tensors.clear();
+    header_.metadata.clear();
+  }
+  void metadata(std::string_view key, std::string_view value) override {
+    header_.metadata.emplace(key, value);
+  }
+  void tensor(const TensorView& tensor) override {
+    header_.tensors.push_back(
+        {std::string(tensor.name), tensor.dtype, tensor.shape, tensor.data_begin, tensor.data_end});
+  }
+
+ private:
+  SafetensorsHeader& header_;
+};
+
 }  // namespace
 
 SafetensorsHeader parse_safetensors_header(std::string_view header_json, uint64_t data_bytes,
                                            const std::string& label, bool buffer_is_padded) {
   static_assert(kHeaderPaddingBytes >= simdjson::SIMDJSON_PADDING);
-  return parse_header(header_json, buffer_is_padded, data_bytes, label);
+  SafetensorsHeader header;
+  header.header_bytes = header_json.size();
+  CollectHeader collect(header);
+  if (buffer_is_padded) {
+    visit_safetensors_header(header_json, data_bytes, label, collect);
+    return header;
+  }
+  std::string padded(header_json.size() + kHeaderPaddingBytes, ' ');
+  std::memcpy(padded.data(), header_json.data(), header_json.size());
+  visit_safetensors_header(std::string_view(padded.data(), header_json.size()), data_bytes, label,
+                           collect);
+  return header;
 }
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
-  const std::string label = file.string();
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) fail(label, "no such file");
-  if (std::filesystem::is_directory(file, ec)) fail(label, "is a directory, expected a file");
-  FileHandle handle(file);
-  if (handle.fd() < 0) fail(label, fmt::format("cannot open: {}", std::strerror(errno)));
-  uint64_t file_bytes = std::filesystem::file_size(file, ec);
-  if (ec) fail(label, "cannot read file size");
-  if (file_bytes < 8)
-    fail(label, fmt::format("truncated: {} bytes, a safetensors file starts with an 8-byte "
-                            "header length",
-                            file_bytes));
-  unsigned char prefix[8];
-  if (!handle.read_at(0, reinterpret_cast<char*>(prefix), 8))
-    fail(label, "cannot read header length");
-  uint64_t header_bytes = 0;
-  for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | prefix[i];  // little-endian
-  if (header_bytes == 0) fail(label, "safetensors header length is 0");
-  if (header_bytes > kMaxHeaderBytes)
-    fail(label, fmt::format("safetensors header length {} exceeds the format's 100 MB limit "
-                            "(not a safetensors file?)",
-                            header_bytes));
-  if (header_bytes > file_bytes - 8)
-    fail(label, fmt::format("truncated: header length {} runs past the end of the {}-byte file",
-                            header_bytes, file_bytes));
-  std::string header_json(header_bytes + simdjson::SIMDJSON_PADDING, '\0');
-  if (!handle.read_at(8, header_json.data(), header_bytes)) fail(label, "cannot read header");
-  SafetensorsHeader header = parse_header(std::string_view(header_json.data(), header_bytes), true,
-                                          file_bytes - 8 - header_bytes, label);
-  header.file = file;
-  header.file_bytes = file_bytes;
+  MappedHeader mapped(file);
+  SafetensorsHeader header = mapped.sizes();
+  CollectHeader collect(header);
+  mapped.visit(collect);
   return header;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/internal.h"
 #include "util/util.h"
 
 namespace kvaudit::checkpoint {
@@ -114,6 +115,25 @@ std::optional<int> classify_k_norm_tensor(std::string_view name) {
 }
 
 bool reads_tensor_values(std::string_view name) {
+  // Nearly every name of a large checkpoint is a weight or a weight's own scale: one look at
+  // its last characters turns it away before the suffix tests of the classifiers below.
+  if (name.size() < 7) return false;
+  switch (name.back()) {
+    case 't':  // "...self_attn.k_norm.weight"
+      if (!has_suffix(name, "k_norm.weight")) return false;
+      break;
+    case 'e':  // "k_scale", "v_scale", "kv_scale", "k_proj.output_scale", not "weight_scale"
+      if (!has_suffix(name, "_scale")) return false;
+      if (char before = name[name.size() - 7];
+          before != 'k' && before != 'v' && !(before == 't' && has_suffix(name, "output_scale")))
+        return false;
+      break;
+    case 'r':  // "kv_cache_scaling_factor"
+      if (!has_suffix(name, "kv_cache_scaling_factor")) return false;
+      break;
+    default:
+      return false;
+  }
   return classify_k_norm_tensor(name).has_value() || classify_scale_tensor(name).has_value();
 }
 
