@@ -305,6 +305,21 @@ TEST(HubFaults, RateLimitThenSuccess) {
   fs::remove_all(cache);
 }
 
+// An audit the hub's answers make impossible: one line naming the problem, and nothing
+// half-fetched left in the cache.
+void expect_refused_and_nothing_cached(const HubOptions& options, const fs::path& cache,
+                                       const std::string& expected) {
+  try {
+    open_hub_checkpoint(*parse_hub_ref("org/m"), options);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& error) {
+    EXPECT_THAT(error.what(), HasSubstr(expected));
+    EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(cache / "models--org--m" / kCommit));
+  fs::remove_all(cache);
+}
+
 TEST(HubFaults, LyingOrBrokenServersAreOneLineErrors) {
   const fs::path model = kvaudit::testing::fixture_checkpoint("llama-bf16-plain");
   struct Case {
@@ -321,16 +336,7 @@ TEST(HubFaults, LyingOrBrokenServersAreOneLineErrors) {
     SCOPED_TRACE(c.expected);
     const fs::path cache = fresh_cache("fault");
     FakeHub hub(c.config);
-    try {
-      open_hub_checkpoint(*parse_hub_ref("org/m"), options_for(hub.endpoint(), cache));
-      ADD_FAILURE() << "no error";
-    } catch (const InputError& error) {
-      EXPECT_THAT(error.what(), HasSubstr(c.expected));
-      EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos);
-    }
-    // Nothing half-fetched stays in the cache.
-    EXPECT_FALSE(fs::exists(cache / "models--org--m" / kCommit));
-    fs::remove_all(cache);
+    expect_refused_and_nothing_cached(options_for(hub.endpoint(), cache), cache, c.expected);
   }
 }
 
@@ -422,15 +428,7 @@ TEST(HubListingAudit, LyingListingsAreOneLineErrors) {
     FakeHub hub(c.config);
     HubOptions options = options_for(hub.endpoint(), cache);
     options.max_listing_entries = c.max_entries;
-    try {
-      open_hub_checkpoint(*parse_hub_ref("org/m"), options);
-      ADD_FAILURE() << "no error";
-    } catch (const InputError& error) {
-      EXPECT_THAT(error.what(), HasSubstr(c.expected));
-      EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos);
-    }
-    EXPECT_FALSE(fs::exists(cache / "models--org--m" / kCommit));
-    fs::remove_all(cache);
+    expect_refused_and_nothing_cached(options, cache, c.expected);
   }
 }
 
