@@ -9,7 +9,7 @@
 # its unity batch included.
 #
 # Changed-files mode (the default) checks the src/ .cpp files changed since the commit named
-# in .tidy-baseline (the last commit at which --all was clean), uncommitted and untracked
+# in .tidy-baseline (the last commit at which tidy was clean), uncommitted and untracked
 # changes included, plus every .cpp of a module (src/<module>/) whose headers changed. A
 # changed .clang-tidy, or a baseline not in the history (a shallow clone), checks every file.
 # On 2 cores --all takes about 15 minutes (149 files, each parsing its third-party headers:
