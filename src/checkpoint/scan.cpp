@@ -196,6 +196,15 @@ bool spans_disjoint(std::vector<ByteSpan>& spans) {
   return true;
 }
 
+// Starts On-Demand over `padded` (followed by kHeaderPaddingBytes readable bytes) and opens
+// its top-level object; false when it is not one (the reference parser then says why).
+bool open_root_object(ondemand::parser& parser, std::string_view padded, ondemand::document& doc,
+                      ondemand::object& root) {
+  return parser.iterate(padded.data(), padded.size(), padded.size() + kHeaderPaddingBytes)
+                 .get(doc) == simdjson::SUCCESS &&
+         doc.get_object().get(root) == simdjson::SUCCESS;
+}
+
 // The fast reader: true when the header is valid and every entry was visited; false when it
 // gives up (the reference reader then decides). One parser and one span list per thread
 // keep their buffers across the shards of a checkpoint.
@@ -211,12 +220,8 @@ bool visit_fast(std::string_view padded_json, uint64_t data_bytes, HeaderVisitor
       return false;
   }
   ondemand::document doc;
-  if (parser
-          .iterate(padded_json.data(), padded_json.size(), padded_json.size() + kHeaderPaddingBytes)
-          .get(doc) != simdjson::SUCCESS)
-    return false;
   ondemand::object root;
-  if (doc.get_object().get(root) != simdjson::SUCCESS) return false;
+  if (!open_root_object(parser, padded_json, doc, root)) return false;
   TensorView tensor;  // one for every entry: constructing a TensorShape zeroes 64 bytes
   for (auto field_result : root) {
     ondemand::field field;
@@ -346,12 +351,8 @@ bool read_weight_map(ondemand::value value, std::set<std::string, std::less<>>& 
 bool index_shards_fast(std::string_view padded_text, std::set<std::string, std::less<>>& shards) {
   ondemand::parser parser;
   ondemand::document doc;
-  if (parser
-          .iterate(padded_text.data(), padded_text.size(), padded_text.size() + kHeaderPaddingBytes)
-          .get(doc) != simdjson::SUCCESS)
-    return false;
   ondemand::object root;
-  if (doc.get_object().get(root) != simdjson::SUCCESS) return false;
+  if (!open_root_object(parser, padded_text, doc, root)) return false;
   bool have_map = false;
   for (auto field_result : root) {
     ondemand::field field;
